@@ -1,0 +1,1 @@
+"""Tensor-parallel encoder-decoder Transformer: config, process groups, collectives, layers, blocks, pipeline."""

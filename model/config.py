@@ -1,0 +1,192 @@
+"""Model sizes and the parallel layout, with every constraint checked in one place before any process group exists.
+
+`ParallelConfig` keeps the MindSpore seed's names and defaults (`TransformerOpParallelConfig`): data_parallel,
+model_parallel, pipeline_stage, micro_batch_num, optimizer_shard, gradient_aggregation_group, recompute,
+vocab_emb_dp, and its sub-views `dp_mp_config` / `embedding_dp_mp_config`. `validate_layout` is the only place that
+decides whether a (model, layout, world, batch) combination can run; its error lists every degree and what would fit,
+so scripts, recipes and tests never re-check the arithmetic themselves.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+from preprocess.errors import UserError
+
+
+class ConfigError(UserError):
+    """A parallel layout or model size that cannot run; the message names the value and what would fit."""
+
+
+@dataclass(frozen=True)
+class OpParallelConfig:
+    """The seed's `OpParallelConfig`: the (dp, mp) pair an operator is sharded over."""
+    data_parallel: int = 1
+    model_parallel: int = 1
+
+
+@dataclass(frozen=True)
+class EmbeddingOpParallelConfig(OpParallelConfig):
+    """The seed's `EmbeddingOpParallelConfig`: vocab_emb_dp=True replicates the table (data-parallel lookup),
+    False splits its rows over the model-parallel ranks."""
+    vocab_emb_dp: bool = True
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """The seed's `TransformerOpParallelConfig`, same names and defaults."""
+    data_parallel: int = 1
+    model_parallel: int = 1
+    pipeline_stage: int = 1
+    micro_batch_num: int = 1
+    optimizer_shard: bool = False
+    gradient_aggregation_group: int = 4
+    recompute: bool = False
+    vocab_emb_dp: bool = True
+    # Beyond the seed: the ZeRO stage when optimizer_shard is on (1 is the only one DeepSpeed allows with pipelining).
+    zero_stage: Optional[int] = None
+
+    @property
+    def dp_mp_config(self) -> OpParallelConfig:
+        return OpParallelConfig(self.data_parallel, self.model_parallel)
+
+    @property
+    def embedding_dp_mp_config(self) -> EmbeddingOpParallelConfig:
+        return EmbeddingOpParallelConfig(self.data_parallel, self.model_parallel, self.vocab_emb_dp)
+
+    @property
+    def world_size(self) -> int:
+        return self.data_parallel * self.model_parallel * self.pipeline_stage
+
+    @property
+    def effective_zero_stage(self) -> int:
+        if self.zero_stage is not None:
+            return self.zero_stage
+        return 1 if self.optimizer_shard else 0
+
+    def replace(self, **changes) -> "ParallelConfig":
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def for_world(cls, world_size: int, model_parallel: int = 1, pipeline_stage: int = 1, **kw) -> "ParallelConfig":
+        """dp derived as world // mp // pipeline_stage, as the seed's train.py does; validate() says if it doesn't fit."""
+        dp = max(world_size // max(model_parallel, 1) // max(pipeline_stage, 1), 1)
+        return cls(data_parallel=dp, model_parallel=model_parallel, pipeline_stage=pipeline_stage, **kw)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Sizes of the encoder-decoder Transformer (the seed's defaults: 8 heads, FFN = hidden size, no bias in head)."""
+    vocab_size: int = 20000
+    d_model: int = 128
+    num_heads: int = 8
+    ffn_size: int = 0           # 0 = d_model, as the seed's `ffn_hidden_size=hidden_size`
+    encoder_layers: int = 1
+    decoder_layers: int = 1
+    src_len: int = 10
+    tgt_len: int = 10
+    dropout: float = 0.1        # hidden (residual/embedding) dropout
+    attention_dropout: float = 0.1
+    label_smoothing: float = 0.0
+    pad_id: int = 0
+    init_std: float = 0.02
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_size or self.d_model
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    @property
+    def num_blocks(self) -> int:
+        """Blocks the pipeline may place: encoder layers then decoder layers (embeddings/head ride along)."""
+        return self.encoder_layers + self.decoder_layers
+
+    def padded_vocab(self, model_parallel: int) -> int:
+        """Vocab rounded up to a multiple of mp; the extra rows are masked out of the softmax, so loss is exact."""
+        return -(-self.vocab_size // model_parallel) * model_parallel
+
+    def replace(self, **changes) -> "ModelConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def suggest_layouts(world_size: int, model: ModelConfig, global_batch: Optional[int] = None,
+                    micro_batch_num: int = 1, limit: int = 6) -> list[str]:
+    """Layouts (dp, mp, pp) that fit the world and model, most model-parallel first; used in error messages."""
+    out = []
+    for mp in sorted(_divisors(world_size), reverse=True):
+        if model.num_heads % mp or model.ffn % mp:
+            continue
+        for pp in _divisors(world_size // mp):
+            if pp > model.num_blocks:
+                continue
+            dp = world_size // mp // pp
+            if global_batch is not None and global_batch % (dp * micro_batch_num):
+                continue
+            out.append(f"dp={dp} mp={mp} pp={pp}")
+    return out[:limit]
+
+
+def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Optional[int] = None,
+                    global_batch: Optional[int] = None) -> None:
+    """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit."""
+    p, m = parallel, model
+    errors: list[str] = []
+    for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "gradient_aggregation_group"):
+        if getattr(p, name) < 1:
+            errors.append(f"{name}={getattr(p, name)} must be >= 1")
+    for name in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len"):
+        if getattr(m, name) < 1:
+            errors.append(f"{name}={getattr(m, name)} must be >= 1")
+    if m.encoder_layers < 1 or m.decoder_layers < 1:
+        errors.append(f"encoder_layers={m.encoder_layers} decoder_layers={m.decoder_layers}: both must be >= 1")
+    if errors:
+        raise ConfigError("; ".join(errors))
+
+    if world_size is not None and p.world_size != world_size:
+        errors.append(f"data_parallel×model_parallel×pipeline_stage = {p.data_parallel}×{p.model_parallel}×"
+                      f"{p.pipeline_stage} = {p.world_size} but the world has {world_size} processes")
+    if m.d_model % m.num_heads:
+        errors.append(f"d_model={m.d_model} is not divisible by num_heads={m.num_heads}")
+    if m.num_heads % p.model_parallel:
+        ok = [d for d in _divisors(m.num_heads)]
+        errors.append(f"num_heads={m.num_heads} is not divisible by model_parallel={p.model_parallel} "
+                      f"(mp must divide the heads: one of {ok})")
+    if m.ffn % p.model_parallel:
+        errors.append(f"FFN size={m.ffn} is not divisible by model_parallel={p.model_parallel}")
+    if p.pipeline_stage > m.num_blocks:
+        errors.append(f"pipeline_stage={p.pipeline_stage} > {m.num_blocks} blocks (encoder_layers={m.encoder_layers}"
+                      f" + decoder_layers={m.decoder_layers}): every stage needs at least one block")
+    if global_batch is not None:
+        per = p.data_parallel * p.micro_batch_num
+        if global_batch < 1 or global_batch % per:
+            fits = [b for b in range(per, 4 * per + 1, per)][:3]
+            errors.append(f"global batch_size={global_batch} is not divisible by data_parallel×micro_batch_num = "
+                          f"{p.data_parallel}×{p.micro_batch_num} = {per} (try batch_size {fits})")
+    zero = p.effective_zero_stage
+    if zero not in (0, 1, 2, 3):
+        errors.append(f"zero_stage={zero} must be 0, 1, 2 or 3")
+    elif zero >= 2 and p.pipeline_stage > 1:
+        errors.append(f"ZeRO stage {zero} cannot be combined with pipeline_stage={p.pipeline_stage}: DeepSpeed's "
+                      f"pipeline engine supports ZeRO stage 0 or 1 only (use optimizer_shard / zero_stage 1, "
+                      f"or pipeline_stage=1 for ZeRO 2/3)")
+    if not 0.0 <= m.dropout < 1.0 or not 0.0 <= m.attention_dropout < 1.0:
+        errors.append(f"dropout={m.dropout} / attention_dropout={m.attention_dropout} must be in [0, 1)")
+    if not 0.0 <= m.label_smoothing < 1.0:
+        errors.append(f"label_smoothing={m.label_smoothing} must be in [0, 1)")
+    if errors:
+        degrees = (f"[dp={p.data_parallel} mp={p.model_parallel} pp={p.pipeline_stage} "
+                   f"micro_batch_num={p.micro_batch_num} zero={zero}]")
+        msg = "invalid parallel layout " + degrees + ": " + "; ".join(errors)
+        if world_size is not None:
+            fits = suggest_layouts(world_size, m, global_batch, p.micro_batch_num)
+            msg += (f". Layouts that fit {world_size} processes: {', '.join(fits)}" if fits
+                    else f". No layout fits {world_size} processes with this model and global batch")
+        raise ConfigError(msg)

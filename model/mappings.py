@@ -1,0 +1,148 @@
+"""The tensor-parallel collectives, each an autograd function named for what it does forward / backward.
+
+    copy_to_tp      forward: identity            backward: all-reduce   (enter a TP region with a replicated input)
+    reduce_from_tp  forward: all-reduce          backward: identity     (leave a TP region: sum partial results)
+    gather_from_tp  forward: all-gather last dim backward: split        (assemble a sharded activation)
+    scatter_to_tp   forward: split last dim      backward: all-gather   (take this rank's shard)
+    all_reduce_no_grad                                                   (loss statistics: max, sum-exp, ...)
+
+Layers are written as math on top of these and never call torch.distributed directly. With group None (tp=1) every
+function is the identity, so the serial model runs the very same code. `CommLog` counts every call and its element
+count, which is how the tests prove the per-layer communication is the minimum.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+
+class CommLog:
+    """Records (op, numel) of every TP collective while active; a test opens one with `with CommLog() as log`."""
+    _active: Optional["CommLog"] = None
+
+    def __init__(self):
+        self.calls: list[tuple[str, int]] = []
+
+    def __enter__(self):
+        CommLog._active = self
+        return self
+
+    def __exit__(self, *exc):
+        CommLog._active = None
+
+    def count(self, op: str) -> int:
+        return sum(1 for o, _ in self.calls if o == op)
+
+    def numel(self, op: str) -> int:
+        return sum(n for o, n in self.calls if o == op)
+
+
+def _record(op: str, t: torch.Tensor) -> None:
+    if CommLog._active is not None:
+        CommLog._active.calls.append((op, t.numel()))
+
+
+def _world(group) -> int:
+    return 1 if group is None else dist.get_world_size(group)
+
+
+def _all_reduce(t: torch.Tensor, group, op=dist.ReduceOp.SUM, tag: str = "all_reduce") -> torch.Tensor:
+    if group is None:
+        return t
+    _record(tag, t)
+    t = t.contiguous()
+    dist.all_reduce(t, op=op, group=group)
+    return t
+
+
+def _split_last(t: torch.Tensor, group) -> torch.Tensor:
+    n = _world(group)
+    if n == 1:
+        return t
+    return t.chunk(n, dim=-1)[dist.get_rank(group)].contiguous()
+
+
+def _gather_last(t: torch.Tensor, group) -> torch.Tensor:
+    n = _world(group)
+    if n == 1:
+        return t
+    _record("all_gather", t)
+    parts = [torch.empty_like(t) for _ in range(n)]
+    dist.all_gather(parts, t.contiguous(), group=group)
+    return torch.cat(parts, dim=-1)
+
+
+class _CopyToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _all_reduce(g.clone(), ctx.group), None
+
+
+class _ReduceFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        return _all_reduce(x.clone(), group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return g, None
+
+
+class _GatherFromTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _gather_last(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _split_last(g, ctx.group), None
+
+
+class _ScatterToTP(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return _split_last(x, group)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _gather_last(g, ctx.group), None
+
+
+def copy_to_tp(x: torch.Tensor, group) -> torch.Tensor:
+    return x if group is None else _CopyToTP.apply(x, group)
+
+
+def reduce_from_tp(x: torch.Tensor, group) -> torch.Tensor:
+    return x if group is None else _ReduceFromTP.apply(x, group)
+
+
+def gather_from_tp(x: torch.Tensor, group) -> torch.Tensor:
+    return x if group is None else _GatherFromTP.apply(x, group)
+
+
+def scatter_to_tp(x: torch.Tensor, group) -> torch.Tensor:
+    return x if group is None else _ScatterToTP.apply(x, group)
+
+
+def all_reduce_no_grad(t: torch.Tensor, group, op=dist.ReduceOp.SUM) -> torch.Tensor:
+    """In-place all-reduce of a statistic that needs no gradient path (the loss's max, sum-exp, target logit)."""
+    return _all_reduce(t, group, op=op, tag="loss_all_reduce")
+
+
+@contextmanager
+def no_comm_log():
+    saved, CommLog._active = CommLog._active, None
+    try:
+        yield
+    finally:
+        CommLog._active = saved

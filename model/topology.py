@@ -1,0 +1,80 @@
+"""Process groups for tensor (TP), data (DP) and pipeline (PP) parallelism, from DeepSpeed's grid.
+
+One source of truth: the same `PipeModelDataParallelTopology` / `PipelineParallelGrid` that DeepSpeed's pipeline
+engine uses. Ranks are laid out with TP fastest, then DP, then PP (rank = pp·dp·mp + dp_rank·mp + tp_rank), so a
+TP group sits on consecutive ranks — inside one node on a real cluster. Layers never create groups; they read them
+from the `ParallelContext` built here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+from model.config import ParallelConfig
+
+
+def make_topology(parallel: ParallelConfig) -> PipeModelDataParallelTopology:
+    return PipeModelDataParallelTopology(num_pp=parallel.pipeline_stage, num_mp=parallel.model_parallel,
+                                         num_dp=parallel.data_parallel)
+
+
+@dataclass(frozen=True)
+class RankCoord:
+    rank: int
+    pp: int
+    dp: int
+    tp: int
+
+
+def rank_map(parallel: ParallelConfig) -> list[RankCoord]:
+    """rank → (pp, dp, tp) for every rank; a pure function (no process group), used by plan and tests."""
+    topo = make_topology(parallel)
+    out = []
+    for rank in range(topo.world_size()):
+        c = topo.get_coord(rank)
+        out.append(RankCoord(rank=rank, pp=c.pipe, dp=c.data, tp=c.model))
+    return out
+
+
+@dataclass
+class ParallelContext:
+    """What a layer needs to know about its place in the grid. `tp_group` None means no communication."""
+    tp_size: int = 1
+    tp_rank: int = 0
+    tp_group: Any = None
+    dp_size: int = 1
+    dp_rank: int = 0
+    dp_group: Any = None
+    pp_size: int = 1
+    pp_rank: int = 0
+    grid: Optional[Any] = None
+
+    @classmethod
+    def serial(cls) -> "ParallelContext":
+        return cls()
+
+    @classmethod
+    def from_grid(cls, grid) -> "ParallelContext":
+        tp = grid.get_slice_parallel_world_size()
+        return cls(tp_size=tp, tp_rank=grid.get_slice_parallel_rank(),
+                   tp_group=grid.get_slice_parallel_group() if tp > 1 else None,
+                   dp_size=grid.get_data_parallel_world_size(), dp_rank=grid.get_data_parallel_rank(),
+                   dp_group=grid.get_data_parallel_group(),
+                   pp_size=grid.get_pipe_parallel_world_size(), pp_rank=grid.get_stage_id(), grid=grid)
+
+
+def build_grid(parallel: ParallelConfig):
+    """Create DeepSpeed's PipelineParallelGrid (collective: every rank must call it, in the same order)."""
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid
+    return PipelineParallelGrid(topology=make_topology(parallel))
+
+
+def build_context(parallel: ParallelConfig) -> ParallelContext:
+    """The context for this process: serial when the layout is a single process, else from a fresh grid."""
+    if parallel.world_size == 1:
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            return ParallelContext.serial()
+    return ParallelContext.from_grid(build_grid(parallel))

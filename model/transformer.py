@@ -1,0 +1,232 @@
+"""The seed's encoder-decoder Transformer as a list of blocks, tensor-parallel inside each block.
+
+    Embeddings      src/tgt word (vocab-parallel) + position embeddings, add, dropout    (the seed's EmbeddingLayer)
+    EncoderLayer×E  pre-LN self-attention + MLP; the last one applies the encoder's final LayerNorm
+    DecoderLayer×D  pre-LN causal self-attention, cross-attention on the encoder memory, MLP
+    Head            final LayerNorm + vocab-parallel projection (the seed's Linear head, no bias)
+
+Blocks pass tuples so DeepSpeed's PipelineModule can cut between any two of them: encoder blocks carry
+(src_h, tgt_h, src_ids, tgt_ids), decoder blocks (tgt_h, memory, src_ids, tgt_ids[, memory_tp]); float tensors carry
+gradients, ids travel as integers and masks are rebuilt from them. Heads are split over TP ranks; per encoder layer
+the forward has 2 all-reduces (attention out, MLP out) and the backward 2 (their inputs), per decoder layer 3 and 3.
+The decoder memory enters the TP region once per pipeline stage (`memory_tp`), so its gradient — partial on each TP
+rank, summed over every cross-attention of the stage — is all-reduced once per stage, not once per layer.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import ModelConfig, ParallelConfig
+from model.cross_entropy import vocab_parallel_cross_entropy
+from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from model.mappings import copy_to_tp
+from model.random import RNG, block_generator, checkpoint
+from model.topology import ParallelContext
+
+
+def _key_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
+    return (ids != pad_id)[:, None, None, :]                                   # [B, 1, 1, S] True = attend
+
+
+def _causal(length: int, device) -> torch.Tensor:
+    return torch.ones(length, length, dtype=torch.bool, device=device).tril()   # [T, T]
+
+
+class ParallelAttention(nn.Module):
+    """Multi-head attention with this rank's heads. Self-attention fuses QKV (serial row layout: head, {q,k,v},
+    head_dim, so a contiguous shard is whole heads); cross-attention has Q on the decoder and fused KV on memory."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator, cross: bool):
+        super().__init__()
+        d, self.ctx, self.cross = cfg.d_model, ctx, cross
+        self.heads = cfg.num_heads // ctx.tp_size
+        self.head_dim, self.p = cfg.head_dim, cfg.attention_dropout
+        std = cfg.init_std
+        if cross:
+            self.q = ColumnParallelLinear(d, d, ctx, input_is_copied=True, std=std, gen=gen)
+            self.kv = ColumnParallelLinear(d, 2 * d, ctx, input_is_copied=True, std=std, gen=gen)
+        else:
+            self.qkv = ColumnParallelLinear(d, 3 * d, ctx, input_is_copied=True, std=std, gen=gen)
+        self.out = RowParallelLinear(d, d, ctx, std=std, gen=gen)
+
+    def _split(self, t: torch.Tensor, parts: int):
+        b, s, _ = t.shape
+        t = t.view(b, s, self.heads, parts, self.head_dim).permute(3, 0, 2, 1, 4)  # parts, B, h, S, hd
+        return t.unbind(0)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None):
+        x = copy_to_tp(x, self.ctx.tp_group)
+        if self.cross:
+            (q,) = self._split(self.q(x), 1)
+            k, v = self._split(self.kv(memory_tp), 2)
+        else:
+            q, k, v = self._split(self.qkv(x), 3)
+        p = self.p if self.training else 0.0
+        with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        b, _, s, _ = o.shape
+        return self.out(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+
+
+class ParallelMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator):
+        super().__init__()
+        self.ctx = ctx
+        self.fc1 = ColumnParallelLinear(cfg.d_model, cfg.ffn, ctx, std=cfg.init_std, gen=gen)
+        self.fc2 = RowParallelLinear(cfg.ffn, cfg.d_model, ctx, std=cfg.init_std, gen=gen)
+
+    def forward(self, x):
+        return self.fc2(F.gelu(self.fc1(x)))
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int):
+        super().__init__()
+        gen, std = block_generator(seed, "embed"), cfg.init_std
+        split = not parallel.vocab_emb_dp
+        vp = cfg.padded_vocab(ctx.tp_size) if split else cfg.vocab_size
+        self.src_word = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, std, gen)
+        self.src_pos = nn.Parameter(torch.empty(cfg.src_len, cfg.d_model).normal_(0, std, generator=gen))
+        self.tgt_word = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, std, gen)
+        self.tgt_pos = nn.Parameter(torch.empty(cfg.tgt_len, cfg.d_model).normal_(0, std, generator=gen))
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, inputs):
+        src_ids, tgt_ids = inputs
+        src = self.drop(self.src_word(src_ids) + self.src_pos[: src_ids.shape[1]])
+        tgt = self.drop(self.tgt_word(tgt_ids) + self.tgt_pos[: tgt_ids.shape[1]])
+        return src, tgt, src_ids, tgt_ids
+
+
+class _Block(nn.Module):
+    """A transformer layer; with recompute its activations are rebuilt in backward (exact under TP/dropout)."""
+    recompute = False
+
+    def forward(self, inputs):
+        if self.recompute and self.training and torch.is_grad_enabled():
+            return checkpoint(self._forward, *inputs)
+        return self._forward(*inputs)
+
+
+class EncoderLayer(_Block):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, recompute: bool = False):
+        super().__init__()
+        gen = block_generator(seed, f"enc{index}")
+        self.pad_id, self.recompute = cfg.pad_id, recompute
+        self.last = index == cfg.encoder_layers - 1
+        self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
+        self.attn = ParallelAttention(cfg, ctx, gen, cross=False)
+        self.mlp = ParallelMLP(cfg, ctx, gen)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.final_ln = nn.LayerNorm(cfg.d_model) if self.last else None
+
+    def _forward(self, x, tgt_h, src_ids, tgt_ids):
+        x = x + self.drop(self.attn(self.ln1(x), _key_padding(src_ids, self.pad_id)))
+        x = x + self.drop(self.mlp(self.ln2(x)))
+        if self.last:                                       # hand over to the decoder: (tgt_h, memory, ...)
+            return tgt_h, self.final_ln(x), src_ids, tgt_ids
+        return x, tgt_h, src_ids, tgt_ids
+
+
+class DecoderLayer(_Block):
+    """`last_on_stage`: drop memory_tp from the output so only replicated tensors cross a stage boundary."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, last_on_stage: bool,
+                 recompute: bool = False):
+        super().__init__()
+        gen = block_generator(seed, f"dec{index}")
+        self.ctx, self.pad_id, self.recompute = ctx, cfg.pad_id, recompute
+        self.last = index == cfg.decoder_layers - 1
+        self.last_on_stage = last_on_stage
+        self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
+        self.self_attn = ParallelAttention(cfg, ctx, gen, cross=False)
+        self.cross_attn = ParallelAttention(cfg, ctx, gen, cross=True)
+        self.mlp = ParallelMLP(cfg, ctx, gen)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def _forward(self, x, memory, src_ids, tgt_ids, memory_tp=None):
+        if memory_tp is None:                                # first decoder layer of this stage
+            memory_tp = copy_to_tp(memory, self.ctx.tp_group)
+        self_mask = _causal(x.shape[1], x.device)[None, None] & _key_padding(tgt_ids, self.pad_id)
+        x = x + self.drop(self.self_attn(self.ln1(x), self_mask))
+        x = x + self.drop(self.cross_attn(self.ln2(x), _key_padding(src_ids, self.pad_id), memory_tp))
+        x = x + self.drop(self.mlp(self.ln3(x)))
+        if self.last:
+            return x
+        if self.last_on_stage:
+            return x, memory, src_ids, tgt_ids
+        return x, memory, src_ids, tgt_ids, memory_tp
+
+
+class Head(nn.Module):
+    """Final LayerNorm and the vocab-parallel output projection; returns this rank's logits shard."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int):
+        super().__init__()
+        gen = block_generator(seed, "head")
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.proj = ColumnParallelLinear(cfg.d_model, cfg.vocab_size, ctx, bias=False, std=cfg.init_std, gen=gen,
+                                         padded_out=cfg.padded_vocab(ctx.tp_size))
+
+    def forward(self, x):
+        return self.proj(self.ln(x))
+
+
+class TokenLoss:
+    """Σ of per-token cross-entropy over non-PAD labels of a micro-batch, times a scale the caller provides
+    (`model.cross_entropy.engine_micro_loss` decides it). Used as DeepSpeed's pipeline `loss_fn`."""
+
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext):
+        self.cfg, self.ctx = cfg, ctx
+        self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(ctx.tp_size) // ctx.tp_size)
+
+    def token_losses(self, logits_shard, labels):
+        return vocab_parallel_cross_entropy(logits_shard, labels, self.vocab_start, self.cfg.vocab_size,
+                                            self.cfg.pad_id, self.cfg.label_smoothing, self.ctx.tp_group)
+
+    def __call__(self, logits_shard, target):
+        labels, scale = target
+        losses = self.token_losses(logits_shard, labels)
+        return losses.sum() * scale.to(losses.dtype).reshape(())
+
+
+def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
+                decoder_stages: Sequence[int]):
+    """(class, kwargs) for every pipeline layer in order: Embeddings, EncoderLayer×E, DecoderLayer×D, Head.
+    `decoder_stages[i]` is the stage of decoder layer i (from pipeline_func); it decides `last_on_stage`."""
+    rc = parallel.recompute
+    specs = [(Embeddings, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed))]
+    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=rc))
+              for i in range(cfg.encoder_layers)]
+    for i in range(cfg.decoder_layers):
+        last_on_stage = i == cfg.decoder_layers - 1 or decoder_stages[i + 1] != decoder_stages[i]
+        specs.append((DecoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, last_on_stage=last_on_stage,
+                                         recompute=rc)))
+    specs.append((Head, dict(cfg=cfg, ctx=ctx, seed=seed)))
+    return specs
+
+
+class Seq2SeqTransformer(nn.Module):
+    """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard."""
+
+    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
+                 ctx: Optional[ParallelContext] = None, seed: int = 1234):
+        super().__init__()
+        ctx = ctx or ParallelContext.serial()
+        self.cfg, self.ctx = cfg, ctx
+        specs = block_specs(cfg, parallel, ctx, seed, [0] * cfg.decoder_layers)
+        self.blocks = nn.ModuleList(cls(**kw) for cls, kw in specs)
+        self.loss_fn = TokenLoss(cfg, ctx)
+
+    def forward(self, src_ids, tgt_ids):
+        x = (src_ids, tgt_ids)
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+    def loss_sum(self, src_ids, tgt_ids, labels) -> torch.Tensor:
+        return self.loss_fn.token_losses(self(src_ids, tgt_ids), labels).sum()

@@ -1,0 +1,1 @@
+"""Text → TSV pairs → tokenizer.json → tokenized Arrow cache → layout-invariant global batches."""

@@ -1,0 +1,142 @@
+"""Strict text input/output shared by every preprocess tool (the one home for these rules).
+
+- `iter_lines(path)` / `read_lines(path)`: plain or `.gz` text, decoded strictly as UTF-8. A missing file,
+  an empty file and a line that is not valid UTF-8 each raise `UserError` naming the file (and the 1-based line).
+- `decode_lines(data, name)`: the same rules for bytes already in memory (a member of a tar archive).
+- `atomic_write(path)`: a file that appears complete under its final name or not at all.
+- `iter_tsv_pairs(path)` / `read_tsv_pairs(path)`: `source<TAB>target` lines; a malformed line raises
+  `UserError("FILE:LINE: ...")`.
+
+Library only; nothing to run.
+"""
+from __future__ import annotations
+
+import contextlib
+import gzip
+import os
+import tempfile
+import zlib
+from pathlib import Path
+from typing import IO, Iterable, Iterator
+
+from preprocess.errors import fail
+
+PathLike = str | os.PathLike
+
+
+def _is_gzip(path: Path) -> bool:
+    return path.name.endswith(".gz")
+
+
+def check_readable(path: PathLike) -> Path:
+    """Return `path` as a Path, or raise UserError if it is missing, not a file, or zero bytes long."""
+    path = Path(path)
+    if not path.exists():
+        fail(f"{path}: file not found")
+    if not path.is_file():
+        fail(f"{path}: not a regular file")
+    if path.stat().st_size == 0:
+        fail(f"{path}: file is empty")
+    return path
+
+
+def _decode_line(raw: bytes, name: str, lineno: int) -> str:
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+             "convert the file to UTF-8 first")
+    if lineno == 1 and text.startswith("\ufeff"):
+        text = text[1:]  # a byte-order mark is an editor artefact, not part of the first sentence
+    # Only "\n" ends a line (binary iteration): str.splitlines() would also split on U+2028 or \x85 inside a
+    # sentence and silently misalign two parallel files.
+    return text.rstrip("\r\n")
+
+
+def _iter_raw(handle: Iterable[bytes], name: str) -> Iterator[tuple[int, str]]:
+    lineno = 0
+    for lineno, raw in enumerate(handle, start=1):
+        yield lineno, _decode_line(raw, name, lineno)
+    if lineno == 0:
+        fail(f"{name}: file is empty")
+
+
+def iter_lines(path: PathLike) -> Iterator[tuple[int, str]]:
+    """Yield (1-based line number, line without its newline) from a plain or gzip-compressed UTF-8 file."""
+    path = check_readable(path)
+    name = str(path)
+    opener = gzip.open if _is_gzip(path) else open
+    try:
+        with opener(path, "rb") as handle:
+            yield from _iter_raw(handle, name)
+    except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
+        fail(f"{name}: not a valid gzip file ({exc}); re-download it or drop the .gz suffix if it is plain text")
+
+
+def read_lines(path: PathLike) -> list[str]:
+    return [line for _, line in iter_lines(path)]
+
+
+def decode_lines(data: bytes, name: str) -> list[str]:
+    """The rules of `iter_lines` for bytes already in memory; `name` is what error messages call the file."""
+    return [line for _, line in _iter_raw(data.splitlines(keepends=True), name)]
+
+
+def count_lines(path: PathLike) -> int:
+    return sum(1 for _ in iter_lines(path))
+
+
+@contextlib.contextmanager
+def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
+    """Write text to `path` so that readers see either the old file (or none) or the complete new one.
+
+    The text goes to a hidden temporary file in the same directory (same filesystem, so `os.replace` is atomic),
+    is fsynced, and replaces `path` only when the block finishes without an exception; on any error, including
+    KeyboardInterrupt, the temporary file is removed. The parent directory must exist.
+    """
+    path = Path(path)
+    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding=encoding, newline="\n") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp_name, 0o644)  # mkstemp creates 0600; the result is an ordinary data file
+        os.replace(tmp_name, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp_name)
+        raise
+
+
+def split_tsv_line(line: str, name: str, lineno: int) -> tuple[str, str]:
+    """Split one `source<TAB>target` line, stripping both sides; raise UserError("FILE:LINE: ...") if malformed."""
+    tabs = line.count("\t")
+    if tabs == 0:
+        what = "empty line" if not line.strip() else "no tab"
+        fail(f"{name}:{lineno}: {what}; expected 'source<TAB>target'")
+    if tabs > 1:
+        fail(f"{name}:{lineno}: {tabs} tabs; expected exactly one between source and target "
+             "(a sentence must not contain a tab)")
+    src, tgt = (side.strip() for side in line.split("\t"))
+    if not src:
+        fail(f"{name}:{lineno}: empty source side (before the tab)")
+    if not tgt:
+        fail(f"{name}:{lineno}: empty target side (after the tab)")
+    return src, tgt
+
+
+def iter_tsv_pairs(path: PathLike) -> Iterator[tuple[str, str]]:
+    name = str(path)
+    for lineno, line in iter_lines(path):
+        yield split_tsv_line(line, name, lineno)
+
+
+def read_tsv_pairs(path: PathLike) -> tuple[list[str], list[str]]:
+    """Return (sources, targets) of a TSV file, validated line by line."""
+    sources: list[str] = []
+    targets: list[str] = []
+    for src, tgt in iter_tsv_pairs(path):
+        sources.append(src)
+        targets.append(tgt)
+    return sources, targets

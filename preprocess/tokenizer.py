@@ -1,0 +1,199 @@
+"""Train the shared source/target vocabulary and save it as one HF `tokenizers` file, DIR/tokenizer.json.
+
+Two types:
+- `bpe` (default): joint byte-pair encoding over both sides of every input TSV. NFKC normalisation and a
+  Metaspace pre-tokenizer ("▁" marks a word start), which works on Unicode characters, so French accents are
+  kept as themselves and `decode` gives back readable text. Specials: <pad>=0, <unk>=1, <s>=2, </s>=3.
+- `word`: the MindSpore tutorial's whitespace vocabulary, lowercased: <unk>=0, <pad>=1, <eot>=2 (the seed's
+  order; <eot> both begins and ends a sentence), then words by descending frequency, ties alphabetical.
+
+Neither adds special tokens when encoding: the dataset places BOS/EOS itself. DIR/tokenizer_meta.json records
+the type, vocabulary size and the inputs (with their sha256).
+
+Run:  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k
+Load: `load_tokenizer(path)`, or transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="<pad>",
+      unk_token="<unk>", bos_token="<s>", eos_token="</s>").
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+from preprocess.errors import fail, run_cli
+from preprocess.textio import atomic_write, iter_tsv_pairs
+
+TOKENIZER_FILE = "tokenizer.json"
+META_FILE = "tokenizer_meta.json"
+TYPES = ("bpe", "word")
+DEFAULT_VOCAB_SIZE = {"bpe": 8000, "word": 20000}  # word: the seed's vocabulary size
+BPE_SPECIALS = ("<pad>", "<unk>", "<s>", "</s>")
+WORD_SPECIALS = ("<unk>", "<pad>", "<eot>")  # the seed's order: UNK, PAD, EOT
+
+
+@dataclass(frozen=True)
+class SpecialIds:
+    pad: int
+    unk: int
+    bos: int
+    eos: int
+
+
+def _file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_sentences(tsv_paths: Sequence[str | Path]) -> list[str]:
+    """Both sides of every TSV, validated; order is fixed (file, line, source then target) for determinism."""
+    sentences: list[str] = []
+    for path in tsv_paths:
+        for src, tgt in iter_tsv_pairs(path):
+            sentences.append(src)
+            sentences.append(tgt)
+    return sentences
+
+
+def _train_bpe(sentences: list[str], vocab_size: int, min_frequency: int, progress: bool) -> Tokenizer:
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.normalizer = normalizers.NFKC()
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
+                                  special_tokens=list(BPE_SPECIALS), show_progress=progress)
+    tok.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+    return tok
+
+
+def _train_word(sentences: list[str], vocab_size: int, min_frequency: int) -> Tokenizer:
+    normalizer = normalizers.Lowercase()
+    pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    counts: Counter[str] = Counter()
+    for sentence in sentences:
+        counts.update(word for word, _ in pre_tokenizer.pre_tokenize_str(normalizer.normalize_str(sentence)))
+    for special in WORD_SPECIALS:
+        counts.pop(special, None)  # a literal "<unk>" in the text must not take a second id
+    # Sorting on (-count, word) rather than Counter.most_common() makes ties independent of input order.
+    ranked = sorted((item for item in counts.items() if item[1] >= min_frequency), key=lambda kv: (-kv[1], kv[0]))
+    words = [word for word, _ in ranked[: vocab_size - len(WORD_SPECIALS)]]
+    vocab = {token: i for i, token in enumerate([*WORD_SPECIALS, *words])}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    tok.normalizer = normalizer
+    tok.pre_tokenizer = pre_tokenizer
+    tok.add_special_tokens(list(WORD_SPECIALS))  # already in the vocab: keeps their ids, marks them special
+    return tok
+
+
+def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, type: str = "bpe",
+                    vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False) -> Path:
+    """Train a `bpe` or `word` tokenizer on both sides of the TSVs; return the path of DIR/tokenizer.json."""
+    if type not in TYPES:
+        fail(f"unknown tokenizer type {type!r}; choose one of: {', '.join(TYPES)}")
+    if isinstance(tsv_paths, (str, Path)):
+        tsv_paths = [tsv_paths]
+    if not tsv_paths:
+        fail("no input TSV files given")
+    if vocab_size is None:
+        vocab_size = DEFAULT_VOCAB_SIZE[type]
+    specials = BPE_SPECIALS if type == "bpe" else WORD_SPECIALS
+    if vocab_size <= len(specials):
+        fail(f"--vocab_size {vocab_size} is too small; it must exceed the {len(specials)} special tokens")
+    if min_frequency < 1:
+        fail(f"--min_frequency {min_frequency} must be at least 1")
+    sentences = _read_sentences(tsv_paths)
+    if type == "bpe":
+        tok = _train_bpe(sentences, vocab_size, min_frequency, progress)
+    else:
+        tok = _train_word(sentences, vocab_size, min_frequency)
+    for expected_id, token in enumerate(specials):
+        if tok.token_to_id(token) != expected_id:  # the dataset and model rely on these exact ids
+            raise AssertionError(f"{token} got id {tok.token_to_id(token)}, expected {expected_id}")
+
+    output_dir = Path(output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "type": type,
+        "vocab_size": tok.get_vocab_size(with_added_tokens=True),
+        "requested_vocab_size": vocab_size,
+        "min_frequency": min_frequency,
+        "special_tokens": {token: i for i, token in enumerate(specials)},
+        "inputs": [{"path": str(p), "sha256": _file_sha256(p)} for p in tsv_paths],
+    }
+    tokenizer_path = output_dir / TOKENIZER_FILE
+    with atomic_write(tokenizer_path) as handle:
+        handle.write(tok.to_str(pretty=True))
+    with atomic_write(output_dir / META_FILE) as handle:
+        json.dump(meta, handle, indent=2, ensure_ascii=False)
+        handle.write("\n")
+    return tokenizer_path
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    """Load DIR/tokenizer.json (or the file itself); UserError if it is missing or not a tokenizers file."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / TOKENIZER_FILE
+    if not path.is_file():
+        fail(f"{path}: tokenizer file not found; train one with python -m preprocess.tokenizer")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception for any parse error
+        fail(f"{path}: not a valid tokenizers JSON file ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+
+
+def special_ids(tok: Tokenizer) -> SpecialIds:
+    """Ids of PAD/UNK/BOS/EOS; for the `word` type BOS and EOS are both <eot>, as in the seed."""
+    lookup = {token: tok.token_to_id(token) for token in (*BPE_SPECIALS, "<eot>")}
+    if lookup["<eot>"] is not None:
+        required = ("<pad>", "<unk>", "<eot>")
+        bos_token = eos_token = "<eot>"
+    else:
+        required = BPE_SPECIALS
+        bos_token, eos_token = "<s>", "</s>"
+    missing = [token for token in required if lookup[token] is None]
+    if missing:
+        fail(f"tokenizer lacks special token(s) {', '.join(missing)}; train it with python -m preprocess.tokenizer")
+    return SpecialIds(pad=lookup["<pad>"], unk=lookup["<unk>"], bos=lookup[bos_token], eos=lookup[eos_token])
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m preprocess.tokenizer",
+        description="Train one tokenizer over both sides of source<TAB>target TSV files and save it as "
+                    f"DIR/{TOKENIZER_FILE} (plus DIR/{META_FILE}).",
+        epilog="examples:\n"
+               "  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k\n"
+               "  python -m preprocess.tokenizer --input output/wmt14.fr_en.txt --output output/word --type word",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--input", required=True, nargs="+", metavar="TSV", help="training TSV file(s)")
+    parser.add_argument("--output", required=True, metavar="DIR", help="directory for tokenizer.json")
+    # Validated in train_tokenizer rather than with argparse choices, so a bad value gives the same one-line
+    # "error: ..." as every other user mistake.
+    parser.add_argument("--type", default="bpe", metavar="{bpe,word}",
+                        help="bpe: joint subword BPE (default); word: the MindSpore seed's lowercased "
+                             "whitespace vocabulary with <unk>=0, <pad>=1, <eot>=2")
+    parser.add_argument("--vocab_size", type=int, default=None,
+                        help="vocabulary size including special tokens (default: 8000 for bpe, 20000 for word)")
+    parser.add_argument("--min_frequency", type=int, default=2,
+                        help="least count for a merge (bpe) or word (word) to enter the vocabulary (default: 2)")
+    args = parser.parse_args()
+    path = train_tokenizer(args.input, args.output, type=args.type, vocab_size=args.vocab_size,
+                           min_frequency=args.min_frequency, progress=sys.stderr.isatty())
+    tok = load_tokenizer(path)
+    print(f"wrote {args.type} tokenizer with {tok.get_vocab_size()} tokens to {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

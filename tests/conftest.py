@@ -1,0 +1,78 @@
+"""Shared pytest fixtures: the real Multi30k data turned into a TSV, a BPE tokenizer and datasets, built once.
+
+- `multi30k_dir`: data/multi30k (the bundled .gz files).
+- `multi30k_tsv`: Multi30k train as French<TAB>English TSV (29,000 pairs), built once per session.
+- `bpe_tokenizer`: path to a joint BPE tokenizer.json (vocab 8000) trained on `multi30k_tsv`.
+- `multi30k_dataset_factory(src_len=32, tgt_len=32)`: a TranslationDataset of `multi30k_tsv`, tokenized once
+  per length pair into a session cache and loaded from it afterwards.
+- `run_module(module, *args)`: `python -m module args...` from the repository root, captured.
+- `assert_user_error(result, *needles)`: the one-line `error: ...` contract of every CLI.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def multi30k_dir() -> Path:
+    return REPO_ROOT / "data" / "multi30k"
+
+
+@pytest.fixture(scope="session")
+def multi30k_tsv(multi30k_dir, tmp_path_factory) -> Path:
+    from preprocess.parallel import make_tsv
+
+    out = tmp_path_factory.mktemp("multi30k") / "train.fr_en.tsv"
+    make_tsv(multi30k_dir / "train.fr.gz", multi30k_dir / "train.en.gz", out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def bpe_tokenizer(multi30k_tsv, tmp_path_factory) -> Path:
+    from preprocess.tokenizer import train_tokenizer
+
+    return train_tokenizer([multi30k_tsv], tmp_path_factory.mktemp("bpe8k"), type="bpe", vocab_size=8000)
+
+
+@pytest.fixture(scope="session")
+def multi30k_dataset_factory(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    from preprocess.dataset import TranslationDataset
+
+    cache_dir = tmp_path_factory.mktemp("tokcache")
+
+    def make(src_len: int = 32, tgt_len: int = 32):
+        return TranslationDataset(multi30k_tsv, bpe_tokenizer, src_len, tgt_len, cache_dir=cache_dir, progress=False)
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def run_module():
+    def run(module: str, *args) -> subprocess.CompletedProcess:
+        env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT, env=env,
+                              capture_output=True, text=True, timeout=300)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def assert_user_error():
+    def check(result: subprocess.CompletedProcess, *needles: str) -> str:
+        assert result.returncode != 0, f"expected failure, got rc=0\nstdout: {result.stdout}"
+        assert "Traceback" not in result.stderr, result.stderr
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1, f"expected one stderr line, got:\n{result.stderr}"
+        assert lines[0].startswith("error: "), lines[0]
+        for needle in needles:
+            assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+        return lines[0]
+
+    return check

@@ -1,0 +1,143 @@
+"""Each TP layer and the parallel loss against its serial reference, on real gloo processes (tp = 2 and 4)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from model.config import ModelConfig, ParallelConfig
+from model.cross_entropy import vocab_parallel_cross_entropy
+from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from model.mappings import CommLog
+from model.sharding import partition_dim, take_shard
+from model.topology import ParallelContext, build_context
+from tests.multiproc import run_ranks
+
+TOL = 1e-6
+
+
+def rel(a, b):
+    return float((a - b).norm() / b.norm().clamp(min=1e-30))
+
+
+def tp_context(tp):
+    import deepspeed
+    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    return build_context(ParallelConfig(model_parallel=tp))
+
+
+def _linear_case(rank, world, kind):
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16)
+    g_out = torch.randn(3, 5, 12)
+    ctx = tp_context(world)
+    if kind == "column":
+        ser = ColumnParallelLinear(16, 12, ParallelContext.serial(), gen=torch.Generator().manual_seed(7))
+        par = ColumnParallelLinear(16, 12, ctx, gather_output=True, gen=torch.Generator().manual_seed(7))
+        xs, xp = x.clone().requires_grad_(), x.clone().requires_grad_()
+    else:
+        ser = RowParallelLinear(16, 12, ParallelContext.serial(), gen=torch.Generator().manual_seed(7))
+        par = RowParallelLinear(16, 12, ctx, gen=torch.Generator().manual_seed(7))
+        xs = x.clone().requires_grad_()
+        xp = take_shard(x, 2, rank, world, 16 // world).clone().requires_grad_()
+    for m in (ser, par):
+        m.bias.data.normal_(generator=torch.Generator().manual_seed(3))
+    if kind == "column":
+        par.bias.data = take_shard(ser.bias.data, 0, rank, world, 12 // world).clone()
+    with CommLog() as log:
+        ys, yp = ser(xs), par(xp)
+        (ys * g_out).sum().backward()
+        (yp * g_out).sum().backward()
+    errs = {"out": rel(yp, ys)}
+    x_ref = xs.grad if kind == "column" else take_shard(xs.grad, 2, rank, world, 16 // world)
+    errs["input_grad"] = rel(xp.grad, x_ref)
+    for name, p in par.named_parameters():
+        full = dict(ser.named_parameters())[name].grad
+        errs[name + "_grad"] = rel(p.grad, take_shard(full, partition_dim(p), rank, world, p.shape[partition_dim(p)]
+                                                      if partition_dim(p) is not None else 0))
+    return errs, log.calls
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("kind", ["column", "row"])
+def test_linear_matches_serial(tp, kind):
+    for errs, calls in run_ranks(tp, _linear_case, kind):
+        assert max(errs.values()) <= TOL, errs
+        ops = [op for op, _ in calls]
+        # column: forward gather of the output (test only) + backward all-reduce of the input grad;
+        # row: forward all-reduce of partial outputs, backward nothing.
+        assert ops.count("all_reduce") == 1, calls
+
+
+def _embedding_case(rank, world, vocab, split):
+    ctx = tp_context(world)
+    ids = torch.randint(0, vocab, (4, 9), generator=torch.Generator().manual_seed(1))
+    padded = -(-vocab // world) * world
+    ser = VocabParallelEmbedding(vocab, 8, ParallelContext.serial(), False, gen=torch.Generator().manual_seed(5))
+    par = VocabParallelEmbedding(vocab, 8, ctx, split, padded, gen=torch.Generator().manual_seed(5))
+    g = torch.randn(4, 9, 8, generator=torch.Generator().manual_seed(2))
+    with CommLog() as log:
+        (ser(ids) * g).sum().backward()
+        out = par(ids)
+        (out * g).sum().backward()
+    dim = partition_dim(par.weight)
+    ref = take_shard(ser.weight.grad, dim, rank, world, par.weight.shape[0]) if dim is not None else ser.weight.grad
+    return rel(out, ser(ids)), rel(par.weight.grad, ref), len(log.calls)
+
+
+@pytest.mark.parametrize("tp,vocab", [(2, 50), (4, 50), (4, 53)])
+@pytest.mark.parametrize("split", [True, False])
+def test_vocab_embedding_matches_serial(tp, vocab, split):
+    for out_err, grad_err, ncalls in run_ranks(tp, _embedding_case, vocab, split):
+        assert out_err <= TOL and grad_err <= TOL, (out_err, grad_err)
+        assert ncalls == (1 if split else 0)
+
+
+def _ce_case(rank, world, vocab, smoothing):
+    ctx = tp_context(world)
+    gen = torch.Generator().manual_seed(11)
+    logits = torch.randn(6, 7, vocab, generator=gen) * 3
+    labels = torch.randint(0, vocab, (6, 7), generator=gen)
+    labels[:, 5:] = 0                                    # PAD = 0, ignored
+    ref_logits = logits.clone().requires_grad_()
+    ref = F.cross_entropy(ref_logits.view(-1, vocab), labels.view(-1), ignore_index=0, reduction="none",
+                          label_smoothing=smoothing).view(6, 7)
+    g = torch.rand(6, 7, generator=gen)
+    (ref * g).sum().backward()
+    per = -(-vocab // world)
+    shard = take_shard(logits, 2, rank, world, per).clone().requires_grad_()
+    with CommLog() as log:
+        loss = vocab_parallel_cross_entropy(shard, labels, rank * per, vocab, 0, smoothing, ctx.tp_group)
+        (loss * g).sum().backward()
+    grad_ref = take_shard(ref_logits.grad, 2, rank, world, per)
+    return rel(loss, ref), rel(shard.grad, grad_ref), log.calls
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+@pytest.mark.parametrize("vocab", [40, 41])
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_vocab_parallel_cross_entropy(tp, vocab, smoothing):
+    for loss_err, grad_err, calls in run_ranks(tp, _ce_case, vocab, smoothing):
+        assert loss_err <= TOL and grad_err <= TOL, (loss_err, grad_err)
+        # exactly 3 small all-reduces (max, sum-exp, [target, Σz]) of (tokens,) / (2, tokens) elements; none in bwd
+        assert [op for op, _ in calls] == ["loss_all_reduce"] * 3
+        assert [n for _, n in calls] == [42, 42, 84]
+
+
+def test_bad_layout_names_value_and_fix():
+    from model.config import ConfigError, validate_layout
+    cfg = ModelConfig(num_heads=8, d_model=128, encoder_layers=1, decoder_layers=1)
+    with pytest.raises(ConfigError) as e:
+        validate_layout(ParallelConfig(model_parallel=3, data_parallel=2), cfg, world_size=6, global_batch=36)
+    msg = str(e.value)
+    assert "num_heads=8 is not divisible by model_parallel=3" in msg
+    assert "batch_size" not in msg.split(". Layouts")[0]
+    assert "Layouts that fit 6 processes" in msg and "dp=3 mp=2 pp=1" in msg
+    with pytest.raises(ConfigError, match="pipeline_stage=3 > 2 blocks"):
+        validate_layout(ParallelConfig(pipeline_stage=3), cfg, world_size=3)
+    with pytest.raises(ConfigError, match=r"= 4 but the world has 8 processes"):
+        validate_layout(ParallelConfig(model_parallel=4), cfg, world_size=8)
+    with pytest.raises(ConfigError, match=r"global batch_size=30 is not divisible by .* = 2×2 = 4"):
+        validate_layout(ParallelConfig(data_parallel=2, micro_batch_num=2), cfg, world_size=2, global_batch=30)
+    with pytest.raises(ConfigError, match="ZeRO stage 2 cannot be combined with pipeline_stage=2"):
+        validate_layout(ParallelConfig(pipeline_stage=2, zero_stage=2), cfg, world_size=2)
+    with pytest.raises(ConfigError, match="FFN size=100 is not divisible by model_parallel=8"):
+        validate_layout(ParallelConfig(model_parallel=8), cfg.replace(ffn_size=100), world_size=8)
