@@ -164,8 +164,11 @@ class TranslationDataset:
     # -- loading --------------------------------------------------------------------------------------------
 
     def _load_cache(self) -> None:
-        with _datasets_progress(False):
-            table = datasets.load_from_disk(str(self.cache_path))
+        try:
+            with _datasets_progress(False):
+                table = datasets.load_from_disk(str(self.cache_path))
+        except (OSError, ValueError) as exc:  # e.g. files deleted by hand from inside the cache folder
+            fail(f"{self.cache_path}: unreadable tokenization cache ({exc}); delete the folder to rebuild it")
         self.num_samples = len(table)
         widths = {"src": self.src_len, "tgt_in": self.tgt_len, "labels": self.tgt_len}
         for name in _ARRAY_COLUMNS:
@@ -218,10 +221,10 @@ def seed_fields(batch: dict, pad_id: int, mask_dtype: torch.dtype = torch.float3
     causal = torch.tril(torch.ones(t_len, t_len, dtype=torch.bool))
     return {
         "src_ids": src_ids,
-        "src_position": torch.arange(s_len, dtype=torch.int64).expand(bsz, s_len),
+        "src_position": torch.arange(s_len, dtype=torch.int64).expand(bsz, s_len).contiguous(),
         "src_mask": (src_valid[:, :, None] & src_valid[:, None, :]).to(mask_dtype),
         "tgt_ids": tgt_ids,
-        "tgt_position": torch.arange(t_len, dtype=torch.int64).expand(bsz, t_len),
+        "tgt_position": torch.arange(t_len, dtype=torch.int64).expand(bsz, t_len).contiguous(),
         "tgt_mask": (tgt_valid[:, :, None] & tgt_valid[:, None, :] & causal).to(mask_dtype),
         "memory_mask": (tgt_valid[:, :, None] & src_valid[:, None, :]).to(mask_dtype),
         "label": batch["labels"],
@@ -324,7 +327,7 @@ def main() -> int:
           f"({dataset.cache_path})")
     print(f"samples {stats['samples']}  vocab {dataset.vocab_size}  "
           f"src truncated {stats['src_truncated_pct']:.2f}%  tgt truncated {stats['tgt_truncated_pct']:.2f}%  "
-          f"mean src tokens {stats['mean_src_tokens']:.2f}  mean tgt tokens {stats['mean_tgt_tokens']:.2f}  "
+          f"mean tokens before truncation: src {stats['mean_src_tokens']:.2f} tgt {stats['mean_tgt_tokens']:.2f}  "
           f"unk {stats['unk_pct']:.3f}%  target tokens {stats['target_tokens']}")
     return 0
 

@@ -44,7 +44,7 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        fail(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
+        fail(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
              "convert the file to UTF-8 first")
     if lineno == 1 and text.startswith("\ufeff"):
         text = text[1:]  # a byte-order mark is an editor artefact, not part of the first sentence

@@ -38,9 +38,10 @@ def test_shapes_and_token_placement(multi30k_dataset_factory, multi30k_tsv):
     assert (ds.tgt_in[:, 0] == ds.bos_id).all()
     assert ((ds.src == ds.eos_id).sum(axis=1) == 1).all()
     assert ((ds.labels == ds.eos_id).sum(axis=1) == 1).all()
-    # Teacher forcing: labels are the decoder input shifted left by one.
-    real = ds.labels != ds.pad_id
-    assert (ds.tgt_in[:, 1:][real[:, :-1]] == ds.labels[:, :-1][real[:, :-1]]).all()
+    # Teacher forcing: every target token in labels is the next decoder input.
+    tokens = (ds.labels[:, :-1] != ds.pad_id) & (ds.labels[:, :-1] != ds.eos_id)
+    assert (ds.tgt_in[:, 1:][tokens] == ds.labels[:, :-1][tokens]).all()
+    assert ((ds.tgt_in != ds.pad_id).sum(axis=1) == (ds.labels != ds.pad_id).sum(axis=1)).all()
     _check_layout(ds, multi30k_tsv, rows=[0, 1, 2, 14_500, 28_999])
 
 
@@ -91,6 +92,16 @@ def test_default_cache_dir_and_stale_temp_is_ignored(multi30k_dir, bpe_tokenizer
     tsv.write_text(tsv.read_text(encoding="utf-8") + "Un chat.\tA cat.\n", encoding="utf-8")
     grown = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
     assert not grown.cache_hit and grown.num_samples == 1015
+
+
+def test_damaged_cache_is_a_user_error(multi30k_dir, bpe_tokenizer, tmp_path):
+    tsv = tmp_path / "val.fr_en.tsv"
+    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
+    built = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
+    for arrow in built.cache_path.glob("*.arrow"):
+        arrow.unlink()
+    with pytest.raises(UserError, match="unreadable tokenization cache"):
+        TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
 
 
 def test_word_tokenizer_dataset_uses_eot(multi30k_dir, tmp_path):
@@ -156,6 +167,8 @@ def test_bad_tsv_errors(multi30k_dir, bpe_tokenizer, tmp_path):
 
 
 def test_cli_stats_and_error(run_module, assert_user_error, multi30k_tsv, bpe_tokenizer, tmp_path, multi30k_dir):
+    help_result = run_module("preprocess.dataset", "--help")
+    assert help_result.returncode == 0 and "--src_len" in help_result.stdout and "example" in help_result.stdout
     tsv = tmp_path / "val.fr_en.tsv"
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
     result = run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""Train the encoder-decoder Transformer (the MindSpore seed's train.py) on DeepSpeed, on CPU or GPU.
+
+    # one process, CPU, bundled Multi30k (make the TSV first: see README)
+    python run_scripts/train.py --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
+    # 2 processes, tensor parallel (the seed's run.sh with RANK_SIZE=2)
+    deepspeed --num_gpus 2 run_scripts/train.py --distribute true --file_path out/data/train.fr_en.tsv \
+        --mp 2 --steps 20 --output_dir out/tp2
+    # a recipe, flags override it
+    deepspeed --num_gpus 8 run_scripts/train.py --recipe recipes/8pcs/8pcs.json --file_path DATA.tsv
+
+On a CPU-only machine DeepSpeed's launcher counts NUMA nodes, not cores, as "GPUs"; `--num_gpus N` starts N
+processes regardless. dp is derived as world_size // mp // pipeline_stage, as in the seed. `--help` lists all flags.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
+
+from preprocess.errors import UserError, run_cli  # noqa: E402
+from training.args import parse_args  # noqa: E402
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from training.run import run_training
+    try:
+        return run_training(args)
+    except UserError:
+        raise
+    finally:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,184 @@
+"""train.py's flags (the seed's names kept) and recipe files, turned into ModelConfig / ParallelConfig.
+
+Precedence: built-in defaults < recipe JSON (`--recipe`) < command-line flags. A recipe is JSON with sections
+{"model", "parallel", "training", "deepspeed"}; keys starting with "_" are comments (recipes explain their batch
+arithmetic in them). Parallel keys use the seed's `TransformerOpParallelConfig` names.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Optional
+
+from model.config import ModelConfig, ParallelConfig
+from preprocess.errors import UserError
+
+# recipe "parallel" key (seed name) → flag dest
+PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "micro_batch_num": "micro_batch_num",
+                 "optimizer_shard": "enable_parallel_optimizer", "gradient_aggregation_group":
+                 "gradient_aggregation_group", "recompute": "recompute", "vocab_emb_dp": "vocab_emb_dp",
+                 "zero_stage": "zero_stage", "pipeline_func": "pipeline_func", "data_parallel": "data_parallel"}
+
+EXAMPLES = """\
+examples (CPU, bundled Multi30k; see README):
+  python run_scripts/train.py --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
+  deepspeed --num_gpus 2 run_scripts/train.py --distribute true --file_path out/data/train.fr_en.tsv \\
+      --mp 2 --steps 20 --output_dir out/tp2
+  deepspeed --num_gpus 8 run_scripts/train.py --recipe recipes/8pcs/8pcs.json --file_path DATA.tsv
+  deepspeed --hostfile hostfile run_scripts/train.py --recipe recipes/16pcs/16pcs.json --file_path DATA.tsv
+
+The data-parallel size is derived as world_size // mp // pipeline_stage, as in the seed.
+"""
+
+
+def _bool(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false or 1/0, got {v!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train.py", description="Train the encoder-decoder Transformer with tensor (mp), pipeline and data "
+        "parallelism on DeepSpeed. Launch with `deepspeed --num_gpus N`, `deepspeed --hostfile H`, torchrun, or "
+        "plain python for one process.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("the seed's flags")
+    g.add_argument("--distribute", default="auto", choices=["true", "false", "auto"],
+                   help="true: join the launcher's process group; false: one process; auto (default): true when "
+                        "started by a launcher (WORLD_SIZE set)")
+    g.add_argument("--file_path", help="training data: a TSV of 'source<TAB>target' pairs (preprocess.parallel)")
+    g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel size (default 1)")
+    g.add_argument("--pipeline_stage", type=int, default=1, help="number of pipeline stages (default 1)")
+    g.add_argument("--micro_batch_num", type=int, default=1,
+                   help="micro-batches per step = gradient accumulation steps (default 1)")
+    g.add_argument("--batch_size", type=int, default=32, help="GLOBAL batch size in sentence pairs (default 32)")
+    g.add_argument("--src_len", type=int, default=10, help="source length in tokens (default 10, the seed's)")
+    g.add_argument("--tgt_len", type=int, default=10, help="target length in tokens (default 10, the seed's)")
+    g.add_argument("--vocab_size", type=int, default=None,
+                   help="model vocabulary (default: the tokenizer's size; must be >= it)")
+    g.add_argument("--d_model", type=int, default=128, help="hidden size (default 128)")
+    g.add_argument("--encoder_layer", type=int, default=1, help="encoder blocks (default 1)")
+    g.add_argument("--decoder_layer", type=int, default=1, help="decoder blocks (default 1)")
+    g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default 1e-4)")
+    g.add_argument("--enable_parallel_optimizer", type=_bool, default=False,
+                   help="0/1: shard optimizer state over data-parallel ranks (ZeRO stage 1)")
+    g.add_argument("--ckpt_file", default=None, help="checkpoint directory to resume from (or to evaluate)")
+    g.add_argument("--train", type=_bool, default=True, help="1: train (default); 0: only evaluate the loss")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--num_heads", type=int, default=8, help="attention heads (default 8, the seed's)")
+    g.add_argument("--ffn_size", type=int, default=0, help="FFN hidden size (default 0 = d_model, the seed's)")
+    g.add_argument("--dropout", type=float, default=0.1, help="hidden dropout (default 0.1)")
+    g.add_argument("--attention_dropout", type=float, default=None, help="attention dropout (default = --dropout)")
+    g.add_argument("--label_smoothing", type=float, default=0.0, help="label smoothing (default 0)")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json; without it a BPE tokenizer is trained on --file_path and cached")
+    g.add_argument("--tokenizer_vocab_size", type=int, default=8000,
+                   help="vocabulary of the auto-built BPE tokenizer (default 8000)")
+
+    g = p.add_argument_group("parallelism and memory")
+    g.add_argument("--data_parallel", type=int, default=None,
+                   help="optional check: the dp size you expect (derived from the world size otherwise)")
+    g.add_argument("--zero_stage", type=int, default=None, choices=[0, 1, 2, 3],
+                   help="ZeRO stage (default: 1 with --enable_parallel_optimizer 1, else 0; 2/3 need "
+                        "pipeline_stage 1)")
+    g.add_argument("--gradient_aggregation_group", type=int, default=4,
+                   help="gradient reduction buckets per step: bucket = gradient bytes / groups (default 4)")
+    g.add_argument("--recompute", type=_bool, default=False, help="0/1: activation checkpointing of every block")
+    g.add_argument("--vocab_emb_dp", type=_bool, default=True,
+                   help="1 (default): replicate the embedding tables; 0: split their rows over mp ranks")
+    g.add_argument("--pipeline_func", default=None,
+                   help="'module:function' placing blocks on stages (the seed's signature); default even split")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="fp32 (default); fp16/bf16 need a GPU")
+    g.add_argument("--deepspeed_config", default=None,
+                   help="a DeepSpeed JSON merged over the generated one (batch keys must agree)")
+
+    g = p.add_argument_group("schedule and logging")
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs worth)")
+    g.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given (default 1)")
+    g.add_argument("--seed", type=int, default=1234, help="seed for weights, data order and dropout")
+    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay (not on LayerNorm/bias)")
+    g.add_argument("--warmup_steps", type=int, default=0, help="linear learning-rate warmup steps (default 0)")
+    g.add_argument("--clip_grad", type=float, default=0.0, help="gradient-norm clipping (default 0 = off)")
+    g.add_argument("--output_dir", default="out/train", help="metrics.jsonl, TensorBoard, checkpoints")
+    g.add_argument("--log_interval", type=int, default=1, help="print a loss line every N steps (default 1)")
+    g.add_argument("--tensorboard", type=_bool, default=True, help="0/1: write TensorBoard events")
+
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save_checkpoint_steps", type=int, default=0, help="save every N steps (default 0 = never)")
+    g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")
+    g.add_argument("--resume", nargs="?", const="latest", default=None,
+                   help="resume from the latest checkpoint in --output_dir ('auto': start fresh if there is none)")
+
+    p.add_argument("--recipe", default=None, help="JSON recipe (recipes/*/*.json); flags given here override it")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def load_recipe(path: str) -> dict:
+    """Flatten a recipe's sections into flag defaults; the 'deepspeed' section is kept as a dict."""
+    if not os.path.isfile(path):
+        raise UserError(f"recipe {path} not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        raise UserError(f"recipe {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")
+    flat: dict = {}
+    known = {a.dest for a in build_parser()._actions}
+    for section, values in data.items():
+        if section.startswith("_"):
+            continue
+        if section == "deepspeed":
+            flat["deepspeed_overrides"] = {k: v for k, v in values.items() if not k.startswith("_")}
+            continue
+        if section not in ("model", "parallel", "training"):
+            raise UserError(f"recipe {path}: unknown section {section!r} (model, parallel, training, deepspeed)")
+        for key, value in values.items():
+            if key.startswith("_"):
+                continue
+            dest = PARALLEL_KEYS.get(key, key) if section == "parallel" else key
+            if dest not in known:
+                raise UserError(f"recipe {path}: unknown key {section}.{key}")
+            flat[dest] = value
+    return flat
+
+
+def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
+    parser = build_parser()
+    first, _ = parser.parse_known_args(argv)
+    recipe = load_recipe(first.recipe) if first.recipe else {}
+    overrides = recipe.pop("deepspeed_overrides", {})
+    parser.set_defaults(**recipe)
+    args = parser.parse_args(argv)
+    args.deepspeed_overrides = overrides
+    if args.attention_dropout is None:
+        args.attention_dropout = args.dropout
+    return args
+
+
+def model_config(args, vocab_size: int, pad_id: int) -> ModelConfig:
+    return ModelConfig(vocab_size=vocab_size, d_model=args.d_model, num_heads=args.num_heads, ffn_size=args.ffn_size,
+                       encoder_layers=args.encoder_layer, decoder_layers=args.decoder_layer, src_len=args.src_len,
+                       tgt_len=args.tgt_len, dropout=args.dropout, attention_dropout=args.attention_dropout,
+                       label_smoothing=args.label_smoothing, pad_id=pad_id)
+
+
+def parallel_config(args, world_size: int) -> ParallelConfig:
+    cfg = ParallelConfig.for_world(world_size, model_parallel=args.mp, pipeline_stage=args.pipeline_stage,
+                                   micro_batch_num=args.micro_batch_num,
+                                   optimizer_shard=bool(args.enable_parallel_optimizer),
+                                   gradient_aggregation_group=args.gradient_aggregation_group,
+                                   recompute=bool(args.recompute), vocab_emb_dp=bool(args.vocab_emb_dp),
+                                   zero_stage=args.zero_stage)
+    if args.data_parallel is not None and args.data_parallel != cfg.data_parallel:
+        raise UserError(f"data_parallel={args.data_parallel} was asked for but world_size {world_size} // mp "
+                        f"{args.mp} // pipeline_stage {args.pipeline_stage} = {cfg.data_parallel}")
+    return cfg

@@ -1,0 +1,95 @@
+"""From --file_path/--tokenizer to the micro-batches one rank feeds its engine.
+
+Tokenizer training and tokenization run once per node (local rank 0) while the other ranks wait at a barrier and
+then read the cache. Which samples make global batch `step` is `GlobalBatchSchedule.global_batch(step)`, layout-free;
+a rank takes its data-parallel slice and cuts it into micro-batches. Every micro-batch carries the loss scale that
+turns its token-loss sum into its share of the global-batch token mean (`model.cross_entropy.engine_micro_loss`).
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import torch
+import torch.distributed as dist
+
+from model.cross_entropy import engine_micro_loss
+from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
+                                micro_slices)
+from preprocess.errors import UserError
+
+
+def _local_rank_zero() -> bool:
+    return int(os.environ.get("LOCAL_RANK", "0")) == 0
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def auto_tokenizer_path(tsv_path: str, vocab_size: int) -> str:
+    """Where the BPE tokenizer built for a TSV (when --tokenizer is not given) is cached."""
+    with open(tsv_path, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:16]
+    return os.path.join(os.path.dirname(os.path.abspath(tsv_path)), ".tokcache",
+                        f"bpe{vocab_size}-{digest}", "tokenizer.json")
+
+
+def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: int, tgt_len: int,
+                 tokenizer_vocab_size: int = 8000, progress: bool = True) -> TranslationDataset:
+    if not file_path:
+        raise UserError("--file_path is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
+                        "`python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt "
+                        "data/multi30k/train.en.gz --output out/data/train.fr_en.tsv`")
+    if not os.path.isfile(file_path):
+        raise UserError(f"--file_path {file_path} not found (make it with python -m preprocess.parallel)")
+    if tokenizer and not os.path.isfile(tokenizer):
+        raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
+                        f"leave --tokenizer out to build one from --file_path)")
+    tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size)
+    if _local_rank_zero():
+        if not tokenizer and not os.path.isfile(tok_path):
+            from preprocess.tokenizer import train_tokenizer
+            print(f"building a BPE tokenizer ({tokenizer_vocab_size}) from {file_path} → {tok_path}", flush=True)
+            train_tokenizer([file_path], os.path.dirname(tok_path), type="bpe", vocab_size=tokenizer_vocab_size)
+        data = TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=progress)
+        _barrier()
+        return data
+    _barrier()
+    return TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=False)
+
+
+@dataclass
+class StepBatches:
+    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them)."""
+    data: TranslationDataset
+    micro: list
+    scale: float
+    global_tokens: int
+    device: torch.device
+
+    def __iter__(self) -> Iterator[tuple]:
+        for idx in self.micro:
+            b = self.data.batch(idx)
+            src, tgt, labels = (b[k].to(self.device) for k in ("src_ids", "tgt_ids", "labels"))
+            yield (src, tgt), (labels, torch.tensor([self.scale], dtype=torch.float32, device=self.device))
+
+
+class BatchFeeder:
+    def __init__(self, data: TranslationDataset, global_batch: int, seed: int, dp_rank: int, dp_size: int,
+                 micro_batch_num: int, device: torch.device):
+        self.data, self.dp_rank, self.dp_size, self.gas, self.device = data, dp_rank, dp_size, micro_batch_num, device
+        self.schedule = GlobalBatchSchedule(data.num_samples, global_batch, seed)
+
+    def step(self, step: int) -> StepBatches:
+        idx = self.schedule.global_batch(step)
+        tokens = count_target_tokens(self.data.labels[idx], self.data.pad_id)
+        mine = dp_slice(idx, self.dp_rank, self.dp_size)
+        scale = float(engine_micro_loss(torch.tensor(1.0, dtype=torch.float64), tokens, self.dp_size, self.gas))
+        return StepBatches(self.data, micro_slices(mine, self.gas), scale, tokens, self.device)
+
+    def epoch_of(self, step: int) -> int:
+        return self.schedule.epoch_of(step)

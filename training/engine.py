@@ -1,0 +1,162 @@
+"""DeepSpeed engine setup: process group, grid, model (pipelined or not), optimizer, LR schedule, ZeRO config.
+
+pipeline_stage > 1 → the model is a `PipelineModule` driven by DeepSpeed's pipeline engine (ZeRO 0/1).
+pipeline_stage = 1 → the same blocks in one `nn.Module` on DeepSpeed's regular engine (ZeRO 0–3); micro-batches are
+gradient-accumulation steps. In both cases DeepSpeed gets our grid as `mpu`, so its data-parallel reductions use the
+DP group and its gradient-norm treats TP-sharded parameters correctly.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+from typing import Optional
+
+import torch
+
+from model.config import ModelConfig, ParallelConfig, validate_layout
+from model.pipeline import build_pipeline_module, load_pipeline_func
+from model.random import RNG
+from model.topology import ParallelContext, build_grid
+from model.transformer import Seq2SeqTransformer
+from preprocess.errors import UserError
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(distribute: str) -> int:
+    """Join the launcher's process group (or make a one-process one); returns the world size."""
+    import deepspeed
+    import deepspeed.comm as ds_dist
+    launched = "WORLD_SIZE" in os.environ
+    if distribute == "true" and not launched:
+        raise UserError("--distribute true needs a launcher: run it under `deepspeed --num_gpus N`, "
+                        "`deepspeed --hostfile H` or torchrun (or use --distribute false for one process)")
+    if distribute == "false" or not launched:
+        if launched and int(os.environ["WORLD_SIZE"]) > 1:
+            raise UserError(f"--distribute false but the launcher started {os.environ['WORLD_SIZE']} processes; "
+                            "use --distribute true (or auto)")
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    from deepspeed.accelerator import get_accelerator
+    backend = get_accelerator().communication_backend_name()
+    if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
+        backend = "gloo"
+    if not ds_dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    acc = get_accelerator()
+    if acc.device_name() == "cuda":
+        acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return ds_dist.get_world_size()
+
+
+def device() -> torch.device:
+    from deepspeed.accelerator import get_accelerator
+    return torch.device(get_accelerator().current_device_name())
+
+
+def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """The seed's `set_weight_decay`: decay everything but LayerNorm parameters and biases."""
+    decay, no_decay = [], []
+    norm_params = {id(p) for m in model.modules() if isinstance(m, torch.nn.LayerNorm) for p in m.parameters()}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        (no_decay if id(p) in norm_params or name.endswith("bias") else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
+                     num_grad_elements: int, overrides: Optional[dict] = None,
+                     user_file: Optional[str] = None) -> dict:
+    micro = global_batch // (parallel.data_parallel * parallel.micro_batch_num)
+    # gradient_aggregation_group (the seed's fusion groups) → DeepSpeed's bucket size, in elements
+    bucket = max(1, -(-num_grad_elements // parallel.gradient_aggregation_group))
+    cfg = {
+        "train_batch_size": global_batch,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": parallel.micro_batch_num,
+        "gradient_clipping": clip_grad,
+        "steps_per_print": 10 ** 9,
+        "wall_clock_breakdown": False,
+        "zero_allow_untested_optimizer": True,
+        "zero_optimization": {"stage": parallel.effective_zero_stage, "reduce_bucket_size": bucket,
+                              "allgather_bucket_size": bucket, "overlap_comm": False,
+                              "contiguous_gradients": False},
+        "fp16": {"enabled": precision == "fp16"},
+        "bf16": {"enabled": precision == "bf16"},
+    }
+    extra = dict(overrides or {})
+    if user_file:
+        if not os.path.isfile(user_file):
+            raise UserError(f"--deepspeed_config {user_file} not found")
+        try:
+            with open(user_file, encoding="utf-8") as f:
+                extra.update(json.load(f))
+        except json.JSONDecodeError as exc:
+            raise UserError(f"--deepspeed_config {user_file} is not valid JSON: line {exc.lineno}: {exc.msg}")
+    for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
+        if key in extra and extra[key] != cfg[key]:
+            raise UserError(f"DeepSpeed config sets {key}={extra[key]} but the flags give {cfg[key]} "
+                            f"(batch_size={global_batch}, dp={parallel.data_parallel}, micro_batch_num="
+                            f"{parallel.micro_batch_num}); remove it from the DeepSpeed config or change the flags")
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(cfg.get(key), dict):
+            cfg[key] = {**cfg[key], **value}
+        else:
+            cfg[key] = value
+    if cfg["zero_optimization"]["stage"] != parallel.effective_zero_stage:
+        raise UserError("set the ZeRO stage with --zero_stage / --enable_parallel_optimizer, not in the DeepSpeed "
+                        "config, so the layout check sees it")
+    return cfg
+
+
+def lr_lambda(warmup_steps: int):
+    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
+
+
+class Engine:
+    """The DeepSpeed engine plus what the loop needs to know about this rank's place."""
+
+    def __init__(self, ds_engine, ctx: ParallelContext, parallel: ParallelConfig, model_cfg: ModelConfig,
+                 pipelined: bool, ds_config: dict):
+        self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
+        self.pipelined, self.ds_config = pipelined, ds_config
+
+    @property
+    def module(self):
+        return self.ds.module
+
+
+def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
+                 seed: int, lr: float, weight_decay: float, warmup_steps: int, clip_grad: float,
+                 precision: str = "fp32", pipeline_func: Optional[str] = None,
+                 ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
+    import deepspeed
+    validate_layout(parallel, model_cfg, world_size=world_size, global_batch=global_batch)
+    func = load_pipeline_func(pipeline_func)
+    if precision != "fp32" and device().type == "cpu":
+        raise UserError(f"--precision {precision} needs a GPU; on CPU train in fp32")
+    grid = build_grid(parallel)
+    pipelined = parallel.pipeline_stage > 1
+    if pipelined:
+        model, ctx = build_pipeline_module(model_cfg, parallel, grid, seed, func)
+    else:
+        ctx = ParallelContext.from_grid(grid)
+        model = Seq2SeqTransformer(model_cfg, parallel, ctx, seed=seed)
+    # dropout streams: same default stream on the TP ranks of a stage, one extra stream per TP rank
+    RNG.seed(seed, tp_rank=ctx.tp_rank, pp_rank=ctx.pp_rank)
+    n_grad = sum(p.numel() for p in model.parameters())
+    ds_cfg = deepspeed_config(parallel, global_batch, precision, clip_grad, n_grad, ds_overrides, ds_config_file)
+    optimizer = torch.optim.AdamW(weight_decay_groups(model, weight_decay), lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup_steps))
+    kwargs = dict(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
+    if not pipelined:
+        kwargs["mpu"] = grid
+    ds_engine, _, _, _ = deepspeed.initialize(**kwargs)
+    return Engine(ds_engine, ctx, parallel, model_cfg, pipelined, ds_cfg)

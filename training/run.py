@@ -1,0 +1,67 @@
+"""train.py's body: data → engine → step loop → metrics (checkpoints hook in at the marked places)."""
+from __future__ import annotations
+
+import os
+
+import torch.distributed as dist
+
+from model.config import validate_layout
+from preprocess.errors import UserError
+from training.args import model_config, parallel_config
+from training.data import BatchFeeder, prepare_data
+from training.engine import build_engine, device, init_distributed
+from training.loop import StepTimer, current_lr, eval_step, train_step
+from training.metrics import MetricsWriter
+
+
+def run_training(args) -> int:
+    world = init_distributed(args.distribute)
+    rank = dist.get_rank()
+    parallel = parallel_config(args, world)
+    # Check the layout before touching data (cheap, and the error is the one users need first).
+    probe = model_config(args, vocab_size=max(args.vocab_size or 1, 1), pad_id=0)
+    validate_layout(parallel, probe, world_size=world, global_batch=args.batch_size)
+
+    data = prepare_data(args.file_path, args.tokenizer, args.src_len, args.tgt_len, args.tokenizer_vocab_size,
+                        progress=rank == 0)
+    vocab = args.vocab_size or data.vocab_size
+    if vocab < data.vocab_size:
+        raise UserError(f"--vocab_size {vocab} is smaller than the tokenizer's vocabulary ({data.vocab_size}); "
+                        f"use --vocab_size {data.vocab_size} or more, or leave it out")
+    if args.batch_size > data.num_samples:
+        raise UserError(f"--batch_size {args.batch_size} is larger than the dataset ({data.num_samples} pairs)")
+    model_cfg = model_config(args, vocab_size=vocab, pad_id=data.pad_id)
+
+    engine = build_engine(model_cfg, parallel, world_size=world, global_batch=args.batch_size, seed=args.seed,
+                          lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
+                          clip_grad=args.clip_grad, precision=args.precision, pipeline_func=args.pipeline_func,
+                          ds_overrides=args.deepspeed_overrides, ds_config_file=args.deepspeed_config)
+    feeder = BatchFeeder(data, args.batch_size, args.seed, engine.ctx.dp_rank, engine.ctx.dp_size,
+                         parallel.micro_batch_num, device())
+    total_steps = args.steps if args.steps is not None else args.epochs * feeder.schedule.batches_per_epoch
+
+    from training import checkpoint as ckpt
+    start_step = ckpt.maybe_resume(engine, args, model_cfg, parallel, data)
+
+    writer = MetricsWriter(args.output_dir, enabled=rank == 0, total_steps=total_steps, start_step=start_step,
+                           log_interval=args.log_interval, tensorboard=args.tensorboard)
+    n_params = sum(p.numel() for p in engine.module.parameters())
+    writer.message(f"layout: world={world} dp={parallel.data_parallel} mp={parallel.model_parallel} "
+                   f"pp={parallel.pipeline_stage} micro_batch_num={parallel.micro_batch_num} "
+                   f"zero={parallel.effective_zero_stage} recompute={parallel.recompute} | vocab={vocab} "
+                   f"params on rank 0={n_params:,} | steps {start_step}→{total_steps}")
+    step_fn = train_step if args.train else eval_step
+    losses = []
+    for step in range(start_step, total_steps):
+        batches = feeder.step(step)
+        with StepTimer() as t:
+            loss = step_fn(engine, batches)
+        losses.append(loss)
+        writer.log({"step": step + 1, "epoch": feeder.epoch_of(step), "loss": loss, "lr": current_lr(engine),
+                    "tokens": batches.global_tokens, "tokens_per_sec": batches.global_tokens / max(t.seconds, 1e-9),
+                    "step_time": t.seconds})
+        if args.train:
+            ckpt.maybe_save(engine, args, step + 1, model_cfg, parallel, data)
+    writer.close({"steps": total_steps, "final_loss": losses[-1] if losses else None,
+                  "output_dir": os.path.abspath(args.output_dir)})
+    return 0
