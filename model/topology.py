@@ -65,6 +65,24 @@ class ParallelContext:
                    pp_size=grid.get_pipe_parallel_world_size(), pp_rank=grid.get_stage_id(), grid=grid)
 
 
+def init_deepspeed_comm(backend: str = "gloo") -> None:
+    """deepspeed.init_distributed without DeepSpeed's CPU shared-memory all-reduce.
+
+    On CPU, DeepSpeed's comm backend maps a 66 MB /dev/shm buffer per rank, named after the master port, and never
+    unlinks it: every run with a new port leaks world_size × 66 MB of RAM until the machine fills up and ranks hang.
+    That buffer serves only `inference_all_reduce`, which training never calls, so we do not build it.
+    """
+    import importlib
+
+    import deepspeed
+    import deepspeed.comm as ds_dist
+    if ds_dist.is_initialized():
+        return
+    # by module path: the package attribute `deepspeed.comm.torch` is the torch library itself
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
 def build_grid(parallel: ParallelConfig):
     """Create DeepSpeed's PipelineParallelGrid (collective: every rank must call it, in the same order)."""
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid

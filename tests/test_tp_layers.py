@@ -19,8 +19,8 @@ def rel(a, b):
 
 
 def tp_context(tp):
-    import deepspeed
-    deepspeed.init_distributed(dist_backend="gloo", verbose=False)
+    from model.topology import init_deepspeed_comm
+    init_deepspeed_comm("gloo")
     return build_context(ParallelConfig(model_parallel=tp))
 
 

@@ -17,7 +17,7 @@ import torch
 from model.config import ModelConfig, ParallelConfig, validate_layout
 from model.pipeline import build_pipeline_module, load_pipeline_func
 from model.random import RNG
-from model.topology import ParallelContext, build_grid
+from model.topology import ParallelContext, build_grid, init_deepspeed_comm
 from model.transformer import Seq2SeqTransformer
 from preprocess.errors import UserError
 
@@ -30,7 +30,6 @@ def _free_port() -> int:
 
 def init_distributed(distribute: str) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size."""
-    import deepspeed
     import deepspeed.comm as ds_dist
     launched = "WORLD_SIZE" in os.environ
     if distribute == "true" and not launched:
@@ -47,8 +46,7 @@ def init_distributed(distribute: str) -> int:
     backend = get_accelerator().communication_backend_name()
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
         backend = "gloo"
-    if not ds_dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    init_deepspeed_comm(backend)
     acc = get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))
@@ -90,6 +88,9 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
                               "contiguous_gradients": False},
         "fp16": {"enabled": precision == "fp16"},
         "bf16": {"enabled": precision == "bf16"},
+        # DeepSpeed can split the one grad-carrying activation over TP ranks on the wire; our stages pass two
+        # (src_h + tgt_h, or tgt_h + memory), so each TP rank sends its full replicated copy instead.
+        "pipeline": {"pipe_partitioned": False, "grad_partitioned": False},
     }
     extra = dict(overrides or {})
     if user_file:

@@ -1,0 +1,54 @@
+"""Run run_scripts/train.py the way users do — through DeepSpeed's launcher for N > 1 processes — and read back
+what it wrote. Shared by the parity, checkpoint and recipe tests."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.multiproc import free_port
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+TRAIN = str(REPO_ROOT / "run_scripts" / "train.py")
+
+# Tiny but complete: 2 encoder + 2 decoder blocks, 4 heads, padded sentences, real Multi30k batches.
+TINY = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
+        "--src_len", "12", "--tgt_len", "12", "--batch_size", "16", "--lr", "1e-3", "--seed", "7",
+        "--dropout", "0", "--tensorboard", "0", "--log_interval", "5"]
+
+
+def env() -> dict:
+    e = dict(os.environ)
+    e["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + e.get("PYTHONPATH", "")
+    e.setdefault("OMP_NUM_THREADS", "1")           # 8 ranks on 2 cores: no thread oversubscription
+    e.pop("WORLD_SIZE", None)
+    e.pop("RANK", None)
+    e.pop("LOCAL_RANK", None)
+    return e
+
+
+def launch_cmd(nproc: int, script: str = TRAIN) -> list[str]:
+    if nproc == 1:
+        return [sys.executable, script]
+    return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
+            "--master_port", str(free_port()), script]
+
+
+def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(launch_cmd(nproc) + [str(a) for a in args], cwd=REPO_ROOT, env=env(), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"train.py on {nproc} process(es) failed (rc={proc.returncode}):\n"
+                             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def read_metrics(output_dir) -> list[dict]:
+    path = Path(output_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def losses(output_dir) -> list[float]:
+    return [r["loss"] for r in read_metrics(output_dir)]
