@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Merge a checkpoint saved under any layout (TP shards, pipeline stages, ZeRO partitions) into one consolidated
+fp32 state dict for the serial model.
+
+    python run_scripts/merge_checkpoint.py out/tp2/checkpoints/step_00000020 --output model.pt
+    python run_scripts/merge_checkpoint.py out/tp2 --output model.pt          # the latest checkpoint of a run
+
+The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N})`; the state dict loads with
+`Seq2SeqTransformer(ModelConfig(**obj["model_config"])).load_state_dict(obj["model"])`. `--with_optimizer` also
+stores AdamW's exp_avg / exp_avg_sq per parameter.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from preprocess.errors import run_cli  # noqa: E402
+
+
+def merge(path: str, with_optimizer: bool = False) -> dict:
+    from training.checkpoint import load_full_state, read_meta, resolve
+    path = resolve(path)
+    meta = read_meta(path)
+    full = load_full_state(path, meta)
+    out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
+           "step": meta["step"], "saved_layout": meta["parallel"]}
+    if with_optimizer:
+        out["optimizer"] = {name: {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"]}
+                            for name, v in sorted(full.items())}
+        out["optimizer_step"] = meta["optimizer_step"]
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("checkpoint", help="a step_* folder, a checkpoints/ folder or a run's output_dir (→ latest)")
+    p.add_argument("--output", "-o", required=True, help="where to write the consolidated .pt file")
+    p.add_argument("--with_optimizer", action="store_true", help="include AdamW moments")
+    args = p.parse_args(argv)
+    import torch
+    merged = merge(args.checkpoint, args.with_optimizer)
+    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
+    tmp = args.output + ".part"
+    torch.save(merged, tmp)
+    os.replace(tmp, args.output)
+    n = sum(t.numel() for t in merged["model"].values())
+    print(f"wrote {args.output}: {len(merged['model'])} tensors, {n:,} parameters, step {merged['step']}, "
+          f"saved under {merged['saved_layout']['data_parallel']}dp×{merged['saved_layout']['model_parallel']}mp×"
+          f"{merged['saved_layout']['pipeline_stage']}pp")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

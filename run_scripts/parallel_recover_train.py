@@ -1,0 +1,23 @@
+#!/usr/bin/env python3
+"""The seed's parallel_recover_train.py: continue training from a checkpoint given by --ckpt_file, under the same
+or any other parallel layout (it is resharded at load time), saving every step as parallel_save_ckpt_train.py does.
+
+    deepspeed --num_gpus 2 run_scripts/parallel_recover_train.py --file_path DATA.tsv --pipeline_stage 2 \
+        --micro_batch_num 2 --steps 20 --ckpt_file out/save --output_dir out/recover
+"""
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train  # noqa: E402
+from preprocess.errors import UserError  # noqa: E402
+
+
+def main():
+    if not any(a == "--ckpt_file" or a.startswith("--ckpt_file=") for a in sys.argv[1:]):
+        raise UserError("parallel_recover_train.py needs --ckpt_file PATH (a step_* folder or a run's output_dir)")
+    return train.main(["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "4"] + sys.argv[1:])
+
+
+if __name__ == "__main__":
+    train.run_cli(main)

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# The seed's run_parallel_save_ckpt.sh: train on RANK_SIZE local processes, saving a checkpoint every step.
+#   bash run_scripts/run_parallel_save_ckpt.sh DATA_PATH RANK_SIZE OUTPUT_DIR [extra train.py flags...]
+#   e.g. bash run_scripts/run_parallel_save_ckpt.sh out/data/train.fr_en.tsv 2 out/save --mp 2 --steps 10
+set -euo pipefail
+usage() { echo "usage: bash $0 DATA_PATH RANK_SIZE OUTPUT_DIR [extra train.py flags...]" >&2; exit 2; }
+[ $# -ge 3 ] || usage
+DATA_PATH=$1; RANK_SIZE=$2; OUTPUT_DIR=$3; shift 3
+[ -f "$DATA_PATH" ] || { echo "error: DATA_PATH $DATA_PATH is not a file" >&2; usage; }
+[[ "$RANK_SIZE" =~ ^[1-9][0-9]*$ ]] || { echo "error: RANK_SIZE must be a positive integer, got '$RANK_SIZE'" >&2; usage; }
+HERE=$(cd "$(dirname "$0")" && pwd)
+exec deepspeed --num_gpus "$RANK_SIZE" --master_port "${MASTER_PORT:-29500}" "$HERE/parallel_save_ckpt_train.py" \
+    --distribute true --file_path "$DATA_PATH" --output_dir "$OUTPUT_DIR" "$@"
