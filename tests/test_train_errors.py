@@ -1,0 +1,60 @@
+"""Bad configurations fail before training, in seconds, with one `error:` line — no hang, no traceback.
+
+Most run as one process (the layout check compares dp×mp×pp with the world the launcher gave); the ZeRO-2 +
+pipeline case runs under the real launcher on 2 processes to prove no rank hangs waiting for another.
+"""
+import time
+
+import pytest
+
+from tests.launch import TINY, run_train
+
+CASES = [
+    # (flags, processes, words the message must contain)
+    (["--mp", "2"], 1, ["= 2 but the world has 1 processes", "Layouts that fit 1 processes: dp=1 mp=1 pp=1"]),
+    (["--mp", "2", "--num_heads", "3", "--d_model", "33"], 2, ["num_heads=3 is not divisible by model_parallel=2"]),
+    (["--mp", "2", "--ffn_size", "63"], 2, ["FFN size=63 is not divisible by model_parallel=2"]),
+    (["--pipeline_stage", "2", "--encoder_layer", "1", "--decoder_layer", "0"], 2,
+     ["encoder_layers=1 decoder_layers=0"]),
+    (["--batch_size", "15"], 2, ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 2×1"]),
+    (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
+    (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
+    (["--precision", "bf16"], 1, ["--precision bf16 needs a GPU"]),
+]
+
+
+@pytest.mark.parametrize("extra,nproc,needles", CASES, ids=[" ".join(c[0]) for c in CASES])
+def test_bad_config_fails_fast_with_message(extra, nproc, needles, multi30k_tsv, bpe_tokenizer, tmp_path):
+    start = time.time()
+    proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path,
+                             *TINY, "--steps", 2, *extra], check=False, timeout=120)
+    assert proc.returncode != 0
+    errors = [line for line in (proc.stderr + proc.stdout).splitlines() if "error: " in line]
+    assert errors, proc.stderr[-3000:]
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    if nproc == 1:
+        assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert not (tmp_path / "metrics.jsonl").exists()          # failed before the first step
+    assert time.time() - start < 90
+
+
+def test_more_stages_than_blocks(multi30k_tsv, bpe_tokenizer, tmp_path):
+    proc = run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path,
+                         *TINY, "--pipeline_stage", "5"], check=False)
+    assert "pipeline_stage=5 > 4 blocks" in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("what,extra,needle", [
+    ("data", ["--file_path", "/nonexistent/train.tsv"], "--file_path /nonexistent/train.tsv not found"),
+    ("tokenizer", ["--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer /nonexistent/tokenizer.json not found"),
+    ("no data", ["--file_path", ""], "--file_path is required"),
+    ("recipe", ["--recipe", "/nonexistent.json"], "recipe /nonexistent.json not found"),
+])
+def test_missing_files(what, extra, needle, multi30k_tsv, bpe_tokenizer, tmp_path):
+    args = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path, *TINY, *extra]
+    proc = run_train(1, args, check=False)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and needle in lines[-1], proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
