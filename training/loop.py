@@ -16,6 +16,7 @@ def train_step(engine: Engine, batches: StepBatches) -> float:
     ds = engine.ds
     if engine.pipelined:
         return float(ds.train_batch(data_iter=iter(batches)))
+    ds.train()
     total = torch.zeros((), dtype=torch.float64)
     for inputs, target in batches:
         logits = ds(*inputs)
@@ -31,6 +32,7 @@ def eval_step(engine: Engine, batches: StepBatches) -> float:
     ds = engine.ds
     if engine.pipelined:
         return float(ds.eval_batch(data_iter=iter(batches)))
+    ds.eval()                                              # no dropout while evaluating
     total = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
         for inputs, target in batches:
