@@ -1,0 +1,171 @@
+"""Greedy decoding (model/generate.py) and the BLEU evaluation script (run_scripts/evaluate.py).
+
+- greedy_decode stops each row at EOS (PAD after it), respects max_len, and is independent of batching;
+- every greedy token is the argmax of an independent, unbatched teacher-forced forward on the decoded prefix;
+- evaluate.py on a checkpoint trained for 3 steps: rc 0, a `BLEU = ` line, and the BLEU equals sacrebleu.corpus_bleu
+  recomputed here from its --output hypotheses; user mistakes give one `error:` line.
+"""
+import gzip
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from model.config import ModelConfig
+from model.generate import greedy_decode
+from model.transformer import Seq2SeqTransformer
+from tests.launch import REPO_ROOT, TINY, env, run_train
+
+PAD, UNK, BOS, EOS = 0, 1, 2, 3
+B, S, T, V = 6, 7, 8, 12
+EVALUATE = str(REPO_ROOT / "run_scripts" / "evaluate.py")
+
+
+def tiny_model(seed: int) -> Seq2SeqTransformer:
+    # init_std 0.5: well-separated logits, so the argmax is not decided by rounding; dropout on, to check eval mode
+    cfg = ModelConfig(vocab_size=V, d_model=16, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
+                      src_len=S, tgt_len=T, dropout=0.1, attention_dropout=0.1, init_std=0.5, pad_id=PAD)
+    return Seq2SeqTransformer(cfg, seed=seed).double()
+
+
+def sources(seed: int) -> torch.Tensor:
+    """Dataset layout: tokens, EOS, PAD — rows of different lengths."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.full((B, S), PAD)
+    for i in range(B):
+        n = 1 + i % (S - 1)
+        src[i, :n] = torch.randint(4, V, (n,), generator=g)
+        src[i, n] = EOS
+    return src
+
+
+def first_eos(row: list) -> int:
+    """Tokens up to and including the first EOS (the whole row if none)."""
+    return row.index(EOS) + 1 if EOS in row else len(row)
+
+
+def test_stops_at_eos_per_row_and_is_batch_independent():
+    mixed = None
+    for seed in range(30):                                  # a random model where some rows stop early, some don't
+        model = tiny_model(seed)
+        out = greedy_decode(model, sources(seed), BOS, EOS, T)
+        ended = [EOS in row for row in out.tolist()]
+        if any(ended) and not all(ended):
+            mixed = seed, model, out
+            break
+    assert mixed, "no seed gave a batch with both finished and unfinished rows"
+    seed, model, out = mixed
+    assert model.training                                   # the caller's mode is restored
+    assert out.dtype == torch.long and out.shape[0] == B and out.shape[1] == T   # an unfinished row runs to max_len
+    for row in out.tolist():
+        n = first_eos(row)
+        assert PAD not in row[:n]                            # PAD is never generated
+        assert all(t == PAD for t in row[n:])                # nothing after EOS
+    src = sources(seed)
+    for i in range(B):                                       # alone in its batch: the same tokens
+        alone = greedy_decode(model, src[i:i + 1], BOS, EOS, T)[0].tolist()
+        assert alone == out[i].tolist()[:len(alone)] and all(t == PAD for t in out[i].tolist()[len(alone):])
+
+
+def test_all_rows_finished_stops_early_and_max_len_is_respected():
+    model = tiny_model(0)
+    head = model.blocks[-1]
+    with torch.no_grad():                                   # LayerNorm output ≡ its bias; the head maps it to logits
+        head.ln.weight.zero_()
+        head.ln.bias.copy_(torch.linspace(-1, 1, 16, dtype=torch.float64))
+        head.proj.weight.zero_()
+        head.proj.weight[EOS] = 10 * head.ln.bias
+    out = greedy_decode(model, sources(0), BOS, EOS, T)
+    assert out.tolist() == [[EOS]] * B                      # every row ends at once: the loop stops after 1 step
+    with torch.no_grad():
+        head.proj.weight[EOS] = -10 * head.ln.bias           # EOS never wins: rows run to max_len
+        head.proj.weight[5] = 5 * head.ln.bias
+    for max_len in (1, 3, T):
+        out = greedy_decode(model, sources(0), BOS, EOS, max_len)
+        assert out.shape == (B, max_len) and bool((out == 5).all())
+    with pytest.raises(ValueError, match="max_len"):
+        greedy_decode(model, sources(0), BOS, EOS, T + 1)
+    out = greedy_decode(model, sources(0), BOS, EOS, T, vocab_limit=5)   # ids >= 5 may not be generated
+    assert bool((out < 5).all()) and bool((out != PAD).all())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_greedy_tokens_are_the_teacher_forced_argmax(seed):
+    model = tiny_model(seed)
+    src = sources(seed)
+    out = greedy_decode(model, src, BOS, EOS, T).tolist()
+    model.eval()
+    with torch.no_grad():
+        for i, row in enumerate(out):
+            y = row[:first_eos(row)]
+            prefix = torch.tensor([[BOS] + y[:-1]])          # unbatched and unpadded: nothing shared with decoding
+            logits = model(src[i:i + 1], prefix)[0]          # [len(y), V], one full teacher-forced pass
+            logits[:, PAD] = float("-inf")
+            assert logits.argmax(-1).tolist() == y, f"row {i}"
+
+
+# --------------------------------------------------------------------------------------------- evaluate.py
+@pytest.fixture(scope="module")
+def trained(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval-run")
+    run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
+                  "--steps", 3, "--save_checkpoint_steps", 3])
+    return out
+
+
+@pytest.fixture(scope="module")
+def val50(multi30k_dir, tmp_path_factory):
+    d = tmp_path_factory.mktemp("val50")
+    for lang in ("fr", "en"):
+        with gzip.open(multi30k_dir / f"val.{lang}.gz", "rt", encoding="utf-8") as f:
+            lines = [next(f) for _ in range(50)]
+        (d / f"val50.{lang}").write_text("".join(lines), encoding="utf-8")
+    return d / "val50.fr", d / "val50.en"
+
+
+def evaluate(*args):
+    return subprocess.run([sys.executable, EVALUATE, *map(str, args)], cwd=REPO_ROOT, env=env(),
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_evaluate_end_to_end_bleu_matches_sacrebleu(trained, bpe_tokenizer, val50, tmp_path):
+    import sacrebleu
+    src, ref = val50
+    hyp_file = tmp_path / "hyps" / "val50.hyp.en"
+    proc = evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref,
+                    "--batch_size", 16, "--output", hyp_file, "--no_progress")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    bleu_line = next(l for l in lines if l.startswith("BLEU = "))
+    summary = json.loads(lines[-1])
+    hyps = hyp_file.read_text(encoding="utf-8").split("\n")
+    assert hyps[-1] == "" and len(hyps) == 51                # 50 lines, each ending in a newline
+    refs = ref.read_text(encoding="utf-8").splitlines()
+    expected = sacrebleu.corpus_bleu(hyps[:-1], [refs])
+    assert bleu_line == str(expected)
+    assert summary["bleu"] == pytest.approx(expected.score, abs=1e-4)
+    assert summary["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps[:-1], [refs]).score, abs=1e-4)
+    assert summary["sentences"] == 50 and summary["seconds"] > 0 and summary["step"] == 3
+    assert "nrefs:1|case:mixed" in proc.stdout               # the signature is printed
+
+
+def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, val50, tmp_path, assert_user_error):
+    src, ref = val50
+    short = tmp_path / "short.en"
+    short.write_text("".join(ref.read_text(encoding="utf-8").splitlines(keepends=True)[:49]), encoding="utf-8")
+    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", short),
+                      "has 50 lines", "has 49")
+    assert_user_error(evaluate("--ckpt_file", tmp_path / "nope", "--tokenizer", bpe_tokenizer, "--src", src,
+                               "--ref", ref), "not found")
+    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", tmp_path / "none.json", "--src", src,
+                               "--ref", ref), "tokenizer file not found")
+    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", tmp_path / "x.fr",
+                               "--ref", ref), "file not found")
+    from tokenizers import Tokenizer
+    bigger = Tokenizer.from_file(str(bpe_tokenizer))
+    bigger.add_tokens([f"extra{i}" for i in range(10)])
+    bigger.save(str(tmp_path / "bigger.json"))
+    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", tmp_path / "bigger.json", "--src", src,
+                               "--ref", ref), "8010 tokens", "vocab_size 8000")
