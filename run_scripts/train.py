@@ -19,21 +19,22 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from preprocess.errors import UserError, run_cli  # noqa: E402
+from preprocess.errors import run_cli  # noqa: E402
 from training.args import parse_args  # noqa: E402
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     from training.run import run_training
-    try:
-        return run_training(args)
-    except UserError:
-        raise
-    finally:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+    rc = run_training(args)
+    # Leave together: a rank that tears its process group down while a peer still talks to it can abort the
+    # peer ("terminate called without an active exception"). On an error we skip this and let the launcher stop
+    # the other ranks.
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return rc
 
 
 if __name__ == "__main__":

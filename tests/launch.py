@@ -52,3 +52,27 @@ def read_metrics(output_dir) -> list[dict]:
 
 def losses(output_dir) -> list[float]:
     return [r["loss"] for r in read_metrics(output_dir)]
+
+
+def script_env(runs_dir, **extra) -> dict:
+    """Environment for run_scripts/run.sh / run_cluster.sh in tests: this interpreter, DeepSpeed's runner as a
+    module, a free master port, runs under `runs_dir`, rank 0's log not echoed."""
+    e = env()
+    for key in ("LAUNCHER", "LAUNCHER_ARGS", "DRY_RUN", "RUN_NAME", "MASTER_ADDR"):
+        e.pop(key, None)
+    e.update(PYTHON=sys.executable, DEEPSPEED=f"{sys.executable} -m deepspeed.launcher.runner",
+             MASTER_PORT=str(free_port()), RUNS_DIR=str(runs_dir), QUIET="1")
+    e.update({k: str(v) for k, v in extra.items()})
+    return {k: v for k, v in e.items() if v != ""}
+
+
+def run_script(script: str, args: list, env_: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`bash SCRIPT ARGS...` from the repository root (script relative to it)."""
+    return subprocess.run(["bash", str(REPO_ROOT / script), *map(str, args)], cwd=REPO_ROOT, env=env_,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def only_run_dir(runs_dir) -> Path:
+    dirs = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
+    assert len(dirs) == 1, dirs
+    return dirs[0]

@@ -72,7 +72,6 @@ RESHARD = [  # (saved under, loaded under)
     ("pp2", "serial"),
     ("dp2-zero1", "tp2"),
     ("tp4", "tp2"),
-    ("tp2", "dp2-zero1"),
 ]
 
 

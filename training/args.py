@@ -122,6 +122,32 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _recipe_value(action: argparse.Action, value, where: str):
+    """A recipe value checked like the flag it stands for (JSON gives types argparse would not check)."""
+    if value is None:
+        return None
+    kind = action.type
+    try:
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ValueError
+            value = int(value)
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            value = float(value)
+        elif kind is _bool:
+            value = _bool(value)
+        elif not isinstance(value, str):           # paths, names, choices: strings
+            raise ValueError
+    except (ValueError, argparse.ArgumentTypeError):
+        want = {int: "an integer", float: "a number", _bool: "true or false"}.get(kind, "a string")
+        raise UserError(f"{where} is {json.dumps(value)}; it must be {want}") from None
+    if action.choices is not None and value not in action.choices:
+        raise UserError(f"{where} is {json.dumps(value)}; it must be one of {list(action.choices)}")
+    return value
+
+
 def load_recipe(path: str) -> dict:
     """Flatten a recipe's sections into flag defaults; the 'deepspeed' section is kept as a dict."""
     if not os.path.isfile(path):
@@ -131,28 +157,33 @@ def load_recipe(path: str) -> dict:
             data = json.load(f)
     except json.JSONDecodeError as exc:
         raise UserError(f"recipe {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {path}: expected a JSON object with sections model, parallel, training, deepspeed")
     flat: dict = {}
-    known = {a.dest for a in build_parser()._actions}
+    actions = {a.dest: a for a in build_parser()._actions}
     for section, values in data.items():
         if section.startswith("_"):
             continue
+        if section not in ("model", "parallel", "training", "deepspeed"):
+            raise UserError(f"recipe {path}: unknown section {section!r} (model, parallel, training, deepspeed)")
+        if not isinstance(values, dict):
+            raise UserError(f"recipe {path}: section {section!r} must be a JSON object of settings")
         if section == "deepspeed":
             flat["deepspeed_overrides"] = {k: v for k, v in values.items() if not k.startswith("_")}
             continue
-        if section not in ("model", "parallel", "training"):
-            raise UserError(f"recipe {path}: unknown section {section!r} (model, parallel, training, deepspeed)")
         for key, value in values.items():
             if key.startswith("_"):
                 continue
             dest = PARALLEL_KEYS.get(key, key) if section == "parallel" else key
-            if dest not in known:
+            if dest not in actions or dest in ("recipe", "local_rank", "help"):
                 raise UserError(f"recipe {path}: unknown key {section}.{key}")
-            flat[dest] = value
+            flat[dest] = _recipe_value(actions[dest], value, f"recipe {path}: {section}.{key}")
     return flat
 
 
-def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
-    parser = build_parser()
+def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+    """Flags over recipe over defaults. `parser`: build_parser() with extra arguments (plan.py adds its own)."""
+    parser = parser or build_parser()
     first, _ = parser.parse_known_args(argv)
     recipe = load_recipe(first.recipe) if first.recipe else {}
     overrides = recipe.pop("deepspeed_overrides", {})

@@ -28,13 +28,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def adopt_mpi_env(environ=os.environ) -> bool:
+    """Ranks started by mpirun (DeepSpeed's `--launcher openmpi`) get OMPI_COMM_WORLD_*, not the RANK / WORLD_SIZE /
+    LOCAL_RANK that torch reads: copy them over. MASTER_ADDR / MASTER_PORT must come from `mpirun -x` (the launch
+    scripts pass them), so no mpi4py is needed. Returns True when it adopted an MPI environment."""
+    if "WORLD_SIZE" in environ or "OMPI_COMM_WORLD_SIZE" not in environ:
+        return False
+    missing = [k for k in ("MASTER_ADDR", "MASTER_PORT") if k not in environ]
+    if missing:
+        raise UserError(f"started by mpirun without {' and '.join(missing)}: export them to every rank, e.g. "
+                        f"mpirun -x MASTER_ADDR=<address of the first host> -x MASTER_PORT=29500 "
+                        f"(run_scripts/run.sh and run_cluster.sh --launcher openmpi do this)")
+    environ.update(RANK=environ["OMPI_COMM_WORLD_RANK"], WORLD_SIZE=environ["OMPI_COMM_WORLD_SIZE"],
+                   LOCAL_RANK=environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"),
+                   LOCAL_SIZE=environ.get("OMPI_COMM_WORLD_LOCAL_SIZE", "1"))
+    return True
+
+
 def init_distributed(distribute: str) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size."""
     import deepspeed.comm as ds_dist
+    if distribute != "false":
+        adopt_mpi_env()
     launched = "WORLD_SIZE" in os.environ
     if distribute == "true" and not launched:
         raise UserError("--distribute true needs a launcher: run it under `deepspeed --num_gpus N`, "
-                        "`deepspeed --hostfile H` or torchrun (or use --distribute false for one process)")
+                        "`deepspeed --hostfile H`, mpirun or torchrun (or use --distribute false for one process)")
     if distribute == "false" or not launched:
         if launched and int(os.environ["WORLD_SIZE"]) > 1:
             raise UserError(f"--distribute false but the launcher started {os.environ['WORLD_SIZE']} processes; "

@@ -1,0 +1,164 @@
+# Shared by run_scripts/run.sh and run_scripts/run_cluster.sh (sourced, not run).
+#
+# A launch script sets USAGE, then calls, in order:
+#   parse_extras "$@"        → EXTRA (flags for train.py), LAUNCHER (deepspeed|pdsh|openmpi), USER_OUTPUT_DIR
+#   preflight PLAN_ARGS...   → checks the layout with plan.py --check before any rank starts; exit 2 on error
+#   make_run_dir NAME        → RUN_DIR = $RUNS_DIR/NAME-YYYYmmdd-HHMMSS (absolute), OUTPUT_DIR, LOG_DIR
+#   launch RANK0_LOG_GLOB CMD...  → records command.sh / env.log, runs CMD in the foreground (its console output
+#                              also in launcher.log), shows rank 0's log while it runs, reports where
+#                              everything is, exits with the launcher's status
+#
+# Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
+# MASTER_PORT (29500), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+
+REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+
+die() {
+    echo "error: $*" >&2
+    echo "$USAGE" >&2
+    exit 2
+}
+
+abspath() {  # an existing file or folder, or a path to create, as an absolute path
+    case "$1" in
+        /*) printf '%s\n' "$1" ;;
+        *) printf '%s\n' "$PWD/$1" ;;
+    esac
+}
+
+if [ -z "${PYTHON:-}" ]; then
+    PYTHON=$(command -v python3 || command -v python || echo python3)
+fi
+if [ -n "${DEEPSPEED:-}" ]; then
+    read -r -a DS_LAUNCHER <<< "$DEEPSPEED"
+elif command -v deepspeed > /dev/null 2>&1; then
+    DS_LAUNCHER=(deepspeed)
+else
+    DS_LAUNCHER=("$PYTHON" -m deepspeed.launcher.runner)
+fi
+MASTER_PORT="${MASTER_PORT:-29500}"
+
+parse_extras() {
+    EXTRA=()
+    USER_OUTPUT_DIR=""
+    LAUNCHER="${LAUNCHER:-}"
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --launcher) [ $# -ge 2 ] || die "--launcher needs a value: openmpi (or pdsh / deepspeed, the default)"
+                        LAUNCHER="$2"; shift 2; continue ;;
+            --launcher=*) LAUNCHER="${1#--launcher=}"; shift; continue ;;
+            --output_dir) USER_OUTPUT_DIR="${2:-}" ;;
+            --output_dir=*) USER_OUTPUT_DIR="${1#--output_dir=}" ;;
+        esac
+        EXTRA+=("$1")
+        shift
+    done
+    case "${LAUNCHER:-deepspeed}" in
+        deepspeed|pdsh) LAUNCHER=deepspeed ;;
+        openmpi|OpenMPI|mpirun) LAUNCHER=openmpi ;;
+        *) die "unknown launcher '$LAUNCHER': use openmpi, or leave it out for DeepSpeed's own (pdsh across nodes)" ;;
+    esac
+}
+
+preflight() {  # plan.py --check with the same recipe and flags train.py will get: one clear error, before launching
+    local errfile rc
+    errfile=$(mktemp)
+    LAYOUT=$("$PYTHON" "$REPO_ROOT/run_scripts/plan.py" --check "$@" 2> "$errfile")
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        cat "$errfile" >&2
+        rm -f "$errfile"
+        exit 2
+    fi
+    rm -f "$errfile"
+}
+
+make_run_dir() {
+    local name="${RUN_NAME:-$1}" base stamp
+    base=$(abspath "${RUNS_DIR:-runs}")
+    stamp=$(date +%Y%m%d-%H%M%S)
+    RUN_DIR="$base/$name-$stamp"
+    local n=2
+    while [ -e "$RUN_DIR" ]; do RUN_DIR="$base/$name-$stamp-$n"; n=$((n + 1)); done
+    LOG_DIR="$RUN_DIR/logs"
+    OUTPUT_DIR="$RUN_DIR/output"
+    if [ -z "${DRY_RUN:-}" ]; then
+        mkdir -p "$RUN_DIR" || die "cannot create the run folder $RUN_DIR (set RUNS_DIR to a writable folder)"
+    fi
+}
+
+_follow() {  # print rank 0's log while it grows (started in the background)
+    local glob="$1" f
+    for _ in $(seq 1 2400); do
+        f=$(compgen -G "$glob" | head -n 1)
+        if [ -n "$f" ]; then exec tail -n +1 -f "$f"; fi
+        sleep 0.25
+    done
+}
+
+launch() {
+    local rank0_glob="$1"
+    shift
+    local cmd=("$@")
+    local final_out="${USER_OUTPUT_DIR:-$OUTPUT_DIR}"
+    if [ -n "${DRY_RUN:-}" ]; then
+        echo "run folder would be: $RUN_DIR"
+        echo "$LAYOUT"
+        printf '%q ' "${cmd[@]}"
+        echo
+        exit 0
+    fi
+    {
+        echo "#!/usr/bin/env bash"
+        echo "# $(date -Iseconds) on $(hostname): $SCRIPT_LINE"
+        echo "cd $(printf '%q' "$PWD")"
+        local var
+        for var in $(compgen -e | grep -E '^(OMP_NUM_THREADS|CUDA_VISIBLE_DEVICES|NCCL_[A-Z_]+|MASTER_ADDR)$'); do
+            echo "export $var=$(printf '%q' "${!var}")"
+        done
+        printf '%q ' "${cmd[@]}"
+        echo
+    } > "$RUN_DIR/command.sh"
+    env | sort > "$RUN_DIR/env.log"
+    echo "$LAYOUT" > "$RUN_DIR/layout.txt"
+    echo "$LAYOUT"
+    echo "run folder:    $RUN_DIR  (command.sh, env.log, launcher.log, layout.txt)"
+    echo "per-rank logs: $LOG_DIR"
+    echo "output:        $final_out  (metrics.jsonl, tensorboard/)"
+
+    FOLLOW_PID=""
+    if [ -z "${QUIET:-}" ]; then
+        _follow "$rank0_glob" &
+        FOLLOW_PID=$!
+        trap '[ -n "$FOLLOW_PID" ] && kill "$FOLLOW_PID" 2>/dev/null' EXIT
+        echo "---- rank 0 ($rank0_glob) ----"
+    fi
+    "${cmd[@]}" 2>&1 | tee "$RUN_DIR/launcher.log"
+    local rc=${PIPESTATUS[0]}
+    if [ -n "$FOLLOW_PID" ]; then
+        sleep 1
+        kill "$FOLLOW_PID" 2>/dev/null
+        wait "$FOLLOW_PID" 2>/dev/null
+        FOLLOW_PID=""
+        echo "----"
+    fi
+    if [ $rc -eq 0 ]; then
+        echo "training finished. metrics: $final_out/metrics.jsonl; per-rank logs: $LOG_DIR; run folder: $RUN_DIR"
+        exit 0
+    fi
+    echo "training failed (launcher exit status $rc). Run folder: $RUN_DIR" >&2
+    local errors
+    errors=$(grep -rh "^error: " "$LOG_DIR" 2>/dev/null | sort -u)
+    if [ -n "$errors" ]; then
+        echo "$errors" >&2
+    else
+        local f
+        f=$(compgen -G "$rank0_glob" | head -n 1)
+        if [ -n "$f" ]; then
+            echo "last lines of $f:" >&2
+            tail -n 20 "$f" >&2
+        fi
+    fi
+    echo "per-rank logs: $LOG_DIR" >&2
+    exit "$rc"
+}

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The seed's run_cluster.sh on DeepSpeed's multi-node launcher: one process per slot of a DeepSpeed hostfile.
+#
+#   bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [extra train.py flags...]
+#
+#   bash run_scripts/run_cluster.sh /shared/wmt14.fr_en.tsv run_scripts/hostfiles/hostfile_2nodes   # 16pcs recipe
+#   python run_scripts/rank_table_to_hostfile.py rank_table_16pcs.json -o hostfile                  # from the seed
+#   bash run_scripts/run_cluster.sh /shared/wmt14.fr_en.tsv hostfile --launcher openmpi             # via mpirun
+#
+# HOSTFILE has one `HOST slots=N` line per node (run_scripts/hostfiles/); ranks are numbered node after node in its
+# order. RECIPE defaults to recipes/16pcs/16pcs.json. What it runs (command.sh in the run folder has the exact line):
+#   pdsh (DeepSpeed's default): deepspeed --hostfile HOSTFILE --master_addr $MASTER_ADDR --master_port $MASTER_PORT \
+#       --enable_each_rank_log RUN/logs run_scripts/train.py --distribute true --file_path DATA_PATH --recipe RECIPE ...
+#     needs passwordless ssh from this node to every host, and pdsh.
+#   openmpi (--launcher openmpi or LAUNCHER=openmpi): deepspeed --hostfile HOSTFILE --force_multi --launcher openmpi
+#       --launcher_args "--output-filename RUN/logs -x MASTER_ADDR=... -x MASTER_PORT=... $LAUNCHER_ARGS" ...
+#     mpirun starts every rank (it must work across the hosts: ssh, same OpenMPI everywhere); per-rank logs are then
+#     RUN/logs/1/rank.N/stdout. DeepSpeed adds `--mca btl_tcp_if_include eth0` unless LAUNCHER_ARGS sets
+#     btl_tcp_if_include; add --allow-run-as-root there if you launch as root.
+# With a single host in HOSTFILE the launcher runs locally (no ssh check). MASTER_ADDR defaults to the first host;
+# the repository, DATA_PATH and RUNS_DIR must be at the same paths on every node (a shared file system), as the
+# launcher `cd`s to this directory on each of them and every node writes its ranks' logs into the run folder.
+# The layout is checked with plan.py --check against the hostfile before anything starts. Environment as run.sh:
+# MASTER_ADDR, MASTER_PORT (29500), RUNS_DIR (runs), RUN_NAME, PYTHON, DEEPSPEED, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+set -uo pipefail
+
+USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [extra train.py flags...]
+  DATA_PATH   the training TSV, at the same path on every node
+  HOSTFILE    DeepSpeed hostfile, one 'HOST slots=N' line per node (see run_scripts/hostfiles/, or convert the
+              seed's rank table: python run_scripts/rank_table_to_hostfile.py rank_table_16pcs.json -o hostfile)
+  RECIPE      default recipes/16pcs/16pcs.json
+  extra flags go to train.py and override the recipe;
+  --launcher openmpi (or LAUNCHER=openmpi) starts the ranks with mpirun instead of pdsh
+example: bash run_scripts/run_cluster.sh /shared/data/train.fr_en.tsv run_scripts/hostfiles/hostfile_2nodes"
+
+source "$(dirname "${BASH_SOURCE[0]}")/launch_common.sh"
+SCRIPT_LINE="run_cluster.sh $*"
+
+case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
+[ $# -ge 2 ] || die "missing arguments: DATA_PATH and HOSTFILE are required"
+DATA_PATH="$1"
+HOSTFILE="$2"
+shift 2
+[ -f "$DATA_PATH" ] || die "DATA_PATH '$DATA_PATH' is not a file"
+[ -f "$HOSTFILE" ] || die "HOSTFILE '$HOSTFILE' not found (one 'HOST slots=N' line per node, see run_scripts/hostfiles/)"
+DATA_PATH=$(abspath "$DATA_PATH")
+HOSTFILE=$(abspath "$HOSTFILE")
+
+RECIPE="$REPO_ROOT/recipes/16pcs/16pcs.json"
+if [ $# -gt 0 ] && [[ "$1" != -* ]]; then
+    RECIPE="$1"
+    shift
+    [ -f "$RECIPE" ] || die "recipe '$RECIPE' is not a file (see recipes/README.md)"
+fi
+RECIPE=$(abspath "$RECIPE")
+parse_extras "$@"
+
+# plan.py reads the hostfile (world size = its slots) and rejects one DeepSpeed would reject
+preflight --hostfile "$HOSTFILE" --recipe "$RECIPE" "${EXTRA[@]}"
+HOSTS=($(awk '!/^[[:space:]]*(#|$)/ {print $1}' "$HOSTFILE"))
+MASTER_ADDR="${MASTER_ADDR:-${HOSTS[0]}}"
+make_run_dir "$(basename "$RECIPE" .json)"
+[ -n "${DRY_RUN:-}" ] || cp "$HOSTFILE" "$RUN_DIR/hostfile"
+
+TRAIN=("$REPO_ROOT/run_scripts/train.py" --distribute true --file_path "$DATA_PATH" --recipe "$RECIPE"
+       --output_dir "$OUTPUT_DIR" "${EXTRA[@]}")
+COMMON=(--hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+if [ "${#HOSTS[@]}" -eq 1 ]; then
+    COMMON+=(--no_ssh_check)                 # one host: DeepSpeed launches locally
+fi
+if [ "$LAUNCHER" = openmpi ]; then
+    CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --force_multi --launcher openmpi
+         --launcher_args "--output-filename $LOG_DIR -x MASTER_ADDR=$MASTER_ADDR -x MASTER_PORT=$MASTER_PORT ${LAUNCHER_ARGS:-}"
+         "${TRAIN[@]}")
+    RANK0="$LOG_DIR/*/rank.0/stdout"          # mpirun --output-filename: DIR/1/rank.N/stdout
+else
+    CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --enable_each_rank_log "$LOG_DIR" "${TRAIN[@]}")
+    if [ -n "${LAUNCHER_ARGS:-}" ]; then
+        CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --launcher_args "$LAUNCHER_ARGS" --enable_each_rank_log "$LOG_DIR"
+             "${TRAIN[@]}")
+    fi
+    RANK0="$LOG_DIR/*_rank0.log"
+fi
+launch "$RANK0" "${CMD[@]}"

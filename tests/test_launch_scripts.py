@@ -1,0 +1,284 @@
+"""run_scripts/run.sh and run_cluster.sh (usage, layout pre-check, the commands they build, the OpenMPI path),
+the rank-table → hostfile converter, hostfile parsing, and train.py's adoption of mpirun's environment."""
+import json
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from preprocess.errors import UserError
+from training.cluster import (Host, format_hostfile, hosts_to_rank_table, parse_hostfile_text, rank_nodes,
+                              rank_table_to_hosts, read_hostfile)
+from tests.launch import REPO_ROOT, only_run_dir, read_metrics, run_script, script_env
+
+RUN = "run_scripts/run.sh"
+CLUSTER = "run_scripts/run_cluster.sh"
+HOSTFILES = REPO_ROOT / "run_scripts" / "hostfiles"
+TABLES = REPO_ROOT / "run_scripts" / "rank_tables"
+FAKE_MPI = REPO_ROOT / "tests" / "fake_openmpi"
+
+
+@pytest.fixture
+def tsv(tmp_path):
+    path = tmp_path / "data.tsv"
+    path.write_text("bonjour\thello\n")
+    return path
+
+
+def assert_usage_error(proc, *needles):
+    assert proc.returncode == 2, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr
+    first = proc.stderr.splitlines()[0]
+    assert first.startswith("error: "), proc.stderr
+    for needle in needles:
+        assert needle in first, first
+    assert "usage: bash run_scripts/" in proc.stderr
+
+
+# ----------------------------------------------------------------------------------------------------- usage
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "missing arguments"),
+    (["{tsv}"], "missing arguments"),
+    (["{tmp}/nope.tsv", "2"], "is not a file"),
+    (["{tsv}", "0"], "RANK_SIZE '0' is not a positive integer"),
+    (["{tsv}", "two"], "RANK_SIZE 'two' is not a positive integer"),
+    (["{tsv}", "-2"], "is not a positive integer"),
+    (["{tsv}", "2.5"], "is not a positive integer"),
+    (["{tsv}", "2", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
+    (["{tsv}", "2", "--launcher", "slurm"], "unknown launcher 'slurm'"),
+    (["{tsv}", "2", "--launcher"], "--launcher needs a value"),
+], ids=["none", "one", "data-missing", "zero", "word", "negative", "fraction", "recipe-missing", "launcher",
+        "launcher-empty"])
+def test_run_sh_usage(args, needle, tsv, tmp_path):
+    fill = {"tsv": tsv, "tmp": tmp_path}
+    proc = run_script(RUN, [a.format(**fill) for a in args], script_env(tmp_path / "runs"))
+    assert_usage_error(proc, needle.format(**fill))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "missing arguments"),
+    (["{tsv}"], "missing arguments"),
+    (["{tsv}", "{tmp}/nohosts"], "HOSTFILE '{tmp}/nohosts' not found"),
+    (["{tmp}/nope.tsv", "{hf}"], "DATA_PATH '{tmp}/nope.tsv' is not a file"),
+    (["{tsv}", "{hf}", "{tmp}/nope.json"], "is not a file"),
+    (["{tsv}", "{hf}", "--launcher=mvapich"], "unknown launcher 'mvapich'"),
+], ids=["none", "one", "hostfile-missing", "data-missing", "recipe-missing", "launcher"])
+def test_run_cluster_usage(args, needle, tsv, tmp_path):
+    fill = {"tsv": tsv, "tmp": tmp_path, "hf": HOSTFILES / "hostfile_2nodes"}
+    proc = run_script(CLUSTER, [a.format(**fill) for a in args], script_env(tmp_path / "runs"))
+    assert_usage_error(proc, needle.format(**fill))
+
+
+@pytest.mark.parametrize("script", [RUN, CLUSTER, "recipes/2pcs/run.sh", "recipes/16pcs/run.sh",
+                                    "recipes/cpu-tiny/run.sh"])
+def test_help_and_recipe_launcher_usage(script, tmp_path):
+    proc = run_script(script, [], script_env(tmp_path))
+    assert proc.returncode == 2 and "usage: bash " in proc.stderr
+    if script.startswith("run_scripts"):
+        proc = run_script(script, ["--help"], script_env(tmp_path))
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: bash " + script)
+
+
+# --------------------------------------------------------------------------- pre-check and the built commands
+
+def test_layout_precheck_stops_before_launch(tsv, tmp_path):
+    proc = run_script(RUN, [tsv, 8, REPO_ROOT / "recipes/16pcs/16pcs.json"], script_env(tmp_path / "runs"))
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "1×8×2 = 16 but the world has 8 processes" in errors[0], proc.stderr
+    assert "Layouts that fit 8 processes" in errors[0]
+    assert not (tmp_path / "runs").exists()
+    # a hostfile DeepSpeed would reject is rejected before launching as well
+    bad = tmp_path / "hostfile"
+    bad.write_text("node-a slots=8\nnode-a slots=8\n")
+    proc = run_script(CLUSTER, [tsv, bad], script_env(tmp_path / "runs"))
+    assert proc.returncode == 2 and "host node-a is listed twice" in proc.stderr, proc.stderr
+
+
+def dry_run(script, args, tmp_path, **env):
+    proc = run_script(script, args, script_env(tmp_path / "runs", DRY_RUN=1, **env))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[1].startswith("layout ok: ")
+    assert not (tmp_path / "runs").exists()          # a dry run creates nothing
+    return shlex.split(lines[-1]), lines[1]
+
+
+def flag(cmd, name):
+    return cmd[cmd.index(name) + 1]
+
+
+def test_run_sh_commands(tsv, tmp_path):
+    cmd, layout = dry_run(RUN, [tsv, 8, "--steps", 3], tmp_path)          # the default recipe for 8
+    assert flag(cmd, "--num_gpus") == "8" and "--enable_each_rank_log" in cmd
+    assert flag(cmd, "--recipe") == str(REPO_ROOT / "recipes/8pcs/8pcs.json")
+    assert flag(cmd, "--distribute") == "true" and flag(cmd, "--file_path") == str(tsv)
+    assert cmd[-2:] == ["--steps", "3"] and "dp 1 × mp 8 × pp 1" in layout
+    run_dir = Path(flag(cmd, "--output_dir")).parent
+    assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("8pcs-")
+    assert flag(cmd, "--enable_each_rank_log") == str(run_dir / "logs")
+
+    cmd, layout = dry_run(RUN, [tsv, 4, "--launcher", "openmpi"], tmp_path)  # no 4pcs recipe: the seed's --mp 4
+    assert flag(cmd, "--mp") == "4" and "--recipe" not in cmd and "--num_gpus" not in cmd
+    assert flag(cmd, "--launcher") == "openmpi" and "--force_multi" in cmd
+    mpi = flag(cmd, "--launcher_args").split()
+    assert flag(mpi, "-x") == "MASTER_ADDR=127.0.0.1" and "--output-filename" in mpi
+    assert "--launcher" not in cmd[cmd.index(str(REPO_ROOT / "run_scripts/train.py")):]   # not passed to train.py
+
+
+def test_run_cluster_commands(tsv, tmp_path):
+    cmd, layout = dry_run(CLUSTER, [tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, MASTER_PORT=29777)
+    assert flag(cmd, "--hostfile") == str(HOSTFILES / "hostfile_2nodes")
+    assert flag(cmd, "--master_addr") == "192.0.2.10" and flag(cmd, "--master_port") == "29777"
+    assert flag(cmd, "--recipe") == str(REPO_ROOT / "recipes/16pcs/16pcs.json")      # the default recipe
+    assert "--enable_each_rank_log" in cmd and "--no_ssh_check" not in cmd and "--launcher" not in cmd
+    assert "16 ranks = dp 1 × mp 8 × pp 2" in layout
+    cmd, _ = dry_run(CLUSTER, [tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, LAUNCHER="openmpi",
+                     LAUNCHER_ARGS="--allow-run-as-root", MASTER_ADDR="10.0.0.1")
+    assert flag(cmd, "--launcher") == "openmpi" and flag(cmd, "--master_addr") == "10.0.0.1"
+    mpi = flag(cmd, "--launcher_args").split()
+    assert "-x" in mpi and "MASTER_ADDR=10.0.0.1" in mpi and mpi[-1] == "--allow-run-as-root"
+
+
+def test_failed_run_reports_rank_errors(tsv, tmp_path):
+    """When the launcher fails, the script exits with its status and shows the ranks' `error:` lines."""
+    fake = tmp_path / "fake_deepspeed"
+    fake.write_text('while [ $# -gt 0 ]; do [ "$1" = --enable_each_rank_log ] && d=$2; shift; done\n'
+                    'mkdir -p "$d"; echo started > "$d/t_rank0.log"\n'
+                    'echo "error: --vocab_size 100 is too small" > "$d/t_rank1.log"; exit 3\n')
+    proc = run_script(RUN, [tsv, 2, "recipes/2pcs/2pcs.json"],
+                      script_env(tmp_path / "runs", DEEPSPEED=f"bash {fake}"))
+    assert proc.returncode == 3, proc.stderr
+    assert "training failed (launcher exit status 3)" in proc.stderr
+    assert "error: --vocab_size 100 is too small" in proc.stderr
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert f"per-rank logs: {run_dir / 'logs'}" in proc.stderr
+    assert (run_dir / "command.sh").read_text().splitlines()[-1].startswith(f"bash {fake}")
+
+
+@pytest.mark.slow
+def test_openmpi_launch_runs_with_mpirun_environment(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """run_cluster.sh --launcher openmpi on a one-host hostfile, through DeepSpeed's real OpenMPI runner; mpirun is
+    a stand-in (tests/fake_openmpi) that starts the ranks with only OMPI_COMM_WORLD_* and the -x exports, as
+    OpenMPI does, so train.py must map them itself."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=2\n")
+    log = tmp_path / "mpirun.log"
+    env = script_env(tmp_path / "runs", PATH=f"{FAKE_MPI}{os.pathsep}{os.environ['PATH']}", FAKE_MPIRUN_LOG=log)
+    proc = run_script(CLUSTER, [multi30k_tsv, hostfile, REPO_ROOT / "recipes/2pcs/2pcs.json", "--launcher",
+                                "openmpi", "--steps", 2, "--d_model", 32, "--tokenizer", bpe_tokenizer,
+                                "--tensorboard", 0], env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    mpirun = log.read_text().split()
+    assert mpirun[:2] == ["-n", "2"] and "MASTER_ADDR=localhost" in mpirun
+    run_dir = only_run_dir(tmp_path / "runs")
+    assert [r["step"] for r in read_metrics(run_dir / "output")] == [1, 2]
+    rank0 = (run_dir / "logs/1/rank.0/stdout").read_text()
+    assert "layout: world=2 dp=1 mp=2 pp=1" in rank0
+    assert (run_dir / "logs/1/rank.1/stdout").exists() and (run_dir / "hostfile").exists()
+    assert f"per-rank logs: {run_dir / 'logs'}" in proc.stdout
+
+
+def test_adopt_mpi_env():
+    from training.engine import adopt_mpi_env
+    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+    assert adopt_mpi_env(env)
+    assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_SIZE"]) == ("3", "8", "1", "4")
+    assert not adopt_mpi_env({"WORLD_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "2"})     # a torch launcher came first
+    assert not adopt_mpi_env({})
+    with pytest.raises(UserError, match="without MASTER_ADDR and MASTER_PORT"):
+        adopt_mpi_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
+
+
+# ------------------------------------------------------------------------------------- rank tables, hostfiles
+
+def convert(*args):
+    return subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts/rank_table_to_hostfile.py"),
+                           *map(str, args)], capture_output=True, text=True, timeout=60)
+
+
+@pytest.mark.parametrize("n,hosts", [(2, [("192.0.2.10", 2)]), (8, [("192.0.2.10", 8)]),
+                                     (16, [("192.0.2.10", 8), ("192.0.2.11", 8)])])
+def test_shipped_rank_tables_round_trip(n, hosts, tmp_path):
+    table = TABLES / f"rank_table_{n}pcs.json"
+    out = tmp_path / "hostfile"
+    proc = convert(table, "-o", out)
+    assert proc.returncode == 0, proc.stderr
+    got = read_hostfile(str(out))
+    assert [(h.name, h.slots) for h in got] == hosts
+    # hostfile → rank table → hostfile gives the same file; the seed's table format is what we ship
+    assert rank_table_to_hosts(hosts_to_rank_table(got)) == got
+    data = json.loads(table.read_text())
+    assert data["server_count"] == str(len(hosts)) and data["status"] == "completed"
+    assert [d["rank_id"] for s in data["server_list"] for d in s["device"]] == [str(r) for r in range(n)]
+    assert convert(table).stdout.splitlines()[1:] == [f"{h} slots={s}" for h, s in hosts]
+    if n == 16:                                      # the shipped 2-node hostfile is the 16pcs table
+        assert read_hostfile(str(HOSTFILES / "hostfile_2nodes")) == got
+
+
+def _table(**change):
+    t = hosts_to_rank_table([Host("192.0.2.10", 2), Host("192.0.2.11", 2)])
+    for key, value in change.items():
+        if key == "mutate":
+            value(t)
+        else:
+            t[key] = value
+    return t
+
+
+MALFORMED = [
+    ("not-an-object", [1, 2], "expected a JSON object"),
+    ("no-server-list", {"version": "1.0"}, "missing \"server_list\""),
+    ("empty-server-list", _table(server_list=[], server_count="0"), "\"server_list\" is empty"),
+    ("count-mismatch", _table(server_count="3"), "server_count is 3 but server_list has 2 servers"),
+    ("no-server-id", _table(mutate=lambda t: t["server_list"][1].pop("server_id")),
+     "server_list[1]: missing \"server_id\""),
+    ("no-devices", _table(mutate=lambda t: t["server_list"][0].update(device=[])), "\"device\" is empty"),
+    ("rank-order", _table(mutate=lambda t: t["server_list"][1]["device"].reverse()),
+     "rank_id 3, expected 2"),
+    ("rank-not-int", _table(mutate=lambda t: t["server_list"][0]["device"][0].update(rank_id="zero")),
+     "\"rank_id\" is 'zero', not an integer"),
+    ("duplicate-server", _table(mutate=lambda t: t["server_list"][1].update(server_id="192.0.2.10")),
+     "server_id 192.0.2.10 appears twice"),
+    ("duplicate-device", _table(mutate=lambda t: t["server_list"][0]["device"][1].update(device_id="0")),
+     "device_id repeated"),
+]
+
+
+@pytest.mark.parametrize("name,table,needle", MALFORMED, ids=[m[0] for m in MALFORMED])
+def test_malformed_rank_tables(name, table, needle):
+    with pytest.raises(UserError) as e:
+        rank_table_to_hosts(table)
+    assert needle in str(e.value)
+
+
+def test_converter_cli_errors(tmp_path, assert_user_error):
+    bad = tmp_path / "t.json"
+    bad.write_text(json.dumps(_table(server_count="3")))
+    assert_user_error(convert(bad), "server_count is 3 but server_list has 2 servers")
+    bad.write_text('{"server_list": [}')
+    assert_user_error(convert(bad), "is not valid JSON")
+    assert_user_error(convert(tmp_path / "missing.json"), "not found")
+    assert_user_error(convert(TABLES / "rank_table_2pcs.json", "-o", tmp_path / "no" / "dir" / "h"), "does not exist")
+
+
+def test_hostfile_parsing():
+    text = "# comment\n\nworker-0 slots=8\nworker-1   slots=4 max_slots=4\n"
+    assert parse_hostfile_text(text) == [Host("worker-0", 8), Host("worker-1", 4)]
+    assert parse_hostfile_text(format_hostfile([Host("a", 2)], header="x\ny")) == [Host("a", 2)]
+    for text, needle in [("worker-0\n", "line 1: 'worker-0' is not 'HOST slots=N'"),
+                         ("a slots=2\na slots=2\n", "line 2: host a is listed twice"),
+                         ("a slots=0\n", "has slots=0"), ("# nothing\n", "lists no hosts")]:
+        with pytest.raises(UserError, match=needle):
+            parse_hostfile_text(text)
+    nodes = rank_nodes(12, [Host("a", 8), Host("b", 4)])
+    assert nodes[7] == (0, "a", 7) and nodes[8] == (1, "b", 0)
+    assert rank_nodes(10, ranks_per_node=4)[9] == (2, "node2", 1)
+    with pytest.raises(UserError, match="has 12 slots"):
+        rank_nodes(16, [Host("a", 8), Host("b", 4)])

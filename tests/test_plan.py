@@ -1,0 +1,356 @@
+"""plan.py: the layout, rank placement, per-rank bytes and communication it reports, checked against independent
+hand calculations, the collectives the real TP model issues, and the shapes every rank of the 16pcs run builds."""
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from model.config import ModelConfig, ParallelConfig
+from model.pipeline import assign_stages, layer_stages
+from model.topology import ParallelContext, rank_map
+from model.transformer import Embeddings, EncoderLayer, DecoderLayer, Head, block_specs
+from preprocess.errors import UserError
+from training import plan as P
+from training.args import parse_args
+from training.cluster import Host
+
+REPO = Path(__file__).resolve().parent.parent
+RECIPES = REPO / "recipes"
+R16 = str(RECIPES / "16pcs" / "16pcs.json")
+
+
+def args_for(*argv):
+    return parse_args([str(a) for a in argv], parser=P.build_plan_parser())
+
+
+def plan_for(world, *argv, hosts=None):
+    return P.make_plan(args_for(*argv), world, hosts)
+
+
+# ------------------------------------------------------------------------------------ independent hand calculation
+
+def hand_stage_params(V, h, f, S, T, tp, E, D, emb_dp, layers):
+    """Closed-form parameter count of one rank holding `layers` (names as plan prints them), written from the
+    architecture: LayerNorm 2h; column-parallel weight out/tp × in + bias out/tp; row-parallel weight out × in/tp
+    + a replicated bias; the head has no bias and V rounded up to a multiple of tp rows."""
+    Vp = -(-V // tp) * tp
+    n = 0
+    for name in layers:
+        if name == "embeddings":
+            rows = Vp // tp if (not emb_dp and tp > 1) else V
+            n += 2 * rows * h + S * h + T * h
+        elif name.startswith("encoder."):
+            n += 2 * 2 * h                                   # ln1, ln2
+            n += 3 * h * h // tp + 3 * h // tp               # fused QKV (column)
+            n += h * h // tp + h                             # attention out (row)
+            n += f * h // tp + f // tp + h * f // tp + h     # fc1 (column), fc2 (row)
+            if name == f"encoder.{E - 1}":
+                n += 2 * h                                   # the encoder's final LayerNorm
+        elif name.startswith("decoder."):
+            n += 3 * 2 * h
+            n += 3 * h * h // tp + 3 * h // tp + h * h // tp + h                     # self-attention
+            n += h * h // tp + h // tp + 2 * h * h // tp + 2 * h // tp + h * h // tp + h   # cross: q, kv, out
+            n += f * h // tp + f // tp + h * f // tp + h
+        elif name == "head":
+            n += 2 * h + (Vp // tp) * h
+    return n
+
+
+def hand_bytes(n, dp, zero):
+    part = -(-n // dp)
+    return {"param_bytes": 4 * (part if zero >= 3 else n), "grad_bytes": 4 * (part if zero >= 2 else n),
+            "optimizer_bytes": 8 * (part if zero >= 1 else n)}
+
+
+def test_seed_16pcs_count_by_hand():
+    """The 16pcs numbers worked out on paper: stage 0 = 2×20000×128 + 20×128 + encoder, stage 1 = decoder + head."""
+    enc = 4 * 128 * 128 // 8 + 2 * 128 * 128 // 8 + 3 * 16 + 16 + 6 * 128 + 2 * 128
+    dec = 8 * 128 * 128 // 8 + 6 * 16 + 2 * 128 * 128 // 8 + 16 + 9 * 128
+    assert 2 * 20000 * 128 + 20 * 128 + enc == 5_135_936
+    assert dec + 2 * 128 + 2500 * 128 == 342_000
+    plan = plan_for(16, "--recipe", R16)
+    assert [s["params_per_rank"] for s in plan["stages"]] == [5_135_936, 342_000]
+
+
+LAYOUTS = [
+    # name, world, flags, (V, h, f, S, T, E, D)
+    ("16pcs-zero1-pp2", 16, ["--recipe", R16], (20000, 128, 128, 10, 10, 1, 1)),
+    ("dp4-mp2-zero2-splitvocab", 8, ["--vocab_size", "20001", "--d_model", "64", "--ffn_size", "96", "--mp", "2",
+                                     "--zero_stage", "2", "--vocab_emb_dp", "0", "--encoder_layer", "2",
+                                     "--decoder_layer", "2", "--src_len", "12", "--tgt_len", "9"],
+     (20001, 64, 96, 12, 9, 2, 2)),
+    ("dp2-mp2-pp2-zero1", 8, ["--vocab_size", "1000", "--d_model", "32", "--num_heads", "4", "--mp", "2",
+                              "--pipeline_stage", "2", "--micro_batch_num", "2", "--enable_parallel_optimizer", "1",
+                              "--encoder_layer", "3", "--decoder_layer", "1"], (1000, 32, 32, 10, 10, 3, 1)),
+    ("dp4-zero3", 4, ["--vocab_size", "999", "--d_model", "48", "--num_heads", "4", "--zero_stage", "3"],
+     (999, 48, 48, 10, 10, 1, 1)),
+]
+
+
+@pytest.mark.parametrize("name,world,flags,dims", LAYOUTS, ids=[c[0] for c in LAYOUTS])
+def test_bytes_match_hand_calculation(name, world, flags, dims):
+    V, h, f, S, T, E, D = dims
+    plan = plan_for(world, *flags)
+    L = plan["layout"]
+    tp, dp, zero = L["model_parallel"], L["data_parallel"], L["zero_stage"]
+    assert tp * dp * L["pipeline_stage"] == world
+    for r in plan["ranks"]:
+        layers = plan["stages"][r["pp"]]["layers"]
+        n = hand_stage_params(V, h, f, S, T, tp, E, D, L["vocab_emb_dp"], layers)
+        assert r["params"] == n, (r["rank"], layers)
+        want = hand_bytes(n, dp, zero)
+        assert {k: r[k] for k in want} == want, r
+        assert r["total_bytes"] == sum(want.values())
+    # every layer sits on exactly one stage, in order
+    all_layers = [x for s in plan["stages"] for x in s["layers"]]
+    assert all_layers == ["embeddings"] + [f"encoder.{i}" for i in range(E)] + [f"decoder.{i}" for i in range(D)] \
+        + ["head"]
+
+
+def test_zero_and_pipeline_traffic_by_hand():
+    # dp 4 × mp 2, ZeRO 2, one micro-batch: reduce-scatter 3/4·G per micro-batch + all-gather 3/4·P per step
+    plan = plan_for(8, *LAYOUTS[1][2])
+    n = plan["stages"][0]["params_per_rank"]
+    assert plan["stages"][0]["dp"]["bytes_per_step"] == round(0.75 * 4 * n + 0.75 * 4 * n)
+    # dp 2 × mp 2 × pp 2, ZeRO 1: blocks [enc0, enc1 | enc2, dec0] → the cut is inside the encoder
+    plan = plan_for(8, *LAYOUTS[2][2])
+    s0, s1 = plan["stages"]
+    assert s0["layers"] == ["embeddings", "encoder.0", "encoder.1"]
+    assert s1["layers"] == ["encoder.2", "decoder.0", "head"]
+    b, s, t, h = 32 // (2 * 2), 10, 10, 32
+    nxt = s0["send_next"]
+    assert [x["name"] for x in nxt["tensors"]] == ["src_h", "tgt_h", "src_ids", "tgt_ids"]
+    assert nxt["forward_bytes_per_micro_batch"] == 4 * b * (s + t) * h + 8 * b * (s + t)
+    assert nxt["backward_bytes_per_micro_batch"] == 4 * b * (s + t) * h
+    assert nxt["bytes_per_step"] == 2 * (8 * b * (s + t) * h + 8 * b * (s + t))
+    r = 1 / 2
+    for st in plan["stages"]:
+        G = 4 * st["params_per_rank"]
+        assert st["dp"]["bytes_per_step"] == round(r * G + r * G)
+    # 16pcs: the cut after the (last) encoder sends (tgt_h, memory, ids)
+    nxt = plan_for(16, "--recipe", R16)["stages"][0]["send_next"]
+    assert [x["name"] for x in nxt["tensors"]] == ["tgt_h", "memory", "src_ids", "tgt_ids"]
+    assert nxt["forward_bytes_per_micro_batch"] == 4 * 16 * 20 * 128 + 8 * 16 * 20
+
+
+# ---------------------------------------------------------------------- TP collectives: plan vs the real model
+
+B, S, T = 3, 7, 6
+
+
+def _commlog_case(rank, world, cfg, vocab_emb_dp, recompute):
+    from model.mappings import CommLog
+    from model.transformer import Seq2SeqTransformer
+    from tests.test_tp_layers import tp_context
+    ctx = tp_context(world)
+    par = Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=world, vocab_emb_dp=vocab_emb_dp,
+                                                 recompute=recompute), ctx, seed=1)
+    par.train()
+    g = torch.Generator().manual_seed(0)
+    src, tgt, labels = (torch.randint(4, cfg.vocab_size, (B, n), generator=g) for n in (S, T, T))
+    with CommLog() as fwd:
+        loss = par.loss_sum(src, tgt, labels)
+    with CommLog() as bwd:
+        loss.backward()
+    return fwd.calls, bwd.calls
+
+
+@pytest.mark.parametrize("vocab_emb_dp,recompute", [(True, False), (False, True)])
+def test_tp_allreduces_match_commlog(vocab_emb_dp, recompute):
+    """plan's list of TP all-reduces is exactly what the model issues (counted by CommLog on 2 real ranks)."""
+    cfg = ModelConfig(vocab_size=51, d_model=16, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=3,
+                      src_len=S, tgt_len=T, dropout=0.0, attention_dropout=0.0)
+    fwd, bwd = run_ranks_cached(cfg, vocab_emb_dp, recompute)
+    parallel = ParallelConfig(model_parallel=2, vocab_emb_dp=vocab_emb_dp, recompute=recompute)
+    want = P.tp_allreduces(cfg, parallel, P.layer_names(cfg), micro=B)
+    assert sorted(n for op, n in fwd if op == "all_reduce") == sorted(want["forward"])
+    assert [n for op, n in fwd if op == "loss_all_reduce"] == want["loss"]
+    assert sorted(n for op, n in bwd if op == "all_reduce") == sorted(want["backward"])
+    assert all(op in ("all_reduce", "loss_all_reduce") for op, _ in fwd + bwd)
+
+
+def run_ranks_cached(cfg, vocab_emb_dp, recompute):
+    from tests.multiproc import run_ranks
+    results = run_ranks(2, _commlog_case, cfg, vocab_emb_dp, recompute)
+    assert results[0] == results[1]
+    return results[0]
+
+
+# ------------------------------------------------------------------------- the 16pcs run, rank by rank, no group
+
+def test_16pcs_every_rank_builds_its_stage_and_shards():
+    """All 16 ranks of the seed's cluster run, each built as that rank builds it (ParallelContext(tp_size=8,
+    tp_rank=r), no process group), with the shapes a 8-way split must give."""
+    args = args_for("--recipe", R16)
+    world = 16
+    model = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
+                        encoder_layers=args.encoder_layer, decoder_layers=args.decoder_layer,
+                        src_len=args.src_len, tgt_len=args.tgt_len)
+    parallel = ParallelConfig.for_world(world, model_parallel=args.mp, pipeline_stage=args.pipeline_stage,
+                                        micro_batch_num=args.micro_batch_num, optimizer_shard=True)
+    assert (parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage) == (1, 8, 2)
+    block_st = assign_stages(model, parallel)
+    stages = layer_stages(model, parallel, block_st)
+    assert stages == [0, 0, 1, 1]                       # embeddings, encoder.0 | decoder.0, head
+    d, mp = 128, 8
+    seen = set()
+    for c in rank_map(parallel):
+        assert c.rank == c.pp * 8 + c.tp and c.dp == 0
+        ctx = ParallelContext(tp_size=mp, tp_rank=c.tp, tp_group=None, pp_size=2, pp_rank=c.pp)
+        specs = block_specs(model, parallel, ctx, 1234, block_st[model.encoder_layers:])
+        mods = [cls(**kw) for (cls, kw), s in zip(specs, stages) if s == c.pp]
+        kinds = [type(m) for m in mods]
+        if c.pp == 0:
+            assert kinds == [Embeddings, EncoderLayer]
+            emb, enc = mods
+            assert emb.src_word.weight.shape == (20000, d)          # vocab_emb_dp: whole table on every rank
+            assert emb.src_pos.shape == (10, d)
+            assert enc.attn.qkv.weight.shape == (3 * d // mp, d)     # 3·d/mp rows: one head's q, k, v
+            assert enc.attn.out.weight.shape == (d, d // mp)
+            assert enc.mlp.fc1.weight.shape == (d // mp, d) and enc.mlp.fc2.weight.shape == (d, d // mp)
+            assert enc.final_ln is not None
+        else:
+            assert kinds == [DecoderLayer, Head]
+            dec, head = mods
+            assert dec.self_attn.qkv.weight.shape == (3 * d // mp, d)
+            assert dec.cross_attn.q.weight.shape == (d // mp, d) and dec.cross_attn.kv.weight.shape == (2 * d // mp, d)
+            assert dec.last and dec.last_on_stage
+            assert head.proj.weight.shape == (model.padded_vocab(mp) // mp, d) == (2500, d)
+            assert head.proj.bias is None
+        n = sum(p.numel() for m in mods for p in m.parameters())
+        seen.add((c.pp, n))
+    assert seen == {(0, 5_135_936), (1, 342_000)}
+
+
+# --------------------------------------------------------------------------------------- placement and scale
+
+def test_16pcs_plan_world16_and_hostfile():
+    plan = plan_for(16, "--recipe", R16)
+    L = plan["layout"]
+    assert (L["data_parallel"], L["model_parallel"], L["pipeline_stage"], L["zero_stage"]) == (1, 8, 2, 1)
+    assert (L["micro_batch"], L["micro_batch_num"]) == (16, 2)
+    assert [s["layers"] for s in plan["stages"]] == [["embeddings", "encoder.0"], ["decoder.0", "head"]]
+    assert [(r["rank"], r["node"], r["pp"], r["dp"], r["tp"]) for r in plan["ranks"]] == \
+        [(r, r // 8, r // 8, 0, r % 8) for r in range(16)]
+    assert L["tp_groups_spanning_nodes"] == 0
+    # a hostfile decides the nodes: 4 + 12 slots puts TP group 0 across both hosts
+    hosts = [Host("a", 4), Host("b", 12)]
+    plan = plan_for(16, "--recipe", R16, hosts=hosts)
+    assert [r["host"] for r in plan["ranks"]] == ["a"] * 4 + ["b"] * 12
+    assert [r["local_rank"] for r in plan["ranks"]][:6] == [0, 1, 2, 3, 0, 1]
+    assert plan["layout"]["tp_groups_spanning_nodes"] == 1
+    assert "1 TP group(s) span nodes" in P.format_plan(plan)
+
+
+def test_rank_map_world_64_in_milliseconds():
+    parallel = ParallelConfig(data_parallel=4, model_parallel=8, pipeline_stage=2)
+    t = time.perf_counter()
+    coords = rank_map(parallel)
+    ms = (time.perf_counter() - t) * 1000
+    print(f"rank_map(64) took {ms:.2f} ms")
+    assert ms < 200
+    assert [c.rank for c in coords] == list(range(64))
+    for c in coords:                                   # TP fastest, then DP, then PP
+        assert c.rank == c.pp * 32 + c.dp * 8 + c.tp
+    assert len({(c.pp, c.dp, c.tp) for c in coords}) == 64
+
+
+def test_plan_64_ranks_in_seconds():
+    t = time.perf_counter()
+    plan = plan_for(64, "--recipe", R16)
+    text = P.format_plan(plan)
+    seconds = time.perf_counter() - t
+    print(f"plan for 64 ranks: {seconds:.2f} s")
+    assert seconds < 10
+    assert plan["layout"]["data_parallel"] == 4 and len(plan["ranks"]) == 64
+    assert text.count("\n   63    7 node7") == 1
+    # ZeRO 1 over dp 4: the optimizer state is a quarter, params and grads are whole
+    r0 = plan["ranks"][0]
+    assert r0["optimizer_bytes"] == 8 * -(-r0["params"] // 4) and r0["grad_bytes"] == 4 * r0["params"]
+
+
+@pytest.mark.parametrize("name,world,extra", [("2pcs", 2, []), ("8pcs", 8, []), ("8pcs-dp2-mp4", 8, []),
+                                              ("16pcs", 16, []), ("cpu-tiny", 2, ["--vocab_size", "2000"])])
+def test_every_recipe_plans_at_its_world(name, world, extra):
+    args = args_for("--recipe", RECIPES / name / f"{name}.json", *extra)
+    plan = P.make_plan(args, world)
+    assert plan["world_size"] == world
+    assert P.check_line(args, world).startswith(f"layout ok: {world} ranks")
+
+
+# --------------------------------------------------------------------------------------------- error messages
+
+def write(tmp_path, body, name="r.json"):
+    path = tmp_path / name
+    path.write_text(body if isinstance(body, str) else json.dumps(body))
+    return path
+
+
+SEED_MODEL = {"vocab_size": 20000, "d_model": 128, "num_heads": 8, "encoder_layer": 1, "decoder_layer": 1}
+BAD = [
+    # name, recipe body, world, message fragments
+    ("world-mismatch", None, 8, ["1×8×2 = 16 but the world has 8 processes", "Layouts that fit 8 processes: "
+                                                                             "dp=1 mp=8 pp=1"]),
+    ("heads-not-divisible", {"model": SEED_MODEL, "parallel": {"model_parallel": 3}}, 3,
+     ["num_heads=8 is not divisible by model_parallel=3", "one of [1, 2, 4, 8]"]),
+    ("too-many-stages", {"model": SEED_MODEL, "parallel": {"pipeline_stage": 3}}, 3,
+     ["pipeline_stage=3 > 2 blocks"]),
+    ("batch-not-divisible", {"model": SEED_MODEL, "parallel": {"model_parallel": 2},
+                             "training": {"batch_size": 30}}, 8,
+     ["global batch_size=30 is not divisible by data_parallel×micro_batch_num = 4×1 = 4", "try batch_size [4, 8"]),
+    ("zero2-with-pipeline", {"model": SEED_MODEL, "parallel": {"pipeline_stage": 2, "zero_stage": 2}}, 2,
+     ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
+    ("malformed-json", '{"model": {"vocab_size": 20000,}}', 2, ["is not valid JSON: line 1 column"]),
+    ("unknown-key", {"model": SEED_MODEL, "parallel": {"model_paralel": 2}}, 2, ["unknown key parallel.model_paralel"]),
+    ("unknown-section", {"modle": SEED_MODEL}, 2, ["unknown section 'modle'"]),
+    ("wrong-type", {"model": SEED_MODEL, "parallel": {"model_parallel": 2.5}}, 2,
+     ["parallel.model_parallel is 2.5; it must be an integer"]),
+    ("no-vocab", {"model": {"d_model": 32, "num_heads": 4}}, 2, ["vocab_size is needed", "--vocab_size"]),
+    ("deepspeed-batch-clash", {"model": SEED_MODEL, "deepspeed": {"train_batch_size": 64}}, 1,
+     ["DeepSpeed config sets train_batch_size=64 but the flags give 32"]),
+]
+
+
+@pytest.mark.parametrize("name,body,world,needles", BAD, ids=[c[0] for c in BAD])
+def test_bad_recipe_messages(name, body, world, needles, tmp_path):
+    recipe = R16 if body is None else write(tmp_path, body)
+    with pytest.raises(UserError) as e:
+        P.main(["--recipe", str(recipe), "--world_size", str(world)])
+    for needle in needles:
+        assert needle in str(e.value), str(e.value)
+
+
+def test_world_and_hostfile_errors(tmp_path):
+    with pytest.raises(UserError, match="give the world to plan for"):
+        P.main(["--recipe", R16])
+    hf = write(tmp_path, "a slots=8\nb slots=4\n", "hostfile")
+    with pytest.raises(UserError, match="--world_size 16 but the hostfile .* has 12 slots"):
+        P.main(["--recipe", R16, "--world_size", "16", "--hostfile", str(hf)])
+    with pytest.raises(UserError, match="but the world has 12 processes"):
+        P.main(["--recipe", R16, "--hostfile", str(hf)])
+    with pytest.raises(UserError, match="hostfile .*missing.* not found"):
+        P.main(["--recipe", R16, "--hostfile", str(tmp_path / "missing")])
+
+
+# ------------------------------------------------------------------------------- the CLI: clean stdout, one error
+
+def run_plan(*args):
+    return subprocess.run([sys.executable, str(REPO / "run_scripts" / "plan.py"), *map(str, args)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_json_and_text(tmp_path):
+    proc = run_plan("--recipe", R16, "--hostfile", REPO / "run_scripts" / "hostfiles" / "hostfile_2nodes", "--json")
+    assert proc.returncode == 0, proc.stderr
+    plan = json.loads(proc.stdout)                     # nothing but JSON on stdout
+    assert [r["host"] for r in plan["ranks"]] == ["192.0.2.10"] * 8 + ["192.0.2.11"] * 8
+
+
+def test_cli_bad_recipe_is_one_error_line(assert_user_error):
+    proc = run_plan("--recipe", R16, "--world_size", "8")
+    assert proc.returncode == 2
+    assert_user_error(proc, "but the world has 8 processes", "Layouts that fit 8 processes")

@@ -1,0 +1,126 @@
+"""The recipes: complete folders, the seed's settings, batch arithmetic in their comments that matches the layout,
+and real runs through the launch scripts (2pcs on 2 processes, 8pcs on 8, cpu-tiny as a user would run it)."""
+import json
+import os
+import re
+import time
+
+import pytest
+
+from training.args import load_recipe, parse_args
+from training.plan import build_plan_parser, configs
+from tests.launch import REPO_ROOT, losses, only_run_dir, read_metrics, run_script, script_env
+
+RECIPES = {"2pcs": 2, "8pcs": 8, "8pcs-dp2-mp4": 8, "16pcs": 16, "cpu-tiny": 2}
+SEED_MODEL = {"vocab_size": 20000, "d_model": 128, "num_heads": 8, "encoder_layer": 1, "decoder_layer": 1,
+              "src_len": 10, "tgt_len": 10, "batch_size": 32, "lr": 1e-4}
+
+
+def recipe_path(name):
+    return REPO_ROOT / "recipes" / name / f"{name}.json"
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_recipe_folder_is_complete(name):
+    folder = REPO_ROOT / "recipes" / name
+    launcher = folder / "run.sh"
+    assert launcher.is_file() and os.access(launcher, os.X_OK)
+    assert f"{name}.json" in launcher.read_text()
+    raw = json.loads(recipe_path(name).read_text())
+    assert raw["_comment"] and raw["training"]["_batch"]
+    load_recipe(str(recipe_path(name)))                  # no unknown key, every value of the flag's type
+    readme = (REPO_ROOT / "recipes" / "README.md").read_text()
+    assert f"[`{name}`]({name}/{name}.json)" in readme
+
+
+@pytest.mark.parametrize("name", list(RECIPES))
+def test_batch_comment_matches_the_layout(name):
+    """Each recipe's "_batch" comment (micro M × accum A × dp D = global G) is the arithmetic it really gets."""
+    world = RECIPES[name]
+    raw = json.loads(recipe_path(name).read_text())
+    m = re.match(r"micro (\d+) × accum (\d+) × dp (\d+) = global (\d+)", raw["training"]["_batch"])
+    assert m, raw["training"]["_batch"]
+    micro, accum, dp, total = map(int, m.groups())
+    args = parse_args(["--recipe", str(recipe_path(name)), "--vocab_size", "20000"], parser=build_plan_parser())
+    _, parallel = configs(args, world)
+    assert (parallel.data_parallel, parallel.micro_batch_num, args.batch_size) == (dp, accum, total)
+    assert micro * accum * dp == total == args.batch_size
+
+
+def test_seed_settings():
+    for name, mp in (("2pcs", 2), ("8pcs", 8), ("16pcs", 8)):
+        args = parse_args(["--recipe", str(recipe_path(name))])
+        assert {k: getattr(args, k) for k in SEED_MODEL} == SEED_MODEL, name
+        assert args.mp == mp and args.ffn_size == 0 and args.epochs == 1
+    args = parse_args(["--recipe", str(recipe_path("16pcs"))])
+    assert (args.pipeline_stage, args.micro_batch_num, args.enable_parallel_optimizer) == (2, 2, True)
+    _, parallel = configs(args, 16)
+    assert parallel.data_parallel == 1 and parallel.effective_zero_stage == 1
+    for name in ("2pcs", "8pcs"):
+        args = parse_args(["--recipe", str(recipe_path(name))])
+        assert (args.pipeline_stage, args.micro_batch_num, args.enable_parallel_optimizer) == (1, 1, False)
+    tiny = parse_args(["--recipe", str(recipe_path("cpu-tiny"))])
+    assert tiny.vocab_size is None and tiny.tokenizer_vocab_size == 2000   # sized to its own BPE tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------- real runs
+
+def check_run(run_dir, nproc, steps):
+    assert [r["step"] for r in read_metrics(run_dir / "output")] == list(range(1, steps + 1))
+    logs = sorted((run_dir / "logs").glob("*_rank*.log"))
+    assert sorted(int(re.search(r"_rank(\d+)\.log$", p.name).group(1)) for p in logs) == list(range(nproc))
+    for name in ("command.sh", "env.log", "layout.txt", "launcher.log"):
+        assert (run_dir / name).is_file(), name
+    return logs
+
+
+@pytest.mark.slow
+def test_2pcs_recipe_through_run_sh(multi30k_tsv, bpe_tokenizer, tmp_path):
+    runs = tmp_path / "runs"
+    proc = run_script("run_scripts/run.sh", [multi30k_tsv, 2, "recipes/2pcs/2pcs.json", "--steps", 2,
+                                             "--d_model", 32, "--tokenizer", bpe_tokenizer, "--tensorboard", 0],
+                      script_env(runs))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    assert run_dir.name.startswith("2pcs-")
+    check_run(run_dir, 2, 2)
+    rank0 = next((run_dir / "logs").glob("*_rank0.log")).read_text()
+    assert "layout: world=2 dp=1 mp=2 pp=1" in rank0 and "vocab=20000" in rank0      # recipe + flag overrides
+    assert f"per-rank logs: {run_dir / 'logs'}" in proc.stdout
+    assert "recipes/2pcs/2pcs.json" in (run_dir / "command.sh").read_text()
+
+
+@pytest.mark.slow
+def test_8pcs_recipe_on_8_processes(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """bash run_scripts/run.sh DATA 8 picks recipes/8pcs (mp 8) by itself; tiny dims, 2 steps."""
+    runs = tmp_path / "runs"
+    proc = run_script("run_scripts/run.sh", [multi30k_tsv, 8, "--steps", 2, "--d_model", 32,
+                                             "--tokenizer", bpe_tokenizer, "--tensorboard", 0],
+                      script_env(runs), timeout=400)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    assert run_dir.name.startswith("8pcs-")
+    logs = check_run(run_dir, 8, 2)
+    rank0 = next(p for p in logs if p.name.endswith("_rank0.log")).read_text()
+    assert "layout: world=8 dp=1 mp=8 pp=1" in rank0
+
+
+@pytest.mark.slow
+def test_cpu_tiny_recipe_as_a_user_runs_it(multi30k_tsv, tmp_path):
+    """recipes/cpu-tiny/run.sh DATA: builds its 2000-token BPE tokenizer, trains 60 steps on 2 processes in under
+    a minute, and shows rank 0's loss lines on the console while it runs."""
+    runs = tmp_path / "runs"
+    env = script_env(runs, QUIET="")
+    env.pop("OMP_NUM_THREADS", None)                     # the recipe's launcher sets it
+    t = time.perf_counter()
+    proc = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv], env, timeout=300)
+    seconds = time.perf_counter() - t
+    print(f"cpu-tiny: {seconds:.1f} s")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    check_run(run_dir, 2, 60)
+    got = losses(run_dir / "output")
+    assert got[-1] < got[0] - 1.0, got
+    assert "epoch: 1 step: 60, loss is" in proc.stdout                 # rank 0 followed on the console
+    assert "OMP_NUM_THREADS=1" in (run_dir / "env.log").read_text()
+    assert seconds < 90
