@@ -140,3 +140,18 @@ def read_tsv_pairs(path: PathLike) -> tuple[list[str], list[str]]:
         sources.append(src)
         targets.append(tgt)
     return sources, targets
+
+
+def read_json(path: PathLike, what: str):
+    """A JSON file the user points at (recipe, rank table, DeepSpeed config): a missing file or a syntax error is a
+    one-line UserError naming `what`, the path and the line."""
+    import json
+    if not os.path.isfile(path):
+        fail(f"{what} {path} not found")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except json.JSONDecodeError as exc:
+        fail(f"{what} {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")
+    except UnicodeDecodeError as exc:
+        fail(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})")

@@ -115,7 +115,6 @@ def main(argv=None) -> int:
     if args.limit is not None:
         sources, references = sources[: args.limit], references[: args.limit]
 
-    import torch
     from tqdm import tqdm
 
     from merge_checkpoint import merge

@@ -4,8 +4,6 @@ and during a save, the merge tool, and every bad-checkpoint message.
 Save→resume is just runs in a row (torchtitan style): an uninterrupted run that saves every step is the reference;
 a second run resumes from one of its checkpoints, under the same or another layout.
 """
-import json
-import os
 import shutil
 import subprocess
 import sys

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from typing import Optional
 
 from model.config import ModelConfig, ParallelConfig
 from preprocess.errors import UserError
+from preprocess.textio import read_json
 
 # recipe "parallel" key (seed name) → flag dest
 PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "micro_batch_num": "micro_batch_num",
@@ -150,13 +150,7 @@ def _recipe_value(action: argparse.Action, value, where: str):
 
 def load_recipe(path: str) -> dict:
     """Flatten a recipe's sections into flag defaults; the 'deepspeed' section is kept as a dict."""
-    if not os.path.isfile(path):
-        raise UserError(f"recipe {path} not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"recipe {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")
+    data = read_json(path, "recipe")
     if not isinstance(data, dict):
         raise UserError(f"recipe {path}: expected a JSON object with sections model, parallel, training, deepspeed")
     flat: dict = {}

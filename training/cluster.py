@@ -18,7 +18,6 @@ hostfile can express. No torch import here: the converter and the launch scripts
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -146,13 +145,8 @@ def rank_table_to_hosts(table: dict, source: str = "rank table") -> list[Host]:
 
 
 def read_rank_table(path: str) -> list[Host]:
-    if not os.path.isfile(path):
-        raise UserError(f"rank table {path} not found")
-    try:
-        with open(path, encoding="utf-8") as f:
-            table = json.load(f)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"rank table {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")
+    from preprocess.textio import read_json
+    table = read_json(path, "rank table")
     return rank_table_to_hosts(table, source=f"rank table {path}")
 
 

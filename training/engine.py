@@ -7,7 +7,6 @@ DP group and its gradient-norm treats TP-sharded parameters correctly.
 """
 from __future__ import annotations
 
-import json
 import os
 import socket
 from typing import Optional
@@ -113,13 +112,8 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
     }
     extra = dict(overrides or {})
     if user_file:
-        if not os.path.isfile(user_file):
-            raise UserError(f"--deepspeed_config {user_file} not found")
-        try:
-            with open(user_file, encoding="utf-8") as f:
-                extra.update(json.load(f))
-        except json.JSONDecodeError as exc:
-            raise UserError(f"--deepspeed_config {user_file} is not valid JSON: line {exc.lineno}: {exc.msg}")
+        from preprocess.textio import read_json
+        extra.update(read_json(user_file, "--deepspeed_config"))
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in extra and extra[key] != cfg[key]:
             raise UserError(f"DeepSpeed config sets {key}={extra[key]} but the flags give {cfg[key]} "
