@@ -50,6 +50,9 @@ def run_training(args) -> int:
                    f"pp={parallel.pipeline_stage} micro_batch_num={parallel.micro_batch_num} "
                    f"zero={parallel.effective_zero_stage} recompute={parallel.recompute} | vocab={vocab} "
                    f"params on rank 0={n_params:,} | steps {start_step}→{total_steps}")
+    if start_step >= total_steps:
+        writer.message(f"nothing to train: the checkpoint is at step {start_step} and --steps is {total_steps}; "
+                       f"raise --steps to continue")
     step_fn = train_step if args.train else eval_step
     losses = []
     for step in range(start_step, total_steps):
