@@ -24,10 +24,12 @@ def _normal(shape, std: float, gen: Optional[torch.Generator]) -> torch.Tensor:
     return torch.empty(shape).normal_(0.0, std, generator=gen)
 
 
-def mark_tensor_parallel(p: nn.Parameter, dim: int) -> nn.Parameter:
-    """Tag a sharded parameter: DeepSpeed's grad-norm and our checkpoint resharding read these attributes."""
+def mark_tensor_parallel(p: nn.Parameter, dim: int, full_size: int) -> nn.Parameter:
+    """Tag a sharded parameter: DeepSpeed's grad-norm and our checkpoint resharding read these attributes.
+    `full_size`: the serial length along `dim` (without vocab padding), so a checkpoint can drop the padding."""
     p.tensor_model_parallel = True
     p.partition_dim = dim
+    p.full_size = full_size
     return p
 
 
@@ -47,8 +49,9 @@ class ColumnParallelLinear(nn.Module):
         if total > out_features:  # padded rows (vocab padding) are zero and masked out by the loss
             full = torch.cat([full, torch.zeros(total - out_features, in_features)], dim=0)
         lo = ctx.tp_rank * self.out_per_rank
-        self.weight = mark_tensor_parallel(nn.Parameter(full[lo:lo + self.out_per_rank].clone()), 0)
-        self.bias = mark_tensor_parallel(nn.Parameter(torch.zeros(self.out_per_rank)), 0) if bias else None
+        self.weight = mark_tensor_parallel(nn.Parameter(full[lo:lo + self.out_per_rank].clone()), 0, out_features)
+        self.bias = (mark_tensor_parallel(nn.Parameter(torch.zeros(self.out_per_rank)), 0, out_features)
+                     if bias else None)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_copied:
@@ -68,7 +71,8 @@ class RowParallelLinear(nn.Module):
         self.in_per_rank = in_features // ctx.tp_size
         full = _normal((out_features, in_features), std, gen)
         lo = ctx.tp_rank * self.in_per_rank
-        self.weight = mark_tensor_parallel(nn.Parameter(full[:, lo:lo + self.in_per_rank].clone()), 1)
+        self.weight = mark_tensor_parallel(nn.Parameter(full[:, lo:lo + self.in_per_rank].clone()), 1,
+                                           in_features)
         # The bias is replicated and added once, after the reduction.
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
@@ -93,7 +97,8 @@ class VocabParallelEmbedding(nn.Module):
             assert total % ctx.tp_size == 0, f"vocab {total} not divisible by tp {ctx.tp_size}"
             per = total // ctx.tp_size
             self.start, self.end = ctx.tp_rank * per, (ctx.tp_rank + 1) * per
-            self.weight = mark_tensor_parallel(nn.Parameter(full[self.start:self.end].clone()), 0)
+            self.weight = mark_tensor_parallel(nn.Parameter(full[self.start:self.end].clone()), 0,
+                                               num_embeddings)
         else:
             self.start, self.end = 0, total
             self.weight = nn.Parameter(full)

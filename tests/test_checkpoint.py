@@ -213,3 +213,29 @@ def test_resume_from_cli_errors_and_auto(references, multi30k_tsv, bpe_tokenizer
     proc = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=env(), capture_output=True,
                           text=True, timeout=300)
     _expect_error(proc, "different tokenizer")
+
+
+def test_merge_drops_vocab_padding_of_any_tp_size(tmp_path):
+    """Shards of a tp-4 model with vocab 51 (padded to 52) merge back to exactly the serial model's weights:
+    each rank's shards are built directly (no process group) and written in the checkpoint's shard format."""
+    from model.config import ModelConfig, ParallelConfig
+    from model.sharding import partition_dim
+    from model.topology import ParallelContext
+    from model.transformer import Seq2SeqTransformer
+    from training.checkpoint import canonical_name, load_full_state
+
+    cfg = ModelConfig(vocab_size=51, d_model=16, num_heads=4, ffn_size=24, encoder_layers=1, decoder_layers=1,
+                      src_len=6, tgt_len=6)
+    serial = dict(Seq2SeqTransformer(cfg, ParallelConfig(vocab_emb_dp=False), seed=5).named_parameters())
+    for t in range(4):
+        shard = Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=4, vocab_emb_dp=False),
+                                   ParallelContext(tp_size=4, tp_rank=t), seed=5)
+        entries = {canonical_name(n): {"param": p.data, "exp_avg": p.data * 2, "exp_avg_sq": p.data ** 2,
+                                       "partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
+                   for n, p in shard.named_parameters()}
+        torch.save(entries, tmp_path / f"shard_pp0_tp{t}.pt")
+    full = load_full_state(str(tmp_path), {"parallel": {"model_parallel": 4, "pipeline_stage": 1}})
+    assert full["blocks.3.proj.weight"]["param"].shape == (51, 16)       # padded row 52 dropped
+    for name, p in serial.items():
+        assert torch.equal(full[name]["param"], p.data), name
+        assert torch.equal(full[name]["exp_avg"], p.data * 2), name

@@ -216,6 +216,7 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
         entry = {key: get_full(engine, p, key) for key in ("param",) + STATE_KEYS}
         dim = partition_dim(p)
         entry["partition_dim"] = dim
+        entry["full_size"] = getattr(p, "full_size", None)   # serial length along dim: drops vocab padding
         shard[canonical_name(name)] = entry
     if ctx.dp_rank == 0:
         fname = f"shard_pp{ctx.pp_rank}_tp{ctx.tp_rank}.pt"
@@ -237,7 +238,9 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
             "rng": [f"rng_rank{r}.pt" for r in range(dist.get_world_size())],
         }
         _write_atomic(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        os.replace(tmp, final) if not os.path.exists(final) else (shutil.rmtree(final), os.replace(tmp, final))
+        if os.path.exists(final):                             # re-saving a step (a resumed run) replaces it
+            shutil.rmtree(final)
+        os.replace(tmp, final)
         _write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
         _prune(root, keep)
     dist.barrier()
@@ -293,7 +296,6 @@ def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
 def load_full_state(path: str, meta: dict, names: Optional[set] = None) -> dict:
     """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
     saved_tp, saved_pp = meta["parallel"]["model_parallel"], meta["parallel"]["pipeline_stage"]
-    model = ModelConfig(**meta["model"])
     full: dict = {}
     for pp in range(saved_pp):
         pieces = [_load_file(os.path.join(path, f"shard_pp{pp}_tp{t}.pt")) for t in range(saved_tp)]
@@ -301,12 +303,7 @@ def load_full_state(path: str, meta: dict, names: Optional[set] = None) -> dict:
             if names is not None and name not in names:
                 continue
             dim = entry["partition_dim"]
-            full_len = None
-            if dim is not None:
-                full_len = sum(p[name]["param"].shape[dim] for p in pieces)
-                if name.endswith(("src_word.weight", "tgt_word.weight", "proj.weight")):
-                    full_len = model.vocab_size                 # drop the saving layout's vocab padding
-            full[name] = {k: merge_shards([p[name][k] for p in pieces], dim, full_len)
+            full[name] = {k: merge_shards([p[name][k] for p in pieces], dim, entry["full_size"])
                           for k in ("param",) + STATE_KEYS}
     return full
 
