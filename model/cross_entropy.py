@@ -75,14 +75,3 @@ def parallel_cross_entropy_mean(logits_shard, labels, vocab_start, vocab_size, i
     """Mean over the non-PAD tokens of this batch (the seed's CrossEntropyLoss with its input mask)."""
     loss = vocab_parallel_cross_entropy(logits_shard, labels, vocab_start, vocab_size, ignore_index, smoothing, group)
     return loss.sum() / (labels != ignore_index).sum().clamp(min=1)
-
-
-def engine_micro_loss(loss_sum: torch.Tensor, global_tokens: int, dp_size: int, grad_accum: int) -> torch.Tensor:
-    """The one place the training loss is normalized.
-
-    The optimized and reported loss is Σ(token losses of the global batch) / (non-PAD tokens of the global batch),
-    whatever the layout. DeepSpeed divides each micro-batch loss by the accumulation steps and averages gradients
-    (and the reported loss) over DP ranks, so a micro-batch contributes loss_sum · dp · accum / global_tokens; after
-    DeepSpeed's 1/accum and 1/dp the sum over all micro-batches of all ranks is exactly the global token mean.
-    """
-    return loss_sum * (dp_size * grad_accum / max(int(global_tokens), 1))

@@ -177,21 +177,21 @@ class Head(nn.Module):
 
 
 class TokenLoss:
-    """Σ of per-token cross-entropy over non-PAD labels of a micro-batch, times a scale the caller provides
-    (`model.cross_entropy.engine_micro_loss` decides it). Used as DeepSpeed's pipeline `loss_fn`."""
+    """Σ of per-token cross-entropy over the non-PAD labels of a micro-batch, passed through `normalize` (the
+    training objective's rule, `training.objective.GlobalTokenMean.micro_loss`, which the engine installs).
+    Used as DeepSpeed's pipeline `loss_fn` and by the non-pipelined loop."""
 
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext):
-        self.cfg, self.ctx = cfg, ctx
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, normalize=None):
+        self.cfg, self.ctx, self.normalize = cfg, ctx, normalize
         self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(ctx.tp_size) // ctx.tp_size)
 
     def token_losses(self, logits_shard, labels):
         return vocab_parallel_cross_entropy(logits_shard, labels, self.vocab_start, self.cfg.vocab_size,
                                             self.cfg.pad_id, self.cfg.label_smoothing, self.ctx.tp_group)
 
-    def __call__(self, logits_shard, target):
-        labels, scale = target
-        losses = self.token_losses(logits_shard, labels)
-        return losses.sum() * scale.to(losses.dtype).reshape(())
+    def __call__(self, logits_shard, labels):
+        loss_sum = self.token_losses(logits_shard, labels).sum()
+        return self.normalize(loss_sum) if self.normalize is not None else loss_sum
 
 
 def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,

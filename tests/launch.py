@@ -12,6 +12,7 @@ from tests.multiproc import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO_ROOT / "run_scripts" / "train.py")
+TRAIN_MANY = str(REPO_ROOT / "tests" / "drivers" / "train_many.py")
 
 # Tiny but complete: 2 encoder + 2 decoder blocks, 4 heads, padded sentences, real Multi30k batches.
 TINY = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
@@ -42,6 +43,19 @@ def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True) 
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py on {nproc} process(es) failed (rc={proc.returncode}):\n"
                              f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def run_many(nproc: int, runs: list, workdir, *driver_flags, timeout: float = 900) -> subprocess.CompletedProcess:
+    """Several train.py runs of the same world size in one launch (tests/drivers/train_many.py); `runs` is a list
+    of train.py argument lists. Raises with the launch's output if any run fails."""
+    runs_file = Path(workdir) / f"runs-{nproc}-{os.getpid()}-{len(runs)}.json"
+    runs_file.write_text(json.dumps([[str(a) for a in argv] for argv in runs]))
+    proc = subprocess.run(launch_cmd(nproc, TRAIN_MANY) + [str(runs_file), *driver_flags], cwd=REPO_ROOT, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"train_many on {nproc} process(es) failed (rc={proc.returncode}):\n"
+                             f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 

@@ -19,7 +19,7 @@ CASES = [
     (["--batch_size", "15"], 2, ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 2×1"]),
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
-    (["--precision", "bf16"], 1, ["--precision bf16 needs a GPU"]),
+    (["--clip_grad", "-1"], 1, ["--clip_grad -1.0 must be >= 0"]),
 ]
 
 
@@ -58,3 +58,20 @@ def test_missing_files(what, extra, needle, multi30k_tsv, bpe_tokenizer, tmp_pat
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and needle in lines[-1], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_half_precision_the_accelerator_lacks_is_refused(monkeypatch):
+    """This CPU computes in bf16 and fp16 (both train in tests/test_parity.py); an accelerator that cannot is
+    refused by name with what it supports. DeepSpeed's accelerator is real; only its answer is narrowed here."""
+    import torch
+    from deepspeed.accelerator import get_accelerator
+
+    from preprocess.errors import UserError
+    from training.engine import check_precision
+    acc = get_accelerator()
+    monkeypatch.setattr(acc, "supported_dtypes", lambda: [torch.float32, torch.bfloat16])
+    check_precision("bf16")
+    with pytest.raises(UserError) as err:
+        check_precision("fp16")
+    assert str(err.value) == (f"--precision fp16: DeepSpeed's {acc.device_name()} accelerator supports fp32, bf16 on "
+                              f"this machine; use --precision bf16")

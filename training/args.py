@@ -96,7 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--pipeline_func", default=None,
                    help="'module:function' placing blocks on stages (the seed's signature); default even split")
     g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
-                   help="fp32 (default); fp16/bf16 need a GPU")
+                   help="fp32 (default), or mixed precision with fp32 master weights, moments and gradient "
+                        "accumulation: bf16 (DeepSpeed's BF16_Optimizer) or fp16 (ZeRO optimizer with dynamic loss "
+                        "scaling). Half precision runs ZeRO stage >= 1 (see training/engine.py). Works on CPU "
+                        "where the CPU supports it (avx512_bf16 / avx512_fp16)")
     g.add_argument("--deepspeed_config", default=None,
                    help="a DeepSpeed JSON merged over the generated one (batch keys must agree)")
 
@@ -106,7 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=1234, help="seed for weights, data order and dropout")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay (not on LayerNorm/bias)")
     g.add_argument("--warmup_steps", type=int, default=0, help="linear learning-rate warmup steps (default 0)")
-    g.add_argument("--clip_grad", type=float, default=0.0, help="gradient-norm clipping (default 0 = off)")
+    g.add_argument("--clip_grad", type=float, default=0.0,
+                   help="clip the global gradient norm (the serial model's, under any layout) to this value "
+                        "(default 0 = off); the pre-clip norm is logged as grad_norm")
     g.add_argument("--output_dir", default="out/train", help="metrics.jsonl, TensorBoard, checkpoints")
     g.add_argument("--log_interval", type=int, default=1, help="print a loss line every N steps (default 1)")
     g.add_argument("--tensorboard", type=_bool, default=True, help="0/1: write TensorBoard events")

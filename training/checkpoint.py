@@ -293,12 +293,18 @@ def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
                         + ". Use the same model flags/recipe (layouts may differ)")
 
 
+def read_shard(path: str, pp_rank: int, tp_rank: int) -> dict:
+    """What (stage pp_rank, TP rank tp_rank) saved: {canonical name: {"param", "exp_avg", "exp_avg_sq",
+    "partition_dim", "full_size"}} (the local shard, gathered over ZeRO partitions)."""
+    return _load_file(os.path.join(path, f"shard_pp{pp_rank}_tp{tp_rank}.pt"))
+
+
 def load_full_state(path: str, meta: dict, names: Optional[set] = None) -> dict:
     """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
     saved_tp, saved_pp = meta["parallel"]["model_parallel"], meta["parallel"]["pipeline_stage"]
     full: dict = {}
     for pp in range(saved_pp):
-        pieces = [_load_file(os.path.join(path, f"shard_pp{pp}_tp{t}.pt")) for t in range(saved_tp)]
+        pieces = [read_shard(path, pp, t) for t in range(saved_tp)]
         for name, entry in pieces[0].items():
             if names is not None and name not in names:
                 continue

@@ -2,8 +2,8 @@
 
 Tokenizer training and tokenization run once per node (local rank 0) while the other ranks wait at a barrier and
 then read the cache. Which samples make global batch `step` is `GlobalBatchSchedule.global_batch(step)`, layout-free;
-a rank takes its data-parallel slice and cuts it into micro-batches. Every micro-batch carries the loss scale that
-turns its token-loss sum into its share of the global-batch token mean (`model.cross_entropy.engine_micro_loss`).
+a rank takes its data-parallel slice and cuts it into micro-batches. Each step also carries the global batch's
+non-PAD target-token count, which the training objective divides by (`training.objective`).
 """
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from typing import Iterator, Optional
 import torch
 import torch.distributed as dist
 
-from model.cross_entropy import engine_micro_loss
 from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
                                 micro_slices)
 from preprocess.errors import UserError
@@ -67,7 +66,6 @@ class StepBatches:
     """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them)."""
     data: TranslationDataset
     micro: list
-    scale: float
     global_tokens: int
     device: torch.device
 
@@ -75,7 +73,7 @@ class StepBatches:
         for idx in self.micro:
             b = self.data.batch(idx)
             src, tgt, labels = (b[k].to(self.device) for k in ("src_ids", "tgt_ids", "labels"))
-            yield (src, tgt), (labels, torch.tensor([self.scale], dtype=torch.float32, device=self.device))
+            yield (src, tgt), labels
 
 
 class BatchFeeder:
@@ -88,8 +86,7 @@ class BatchFeeder:
         idx = self.schedule.global_batch(step)
         tokens = count_target_tokens(self.data.labels[idx], self.data.pad_id)
         mine = dp_slice(idx, self.dp_rank, self.dp_size)
-        scale = float(engine_micro_loss(torch.tensor(1.0, dtype=torch.float64), tokens, self.dp_size, self.gas))
-        return StepBatches(self.data, micro_slices(mine, self.gas), scale, tokens, self.device)
+        return StepBatches(self.data, micro_slices(mine, self.gas), tokens, self.device)
 
     def epoch_of(self, step: int) -> int:
         return self.schedule.epoch_of(step)

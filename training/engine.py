@@ -7,6 +7,7 @@ DP group and its gradient-norm treats TP-sharded parameters correctly.
 """
 from __future__ import annotations
 
+import math
 import os
 import socket
 from typing import Optional
@@ -19,6 +20,8 @@ from model.random import RNG
 from model.topology import ParallelContext, build_grid, init_deepspeed_comm
 from model.transformer import Seq2SeqTransformer
 from preprocess.errors import UserError
+from training.grad_norm import ClippingAdamW
+from training.objective import GlobalTokenMean
 
 
 def _free_port() -> int:
@@ -87,21 +90,64 @@ def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dic
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
+HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_precision(precision: str) -> None:
+    """Refuse a half precision the accelerator cannot compute in, naming the accelerator and what it supports."""
+    if precision == "fp32":
+        return
+    from deepspeed.accelerator import get_accelerator
+    acc = get_accelerator()
+    supported = acc.supported_dtypes()
+    if HALF_DTYPES[precision] not in supported:
+        names = [n for n, d in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
+                 if d in supported]
+        raise UserError(f"--precision {precision}: DeepSpeed's {acc.device_name()} accelerator supports "
+                        f"{', '.join(names)} on this machine; use --precision {names[-1] if len(names) > 1 else 'fp32'}")
+
+
+def check_options(precision: str, clip_grad: float) -> None:
+    """The engine options that can be checked before any data or model is built."""
+    if clip_grad < 0:
+        raise UserError(f"--clip_grad {clip_grad} must be >= 0 (0 turns clipping off)")
+    check_precision(precision)
+
+
+def optimizer_zero_stage(parallel: ParallelConfig, precision: str) -> int:
+    """The ZeRO stage DeepSpeed runs for a layout and precision.
+
+    Mixed precision here means fp32 master weights, fp32 moments and fp32 gradient accumulation. DeepSpeed builds
+    that only with ZeRO >= 1 (its ZeRO-0 wrappers, FP16_UnfusedOptimizer and the pipeline's BF16_Optimizer
+    without fp32 accumulation, sum micro-batch gradients in half precision, and ZeRO 0 with fp32 accumulation is
+    refused), so a ZeRO-0 layout in fp16/bf16 runs stage 1: bf16 → BF16_Optimizer, fp16 → the ZeRO-1 optimizer
+    with dynamic loss scaling. Stage 1 only partitions the optimizer state over dp (nothing changes at dp 1)."""
+    stage = parallel.effective_zero_stage
+    return max(stage, 1) if precision in HALF_DTYPES else stage
+
+
+def clips_in_client_optimizer(parallel: ParallelConfig, precision: str) -> bool:
+    """fp32 at ZeRO 0: DeepSpeed steps our optimizer unwrapped, and ClippingAdamW measures and clips the norm."""
+    return optimizer_zero_stage(parallel, precision) == 0 and precision == "fp32"
+
+
 def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
                      num_grad_elements: int, overrides: Optional[dict] = None,
                      user_file: Optional[str] = None) -> dict:
     micro = global_batch // (parallel.data_parallel * parallel.micro_batch_num)
     # gradient_aggregation_group (the seed's fusion groups) → DeepSpeed's bucket size, in elements
     bucket = max(1, -(-num_grad_elements // parallel.gradient_aggregation_group))
+    zero_stage = optimizer_zero_stage(parallel, precision)
     cfg = {
         "train_batch_size": global_batch,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": parallel.micro_batch_num,
-        "gradient_clipping": clip_grad,
+        # fp32 ZeRO 0 clips in training.grad_norm.ClippingAdamW (exact under pipelining); the rest in DeepSpeed
+        "gradient_clipping": 0.0 if clips_in_client_optimizer(parallel, precision) else clip_grad,
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": parallel.effective_zero_stage, "reduce_bucket_size": bucket,
+        "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": bucket,
                               "allgather_bucket_size": bucket, "overlap_comm": False,
                               "contiguous_gradients": False},
         "fp16": {"enabled": precision == "fp16"},
@@ -110,6 +156,8 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         # (src_h + tgt_h, or tgt_h + memory), so each TP rank sends its full replicated copy instead.
         "pipeline": {"pipe_partitioned": False, "grad_partitioned": False},
     }
+    if precision in HALF_DTYPES:
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     extra = dict(overrides or {})
     if user_file:
         from preprocess.textio import read_json
@@ -124,7 +172,7 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
             cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
-    if cfg["zero_optimization"]["stage"] != parallel.effective_zero_stage:
+    if cfg["zero_optimization"]["stage"] != zero_stage:
         raise UserError("set the ZeRO stage with --zero_stage / --enable_parallel_optimizer, not in the DeepSpeed "
                         "config, so the layout check sees it")
     return cfg
@@ -135,16 +183,47 @@ def lr_lambda(warmup_steps: int):
 
 
 class Engine:
-    """The DeepSpeed engine plus what the loop needs to know about this rank's place."""
+    """The DeepSpeed engine plus what the loop needs to know about this rank's place and the objective."""
 
     def __init__(self, ds_engine, ctx: ParallelContext, parallel: ParallelConfig, model_cfg: ModelConfig,
-                 pipelined: bool, ds_config: dict):
+                 pipelined: bool, ds_config: dict, objective: GlobalTokenMean, precision: str):
         self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
-        self.pipelined, self.ds_config = pipelined, ds_config
+        self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
 
     @property
     def module(self):
         return self.ds.module
+
+    @property
+    def device(self) -> torch.device:
+        return self.ds.device
+
+    @property
+    def zero_stage(self) -> int:
+        return self.ds_config["zero_optimization"]["stage"]
+
+    def describe(self) -> dict:
+        """What runs: the layout, and the precision and optimizer DeepSpeed actually built (OUTPUT_DIR/run.json)."""
+        import torch.distributed as dist
+        _, accum_dtype = self.ds.get_data_types()
+        p = self.parallel
+        return {"world": dist.get_world_size(), "dp": p.data_parallel, "mp": p.model_parallel,
+                "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "zero_stage": self.zero_stage,
+                "recompute": p.recompute, "precision": self.precision, "optimizer": type(self.ds.optimizer).__name__,
+                "grad_accum_dtype": str(accum_dtype).replace("torch.", ""), "backend": dist.get_backend(),
+                "device": self.device.type}
+
+    def grad_norm(self) -> float:
+        """The last step's global gradient norm before clipping (the serial model's norm under any layout)."""
+        opt = self.ds.optimizer
+        if isinstance(opt, ClippingAdamW):
+            return opt.last_grad_norm
+        norm = self.ds.get_global_grad_norm()
+        return float(norm) if norm is not None else math.nan
+
+    def loss_scale(self) -> Optional[float]:
+        """fp16's current dynamic loss scale (the ZeRO optimizers DeepSpeed builds for fp16 keep it); else None."""
+        return float(self.ds.optimizer.loss_scale) if self.precision == "fp16" else None
 
 
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
@@ -153,9 +232,8 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
                  ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
     import deepspeed
     validate_layout(parallel, model_cfg, world_size=world_size, global_batch=global_batch)
+    check_options(precision, clip_grad)
     func = load_pipeline_func(pipeline_func)
-    if precision != "fp32" and device().type == "cpu":
-        raise UserError(f"--precision {precision} needs a GPU; on CPU train in fp32")
     grid = build_grid(parallel)
     pipelined = parallel.pipeline_stage > 1
     if pipelined:
@@ -163,14 +241,22 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
     else:
         ctx = ParallelContext.from_grid(grid)
         model = Seq2SeqTransformer(model_cfg, parallel, ctx, seed=seed)
+    objective = GlobalTokenMean(ctx.dp_size, parallel.micro_batch_num)
+    model.loss_fn.normalize = objective.micro_loss
     # dropout streams: same default stream on the TP ranks of a stage, one extra stream per TP rank
     RNG.seed(seed, tp_rank=ctx.tp_rank, pp_rank=ctx.pp_rank)
     n_grad = sum(p.numel() for p in model.parameters())
     ds_cfg = deepspeed_config(parallel, global_batch, precision, clip_grad, n_grad, ds_overrides, ds_config_file)
-    optimizer = torch.optim.AdamW(weight_decay_groups(model, weight_decay), lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    groups = weight_decay_groups(model, weight_decay)
+    adamw = dict(lr=lr, betas=(0.9, 0.98), eps=1e-8)
+    if clips_in_client_optimizer(parallel, precision):
+        optimizer = ClippingAdamW(groups, max_norm=clip_grad, tp_rank=ctx.tp_rank,
+                                  norm_group=grid.get_model_parallel_group(), **adamw)
+    else:
+        optimizer = torch.optim.AdamW(groups, **adamw)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup_steps))
     kwargs = dict(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
     if not pipelined:
         kwargs["mpu"] = grid
     ds_engine, _, _, _ = deepspeed.initialize(**kwargs)
-    return Engine(ds_engine, ctx, parallel, model_cfg, pipelined, ds_cfg)
+    return Engine(ds_engine, ctx, parallel, model_cfg, pipelined, ds_cfg, objective, precision)

@@ -1,10 +1,9 @@
-"""One optimizer step for either engine kind, and the step loop that train.py runs."""
+"""One optimizer step for either engine kind, and what the step loop reads back from the engine."""
 from __future__ import annotations
 
 import time
 
 import torch
-import torch.distributed as dist
 
 from training.data import StepBatches
 from training.engine import Engine
@@ -12,45 +11,35 @@ from training.engine import Engine
 
 def train_step(engine: Engine, batches: StepBatches) -> float:
     """Forward/backward over this rank's micro-batches and one optimizer step; returns the global-batch loss
-    (mean over all non-PAD target tokens of the global batch), identical on every rank."""
+    (`training.objective`), identical on every rank."""
     ds = engine.ds
+    engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
         return float(ds.train_batch(data_iter=iter(batches)))
     ds.train()
-    total = torch.zeros((), dtype=torch.float64)
-    for inputs, target in batches:
-        logits = ds(*inputs)
-        loss = ds.module.loss_fn(logits, target)
+    micro_losses = []
+    for inputs, labels in batches:
+        loss = ds.module.loss_fn(ds(*inputs), labels)
         ds.backward(loss)
         ds.step()
-        total += loss.detach().double().cpu()
-    return _dp_mean(total / engine.parallel.micro_batch_num, engine)
+        micro_losses.append(loss.detach())
+    return engine.objective.reported(micro_losses, engine.ctx.dp_group)
 
 
 def eval_step(engine: Engine, batches: StepBatches) -> float:
     """The same loss without gradients or an optimizer step."""
     ds = engine.ds
+    engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
         return float(ds.eval_batch(data_iter=iter(batches)))
     ds.eval()                                              # no dropout while evaluating
-    total = torch.zeros((), dtype=torch.float64)
     with torch.no_grad():
-        for inputs, target in batches:
-            total += ds.module.loss_fn(ds(*inputs), target).double().cpu()
-    return _dp_mean(total / engine.parallel.micro_batch_num, engine)
-
-
-def _dp_mean(value: torch.Tensor, engine: Engine) -> float:
-    if engine.ctx.dp_size > 1:
-        t = value.to(torch.float64)
-        dist.all_reduce(t, group=engine.ctx.dp_group)
-        value = t / engine.ctx.dp_size
-    return float(value)
+        micro_losses = [ds.module.loss_fn(ds(*inputs), labels) for inputs, labels in batches]
+    return engine.objective.reported(micro_losses, engine.ctx.dp_group)
 
 
 def current_lr(engine: Engine) -> float:
-    return float(engine.ds.optimizer.param_groups[0]["lr"]) if hasattr(engine.ds.optimizer, "param_groups") \
-        else float(engine.ds.get_lr()[0])
+    return float(engine.ds.get_lr()[0])
 
 
 class StepTimer:

@@ -1,8 +1,10 @@
 """What one rank (global rank 0) reports per optimizer step: the seed's loss line, a progress bar, TensorBoard,
-and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch, loss, lr, tokens, tokens_per_sec, step_time)."""
+and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch, loss, lr, grad_norm (global, before clipping;
+training only), loss_scale and skipped_steps (fp16), tokens, tokens_per_sec, step_time)."""
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from typing import Optional
@@ -10,10 +12,14 @@ from typing import Optional
 from tqdm import tqdm
 
 
+def _fmt(value) -> str:
+    return "nan" if value is None else f"{value:.4f}"
+
+
 class MetricsWriter:
     def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
                  log_interval: int = 1, tensorboard: bool = True):
-        self.enabled, self.log_interval = enabled, max(1, log_interval)
+        self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
         self._jsonl = self._tb = self._bar = None
         if not enabled:
             return
@@ -29,21 +35,37 @@ class MetricsWriter:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        self._jsonl.write(json.dumps(record) + "\n")
+        # strict JSON: a non-finite value (an fp16 overflow's grad norm) is written as null
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
         self._jsonl.flush()
         step = record["step"]
         if self._tb is not None:
-            for key in ("loss", "lr", "tokens_per_sec", "step_time"):
-                self._tb.add_scalar(f"train/{key}", record[key], step)
+            for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time"):
+                if record.get(key) is not None:
+                    self._tb.add_scalar(f"train/{key}", record[key], step)
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(loss=f"{record['loss']:.4f}", tok_s=f"{record['tokens_per_sec']:.0f}")
+            self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
         if step % self.log_interval == 0:
             # the seed's LossMonitor/TimeMonitor line, plus throughput
-            line = (f"epoch: {record['epoch'] + 1} step: {step}, loss is {record['loss']:.4f}, "
-                    f"step time: {record['step_time'] * 1000:.1f} ms, tokens/s: {record['tokens_per_sec']:.0f}")
+            line = f"epoch: {record['epoch'] + 1} step: {step}, loss is {_fmt(record['loss'])}"
+            if "grad_norm" in record:
+                line += f", grad norm: {_fmt(record['grad_norm'])}"
+            if record.get("loss_scale") is not None:
+                line += f", loss scale: {record['loss_scale']:g} (skipped steps: {record['skipped_steps']})"
+            line += (f", step time: {record['step_time'] * 1000:.1f} ms, "
+                     f"tokens/s: {record['tokens_per_sec']:.0f}")
             (self._bar.write if self._bar is not None and not self._bar.disable else print)(line)
             sys.stdout.flush()
+
+    def run_info(self, info: dict) -> None:
+        """OUTPUT_DIR/run.json: what this run is (layout, precision, optimizer DeepSpeed built, steps)."""
+        if self.enabled:
+            tmp = os.path.join(self.output_dir, "run.json.part")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(info, f, indent=1)
+            os.replace(tmp, os.path.join(self.output_dir, "run.json"))
 
     def message(self, text: str) -> None:
         if self.enabled:

@@ -9,7 +9,7 @@ from model.config import validate_layout
 from preprocess.errors import UserError
 from training.args import model_config, parallel_config
 from training.data import BatchFeeder, prepare_data
-from training.engine import build_engine, device, init_distributed
+from training.engine import build_engine, check_options, device, init_distributed
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
 
@@ -21,6 +21,7 @@ def run_training(args) -> int:
     # Check the layout before touching data (cheap, and the error is the one users need first).
     probe = model_config(args, vocab_size=max(args.vocab_size or 1, 1), pad_id=0)
     validate_layout(parallel, probe, world_size=world, global_batch=args.batch_size)
+    check_options(args.precision, args.clip_grad)
 
     data = prepare_data(args.file_path, args.tokenizer, args.src_len, args.tgt_len, args.tokenizer_vocab_size,
                         progress=rank == 0)
@@ -45,11 +46,16 @@ def run_training(args) -> int:
 
     writer = MetricsWriter(args.output_dir, enabled=rank == 0, total_steps=total_steps, start_step=start_step,
                            log_interval=args.log_interval, tensorboard=args.tensorboard)
-    n_params = sum(p.numel() for p in engine.module.parameters())
-    writer.message(f"layout: world={world} dp={parallel.data_parallel} mp={parallel.model_parallel} "
-                   f"pp={parallel.pipeline_stage} micro_batch_num={parallel.micro_batch_num} "
-                   f"zero={parallel.effective_zero_stage} recompute={parallel.recompute} | vocab={vocab} "
-                   f"params on rank 0={n_params:,} | steps {start_step}→{total_steps}")
+    n_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())   # ZeRO-3: full size
+    info = engine.describe()
+    writer.run_info({**info, "vocab": vocab, "params_rank0": n_params, "start_step": start_step,
+                     "total_steps": total_steps})
+    writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in ("world", "dp", "mp", "pp", "micro_batch_num")]
+                            + [f"zero={info['zero_stage']}", f"recompute={info['recompute']}",
+                               f"precision={info['precision']}", f"optimizer={info['optimizer']}",
+                               f"grad_accum={info['grad_accum_dtype']}", f"backend={info['backend']}",
+                               f"device={info['device']}"])
+                   + f" | vocab={vocab} params on rank 0={n_params:,} | steps {start_step}→{total_steps}")
     if start_step >= total_steps:
         writer.message(f"nothing to train: the checkpoint is at step {start_step} and --steps is {total_steps}; "
                        f"raise --steps to continue")
@@ -60,9 +66,14 @@ def run_training(args) -> int:
         with StepTimer() as t:
             loss = step_fn(engine, batches)
         losses.append(loss)
-        writer.log({"step": step + 1, "epoch": feeder.epoch_of(step), "loss": loss, "lr": current_lr(engine),
-                    "tokens": batches.global_tokens, "tokens_per_sec": batches.global_tokens / max(t.seconds, 1e-9),
-                    "step_time": t.seconds})
+        record = {"step": step + 1, "epoch": feeder.epoch_of(step), "loss": loss, "lr": current_lr(engine)}
+        if args.train:
+            record["grad_norm"] = engine.grad_norm()
+            if engine.precision == "fp16":
+                record.update(loss_scale=engine.loss_scale(), skipped_steps=engine.ds.skipped_steps)
+        record.update(tokens=batches.global_tokens, tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9),
+                      step_time=t.seconds)
+        writer.log(record)
         if args.train:
             ckpt.maybe_save(engine, args, step + 1, model_cfg, parallel, data)
     writer.close({"steps": total_steps, "final_loss": losses[-1] if losses else None,

@@ -1,0 +1,52 @@
+#!/usr/bin/env python3
+"""Several train.py runs of the same world size, one after another, in ONE launch (one process group).
+
+    deepspeed --num_gpus N tests/drivers/train_many.py RUNS.json [--check_devices]
+
+RUNS.json is a list of train.py argument lists. Each run is exactly `run_scripts/train.py ARGS` — the same
+`parse_args` and `run_training`, the same DeepSpeed engine — only the processes, the DeepSpeed import and the
+rendezvous are shared, which is most of a small test run's cost on a CPU. Every run seeds everything it uses
+(weights per block, dropout streams, data order), so runs do not see each other's state; the parity tests' single-
+process reference would disagree with any run that did.
+
+--check_devices first installs `tests.device_check.HostTensorChecker`: a collective given a host tensor fails the
+run (nccl only accepts device tensors; on a CPU machine this is how the rule is enforced).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from preprocess.errors import run_cli  # noqa: E402
+
+
+def main() -> int:
+    import torch.distributed as dist
+
+    from training.args import parse_args
+    from training.run import run_training
+    # the deepspeed launcher adds --local_rank=N
+    runs_file, *flags = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
+    with open(runs_file, encoding="utf-8") as f:
+        runs = json.load(f)
+    checker = None
+    if "--check_devices" in flags:
+        from tests.device_check import HostTensorChecker
+        checker = HostTensorChecker().install()
+    for argv in runs:
+        run_training(parse_args([str(a) for a in argv]))
+        dist.barrier()
+    if checker is not None:
+        checker.uninstall()
+        print(f"device check: {checker.checked} collective calls, every tensor on the engine's device", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,69 @@
+"""The GPU tier: what only a GPU shows — nccl, bf16 and fp16 on CUDA kernels, train → save → resume.
+
+Skipped on a machine without CUDA (CI has none). Run it on a GPU machine with `python -m pytest -q tests/test_gpu.py
+-s`; GPU_RESULTS.md records the last run's figures. With one GPU the layouts are single-process (nccl with world
+size 1: the backend, its device-tensor rule and every CUDA kernel are real, the multi-rank traffic is not); with two
+or more GPUs the data- and tensor-parallel cases run too.
+"""
+import pytest
+import torch
+
+from tests.launch import TINY, read_metrics, run_train
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU tier)")
+
+STEPS, CUT = 20, 10
+HALF_LOSS_TOL = 5e-4      # the same bound as tests/test_parity.py: bf16/fp16 rounding vs fp32
+
+
+def _train(nproc, data, out, *flags, check=True):
+    tsv, tok = data
+    return run_train(nproc, ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, "--steps", STEPS,
+                             "--clip_grad", 0.5, "--save_checkpoint_steps", CUT, "--keep_checkpoint_max", 4,
+                             *flags], check=check)
+
+
+@pytest.fixture(scope="module")
+def data(multi30k_tsv, bpe_tokenizer):
+    return multi30k_tsv, bpe_tokenizer
+
+
+@pytest.fixture(scope="module")
+def fp32_run(data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-fp32")
+    proc = _train(1, data, out, "--precision", "fp32")
+    assert "backend=nccl" in proc.stdout and "device=cuda" in proc.stdout, proc.stdout[-2000:]
+    return read_metrics(out)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_train_save_resume_on_gpu(precision, data, fp32_run, tmp_path):
+    first = tmp_path / "uninterrupted"
+    _train(1, data, first, "--precision", precision)
+    full = read_metrics(first)
+    assert len(full) == STEPS and full[-1]["loss"] < full[0]["loss"] - 0.5
+    worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(full, fp32_run))
+    print(f"GPU {precision}: final loss {full[-1]['loss']:.4f}, worst relative difference from fp32 {worst:.2e}, "
+          f"median step {sorted(r['step_time'] for r in full)[STEPS // 2] * 1000:.1f} ms")
+    assert worst <= (1e-5 if precision == "fp32" else HALF_LOSS_TOL)
+    if precision == "fp16":
+        assert all(r["loss_scale"] >= 1 for r in full)
+    # resume from step CUT in a fresh directory: the continuation is the uninterrupted run's — the first resumed
+    # step to fp32 rounding, later ones to the run-to-run noise of CUDA's atomic-add backward kernels
+    resumed = tmp_path / "resumed"
+    _train(1, data, resumed, "--precision", precision, "--ckpt_file", first / "checkpoints" / f"step_{CUT:08d}")
+    again = [r["loss"] for r in read_metrics(resumed)]
+    expected = [r["loss"] for r in full[CUT:]]
+    drift = [abs(a - b) / b for a, b in zip(again, expected)]
+    print(f"GPU {precision} resume at step {CUT}: first step rel {drift[0]:.2e}, worst {max(drift):.2e}")
+    assert len(again) == STEPS - CUT and drift[0] <= 1e-6 and max(drift) <= HALF_LOSS_TOL
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nccl over several ranks)")
+@pytest.mark.parametrize("flags", [[], ["--mp", "2"], ["--pipeline_stage", "2", "--micro_batch_num", "2"]],
+                         ids=["dp2", "tp2", "pp2"])
+def test_two_gpu_layouts_match_one_gpu(flags, data, fp32_run, tmp_path):
+    _train(2, data, tmp_path, "--precision", "fp32", *flags)
+    got = read_metrics(tmp_path)
+    worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got, fp32_run))
+    assert worst <= 1e-5
