@@ -67,6 +67,7 @@ BF16 = [
     ("bf16-dp2-zero3",              2, ["--zero_stage", "3"]),
     ("bf16-tp2",                    2, ["--mp", "2"]),
     ("bf16-pp2-mb4",                2, PP2),
+    ("bf16-tp2-recompute",          2, ["--mp", "2", "--recompute", "1"]),
     ("bf16-dp2xtp2xpp2",            8, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 FP16 = [
