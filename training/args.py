@@ -13,6 +13,7 @@ from typing import Optional
 from model.config import ModelConfig, ParallelConfig
 from preprocess.errors import UserError
 from preprocess.textio import read_json
+from training.schedule import SCHEDULES
 
 # recipe "parallel" key (seed name) → flag dest
 PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "micro_batch_num": "micro_batch_num",
@@ -108,7 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given (default 1)")
     g.add_argument("--seed", type=int, default=1234, help="seed for weights, data order and dropout")
     g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay (not on LayerNorm/bias)")
+    g.add_argument("--lr_schedule", default="constant", choices=list(SCHEDULES),
+                   help="learning rate after warmup (training/schedule.py): constant (default), inverse_sqrt "
+                        "(fairseq), cosine or polynomial (the seed's family) decay to --min_lr_ratio × --lr at the "
+                        "last step")
     g.add_argument("--warmup_steps", type=int, default=0, help="linear learning-rate warmup steps (default 0)")
+    g.add_argument("--min_lr_ratio", type=float, default=0.0,
+                   help="cosine/polynomial: final learning rate as a fraction of --lr (default 0)")
+    g.add_argument("--lr_power", type=float, default=1.0, help="polynomial decay power (default 1: linear)")
     g.add_argument("--clip_grad", type=float, default=0.0,
                    help="clip the global gradient norm (the serial model's, under any layout) to this value "
                         "(default 0 = off); the pre-clip norm is logged as grad_norm")

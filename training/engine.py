@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 import socket
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 
@@ -178,10 +178,6 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
     return cfg
 
 
-def lr_lambda(warmup_steps: int):
-    return lambda step: min(1.0, (step + 1) / warmup_steps) if warmup_steps > 0 else 1.0
-
-
 class Engine:
     """The DeepSpeed engine plus what the loop needs to know about this rank's place and the objective."""
 
@@ -227,7 +223,7 @@ class Engine:
 
 
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
-                 seed: int, lr: float, weight_decay: float, warmup_steps: int, clip_grad: float,
+                 seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
                  precision: str = "fp32", pipeline_func: Optional[str] = None,
                  ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
     import deepspeed
@@ -254,7 +250,7 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
                                   norm_group=grid.get_model_parallel_group(), **adamw)
     else:
         optimizer = torch.optim.AdamW(groups, **adamw)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)      # training.schedule.lr_factor
     kwargs = dict(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
     if not pipelined:
         kwargs["mpu"] = grid

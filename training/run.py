@@ -12,6 +12,7 @@ from training.data import BatchFeeder, prepare_data
 from training.engine import build_engine, check_options, device, init_distributed
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
+from training.schedule import lr_factor
 
 
 def run_training(args) -> int:
@@ -32,14 +33,15 @@ def run_training(args) -> int:
     if args.batch_size > data.num_samples:
         raise UserError(f"--batch_size {args.batch_size} is larger than the dataset ({data.num_samples} pairs)")
     model_cfg = model_config(args, vocab_size=vocab, pad_id=data.pad_id)
+    total_steps = args.steps if args.steps is not None else args.epochs * (data.num_samples // args.batch_size)
+    schedule = lr_factor(args.lr_schedule, args.warmup_steps, total_steps, args.min_lr_ratio, args.lr_power)
 
     engine = build_engine(model_cfg, parallel, world_size=world, global_batch=args.batch_size, seed=args.seed,
-                          lr=args.lr, weight_decay=args.weight_decay, warmup_steps=args.warmup_steps,
+                          lr=args.lr, weight_decay=args.weight_decay, lr_schedule=schedule,
                           clip_grad=args.clip_grad, precision=args.precision, pipeline_func=args.pipeline_func,
                           ds_overrides=args.deepspeed_overrides, ds_config_file=args.deepspeed_config)
     feeder = BatchFeeder(data, args.batch_size, args.seed, engine.ctx.dp_rank, engine.ctx.dp_size,
                          parallel.micro_batch_num, device())
-    total_steps = args.steps if args.steps is not None else args.epochs * feeder.schedule.batches_per_epoch
 
     from training import checkpoint as ckpt
     start_step = ckpt.maybe_resume(engine, args, model_cfg, parallel, data)
@@ -63,10 +65,11 @@ def run_training(args) -> int:
     losses = []
     for step in range(start_step, total_steps):
         batches = feeder.step(step)
+        lr = current_lr(engine)                          # the rate this step uses (the scheduler moves after it)
         with StepTimer() as t:
             loss = step_fn(engine, batches)
         losses.append(loss)
-        record = {"step": step + 1, "epoch": feeder.epoch_of(step), "loss": loss, "lr": current_lr(engine)}
+        record = {"step": step + 1, "epoch": feeder.epoch_of(step), "loss": loss, "lr": lr}
         if args.train:
             record["grad_norm"] = engine.grad_norm()
             if engine.precision == "fp16":
