@@ -91,6 +91,8 @@ class ModelConfig:
     label_smoothing: float = 0.0
     pad_id: int = 0
     init_std: float = 0.02
+    # one table for source words, target words and the output projection (a joint vocabulary)
+    share_embeddings: bool = False
 
     @property
     def ffn(self) -> int:
@@ -181,6 +183,9 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
         errors.append(f"dropout={m.dropout} / attention_dropout={m.attention_dropout} must be in [0, 1)")
     if not 0.0 <= m.label_smoothing < 1.0:
         errors.append(f"label_smoothing={m.label_smoothing} must be in [0, 1)")
+    if m.share_embeddings and p.model_parallel > 1 and p.vocab_emb_dp:
+        errors.append(f"share_embeddings with model_parallel={p.model_parallel} needs vocab_emb_dp=false: the shared "
+                      f"table is the output projection, which is split by vocabulary rows over the mp ranks")
     if errors:
         degrees = (f"[dp={p.data_parallel} mp={p.model_parallel} pp={p.pipeline_stage} "
                    f"micro_batch_num={p.micro_batch_num} zero={zero}]")

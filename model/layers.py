@@ -89,6 +89,7 @@ class VocabParallelEmbedding(nn.Module):
                  padded_num: Optional[int] = None, std: float = 0.02, gen: Optional[torch.Generator] = None):
         super().__init__()
         self.ctx, self.split = ctx, split and ctx.tp_size > 1
+        self.init_generator = gen                 # the block's generator, for the tables drawn after this one
         total = (padded_num or num_embeddings) if self.split else num_embeddings
         full = _normal((num_embeddings, dim), std, gen)
         if total > num_embeddings:

@@ -80,8 +80,8 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
     """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`."""
     from deepspeed.pipe import LayerSpec, PipelineModule
 
-    from model.topology import ParallelContext
-    from model.transformer import TokenLoss, block_specs
+    from model.topology import ParallelContext, first_last_stage_group
+    from model.transformer import Head, TokenLoss, block_specs
 
     ctx = ParallelContext.from_grid(grid)
     block_st = assign_stages(model, parallel, pipeline_func)
@@ -89,14 +89,29 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
     specs = block_specs(model, parallel, ctx, seed, block_st[model.encoder_layers:])
     bounds = [stages.index(s) for s in range(parallel.pipeline_stage)] + [len(stages)]   # every stage non-empty
 
+    tie_group = first_last_stage_group(parallel, grid) if model.share_embeddings else None
+
     class StagedPipelineModule(PipelineModule):
         def _partition_layers(self, method="uniform"):
             self.parts = bounds
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
 
+        def get_tied_weights_and_groups(self):
+            """DeepSpeed sums these weights' gradients over their group before the optimizer step (for every
+            optimizer it builds). Ours: the shared word table on stage 0 and its replica in the last stage's Head
+            — identical from the start, so they stay identical."""
+            tied = super().get_tied_weights_and_groups()
+            if tie_group is not None:
+                tied += [(p, tie_group) for name, p in self.named_parameters()
+                         if getattr(p, "tied_to", None) or "blocks." + name == Head.TIED_TO]
+            return tied
+
     module = StagedPipelineModule(layers=[LayerSpec(cls, **kw) for cls, kw in specs], topology=grid.topology(),
                                   loss_fn=TokenLoss(model, ctx), partition_method="uniform")
     module._grid = grid          # one grid for layers and engine (PipelineModule built its own copy of it)
+    for p in module.parameters():   # PipelineModule resets ds_pipe_replicated on every parameter; the replica of a
+        if getattr(p, "tied_to", None):   # tied weight is counted once (on its owner) in the gradient norm
+            p.ds_pipe_replicated = True
     module.block_stages = block_st
     return module, ctx

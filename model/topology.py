@@ -96,3 +96,18 @@ def build_context(parallel: ParallelConfig) -> ParallelContext:
         if not dist.is_initialized():
             return ParallelContext.serial()
     return ParallelContext.from_grid(build_grid(parallel))
+
+
+def first_last_stage_group(parallel: ParallelConfig, grid):
+    """The group joining this rank with its counterpart on the other end of the pipeline (stage 0 ↔ the last
+    stage, same data- and tensor-parallel coordinate), for a weight tied across them (shared embeddings); None on
+    middle stages. Collective: every rank creates every pair's group, in the same order."""
+    import torch.distributed as dist
+    topo, last, mine = grid.topology(), parallel.pipeline_stage - 1, None
+    for dp in range(parallel.data_parallel):
+        for tp in range(parallel.model_parallel):
+            ranks = [topo.get_rank(pipe=0, data=dp, model=tp), topo.get_rank(pipe=last, data=dp, model=tp)]
+            group = dist.new_group(ranks=ranks)
+            if dist.get_rank() in ranks:
+                mine = group
+    return mine

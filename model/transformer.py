@@ -83,22 +83,47 @@ class ParallelMLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+def word_table(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
+               split: Optional[bool] = None) -> VocabParallelEmbedding:
+    """The (first) word table, drawn first from the "embed" generator: the same values wherever it is built, so a
+    pipeline's last stage can hold an exact replica of stage 0's shared table."""
+    split = (not parallel.vocab_emb_dp) if split is None else split
+    vp = cfg.padded_vocab(ctx.tp_size) if split else cfg.vocab_size
+    return VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, cfg.init_std,
+                                  block_generator(seed, "embed"))
+
+
 class Embeddings(nn.Module):
+    """Word + position embeddings of source and target, then dropout. With share_embeddings, one `word` table
+    serves source and target (and the Head's output projection); else `src_word` and `tgt_word`."""
+
     def __init__(self, cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int):
         super().__init__()
-        gen, std = block_generator(seed, "embed"), cfg.init_std
-        split = not parallel.vocab_emb_dp
-        vp = cfg.padded_vocab(ctx.tp_size) if split else cfg.vocab_size
-        self.src_word = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, std, gen)
+        first = word_table(cfg, parallel, ctx, seed)
+        gen, std = first.init_generator, cfg.init_std
+        if cfg.share_embeddings:
+            self.word = first
+        else:
+            self.src_word = first
         self.src_pos = nn.Parameter(torch.empty(cfg.src_len, cfg.d_model).normal_(0, std, generator=gen))
-        self.tgt_word = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, std, gen)
+        if not cfg.share_embeddings:
+            split, vp = first.split, cfg.padded_vocab(ctx.tp_size) if first.split else cfg.vocab_size
+            self.tgt_word = VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, std, gen)
         self.tgt_pos = nn.Parameter(torch.empty(cfg.tgt_len, cfg.d_model).normal_(0, std, generator=gen))
         self.drop = nn.Dropout(cfg.dropout)
 
+    @property
+    def source_table(self) -> VocabParallelEmbedding:
+        return self.word if hasattr(self, "word") else self.src_word
+
+    @property
+    def target_table(self) -> VocabParallelEmbedding:
+        return self.word if hasattr(self, "word") else self.tgt_word
+
     def forward(self, inputs):
         src_ids, tgt_ids = inputs
-        src = self.drop(self.src_word(src_ids) + self.src_pos[: src_ids.shape[1]])
-        tgt = self.drop(self.tgt_word(tgt_ids) + self.tgt_pos[: tgt_ids.shape[1]])
+        src = self.drop(self.source_table(src_ids) + self.src_pos[: src_ids.shape[1]])
+        tgt = self.drop(self.target_table(tgt_ids) + self.tgt_pos[: tgt_ids.shape[1]])
         return src, tgt, src_ids, tgt_ids
 
 
@@ -163,17 +188,39 @@ class DecoderLayer(_Block):
 
 
 class Head(nn.Module):
-    """Final LayerNorm and the vocab-parallel output projection; returns this rank's logits shard."""
+    """Final LayerNorm and the vocab-parallel output projection; returns this rank's logits shard.
 
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int):
+    With share_embeddings the projection is the shared word table (vocab-parallel rows, the same split as a
+    column-parallel projection): in one process the Embeddings' own table (`tie`), on a pipeline's last stage a
+    `replica` of stage 0's table — built from the same generator, marked `ds_pipe_replicated` (counted once in the
+    gradient norm) and kept equal by summing both copies' gradients (`model.pipeline`)."""
+
+    TIED_TO = "blocks.0.word.weight"
+
+    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int):
         super().__init__()
-        gen = block_generator(seed, "head")
+        self.ctx = ctx
         self.ln = nn.LayerNorm(cfg.d_model)
-        self.proj = ColumnParallelLinear(cfg.d_model, cfg.vocab_size, ctx, bias=False, std=cfg.init_std, gen=gen,
-                                         padded_out=cfg.padded_vocab(ctx.tp_size))
+        self.proj = self.replica = None
+        self._shared = []                         # the Embeddings' table, not registered here (no second name)
+        if not cfg.share_embeddings:
+            self.proj = ColumnParallelLinear(cfg.d_model, cfg.vocab_size, ctx, bias=False, std=cfg.init_std,
+                                             gen=block_generator(seed, "head"),
+                                             padded_out=cfg.padded_vocab(ctx.tp_size))
+        elif parallel.pipeline_stage > 1:
+            self.replica = word_table(cfg, parallel, ctx, seed, split=ctx.tp_size > 1)
+            self.replica.weight.ds_pipe_replicated = True
+            self.replica.weight.tied_to = self.TIED_TO
+
+    def tie(self, table: VocabParallelEmbedding) -> None:
+        self._shared = [table]
 
     def forward(self, x):
-        return self.proj(self.ln(x))
+        x = self.ln(x)
+        if self.proj is not None:
+            return self.proj(x)
+        table = self.replica if self.replica is not None else self._shared[0]
+        return F.linear(copy_to_tp(x, self.ctx.tp_group), table.weight)
 
 
 class TokenLoss:
@@ -206,7 +253,7 @@ def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext
         last_on_stage = i == cfg.decoder_layers - 1 or decoder_stages[i + 1] != decoder_stages[i]
         specs.append((DecoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, last_on_stage=last_on_stage,
                                          recompute=rc)))
-    specs.append((Head, dict(cfg=cfg, ctx=ctx, seed=seed)))
+    specs.append((Head, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed)))
     return specs
 
 
@@ -220,6 +267,8 @@ class Seq2SeqTransformer(nn.Module):
         self.cfg, self.ctx = cfg, ctx
         specs = block_specs(cfg, parallel, ctx, seed, [0] * cfg.decoder_layers)
         self.blocks = nn.ModuleList(cls(**kw) for cls, kw in specs)
+        if cfg.share_embeddings:
+            self.blocks[-1].tie(self.blocks[0].word)
         self.loss_fn = TokenLoss(cfg, ctx)
 
     def forward(self, src_ids, tgt_ids):

@@ -57,6 +57,10 @@ def test_every_training_path_keeps_collectives_on_the_device(nproc, multi30k_tsv
                 run("dp2-zero3-resume", "--zero_stage", 3, "--steps", 4, "--ckpt_file", tmp_path / "dp2-zero3"),
                 run("pp2-bf16", "--pipeline_stage", 2, "--micro_batch_num", 2, "--precision", "bf16",
                     "--clip_grad", 0.5, "--save_checkpoint_steps", 3),
+                run("share-pp2", "--share_embeddings", 1, "--pipeline_stage", 2, "--micro_batch_num", 2,
+                    "--save_checkpoint_steps", 3),
+                run("share-pp2-to-tp2", "--share_embeddings", 1, "--mp", 2, "--vocab_emb_dp", 0, "--steps", 4,
+                    "--ckpt_file", tmp_path / "share-pp2"),
                 run("tp2", "--mp", 2, "--dropout", 0.1, "--save_checkpoint_steps", 3),
                 run("tp2-resume", "--mp", 2, "--dropout", 0.1, "--steps", 4, "--ckpt_file", tmp_path / "tp2")]
     else:   # the pipeline engine's data-parallel loss reduction, and a 3-axis checkpoint round trip

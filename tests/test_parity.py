@@ -25,6 +25,9 @@ gradient accumulation)
                 LayerNorms out of the norm, moved the loss by 3.7e-4 — and the fp32 checks above catch them (that
                 one: 3.7e-4 in loss, 0.6·lr RMS in weights, no norm logged). Each half-precision run also
                 reports (run.json) the optimizer DeepSpeed built and its gradient accumulation dtype: float32.
+shared embeddings (--share_embeddings: one table for source, target and output projection; vocab-parallel under
+TP, a replica on the pipeline's last stage whose gradient DeepSpeed sums with stage 0's) meet the fp32 bounds
+above against a shared-embedding single-process run, and the bf16 ones through BF16_Optimizer.
 dropout 0.1 under TP: after the steps, every replicated parameter (LayerNorms, row-parallel biases, embeddings) is
 bit-identical on every TP rank. Replicated parameters get no TP reduction, so this fails if the residual or
 embedding dropout masks ever differed between the TP ranks of a stage.
@@ -75,12 +78,26 @@ FP16 = [
     ("fp16-tp2",                    2, ["--mp", "2"]),
     ("fp16-pp2-mb4",                2, PP2),
 ]
+SHARE = ["--share_embeddings", "1"]
+SHARED_EMBEDDINGS = [   # one table for source, target and output projection; tied across the pipeline's ends
+    ("share-tp2",                   2, SHARE + ["--mp", "2", "--vocab_emb_dp", "0"]),
+    ("share-pp2-mb2",               2, SHARE + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    ("share-tp2xpp2-mb2",           4, SHARE + ["--mp", "2", "--vocab_emb_dp", "0", "--pipeline_stage", "2",
+                                                "--micro_batch_num", "2"]),
+    ("bf16-share-pp2-mb2",          2, SHARE + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+]
 DROPOUT_TP = [
     ("tp2-dropout",                 2, ["--mp", "2"]),
     ("tp2xpp2-dropout",             4, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
-PRECISION = {name: name.split("-")[0] for name, _, _ in BF16 + FP16}
-CASES = {name: (nproc, flags) for name, nproc, flags in FP32 + BF16 + FP16 + DROPOUT_TP}
+PRECISION = {name: name.split("-")[0] for name, _, _ in BF16 + FP16 + SHARED_EMBEDDINGS[3:]}
+CASES = {name: (nproc, flags) for name, nproc, flags in FP32 + BF16 + FP16 + SHARED_EMBEDDINGS + DROPOUT_TP}
+REFERENCES = {"serial-fp32": ("fp32", []), "serial-bf16": ("bf16", []), "serial-fp16": ("fp16", []),
+              "serial-fp32-share": ("fp32", SHARE), "serial-bf16-share": ("bf16", SHARE)}
+
+
+def reference_of(name: str) -> str:
+    return f"serial-{PRECISION.get(name, 'fp32')}" + ("-share" if "share" in name else "")
 
 
 def _args(data, out, precision, *extra):
@@ -98,8 +115,8 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
     def launch(nproc):
         if nproc == 1:
-            names = {"serial-fp32": "fp32", "serial-bf16": "bf16", "serial-fp16": "fp16"}
-            batch = [(name, _args(data, root / name, precision)) for name, precision in names.items()]
+            batch = [(name, _args(data, root / name, precision, *flags))
+                     for name, (precision, flags) in REFERENCES.items()]
         else:
             batch = []
             for name, (n, flags) in CASES.items():
@@ -129,19 +146,19 @@ def rel(a, b):
 def serial(runs):
     """The single-process reference of each precision: metrics and merged weights."""
     refs = {}
-    for precision in ("fp32", "bf16", "fp16"):
-        out = runs(f"serial-{precision}")
+    for name in REFERENCES:
+        out = runs(name)
         metrics = read_metrics(out)
         assert len(metrics) == STEPS and metrics[-1]["loss"] < metrics[0]["loss"] - 0.5, metrics   # it learns
         assert min(r["grad_norm"] for r in metrics) > CLIP                     # clipping acts on every step
-        refs[precision] = (metrics, out)
+        refs[name] = (metrics, out)
     return refs
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [c[0] for c in FP32])
+@pytest.mark.parametrize("name", [c[0] for c in FP32 + SHARED_EMBEDDINGS[:3]])
 def test_fp32_layout_with_clipping_matches_single_process(name, runs, serial):
-    ref, ref_out = serial["fp32"]
+    ref, ref_out = serial[reference_of(name)]
     got = read_metrics(runs(name))
     assert len(got) == STEPS
     loss = [rel(g["loss"], r["loss"]) for g, r in zip(got, ref)]
@@ -158,9 +175,9 @@ def test_fp32_layout_with_clipping_matches_single_process(name, runs, serial):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [c[0] for c in BF16 + FP16])
+@pytest.mark.parametrize("name", [c[0] for c in BF16 + FP16 + SHARED_EMBEDDINGS[3:]])
 def test_half_precision_layout_matches_single_process(name, runs, serial):
-    ref, _ = serial[PRECISION[name]]
+    ref, _ = serial[reference_of(name)]
     got = read_metrics(runs(name))
     assert len(got) == STEPS
     loss = max(rel(g["loss"], r["loss"]) for g, r in zip(got, ref))
@@ -180,13 +197,13 @@ def test_half_precision_layout_matches_single_process(name, runs, serial):
 def test_half_precision_references_track_fp32(serial):
     """The bf16 and fp16 single-process runs themselves stay within bf16's rounding of the fp32 run, and fp16
     reports its dynamic loss scale every step."""
-    fp32 = serial["fp32"][0]
+    fp32 = serial["serial-fp32"][0]
     for precision in ("bf16", "fp16"):
-        got = serial[precision][0]
+        got = serial[f"serial-{precision}"][0]
         worst = max(rel(g["loss"], r["loss"]) for g, r in zip(got, fp32))
         print(f"PARITY serial {precision} vs fp32: loss worst {worst:.2e}")
         assert worst <= HALF_LOSS_TOL
-    assert all(r["loss_scale"] >= 1 and math.isfinite(r["loss_scale"]) for r in serial["fp16"][0])
+    assert all(r["loss_scale"] >= 1 and math.isfinite(r["loss_scale"]) for r in serial["serial-fp16"][0])
 
 
 @pytest.mark.slow

@@ -78,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--dropout", type=float, default=0.1, help="hidden dropout (default 0.1)")
     g.add_argument("--attention_dropout", type=float, default=None, help="attention dropout (default = --dropout)")
     g.add_argument("--label_smoothing", type=float, default=0.0, help="label smoothing (default 0)")
+    g.add_argument("--share_embeddings", type=_bool, default=False,
+                   help="0/1: one table for source words, target words and the output projection (a joint "
+                        "vocabulary, as the BPE tokenizer builds); with --mp > 1 it needs --vocab_emb_dp 0")
     g.add_argument("--tokenizer", default=None,
                    help="tokenizer.json; without it a BPE tokenizer is trained on --file_path and cached")
     g.add_argument("--tokenizer_vocab_size", type=int, default=8000,
@@ -206,7 +209,8 @@ def model_config(args, vocab_size: int, pad_id: int) -> ModelConfig:
     return ModelConfig(vocab_size=vocab_size, d_model=args.d_model, num_heads=args.num_heads, ffn_size=args.ffn_size,
                        encoder_layers=args.encoder_layer, decoder_layers=args.decoder_layer, src_len=args.src_len,
                        tgt_len=args.tgt_len, dropout=args.dropout, attention_dropout=args.attention_dropout,
-                       label_smoothing=args.label_smoothing, pad_id=pad_id)
+                       label_smoothing=args.label_smoothing, pad_id=pad_id,
+                       share_embeddings=bool(args.share_embeddings))
 
 
 def parallel_config(args, world_size: int) -> ParallelConfig:

@@ -42,7 +42,7 @@ FORMAT_VERSION = 1
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
 # model sizes that must match for a checkpoint to load (dropout, smoothing etc. may change on resume)
 SHAPE_FIELDS = ("vocab_size", "d_model", "num_heads", "ffn", "encoder_layers", "decoder_layers", "src_len",
-                "tgt_len", "pad_id")
+                "tgt_len", "pad_id", "share_embeddings")
 
 
 # ----------------------------------------------------------------------------------------------- names & state
@@ -210,7 +210,8 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     dist.barrier()
 
     ensure_zero_state(engine)
-    params = list(engine.module.named_parameters())
+    # a pipeline's replica of a tied weight (shared embeddings) is saved once, by the stage that owns it
+    params = [(n, p) for n, p in engine.module.named_parameters() if not getattr(p, "ds_pipe_replicated", False)]
     shard = {}
     for name, p in params:                                    # collective over DP under ZeRO: same order everywhere
         entry = {key: get_full(engine, p, key) for key in ("param",) + STATE_KEYS}
@@ -328,10 +329,10 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, ar
                         f"Pass --batch_size {meta['batch_size']} --seed {meta['seed']}")
     ensure_zero_state(engine)
     params = list(engine.module.named_parameters())
-    full = load_full_state(path, meta, {canonical_name(n) for n, _ in params})
+    full = load_full_state(path, meta, {getattr(p, "tied_to", None) or canonical_name(n) for n, p in params})
     ctx = engine.ctx
     for name, p in params:
-        key = canonical_name(name)
+        key = getattr(p, "tied_to", None) or canonical_name(name)      # a tied replica loads its owner's value
         if key not in full:
             raise UserError(f"checkpoint {path} has no parameter {key}")
         dim = partition_dim(p)
