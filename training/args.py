@@ -127,6 +127,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--log_interval", type=int, default=1, help="print a loss line every N steps (default 1)")
     g.add_argument("--tensorboard", type=_bool, default=True, help="0/1: write TensorBoard events")
 
+    g = p.add_argument_group("validation")
+    g.add_argument("--valid_file", default=None,
+                   help="validation TSV (source<TAB>target, same tokenizer): valid_loss is logged every "
+                        "--valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best")
+    g.add_argument("--valid_interval", type=int, default=0,
+                   help="steps between validations (default 0 = once per epoch); also after the last step")
+    g.add_argument("--early_stop_patience", type=int, default=0,
+                   help="stop after K validations in a row without a new best (default 0 = never)")
+
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save_checkpoint_steps", type=int, default=0, help="save every N steps (default 0 = never)")
     g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")

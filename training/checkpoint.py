@@ -198,10 +198,13 @@ def _sha256(path: Optional[str]) -> Optional[str]:
 
 # ----------------------------------------------------------------------------------------------- save
 def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: ParallelConfig, args,
-         tokenizer_path: Optional[str], keep: int) -> str:
+         tokenizer_path: Optional[str], keep: int, name: Optional[str] = None,
+         validation: Optional[dict] = None) -> str:
+    """Save step `step` as checkpoints/step_N (moving `latest`, pruning to `keep`), or as checkpoints/<name>
+    (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json."""
     ctx, rank = engine.ctx, dist.get_rank()
     root = checkpoints_dir(output_dir)
-    final = os.path.join(root, step_dirname(step))
+    final = os.path.join(root, name or step_dirname(step))
     tmp = final + ".tmp"
     if rank == 0:
         os.makedirs(root, exist_ok=True)
@@ -238,12 +241,15 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
                        for t in range(parallel.model_parallel)],
             "rng": [f"rng_rank{r}.pt" for r in range(dist.get_world_size())],
         }
+        if validation is not None:
+            meta["validation"] = validation
         _write_atomic(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
         if os.path.exists(final):                             # re-saving a step (a resumed run) replaces it
             shutil.rmtree(final)
         os.replace(tmp, final)
-        _write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
-        _prune(root, keep)
+        if name is None:
+            _write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
+            _prune(root, keep)
     dist.barrier()
     return final
 

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Iterator, Optional
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -38,13 +39,14 @@ def auto_tokenizer_path(tsv_path: str, vocab_size: int) -> str:
 
 
 def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: int, tgt_len: int,
-                 tokenizer_vocab_size: int = 8000, progress: bool = True) -> TranslationDataset:
+                 tokenizer_vocab_size: int = 8000, progress: bool = True,
+                 flag: str = "--file_path") -> TranslationDataset:
     if not file_path:
-        raise UserError("--file_path is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
+        raise UserError(f"{flag} is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
                         "`python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt "
                         "data/multi30k/train.en.gz --output out/data/train.fr_en.tsv`")
     if not os.path.isfile(file_path):
-        raise UserError(f"--file_path {file_path} not found (make it with python -m preprocess.parallel)")
+        raise UserError(f"{flag} {file_path} not found (make it with python -m preprocess.parallel)")
     if tokenizer and not os.path.isfile(tokenizer):
         raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
                         f"leave --tokenizer out to build one from --file_path)")
@@ -63,7 +65,9 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
 
 @dataclass
 class StepBatches:
-    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them)."""
+    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them).
+    A negative sample index is a filler row (the last batch of a validation pass): real inputs, PAD labels, so it
+    adds no loss and no tokens."""
     data: TranslationDataset
     micro: list
     global_tokens: int
@@ -72,8 +76,21 @@ class StepBatches:
     def __iter__(self) -> Iterator[tuple]:
         for idx in self.micro:
             b = self.data.batch(idx)
+            if (idx < 0).any():
+                b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
             src, tgt, labels = (b[k].to(self.device) for k in ("src_ids", "tgt_ids", "labels"))
             yield (src, tgt), labels
+
+
+def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int, dp_size: int,
+                       micro_batch_num: int, device: torch.device) -> Iterator[StepBatches]:
+    """The whole validation set in file order, in global batches the layout can run (the training batch shape);
+    the last one is filled up with filler rows."""
+    for start in range(0, data.num_samples, global_batch):
+        idx = np.arange(start, start + global_batch, dtype=np.int64)
+        idx[idx >= data.num_samples] = -1
+        tokens = count_target_tokens(data.labels[idx[idx >= 0]], data.pad_id)
+        yield StepBatches(data, micro_slices(dp_slice(idx, dp_rank, dp_size), micro_batch_num), tokens, device)
 
 
 class BatchFeeder:

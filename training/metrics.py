@@ -44,6 +44,9 @@ class MetricsWriter:
             for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time"):
                 if record.get(key) is not None:
                     self._tb.add_scalar(f"train/{key}", record[key], step)
+            for key in ("valid_loss", "valid_bleu"):
+                if record.get(key) is not None:
+                    self._tb.add_scalar(f"valid/{key[len('valid_'):]}", record[key], step)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
@@ -52,6 +55,9 @@ class MetricsWriter:
             line = f"epoch: {record['epoch'] + 1} step: {step}, loss is {_fmt(record['loss'])}"
             if "grad_norm" in record:
                 line += f", grad norm: {_fmt(record['grad_norm'])}"
+            if "valid_loss" in record:
+                line += (f", valid loss: {_fmt(record['valid_loss'])} (best {_fmt(record['best_valid_loss'])} "
+                         f"at step {record['best_step']})")
             if record.get("loss_scale") is not None:
                 line += f", loss scale: {record['loss_scale']:g} (skipped steps: {record['skipped_steps']})"
             line += (f", step time: {record['step_time'] * 1000:.1f} ms, "

@@ -13,6 +13,7 @@ from training.engine import build_engine, check_options, device, init_distribute
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
 from training.schedule import lr_factor
+from training.validation import BEST, BestTracker, Validator
 
 
 def run_training(args) -> int:
@@ -46,6 +47,14 @@ def run_training(args) -> int:
     from training import checkpoint as ckpt
     start_step = ckpt.maybe_resume(engine, args, model_cfg, parallel, data)
 
+    validator = tracker = None
+    if args.valid_file and args.train:
+        validator = Validator(args.valid_file, str(data.tokenizer_path), args.src_len, args.tgt_len,
+                              args.batch_size, engine.ctx, parallel.micro_batch_num, device(), progress=rank == 0)
+        valid_every = args.valid_interval or feeder.schedule.batches_per_epoch
+        tracker = BestTracker(ckpt.checkpoints_dir(args.output_dir), args.early_stop_patience, start_step,
+                              valid_every)
+
     writer = MetricsWriter(args.output_dir, enabled=rank == 0, total_steps=total_steps, start_step=start_step,
                            log_interval=args.log_interval, tensorboard=args.tensorboard)
     n_params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.module.parameters())   # ZeRO-3: full size
@@ -76,9 +85,25 @@ def run_training(args) -> int:
                 record.update(loss_scale=engine.loss_scale(), skipped_steps=engine.ds.skipped_steps)
         record.update(tokens=batches.global_tokens, tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9),
                       step_time=t.seconds)
+        improved = False
+        if validator is not None and ((step + 1) % valid_every == 0 or step + 1 == total_steps):
+            figures = validator.evaluate(engine)
+            improved = tracker.update(step + 1, figures)
+            record.update(figures, best_valid_loss=tracker.best["valid_loss"], best_step=tracker.best["step"])
         writer.log(record)
         if args.train:
             ckpt.maybe_save(engine, args, step + 1, model_cfg, parallel, data)
-    writer.close({"steps": total_steps, "final_loss": losses[-1] if losses else None,
-                  "output_dir": os.path.abspath(args.output_dir)})
+        if improved:
+            ckpt.save(engine, args.output_dir, step + 1, model_cfg, parallel, args, data.tokenizer_path, 0,
+                      name=BEST, validation=tracker.best)
+        if tracker is not None and tracker.should_stop:
+            writer.message(f"early stop after step {step + 1}: valid_loss has not improved for "
+                           f"{tracker.since_best} validations (best {tracker.best['valid_loss']:.4f} at step "
+                           f"{tracker.best['step']}, kept in {ckpt.checkpoints_dir(args.output_dir)}/{BEST})")
+            break
+    summary = {"steps": start_step + len(losses), "final_loss": losses[-1] if losses else None,
+               "output_dir": os.path.abspath(args.output_dir)}
+    if tracker is not None:
+        summary["best_validation"] = tracker.best
+    writer.close(summary)
     return 0

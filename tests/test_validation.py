@@ -1,0 +1,97 @@
+"""Validation during training: valid_loss is the same under every layout and equals an independent computation on
+the saved best checkpoint; validating does not disturb training; early stopping; bad --valid_file input."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.launch import TINY, read_metrics, run_many, run_train
+
+
+@pytest.fixture(scope="module")
+def valid_tsv(multi30k_dir, tmp_path_factory):
+    from preprocess.parallel import make_tsv
+    out = tmp_path_factory.mktemp("valid") / "val.fr_en.tsv"
+    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", out)
+    return out
+
+
+def _flags(tsv, tok, out, *extra):
+    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
+
+
+def independent_valid_loss(ckpt, tok, valid_tsv):
+    """Σ token cross-entropy / tokens over the whole validation set with the merged checkpoint in one process and
+    torch's own cross-entropy (not the vocab-parallel one training uses)."""
+    from merge_checkpoint import merge
+
+    from model.config import ModelConfig
+    from model.transformer import Seq2SeqTransformer
+    from preprocess.dataset import TranslationDataset
+    merged = merge(str(ckpt))
+    cfg = ModelConfig(**merged["model_config"])
+    model = Seq2SeqTransformer(cfg).eval()
+    model.load_state_dict(merged["model"])
+    data = TranslationDataset(valid_tsv, tok, cfg.src_len, cfg.tgt_len, progress=False)
+    b = data.batch(range(data.num_samples))
+    with torch.no_grad():
+        logits = model(b["src_ids"], b["tgt_ids"])
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=cfg.pad_id,
+                               reduction="sum")
+    return float(loss) / int((b["labels"] != cfg.pad_id).sum()), merged["step"]
+
+
+@pytest.mark.slow
+def test_valid_loss_is_layout_free_exact_and_harmless(multi30k_tsv, bpe_tokenizer, valid_tsv, tmp_path):
+    import sys
+
+    from tests.launch import REPO_ROOT
+    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
+    common = ["--steps", 6, "--valid_file", valid_tsv, "--valid_interval", 3]
+    run_many(1, [_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial", *common),
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout", *common, "--dropout", 0.1),
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout-no-valid", "--steps", 6, "--dropout", 0.1)],
+             tmp_path)
+    run_many(2, [_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "tp2", *common, "--mp", 2),
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2", *common, "--pipeline_stage", 2,
+                        "--micro_batch_num", 2)], tmp_path)
+    serial = read_metrics(tmp_path / "serial")
+    valid = {name: [r["valid_loss"] for r in read_metrics(tmp_path / name) if "valid_loss" in r]
+             for name in ("serial", "tp2", "pp2")}
+    assert [r["step"] for r in serial if "valid_loss" in r] == [3, 6]
+    for name in ("tp2", "pp2"):
+        assert valid[name] == pytest.approx(valid["serial"], rel=1e-5), name
+    # validating (eval mode, no dropout) leaves the training trajectory untouched, dropout on
+    assert [r["loss"] for r in read_metrics(tmp_path / "dropout")] == \
+        [r["loss"] for r in read_metrics(tmp_path / "dropout-no-valid")]
+    best = tmp_path / "serial" / "checkpoints" / "best"
+    meta = json.loads((best / "meta.json").read_text())
+    assert meta["validation"]["step"] == 6 == meta["step"] and meta["validation"]["valid_loss"] == valid["serial"][1]
+    reference, step = independent_valid_loss(best, bpe_tokenizer, valid_tsv)
+    assert step == 6 and reference == pytest.approx(valid["serial"][1], rel=1e-5)
+    assert not (tmp_path / "serial" / "checkpoints" / "latest").exists()      # best/ is outside the rotation
+
+
+@pytest.mark.slow
+def test_early_stop_when_validation_stops_improving(multi30k_tsv, bpe_tokenizer, valid_tsv, tmp_path):
+    # lr 0: the weights never change, so no validation after the first beats it
+    proc = run_train(1, _flags(multi30k_tsv, bpe_tokenizer, tmp_path, "--steps", 12, "--lr", 0,
+                               "--valid_file", valid_tsv, "--valid_interval", 2, "--early_stop_patience", 2))
+    assert "early stop after step 6: valid_loss has not improved for 2 validations" in proc.stdout
+    assert [r["step"] for r in read_metrics(tmp_path)][-1] == 6
+    assert json.loads((tmp_path / "checkpoints" / "best" / "meta.json").read_text())["validation"]["step"] == 2
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "--valid_file {path} not found"),
+    ("a sentence without a tab\n", "{path}:1:"),
+])
+def test_bad_valid_file(content, needle, multi30k_tsv, bpe_tokenizer, tmp_path, assert_user_error):
+    path = tmp_path / "valid.tsv"
+    if content is not None:
+        path.write_text(content)
+    out = tmp_path / "out"
+    proc = run_train(1, _flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2, "--valid_file", path), check=False)
+    assert_user_error(proc, needle.format(path=path))
+    assert not (out / "metrics.jsonl").exists()
