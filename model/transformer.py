@@ -32,13 +32,17 @@ def _key_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (ids != pad_id)[:, None, None, :]                                   # [B, 1, 1, S] True = attend
 
 
-def _causal(length: int, device) -> torch.Tensor:
-    return torch.ones(length, length, dtype=torch.bool, device=device).tril()   # [T, T]
+def _causal(length: int, device, past: int = 0) -> torch.Tensor:
+    """[T, past+T]: query i (position past+i) sees keys 0..past+i; past > 0 when earlier keys come from a cache."""
+    return torch.ones(length, past + length, dtype=torch.bool, device=device).tril(past)
 
 
 class ParallelAttention(nn.Module):
     """Multi-head attention with this rank's heads. Self-attention fuses QKV (serial row layout: head, {q,k,v},
-    head_dim, so a contiguous shard is whole heads); cross-attention has Q on the decoder and fused KV on memory."""
+    head_dim, so a contiguous shard is whole heads); cross-attention has Q on the decoder and fused KV on memory.
+
+    `cache` (incremental decoding, `model.inference.KVCache`): self-attention appends this call's keys/values to
+    the cached ones and attends over all of them; cross-attention projects the memory once and reuses it."""
 
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator, cross: bool):
         super().__init__()
@@ -58,13 +62,20 @@ class ParallelAttention(nn.Module):
         t = t.view(b, s, self.heads, parts, self.head_dim).permute(3, 0, 2, 1, 4)  # parts, B, h, S, hd
         return t.unbind(0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None):
         x = copy_to_tp(x, self.ctx.tp_group)
         if self.cross:
             (q,) = self._split(self.q(x), 1)
-            k, v = self._split(self.kv(memory_tp), 2)
+            if cache is not None and cache.keys is not None:
+                k, v = cache.keys, cache.values
+            else:
+                k, v = self._split(self.kv(memory_tp), 2)
+                if cache is not None:
+                    cache.append(k, v)
         else:
             q, k, v = self._split(self.qkv(x), 3)
+            if cache is not None:
+                k, v = cache.append(k, v)
         p = self.p if self.training else 0.0
         with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
@@ -120,11 +131,16 @@ class Embeddings(nn.Module):
     def target_table(self) -> VocabParallelEmbedding:
         return self.word if hasattr(self, "word") else self.tgt_word
 
+    def embed_source(self, src_ids: torch.Tensor) -> torch.Tensor:
+        return self.drop(self.source_table(src_ids) + self.src_pos[: src_ids.shape[1]])
+
+    def embed_target(self, tgt_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """Target tokens at positions start, start+1, ... (start > 0: the next tokens of a cached decoder)."""
+        return self.drop(self.target_table(tgt_ids) + self.tgt_pos[start: start + tgt_ids.shape[1]])
+
     def forward(self, inputs):
         src_ids, tgt_ids = inputs
-        src = self.drop(self.source_table(src_ids) + self.src_pos[: src_ids.shape[1]])
-        tgt = self.drop(self.target_table(tgt_ids) + self.tgt_pos[: tgt_ids.shape[1]])
-        return src, tgt, src_ids, tgt_ids
+        return self.embed_source(src_ids), self.embed_target(tgt_ids), src_ids, tgt_ids
 
 
 class _Block(nn.Module):
@@ -173,18 +189,28 @@ class DecoderLayer(_Block):
         self.mlp = ParallelMLP(cfg, ctx, gen)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def _forward(self, x, memory, src_ids, tgt_ids, memory_tp=None):
+    def _forward(self, x, memory, src_ids, tgt_ids, memory_tp=None, cache=None):
         if memory_tp is None:                                # first decoder layer of this stage
             memory_tp = copy_to_tp(memory, self.ctx.tp_group)
-        self_mask = _causal(x.shape[1], x.device)[None, None] & _key_padding(tgt_ids, self.pad_id)
-        x = x + self.drop(self.self_attn(self.ln1(x), self_mask))
-        x = x + self.drop(self.cross_attn(self.ln2(x), _key_padding(src_ids, self.pad_id), memory_tp))
+        self_cache, cross_cache = (cache.self_attn, cache.cross_attn) if cache is not None else (None, None)
+        past = self_cache.length if self_cache is not None else 0    # x holds positions past.. of tgt_ids
+        self_mask = _causal(x.shape[1], x.device, past)[None, None] & _key_padding(tgt_ids, self.pad_id)
+        x = x + self.drop(self.self_attn(self.ln1(x), self_mask, cache=self_cache))
+        x = x + self.drop(self.cross_attn(self.ln2(x), _key_padding(src_ids, self.pad_id), memory_tp,
+                                          cache=cross_cache))
         x = x + self.drop(self.mlp(self.ln3(x)))
         if self.last:
             return x
         if self.last_on_stage:
             return x, memory, src_ids, tgt_ids
         return x, memory, src_ids, tgt_ids, memory_tp
+
+    def decode(self, x, memory, src_ids, tgt_ids, cache=None) -> torch.Tensor:
+        """The layer outside the pipeline's tuple protocol (model.inference): x [B, L, d] holds the last L
+        positions of the target prefix tgt_ids [B, T]; with a `model.inference.LayerCache` the T-L earlier
+        positions come from it (and this call's keys/values are added to it), else L == T."""
+        out = self._forward(x, memory, src_ids, tgt_ids, None, cache)
+        return out if isinstance(out, torch.Tensor) else out[0]
 
 
 class Head(nn.Module):

@@ -7,8 +7,10 @@ Two types:
 - `word`: the MindSpore tutorial's whitespace vocabulary, lowercased: <unk>=0, <pad>=1, <eot>=2 (the seed's
   order; <eot> both begins and ends a sentence), then words by descending frequency, ties alphabetical.
 
-Neither adds special tokens when encoding: the dataset places BOS/EOS itself. DIR/tokenizer_meta.json records
-the type, vocabulary size and the inputs (with their sha256).
+Neither adds special tokens when encoding: the dataset places BOS/EOS itself (`encode_sources` does the same for
+text to translate, `decode_hypotheses` turns generated ids back into text). DIR/tokenizer_meta.json records the type,
+vocabulary size and the inputs (with their sha256). `save_for_transformers` writes the tokenizer as a
+`transformers` tokenizer that appends EOS itself, so `AutoTokenizer(text)` gives what the model was trained on.
 
 Run:  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k
 Load: `load_tokenizer(path)`, or transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="<pad>",
@@ -164,6 +166,52 @@ def special_ids(tok: Tokenizer) -> SpecialIds:
     if missing:
         fail(f"tokenizer lacks special token(s) {', '.join(missing)}; train it with python -m preprocess.tokenizer")
     return SpecialIds(pad=lookup["<pad>"], unk=lookup["<unk>"], bos=lookup[bos_token], eos=lookup[eos_token])
+
+
+def encode_sources(tok: Tokenizer, lines: Sequence[str], src_len: int,
+                   eos_id: int) -> tuple[list[list[int]], list[int]]:
+    """Each line as preprocess.dataset lays out a source: its tokens, then EOS — at most src_len ids, the model's
+    source positions. Returns the id lists and the indices of the lines that had more than src_len-1 tokens: those
+    were cut to their first src_len-1 tokens (as the training data is), and the caller must say so."""
+    encoded = tok.encode_batch(list(lines), add_special_tokens=False)
+    longer = [i for i, enc in enumerate(encoded) if len(enc.ids) > src_len - 1]
+    return [enc.ids[: src_len - 1] + [eos_id] for enc in encoded], longer
+
+
+def decode_hypotheses(tok: Tokenizer, rows: Sequence[Sequence[int]], eos_id: int,
+                      pad_id: int) -> tuple[list[str], list[bool]]:
+    """Generated id rows → detokenized text (up to the first EOS; PAD and special tokens dropped, one line each)
+    and whether each row had produced its EOS."""
+    kept, finished = [], []
+    for row in rows:
+        row = list(row)
+        end = row.index(eos_id) if eos_id in row else len(row)
+        kept.append([t for t in row[:end] if t != pad_id])
+        finished.append(end < len(row))
+    texts = [text.replace("\n", " ").strip() for text in tok.decode_batch(kept, skip_special_tokens=True)]
+    return texts, finished
+
+
+def save_for_transformers(tokenizer_path: str | Path, output_dir: str | Path, model_max_length: int) -> None:
+    """DIR/tokenizer.json + tokenizer_config.json that `transformers.AutoTokenizer.from_pretrained(DIR)` loads (a
+    PreTrainedTokenizerFast, no code of ours): the same normalizer, pre-tokenizer, model and decoder, plus a
+    post-processor appending EOS, so `tok(text)["input_ids"]` is the source row of preprocess.dataset and
+    `tok(text_target=text)` its labels. model_max_length = src_len: `truncation=True` cuts as the dataset does."""
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+    tok = load_tokenizer(tokenizer_path)
+    ids = special_ids(tok)
+    bos, eos, pad, unk = (tok.id_to_token(i) for i in (ids.bos, ids.eos, ids.pad, ids.unk))
+    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
+                                                       special_tokens=[(eos, ids.eos)])
+    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk,
+                                 model_max_length=model_max_length, padding_side="right",
+                                 clean_up_tokenization_spaces=False)
+    hf.save_pretrained(str(output_dir))
+    config_path = Path(output_dir) / "tokenizer_config.json"
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"   # the name every transformers version resolves
+    config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def main() -> int:

@@ -5,9 +5,10 @@ fp32 state dict for the serial model.
     python run_scripts/merge_checkpoint.py out/tp2/checkpoints/step_00000020 --output model.pt
     python run_scripts/merge_checkpoint.py out/tp2 --output model.pt          # the latest checkpoint of a run
 
-The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N})`; the state dict loads with
-`Seq2SeqTransformer(ModelConfig(**obj["model_config"])).load_state_dict(obj["model"])`. `--with_optimizer` also
-stores AdamW's exp_avg / exp_avg_sq per parameter.
+The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N, ...})` (training/consolidated.py);
+the state dict loads with `Seq2SeqTransformer(ModelConfig(**obj["model_config"])).load_state_dict(obj["model"])`,
+and evaluate.py / export_hf.py take the file as --ckpt_file. `--with_optimizer` also stores AdamW's exp_avg /
+exp_avg_sq per parameter.
 """
 from __future__ import annotations
 
@@ -18,20 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from preprocess.errors import run_cli  # noqa: E402
-
-
-def merge(path: str, with_optimizer: bool = False) -> dict:
-    from training.checkpoint import load_full_state, read_meta, resolve
-    path = resolve(path)
-    meta = read_meta(path)
-    full = load_full_state(path, meta)
-    out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
-           "step": meta["step"], "saved_layout": meta["parallel"]}
-    if with_optimizer:
-        out["optimizer"] = {name: {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"]}
-                            for name, v in sorted(full.items())}
-        out["optimizer_step"] = meta["optimizer_step"]
-    return out
+from training.consolidated import merge, save  # noqa: E402,F401  (merge: importable from here, as before)
 
 
 def main(argv=None) -> int:
@@ -41,12 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--output", "-o", required=True, help="where to write the consolidated .pt file")
     p.add_argument("--with_optimizer", action="store_true", help="include AdamW moments")
     args = p.parse_args(argv)
-    import torch
     merged = merge(args.checkpoint, args.with_optimizer)
-    os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
-    tmp = args.output + ".part"
-    torch.save(merged, tmp)
-    os.replace(tmp, args.output)
+    save(merged, args.output)
     n = sum(t.numel() for t in merged["model"].values())
     print(f"wrote {args.output}: {len(merged['model'])} tensors, {n:,} parameters, step {merged['step']}, "
           f"saved under {merged['saved_layout']['data_parallel']}dp×{merged['saved_layout']['model_parallel']}mp×"

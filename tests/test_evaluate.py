@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig
-from model.generate import greedy_decode
+from model.inference import greedy_decode
 from model.transformer import Seq2SeqTransformer
 from tests.launch import REPO_ROOT, TINY, env, run_train
 

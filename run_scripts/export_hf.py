@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Export a trained checkpoint and its tokenizer as a `transformers` model folder.
+
+    python run_scripts/export_hf.py --ckpt_file out/quickstart --tokenizer out/data/bpe8k/tokenizer.json \\
+        --output out/quickstart/hf
+
+The folder loads with no code of this repository:
+
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained("out/quickstart/hf")
+    model = AutoModelForSeq2SeqLM.from_pretrained("out/quickstart/hf")
+    out = model.generate(**tok(["Un homme en vélo."], return_tensors="pt"))
+    print(tok.batch_decode(out, skip_special_tokens=True))
+
+It is a BlenderbotForConditionalGeneration (the same pre-LN encoder-decoder; model/hf_export.py lists the
+correspondence) in fp32 safetensors, a PreTrainedTokenizerFast that appends EOS as the training data does, and a
+generation_config.json that decodes as evaluate.py does: --beam N and --lenpen (default 5 and 1.0; num_beams=1 is
+greedy), at most tgt_len tokens, PAD never generated. --ckpt_file is anything evaluate.py takes (a checkpoint of any
+layout, a run's output_dir, a merged or averaged .pt). An --output folder that is not empty needs --overwrite.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from preprocess.errors import UserError, run_cli  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ckpt_file", required=True, help="a step_* folder, a checkpoints/ folder, a run's output_dir, "
+                                                      "or a merged/averaged .pt")
+    p.add_argument("--tokenizer", required=True, help="the tokenizer.json the checkpoint was trained with")
+    p.add_argument("--output", required=True, help="the folder to write (created; must be empty or new)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model folder at --output")
+    p.add_argument("--beam", type=int, default=5, help="generate()'s default num_beams (default 5; 1 = greedy)")
+    p.add_argument("--lenpen", type=float, default=1.0, help="generate()'s default length_penalty (default 1.0)")
+    p.add_argument("--ignore_tokenizer_hash", action="store_true",
+                   help="export even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
+    args = p.parse_args(argv)
+    if args.beam < 1:
+        raise UserError(f"--beam {args.beam} must be >= 1 (1 = greedy)")
+    output = os.path.abspath(args.output)
+    if os.path.isdir(output) and os.listdir(output) and not args.overwrite:     # fail before loading anything
+        raise UserError(f"--output {output} is not empty; pass --overwrite to replace it, or choose a new folder")
+
+    from training.translator import Translator
+    translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, device="cpu")
+    path = translator.export_transformers(output, args.overwrite, args.beam, args.lenpen)
+    cfg = translator.cfg
+    print(f"wrote {path}: BlenderbotForConditionalGeneration (d_model {cfg.d_model}, {cfg.encoder_layers}+"
+          f"{cfg.decoder_layers} layers, vocab {cfg.vocab_size}, shared embeddings {cfg.share_embeddings}) from "
+          f"{translator.checkpoint} (step {translator.step}), tokenizer {translator.tokenizer_path}; generate() "
+          f"defaults: num_beams {args.beam}, length_penalty {args.lenpen}, max_length {cfg.tgt_len + 1}")
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)
