@@ -67,9 +67,10 @@ class LayerCache:
     def __init__(self):
         self.self_attn, self.cross_attn = KVCache(), KVCache()
 
-    def select(self, rows: torch.Tensor) -> None:
+    def select(self, rows: torch.Tensor, same_sources: bool = False) -> None:
         self.self_attn.select(rows)
-        self.cross_attn.select(rows)
+        if not same_sources:
+            self.cross_attn.select(rows)
 
 
 def serial_parts(model: Seq2SeqTransformer):
@@ -113,10 +114,13 @@ class DecoderState:
             h = layer.decode(h, self.memory, self.src_ids, prefix, cache)
         return self.head(h[:, -1])[:, : self.vocab_size]
 
-    def select(self, rows: torch.Tensor) -> None:
-        self.src_ids, self.memory = self.src_ids[rows], self.memory[rows]
+    def select(self, rows: torch.Tensor, same_sources: bool = False) -> None:
+        """Row i becomes row rows[i]. same_sources: each new row has the source it had (beams reordered within
+        their sentence), so the per-source state — memory, cross-attention keys/values — is left as it is."""
+        if not same_sources:
+            self.src_ids, self.memory = self.src_ids[rows], self.memory[rows]
         for cache in self.caches or ():
-            cache.select(rows)
+            cache.select(rows, same_sources)
 
 
 @contextmanager
@@ -131,7 +135,7 @@ def _eval_mode(model):
 
 def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad_id: Optional[int],
              vocab_limit: Optional[int]):
-    """Checks; the sources on the model's device; the mask of ids that may not be generated."""
+    """Checks; the sources on the model's device; the ids that may not be generated."""
     cfg = model.cfg
     if not 1 <= max_len <= cfg.tgt_len:
         raise ValueError(f"max_len={max_len} must be in [1, tgt_len={cfg.tgt_len}] (learned target positions)")
@@ -139,11 +143,8 @@ def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad
         raise ValueError(f"src_ids must be [B, S] with 1 <= S <= src_len={cfg.src_len}, got {tuple(src_ids.shape)}")
     device = next(model.parameters()).device
     pad_id = cfg.pad_id if pad_id is None else pad_id
-    banned = torch.zeros(cfg.vocab_size, dtype=torch.bool, device=device)
-    banned[pad_id] = True
-    if vocab_limit is not None:
-        banned[vocab_limit:] = True
-    return src_ids.to(device=device, dtype=torch.long), pad_id, banned
+    banned = [pad_id] + list(range(cfg.vocab_size if vocab_limit is None else vocab_limit, cfg.vocab_size))
+    return src_ids.to(device=device, dtype=torch.long), pad_id, torch.tensor(banned, device=device)
 
 
 @torch.inference_mode()
@@ -168,7 +169,7 @@ def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int,
         rows = torch.arange(bsz, device=device)                 # the output row of each row still decoding
         length = 0
         for step in range(max_len):
-            nxt = state.next_logits(prefix).masked_fill(banned, float("-inf")).argmax(dim=-1)
+            nxt = state.next_logits(prefix).index_fill_(1, banned, float("-inf")).argmax(dim=-1)
             out[rows, step] = nxt
             length = step + 1
             going = nxt != eos_id
@@ -201,7 +202,7 @@ def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, e
         for step in range(max_len):
             logits = state.next_logits(prefix)
             dtype = torch.promote_types(logits.dtype, torch.float32)
-            logp = F.log_softmax(logits.to(dtype), dim=-1).masked_fill(banned, float("-inf"))
+            logp = F.log_softmax(logits.to(dtype), dim=-1).index_fill_(1, banned, float("-inf"))
             if scores is None:                                  # all beams equal: only the first one may expand
                 scores = torch.full((bsz, n), -1e9, dtype=dtype, device=device)
                 scores[:, 0] = 0.0
@@ -233,7 +234,7 @@ def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, e
                 break
             keep = torch.tensor(alive, device=device)
             rows = (keep[:, None] * n + parent[keep]).view(-1)
-            state.select(rows)
+            state.select(rows, same_sources=len(alive) == len(sentences))
             prefix = torch.cat([prefix[rows], token[keep].reshape(-1, 1)], dim=1)
             scores = scores[keep]
             sentences = [sentences[i] for i in alive]

@@ -1,9 +1,11 @@
-"""Greedy decoding (model/generate.py) and the BLEU evaluation script (run_scripts/evaluate.py).
+"""Greedy decoding (model/inference.py) and the BLEU evaluation script (run_scripts/evaluate.py).
 
 - greedy_decode stops each row at EOS (PAD after it), respects max_len, and is independent of batching;
 - every greedy token is the argmax of an independent, unbatched teacher-forced forward on the decoded prefix;
 - evaluate.py on a checkpoint trained for 3 steps: rc 0, a `BLEU = ` line, and the BLEU equals sacrebleu.corpus_bleu
-  recomputed here from its --output hypotheses; user mistakes give one `error:` line.
+  recomputed here from its --output hypotheses, greedy and with --beam; --no_cache gives the same hypotheses; sources
+  longer than src_len are counted (the count recomputed here), warned about and reported in the JSON summary;
+  user mistakes give one `error:` line and write nothing.
 """
 import gzip
 import json
@@ -130,28 +132,46 @@ def evaluate(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+def long_sources(tokenizer_path, lines, src_len) -> int:
+    """Sources with more tokens than the model's src_len-1 (+ EOS) positions, counted here with tokenizers."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tokenizer_path))
+    return sum(len(e.ids) > src_len - 1 for e in tok.encode_batch(lines, add_special_tokens=False))
+
+
 def test_evaluate_end_to_end_bleu_matches_sacrebleu(trained, bpe_tokenizer, val50, tmp_path):
     import sacrebleu
     src, ref = val50
-    hyp_file = tmp_path / "hyps" / "val50.hyp.en"
-    proc = evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref,
-                    "--batch_size", 16, "--output", hyp_file, "--no_progress")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    bleu_line = next(l for l in lines if l.startswith("BLEU = "))
-    summary = json.loads(lines[-1])
-    hyps = hyp_file.read_text(encoding="utf-8").split("\n")
-    assert hyps[-1] == "" and len(hyps) == 51                # 50 lines, each ending in a newline
     refs = ref.read_text(encoding="utf-8").splitlines()
-    expected = sacrebleu.corpus_bleu(hyps[:-1], [refs])
-    assert bleu_line == str(expected)
-    assert summary["bleu"] == pytest.approx(expected.score, abs=1e-4)
-    assert summary["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps[:-1], [refs]).score, abs=1e-4)
-    assert summary["sentences"] == 50 and summary["seconds"] > 0 and summary["step"] == 3
-    assert "nrefs:1|case:mixed" in proc.stdout               # the signature is printed
+    n_long = long_sources(bpe_tokenizer, src.read_text(encoding="utf-8").splitlines(), 12)   # TINY: src_len 12
+    assert 0 < n_long < 50
+    outputs = {}
+    for name, flags in (("greedy", []), ("greedy-uncached", ["--no_cache"]), ("beam", ["--beam", 4, "--lenpen", 0.8])):
+        hyp_file = tmp_path / "hyps" / f"val50.{name}.en"
+        proc = evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref,
+                        "--batch_size", 16, "--output", hyp_file, "--no_progress", *flags)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        lines = proc.stdout.splitlines()
+        bleu_line = next(l for l in lines if l.startswith("BLEU = "))
+        summary = json.loads(lines[-1])
+        hyps = hyp_file.read_text(encoding="utf-8").split("\n")
+        assert hyps[-1] == "" and len(hyps) == 51                # 50 lines, each ending in a newline
+        expected = sacrebleu.corpus_bleu(hyps[:-1], [refs])
+        assert bleu_line == str(expected)
+        assert summary["bleu"] == pytest.approx(expected.score, abs=1e-4)
+        assert summary["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps[:-1], [refs]).score, abs=1e-4)
+        assert summary["sentences"] == 50 and summary["seconds"] > 0 and summary["step"] == 3
+        assert summary["sentences_per_second"] > 0 and summary["kv_cache"] == (name != "greedy-uncached")
+        assert summary["beam"] == (4 if name == "beam" else 1)
+        assert "nrefs:1|case:mixed" in proc.stdout               # the signature is printed
+        assert summary["truncated_sources"] == n_long            # counted, and said on stderr
+        assert f"warning: {n_long} of 50 sources have more than src_len-1 = 11 tokens" in proc.stderr
+        outputs[name] = hyps
+    assert outputs["greedy"] == outputs["greedy-uncached"]
 
 
-def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, val50, tmp_path, assert_user_error):
+def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, multi30k_tsv, val50, tmp_path, assert_user_error):
+    from preprocess.tokenizer import train_tokenizer
     src, ref = val50
     short = tmp_path / "short.en"
     short.write_text("".join(ref.read_text(encoding="utf-8").splitlines(keepends=True)[:49]), encoding="utf-8")
@@ -169,3 +189,10 @@ def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, val50, tmp_path, a
     bigger.save(str(tmp_path / "bigger.json"))
     assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", tmp_path / "bigger.json", "--src", src,
                                "--ref", ref), "8010 tokens", "vocab_size 8000")
+    other = train_tokenizer([multi30k_tsv], tmp_path / "bpe4k", vocab_size=4000)
+    out = tmp_path / "hyp.en"
+    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", other, "--src", src, "--ref", ref, "--output",
+                               out), "sha256 differs")
+    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref,
+                               "--beam", 0, "--output", out), "--beam 0")
+    assert not out.exists()
