@@ -18,7 +18,7 @@ Blenderbot (the 3B/9B variant, not blenderbot-small) is a pre-LN encoder-decoder
       attention dropout, none inside the MLP       (both off in eval mode, which from_pretrained sets)
     BOS starts the decoder; PAD never generated  decoder_start_token_id=bos; suppress_tokens=[pad, ...]
     no forced EOS, no n-gram blocking            forced_eos_token_id=None, (encoder_)no_repeat_ngram_size=0
-    max_len = tgt_len generated tokens           max_length = tgt_len + 1 (it counts the decoder start token)
+    max_len = tgt_len generated tokens           max_new_tokens = tgt_len
     beam search as in model.inference            num_beams, early_stopping=True, length_penalty = ours
 
 tests/test_hf_export.py checks the logits, greedy and beam outputs of the loaded folder against ours.
@@ -60,7 +60,7 @@ def generation_config(cfg: ModelConfig, bos_id: int, eos_id: int, pad_id: int, v
     beam_options = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
     return GenerationConfig(
         decoder_start_token_id=bos_id, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-        max_length=cfg.tgt_len + 1, num_beams=beam, do_sample=False, suppress_tokens=suppress,
+        max_new_tokens=cfg.tgt_len, num_beams=beam, do_sample=False, suppress_tokens=suppress,
         forced_eos_token_id=None, forced_bos_token_id=None, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
         **beam_options)
 
