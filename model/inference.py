@@ -217,11 +217,11 @@ def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, e
             ended = ends[:, :n].nonzero().tolist()
             if ended:
                 normalized = (top[:, :n] / generated ** length_penalty).tolist()
-                parent_l, token_l = parent[:, :n].tolist(), token[:, :n].tolist()
+                parent_l, token_l, history = parent[:, :n].tolist(), token[:, :n].tolist(), prefix[:, 1:].tolist()
                 touched = set()
                 for i, r in ended:
-                    history = prefix[i * n + parent_l[i][r], 1:].tolist()
-                    finished[sentences[i]].append((normalized[i][r], history + [token_l[i][r]]))
+                    tokens = history[i * n + parent_l[i][r]] + [token_l[i][r]]
+                    finished[sentences[i]].append((normalized[i][r], tokens))
                     touched.add(sentences[i])
                 for s in touched:                               # keep the n best (stable: earlier wins a tie)
                     finished[s] = sorted(finished[s], key=lambda h: -h[0])[:n]

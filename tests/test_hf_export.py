@@ -97,6 +97,23 @@ def test_blenderbot_computes_what_our_model_computes(share, val_batch, tmp_path)
     assert ended > len(src)                                 # many hypotheses ended with EOS, at various lengths
 
 
+def test_exported_word_tokenizer_encodes_and_decodes_as_ours(multi30k_tsv, multi30k_dir, tmp_path):
+    """The seed's `word` vocabulary (lowercasing, <eot> both begins and ends) exports as faithfully as BPE."""
+    from transformers import AutoTokenizer
+
+    from preprocess.tokenizer import (decode_hypotheses, encode_sources, load_tokenizer, save_for_transformers,
+                                      special_ids, train_tokenizer)
+    path = train_tokenizer([multi30k_tsv], tmp_path / "word", type="word", vocab_size=3000)
+    save_for_transformers(path, tmp_path / "hf", SRC_LEN)
+    ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(tmp_path / "hf")
+    ids = special_ids(ours)
+    assert ids.bos == ids.eos == theirs.eos_token_id and theirs.pad_token_id == ids.pad
+    lines = val_lines(multi30k_dir, 40)
+    rows, cut = encode_sources(ours, lines, SRC_LEN, ids.eos)
+    assert cut and theirs(lines, truncation=True)["input_ids"] == rows
+    assert theirs.batch_decode(rows, skip_special_tokens=True) == decode_hypotheses(ours, rows, ids.eos, ids.pad)[0]
+
+
 # ------------------------------------------------------------------------------------------------ export_hf.py
 @pytest.fixture(scope="module")
 def trained_shared(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
