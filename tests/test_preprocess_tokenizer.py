@@ -139,8 +139,8 @@ def test_load_tokenizer_errors(tmp_path):
         load_tokenizer(bad)
 
 
-def test_split_punctuation_round_trips_and_splits(val_tsv, multi30k_dir, tmp_path):
-    path = train_tokenizer([val_tsv], tmp_path / "p", type="bpe", vocab_size=2000, split_punctuation=True)
+def test_split_punctuation_round_trips_and_splits(multi30k_tsv, val_tsv, multi30k_dir, tmp_path):
+    path = train_tokenizer([multi30k_tsv], tmp_path / "p", type="bpe", vocab_size=8000, split_punctuation=True)
     tok = load_tokenizer(path)
     assert tok.encode("Un homme, l'air fatigué.", add_special_tokens=False).tokens[-1] == "."
     assert "," in tok.encode("Un homme, l'air fatigué.", add_special_tokens=False).tokens
