@@ -167,11 +167,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", default="2,4", help="device mesh, e.g. 2,4 (default; 8 ranks) or 8,8 (64)")
     p.add_argument("--strategy", default=str(SEED_STRATEGY),
                    help="the first MatMul's strategy, MindSpore's tuple form (default \"((2, 4), (4, 1))\")")
-    p.add_argument("--epochs", type=int, default=5)
-    p.add_argument("--steps_per_epoch", type=int, default=4)
+    p.add_argument("--epochs", type=int, default=5, help="epochs (default 5, the seed's)")
+    p.add_argument("--steps_per_epoch", type=int, default=4, help="steps per epoch, each on the same batch (4)")
     p.add_argument("--batch_size", type=int, default=2, help="rows per rank (default 2; global = ranks × this)")
-    p.add_argument("--lr", type=float, default=0.2)
-    p.add_argument("--momentum", type=float, default=0.1)
+    p.add_argument("--lr", type=float, default=0.2, help="Momentum learning rate (0.2)")
+    p.add_argument("--momentum", type=float, default=0.1, help="momentum (0.1)")
     p.add_argument("--output_dir", default=None, help="rank_R/ strategy dumps and metrics.jsonl go here")
     p.add_argument("--check", action="store_true", help="plan only (one process): print the strategies and exit")
     p.add_argument("--simulate", action="store_true",

@@ -5,7 +5,7 @@ strategy operator (a `Primitive` leaf module): those are what strategies, propag
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.fx
@@ -17,7 +17,7 @@ from model.strategy.ops import Primitive
 
 @dataclass
 class OpNode:
-    name: str                       # module path, e.g. "network.matmul" (the seed's instance name is the last part)
+    name: str                       # module path, e.g. "_backbone.matmul" (the seed's instance name is the last part)
     prim: Primitive
     inputs: list[str]               # names of the values it reads (graph inputs, parameters or other ops)
     in_shapes: list[tuple[int, ...]]
@@ -40,8 +40,6 @@ class OpGraph:
     params: dict[str, tuple[int, ...]]          # parameter path → shape
     ops: list[OpNode]                           # in execution order
     output: str                                 # the op whose result the network returns
-    module: torch.fx.GraphModule
-    value_of_node: dict[str, str] = field(default_factory=dict)     # fx node name → value name
 
     def op(self, name: str) -> OpNode:
         return next(o for o in self.ops if o.name == name)
@@ -88,4 +86,4 @@ def trace(module: nn.Module, example_inputs: dict[str, torch.Tensor]) -> OpGraph
         else:
             raise StrategyError(f"{node.op} {node.target} in the traced network is not a strategy operator: build "
                                 f"the network from model.strategy.ops (MatMul, ReLU, Sub, Square, ReduceMean, ...)")
-    return OpGraph(inputs, params, ops, output, gm, value_of)
+    return OpGraph(inputs, params, ops, output)

@@ -17,7 +17,8 @@ Candidates use every rank (the splits multiply to the mesh size) and divide thei
 out as the first operator that reads them needs; another reader must agree (it cannot redistribute a weight). This
 is what makes the seed's result: after `matmul` ((2, 4), (4, 1)) the ReLU gets ((2, 4),) — only a column split of
 the block each rank already has — and the second MatMul ((2, 4), (4, 1)), the one candidate that reads that
-layout as it is. (DTensor's own per-op rules would instead all-reduce the partial sum and keep ReLU row-sharded.)
+layout as it is. (DTensor's own per-op rules choose otherwise: they reduce-scatter the partial sums into rows over
+all 8 ranks — ReLU (8, 1) — after which the second MatMul runs data-parallel; tests/test_strategy.py shows both.)
 """
 from __future__ import annotations
 
@@ -180,8 +181,13 @@ class _Propagation:
 
     def choose(self, op: OpNode, cost_of) -> Strategy:
         """The candidate of `op` MindSpore's rule prefers; cost_of(in_layouts, out_layout) → edge cost."""
+        options = candidates(op, self.mesh)
+        if not options:
+            raise StrategyError(f"{op.name} ({op.kind}) for inputs of shape {_shapes(op)}: no strategy splits its "
+                                f"dimensions over all {math.prod(self.mesh)} ranks of the mesh {self.mesh}; give it "
+                                f"one with shard()")
         scored = []
-        for s in candidates(op, self.mesh):
+        for s in options:
             if not self._allowed(op, s):
                 continue
             ins, out = layouts_for(op, s, self.mesh)
