@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from model.strategy.layout import Layout, StrategyError
+from model.strategy.layout import Layout
 from model.strategy.propagate import Plan
 
 
@@ -52,6 +52,11 @@ class OpRecord:
     reduction: dict[str, int] = field(default_factory=dict)
 
 
+def _kinds(placements) -> list:
+    """Placements without a Partial's reduce op (a mean's partials are "avg", a matmul's "sum")."""
+    return [("P",) if type(q).__name__ == "Partial" else q for q in placements]
+
+
 def _wait(t):
     """A DTensor whose local tensor is ready (functional collectives are asynchronous)."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
@@ -74,6 +79,7 @@ class ShardedRunner:
             local = distribute_tensor(full[name].detach(), mesh, layout.placements(), src_data_rank=None)
             self.params[name] = nn.Parameter(local)
         self.records: list[OpRecord] = []
+        self._groups: dict[tuple[int, ...], object] = {}     # mesh dims → their flattened 1-D mesh, made once
 
     def parameters(self):
         return list(self.params.values())
@@ -90,8 +96,10 @@ class ShardedRunner:
         target = layout.reduced().placements()
         if len(dims) == 1:
             return t.redistribute(self.mesh, target)
-        names = self.mesh.mesh_dim_names
-        group = self.mesh[tuple(names[m] for m in dims)]._flatten("_".join(names[m] for m in dims))
+        if dims not in self._groups:       # DeviceMesh._flatten: the way DTensor itself groups several mesh dims
+            names = tuple(self.mesh.mesh_dim_names[m] for m in dims)
+            self._groups[dims] = self.mesh[names]._flatten("_".join(names))
+        group = self._groups[dims]
         reduce_op = next(p for p in t.placements if isinstance(p, Partial)).reduce_op
         summed = DTensor.from_local(t.to_local(), group, [Partial(reduce_op)]).redistribute(group, [Replicate()])
         return DTensor.from_local(summed.to_local(), self.mesh, target, run_check=False)
@@ -112,11 +120,10 @@ class ShardedRunner:
                 args.append(arg)
                 ins.append(InputRecord(value, _shape(src), _shape(arg), counted(comm)))
             out = op.prim(*args)
-            got = [type(q).__name__ for q in out.placements]
-            want = [type(q).__name__ for q in p.out_layout.placements()]
-            if got != want:          # our reading of the strategy and DTensor's op rule must agree
-                raise StrategyError(f"{op.name}: DTensor computed placements {out.placements}, the plan says "
-                                    f"{p.out_layout.placements()}")
+            if _kinds(out.placements) != _kinds(p.out_layout.placements()):
+                # our reading of a strategy and DTensor's rule for the op disagree: a bug here, not a user error
+                raise RuntimeError(f"{op.name}: DTensor computed placements {out.placements}, the plan says "
+                                   f"{p.out_layout.placements()}")
             rec = OpRecord(op.name, ins, _shape(out))
             if p.reduction_dims:
                 with CommDebugMode() as comm:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The seed's quickstart (003): Net(32, 16, 16) = MatMul → ReLU → MatMul, a strategy on the first MatMul only
 # (((2, 4), (4, 1)) on a (2, 4) device mesh), the rest propagated, MSE + Momentum(0.2, 0.1), 5 epochs of 4 steps,
-# on 8 processes of this machine (CPU/gloo, or one GPU each).
+# on 8 CPU processes of this machine (gloo; the network is tiny, DTensor runs it on CPU).
 #
 #   bash recipes/sharded-mlp/run.sh [--launcher openmpi] [extra run_scripts/sharded_mlp.py flags...]
 #
