@@ -13,7 +13,7 @@ from model.pipeline import assign_stages, load_pipeline_func, place_blocks
 from model.random import RNG
 from model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
 from tests import pipeline_funcs
-from tests.test_plan import R16, REPO, args_for, plan_for
+from tests.test_plan import R16, REPO, plan_for
 from tests.test_tp_model import batch, tiny
 
 
