@@ -1,0 +1,198 @@
+"""interleave_num (the seed's MicroBatchInterleaved) on the TP model, in real gloo processes: the same loss and
+gradients as interleave_num 1, the same collectives N times at 1/N the size, issued asynchronously, and in flight
+while the other part computes — in forward and in backward."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from model import mappings
+from model.config import ConfigError, ModelConfig, ParallelConfig, validate_layout
+from model.mappings import CommLog
+from model.transformer import Seq2SeqTransformer
+from tests.multiproc import run_ranks
+from tests.test_tp_layers import tp_context
+
+B, S, T = 6, 7, 6
+
+
+def tiny(enc=2, dec=2, dropout=0.0):
+    return ModelConfig(vocab_size=50, d_model=16, num_heads=4, ffn_size=24, encoder_layers=enc, decoder_layers=dec,
+                       src_len=S, tgt_len=T, dropout=dropout, attention_dropout=dropout, pad_id=0)
+
+
+def batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src, tgt, labels = (torch.randint(4, 50, (B, n), generator=g) for n in (S, T, T))
+    src[0, 4:] = 0                       # padded source (part 0) and target (part 0 of 2, part 1 of 3)
+    tgt[2, 3:] = 0
+    labels[2, 3:] = 0
+    src[5, 2:] = 0                       # padded source in the last part
+    return src, tgt, labels
+
+
+def _run(model, inputs):
+    src, tgt, labels = inputs
+    with CommLog() as fwd:
+        loss = model.loss_sum(src, tgt, labels)
+    with CommLog() as bwd:
+        loss.backward()
+    return loss.detach(), {k: p.grad.clone() for k, p in model.named_parameters()}, fwd, bwd
+
+
+def _pair_case(rank, world, n, dtype, recompute, vocab_emb_dp):
+    """interleave_num 1 and n on the same TP model and batch: (loss rel diff, worst grad rel diff, logs)."""
+    ctx = tp_context(world)
+    inputs = batch()
+    runs = {}
+    for il in (1, n):
+        parallel = ParallelConfig(model_parallel=world, interleave_num=il, recompute=recompute,
+                                  vocab_emb_dp=vocab_emb_dp)
+        model = Seq2SeqTransformer(tiny(), parallel, ctx, seed=42).to(dtype)
+        runs[il] = _run(model, inputs)
+    (l1, g1, f1, b1), (ln, gn, fn, bn) = runs[1], runs[n]
+    loss_err = float((ln - l1).abs() / l1.abs())
+    grad_err = max(float((gn[k] - g1[k]).norm() / g1[k].norm().clamp(min=1e-30)) for k in g1)
+    return loss_err, grad_err, (f1, b1, fn, bn)
+
+
+# (interleave_num, dtype, recompute, vocab_emb_dp): measured worst gradient difference in the comment
+CASES = [(2, torch.float32, False, True),     # 1.4e-7 (weight gradients summed over 2 parts: fp32 rounding)
+         (3, torch.float32, False, False),    # split embeddings too (their all-reduce is not interleaved)
+         (2, torch.float32, True, True),      # recompute: the interleaved block is recomputed in backward
+         (2, torch.float64, False, True)]     # 3e-16: no rounding left
+
+
+@pytest.mark.parametrize("n,dtype,recompute,vocab_emb_dp", CASES)
+def test_interleaved_loss_and_grads_equal_plain(n, dtype, recompute, vocab_emb_dp):
+    results = run_ranks(2, _pair_case, n, dtype, recompute, vocab_emb_dp)
+    loss_err = max(r[0] for r in results)
+    grad_err = max(r[1] for r in results)
+    print(f"tp2 interleave {n} vs 1 ({dtype}, recompute={recompute}): loss {loss_err:.1e}, grads {grad_err:.1e}")
+    tol = 1e-6 if dtype == torch.float32 else 1e-13
+    assert loss_err <= tol and grad_err <= tol
+
+
+def test_same_collectives_n_times_at_one_nth_the_size():
+    """Every all-reduce of the encoder and decoder layers (forward: attention and MLP outputs; backward: their
+    inputs' gradients and the memory's) is issued n times, 1/n the size, asynchronously; the others — the head's
+    input gradient and the loss's statistics — are issued as before."""
+    n, enc, dec = 2, 2, 2
+    f1, b1, fn, bn = run_ranks(2, _pair_case, n, torch.float32, False, True)[0][2]
+    h = tiny().d_model
+    layer_fwd = [B * S * h] * (2 * enc) + [B * T * h] * (3 * dec)
+    layer_bwd = layer_fwd + [B * S * h]                                  # + the memory's gradient, once per stage
+    for plain, inter, layer in ((f1, fn, layer_fwd), (b1, bn, layer_bwd)):
+        want_async = sorted(("all_reduce", size // n) for size in layer for _ in range(n))
+        assert sorted(inter.async_calls) == want_async
+        rest = list(plain.calls)
+        for size in layer:
+            rest.remove(("all_reduce", size))
+        sync = list(inter.calls)
+        for call in inter.async_calls:
+            sync.remove(call)
+        assert sorted(sync) == sorted(rest) and not plain.async_calls
+        assert len(inter.calls) == len(plain.calls) + (n - 1) * len(layer)
+    print(f"CommLog tp2, {enc}+{dec} layers, B={B}: forward {len(f1.calls)} collectives → {len(fn.calls)} with "
+          f"interleave {n} ({len(fn.async_calls)} async), backward {len(b1.calls)} → {len(bn.calls)} "
+          f"({len(bn.async_calls)} async)")
+
+
+_MATMULS = ("mm", "bmm", "addmm", "scaled_dot_product")
+
+
+class _Trace(TorchDispatchMode):
+    """Logs every matrix product (forward and autograd's backward run on this thread on CPU)."""
+
+    def __init__(self, events):
+        super().__init__()
+        self.events = events
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__.split(".")[0]
+        if name.lstrip("_").startswith(_MATMULS):
+            self.events.append(("compute", name))
+        return func(*args, **(kwargs or {}))
+
+
+def _overlap_case(rank, world, n):
+    """For each async all-reduce: the matrix products this rank ran between starting it and waiting for it."""
+    ctx = tp_context(world)
+    model = Seq2SeqTransformer(tiny(), ParallelConfig(model_parallel=world, interleave_num=n), ctx, seed=42)
+    events, started = [], [0]
+    real_start = mappings._start_all_reduce
+
+    class Work:
+        def __init__(self, work, i):
+            self.work, self.i = work, i
+
+        def wait(self):
+            events.append(("wait", self.i))
+            self.work.wait()
+
+    def start(t, group):
+        started[0] += 1
+        events.append(("start", started[0]))
+        return Work(real_start(t, group), started[0])
+
+    mappings._start_all_reduce = start
+    src, tgt, labels = batch()
+    try:
+        with _Trace(events):
+            loss = model.loss_sum(src, tgt, labels)
+            events.append(("backward", None))
+            loss.backward()
+    finally:
+        mappings._start_all_reduce = real_start
+    split = events.index(("backward", None))
+    between = {"forward": [], "backward": []}
+    for i in range(1, started[0] + 1):
+        s, w = events.index(("start", i)), events.index(("wait", i))
+        between["forward" if s < split else "backward"].append(sum(e[0] == "compute" for e in events[s:w]))
+    return between
+
+
+def test_communication_is_in_flight_during_the_other_parts_compute():
+    """With 2 parts, every layer all-reduce but one per block and direction has matrix products of the other part
+    running while it is in flight: forward, all but the last part's last branch; backward (autograd's reverse
+    order), all but the first part's first branch. That one per block is the price of starting and ending every
+    block with whole tensors."""
+    between = run_ranks(2, _overlap_case, 2)[0]
+    blocks = 4
+    for direction, counts in between.items():
+        idle = sum(c == 0 for c in counts)
+        print(f"{direction}: {len(counts) - idle} of {len(counts)} all-reduces overlap compute; products in flight "
+              f"per all-reduce {counts}")
+        assert idle == blocks, (direction, counts)
+
+
+def _dropout_case(rank, world, recompute):
+    from model.random import RNG
+    ctx = tp_context(world)
+    model = Seq2SeqTransformer(tiny(dropout=0.2), ParallelConfig(model_parallel=world, interleave_num=2,
+                                                                 recompute=recompute), ctx, seed=3)
+    model.train()
+    RNG.seed(123, tp_rank=ctx.tp_rank)
+    loss, grads, _, _ = _run(model, batch())
+    return float(loss), grads
+
+
+def test_recompute_replays_interleaved_dropout_exactly():
+    plain = run_ranks(2, _dropout_case, False)
+    recomputed = run_ranks(2, _dropout_case, True)
+    for (l0, g0), (l1, g1) in zip(plain, recomputed):
+        assert l0 == l1
+        assert all(torch.equal(g0[k], g1[k]) for k in g0)
+    assert plain[0][0] == plain[1][0]                   # the TP ranks drew the same residual dropout masks
+
+
+def test_interleave_num_must_divide_the_micro_batch():
+    cfg = ModelConfig(num_heads=8, d_model=128)
+    layout = ParallelConfig(data_parallel=2, model_parallel=2, micro_batch_num=2, interleave_num=3)
+    with pytest.raises(ConfigError) as e:
+        validate_layout(layout, cfg, world_size=4, global_batch=32)
+    msg = str(e.value)
+    assert "interleave_num=3 does not divide the micro-batch of 8 samples per rank" in msg
+    assert "use interleave_num 1, 2, 4 or 8" in msg
+    validate_layout(layout.replace(interleave_num=4), cfg, world_size=4, global_batch=32)
+    with pytest.raises(ConfigError, match="interleave_num=0 must be >= 1"):
+        validate_layout(layout.replace(interleave_num=0), cfg)
