@@ -56,17 +56,23 @@ def run_staggered(parts: list[Part]) -> list:
     return results
 
 
-def residual_branch(x: torch.Tensor, ln, column: Callable[[torch.Tensor], torch.Tensor], row, drop, group) -> Part:
-    """x + drop(row(column(copy_to_tp(ln(x))))) for one part, with its collectives asynchronous (phases H, A, B;
-    the caller's next phase starts with the wait and the residual add)."""
+def tp_region(h: torch.Tensor, column: Callable[[torch.Tensor], torch.Tensor], row, group) -> Part:
+    """row(column(copy_to_tp(h))) for one part — a column-parallel half, then a `RowParallelLinear` — with both
+    collectives asynchronous: yields after H (`await_tp_grad`), A (copy and column half) and B (partial sum, its
+    all-reduce started); the wait for that all-reduce opens the caller's next phase."""
     link = GradAllReduce()
-    h = await_tp_grad(ln(x), link)
+    h = await_tp_grad(h, link)
     yield
     shard = column(copy_to_tp_async(h, group, link))
     yield
     pending = reduce_from_tp_async(row.partial(shard), group)
     yield
-    return x + drop(row.add_bias(pending.wait()))
+    return row.add_bias(pending.wait())
+
+
+def residual_branch(x: torch.Tensor, ln, column: Callable[[torch.Tensor], torch.Tensor], row, drop, group) -> Part:
+    """x + drop(row(column(copy_to_tp(ln(x))))) for one part (phases H, A, B of `tp_region`)."""
+    return x + drop((yield from tp_region(ln(x), column, row, group)))
 
 
 def _encoder_part(layer, x, mask) -> Part:
