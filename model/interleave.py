@@ -23,8 +23,11 @@ The decoder memory enters the TP region once per stage, as before, now once per 
 its cross-attention and the parts are concatenated into the `memory_tp` the stage's next decoder layers use.
 
 Exactness: every token's arithmetic is the one of the non-interleaved layer; only weight-gradient sums are split
-into N terms (fp32 rounding). Dropout masks are drawn per part, in schedule order: with dropout > 0 the masks
-differ from interleave_num 1 (same distribution, still identical on the TP ranks, replayed exactly by recompute).
+into N terms (fp32 rounding). Dropout masks are drawn per part, each dropout site's parts one after the other
+(part 0 first) — the order in which the non-interleaved layer draws the whole batch's mask. CPU's generator fills
+a mask element by element, so there the masks are interleave_num 1's; a generator that draws per kernel launch
+(CUDA's) gives other masks of the same distribution. Either way they are identical on the TP ranks and replayed
+exactly by recompute.
 """
 from __future__ import annotations
 

@@ -168,10 +168,10 @@ def test_communication_is_in_flight_during_the_other_parts_compute():
         assert idle == blocks, (direction, counts)
 
 
-def _dropout_case(rank, world, recompute):
+def _dropout_case(rank, world, recompute, n=2):
     from model.random import RNG
     ctx = tp_context(world)
-    model = Seq2SeqTransformer(tiny(dropout=0.2), ParallelConfig(model_parallel=world, interleave_num=2,
+    model = Seq2SeqTransformer(tiny(dropout=0.2), ParallelConfig(model_parallel=world, interleave_num=n,
                                                                  recompute=recompute), ctx, seed=3)
     model.train()
     RNG.seed(123, tp_rank=ctx.tp_rank)
@@ -180,12 +180,23 @@ def _dropout_case(rank, world, recompute):
 
 
 def test_recompute_replays_interleaved_dropout_exactly():
+    """Recompute re-runs the interleaved schedule with the saved RNG states: the same masks, bit for bit."""
     plain = run_ranks(2, _dropout_case, False)
     recomputed = run_ranks(2, _dropout_case, True)
     for (l0, g0), (l1, g1) in zip(plain, recomputed):
         assert l0 == l1
         assert all(torch.equal(g0[k], g1[k]) for k in g0)
     assert plain[0][0] == plain[1][0]                   # the TP ranks drew the same residual dropout masks
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_dropout_masks_on_cpu_are_those_of_interleave_1(n):
+    """The schedule draws each dropout site's masks part 0 first, in the order the non-interleaved layer draws
+    them; CPU's generator fills them element by element, so the masks — and loss and gradients — are
+    interleave_num 1's (dropout 0.2 on residuals and attention)."""
+    for (l1, g1), (ln, gn) in zip(run_ranks(2, _dropout_case, False, 1), run_ranks(2, _dropout_case, False, n)):
+        assert ln == l1
+        assert max(float((gn[k] - g1[k]).norm() / g1[k].norm()) for k in g1) <= 1e-6
 
 
 def test_interleave_num_must_divide_the_micro_batch():

@@ -75,6 +75,6 @@ def test_recipe_trains_with_the_loss_falling(tmp_path):
     losses = [r["loss"] for r in read_metrics(tmp_path / "out")]
     print("MLP recipe loss every 100 steps:", [round(float(v), 3) for _, _, v in lines], "final", losses[-1])
     assert len(losses) == 460 and abs(losses[0] - 2.3026) < 0.05
-    assert losses[-1] < 0.5 * losses[0]
+    assert losses[-1] < 1.0                                          # measured 0.81
     accuracy = float(re.search(r'"held_out_accuracy": ([0-9.]+)', proc.stdout).group(1))
-    assert accuracy > 0.6
+    assert accuracy > 0.7                                            # measured 0.79
