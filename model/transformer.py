@@ -14,17 +14,18 @@ rank, summed over every cross-attention of the stage — is all-reduced once per
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig, ParallelConfig
+from model.config import EmbeddingOpParallelConfig, ModelConfig, OpParallelConfig, ParallelConfig
 from model.cross_entropy import vocab_parallel_cross_entropy
 from model import interleave
 from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from model.mappings import copy_to_tp
+from model.pipeline import BlockPlacement, in_one_process, place_blocks
 from model.random import RNG, block_generator, checkpoint
 from model.topology import ParallelContext
 
@@ -92,11 +93,12 @@ class ParallelMLP(nn.Module):
         return F.gelu(self.fc1(x_tp))
 
 
-def word_table(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
+def word_table(cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext, seed: int,
                split: Optional[bool] = None) -> VocabParallelEmbedding:
     """The (first) word table, drawn first from the "embed" generator: the same values wherever it is built, so a
-    pipeline's last stage can hold an exact replica of stage 0's shared table."""
-    split = (not parallel.vocab_emb_dp) if split is None else split
+    pipeline's last stage can hold an exact replica of stage 0's shared table. Split over the model-parallel ranks
+    unless `vocab_emb_dp` (the seed's `EmbeddingOpParallelConfig`)."""
+    split = (not parallel_config.vocab_emb_dp) if split is None else split
     vp = cfg.padded_vocab(ctx.tp_size) if split else cfg.vocab_size
     return VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, cfg.init_std,
                                   block_generator(seed, "embed"))
@@ -104,11 +106,13 @@ def word_table(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext,
 
 class Embeddings(nn.Module):
     """Word + position embeddings of source and target, then dropout. With share_embeddings, one `word` table
-    serves source and target (and the Head's output projection); else `src_word` and `tgt_word`."""
+    serves source and target (and the Head's output projection); else `src_word` and `tgt_word`. Takes the seed's
+    `parallel_config.embedding_dp_mp_config`, as the seed's EmbeddingLayer does."""
 
-    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int):
+    def __init__(self, cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext,
+                 seed: int):
         super().__init__()
-        first = word_table(cfg, parallel, ctx, seed)
+        first = word_table(cfg, parallel_config, ctx, seed)
         gen, std = first.init_generator, cfg.init_std
         if cfg.share_embeddings:
             self.word = first
@@ -240,7 +244,7 @@ class Head(nn.Module):
                                              gen=block_generator(seed, "head"),
                                              padded_out=cfg.padded_vocab(ctx.tp_size))
         elif parallel.pipeline_stage > 1:
-            self.replica = word_table(cfg, parallel, ctx, seed, split=ctx.tp_size > 1)
+            self.replica = word_table(cfg, parallel.embedding_dp_mp_config, ctx, seed, split=ctx.tp_size > 1)
             self.replica.weight.ds_pipe_replicated = True
             self.replica.weight.tied_to = self.TIED_TO
 
@@ -258,11 +262,17 @@ class Head(nn.Module):
 class TokenLoss:
     """Σ of per-token cross-entropy over the non-PAD labels of a micro-batch, passed through `normalize` (the
     training objective's rule, `training.objective.GlobalTokenMean.micro_loss`, which the engine installs).
-    Used as DeepSpeed's pipeline `loss_fn` and by the non-pipelined loop."""
+    Used as DeepSpeed's pipeline `loss_fn` and by the non-pipelined loop. Takes the seed's
+    `parallel_config.dp_mp_config`, as the seed's CrossEntropyLoss does: the logits' vocabulary is split over its
+    `model_parallel` ranks (this rank's slice starts at `vocab_start`); its data-parallel share is the batch split,
+    normalised by `normalize`."""
 
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, normalize=None):
+    def __init__(self, cfg: ModelConfig, parallel_config: OpParallelConfig, ctx: ParallelContext, normalize=None):
+        mp = parallel_config.model_parallel
+        if mp != ctx.tp_size:
+            raise ValueError(f"loss config model_parallel={mp} but this rank's TP group has {ctx.tp_size} ranks")
         self.cfg, self.ctx, self.normalize = cfg, ctx, normalize
-        self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(ctx.tp_size) // ctx.tp_size)
+        self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(mp) // mp)
 
     def token_losses(self, logits_shard, labels):
         return vocab_parallel_cross_entropy(logits_shard, labels, self.vocab_start, self.cfg.vocab_size,
@@ -274,34 +284,40 @@ class TokenLoss:
 
 
 def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
-                decoder_stages: Sequence[int]):
+                placements: Sequence[BlockPlacement]):
     """(class, kwargs) for every pipeline layer in order: Embeddings, EncoderLayer×E, DecoderLayer×D, Head.
-    `decoder_stages[i]` is the stage of decoder layer i (from pipeline_func); it decides `last_on_stage`."""
-    rc, il = parallel.recompute, parallel.interleave_num
-    specs = [(Embeddings, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed))]
-    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=rc, interleave_num=il))
+    `placements` (model.pipeline.place_blocks: encoder blocks, then decoder blocks) say which blocks recompute and
+    each block's stage, which decides a decoder layer's `last_on_stage`."""
+    enc, dec = placements[:cfg.encoder_layers], placements[cfg.encoder_layers:]
+    il = parallel.interleave_num
+    specs = [(Embeddings, dict(cfg=cfg, parallel_config=parallel.embedding_dp_mp_config, ctx=ctx, seed=seed))]
+    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=enc[i].recomputed,
+                                  interleave_num=il))
               for i in range(cfg.encoder_layers)]
     for i in range(cfg.decoder_layers):
-        last_on_stage = i == cfg.decoder_layers - 1 or decoder_stages[i + 1] != decoder_stages[i]
+        last_on_stage = i == cfg.decoder_layers - 1 or dec[i + 1].pipeline_stage != dec[i].pipeline_stage
         specs.append((DecoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, last_on_stage=last_on_stage,
-                                         recompute=rc, interleave_num=il)))
+                                         recompute=dec[i].recomputed, interleave_num=il)))
     specs.append((Head, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed)))
     return specs
 
 
 class Seq2SeqTransformer(nn.Module):
-    """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard."""
+    """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard.
+    `pipeline_func` (model.pipeline; default: the seed's) still decides which blocks recompute."""
 
     def __init__(self, cfg: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
-                 ctx: Optional[ParallelContext] = None, seed: int = 1234):
+                 ctx: Optional[ParallelContext] = None, seed: int = 1234,
+                 pipeline_func: Optional[Callable] = None):
         super().__init__()
         ctx = ctx or ParallelContext.serial()
         self.cfg, self.ctx = cfg, ctx
-        specs = block_specs(cfg, parallel, ctx, seed, [0] * cfg.decoder_layers)
+        placements = in_one_process(place_blocks(cfg, parallel, pipeline_func))
+        specs = block_specs(cfg, parallel, ctx, seed, placements)
         self.blocks = nn.ModuleList(cls(**kw) for cls, kw in specs)
         if cfg.share_embeddings:
             self.blocks[-1].tie(self.blocks[0].word)
-        self.loss_fn = TokenLoss(cfg, ctx)
+        self.loss_fn = TokenLoss(cfg, parallel.dp_mp_config, ctx)
 
     def forward(self, src_ids, tgt_ids):
         x = (src_ids, tgt_ids)

@@ -216,12 +216,12 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     # a pipeline's replica of a tied weight (shared embeddings) is saved once, by the stage that owns it
     params = [(n, p) for n, p in engine.module.named_parameters() if not getattr(p, "ds_pipe_replicated", False)]
     shard = {}
-    for name, p in params:                                    # collective over DP under ZeRO: same order everywhere
+    for pname, p in params:                                   # collective over DP under ZeRO: same order everywhere
         entry = {key: get_full(engine, p, key) for key in ("param",) + STATE_KEYS}
         dim = partition_dim(p)
         entry["partition_dim"] = dim
         entry["full_size"] = getattr(p, "full_size", None)   # serial length along dim: drops vocab padding
-        shard[canonical_name(name)] = entry
+        shard[canonical_name(pname)] = entry       # (not `name`: that is the checkpoint's name, None = step_N)
     if ctx.dp_rank == 0:
         fname = f"shard_pp{ctx.pp_rank}_tp{ctx.tp_rank}.pt"
         _write_atomic(os.path.join(tmp, fname), lambda f: torch.save(shard, f))
