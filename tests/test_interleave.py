@@ -75,6 +75,47 @@ def test_interleaved_loss_and_grads_equal_plain(n, dtype, recompute, vocab_emb_d
     assert loss_err <= tol and grad_err <= tol
 
 
+def _stage_split_case(rank, world, n):
+    """1 encoder + 3 decoder layers placed as a 2-stage pipeline would place them — decoder 0 last on stage 0 (drops
+    memory_tp), decoder 1 first on stage 1 (the memory enters the TP region again), recomputed — run block after
+    block in one process: what each stage runs, without the send/receive."""
+    from model.pipeline import BlockPlacement
+    from model.transformer import TokenLoss, block_specs
+    ctx = tp_context(world)
+    cfg = tiny(enc=1, dec=3)
+    placements = [BlockPlacement("encoder", 0, 0), BlockPlacement("decoder", 0, 0),
+                  BlockPlacement("decoder", 1, 1, recomputed=True), BlockPlacement("decoder", 2, 1)]
+    out = {}
+    for il in (1, n):
+        parallel = ParallelConfig(model_parallel=world, interleave_num=il)
+        blocks = torch.nn.ModuleList(cls(**kw) for cls, kw in block_specs(cfg, parallel, ctx, 42, placements))
+        src, tgt, labels = batch()
+        x = (src, tgt)
+        for block in blocks:
+            x = block(x)
+            if block is blocks[2]:
+                assert len(x) == 4                   # memory_tp dropped at the stage boundary
+        loss = TokenLoss(cfg, parallel.dp_mp_config, ctx).token_losses(x, labels).sum()
+        loss.backward()
+        out[il] = (loss.detach(), {k: p.grad for k, p in blocks.named_parameters()})
+    (l1, g1), (ln, gn) = out[1], out[n]
+    return float((ln - l1).abs() / l1), max(float((gn[k] - g1[k]).norm() / g1[k].norm()) for k in g1)
+
+
+def test_stage_boundary_between_decoder_layers():
+    loss_err, grad_err = max(run_ranks(2, _stage_split_case, 2))
+    assert loss_err <= 1e-6 and grad_err <= 1e-6, (loss_err, grad_err)
+
+
+def test_recipe_key_and_flag_reach_the_parallel_config(tmp_path):
+    from training.args import parallel_config, parse_args
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps({"parallel": {"model_parallel": 2, "interleave_num": 4}}))
+    assert parallel_config(parse_args(["--recipe", str(recipe)]), 2).interleave_num == 4
+    assert parallel_config(parse_args(["--recipe", str(recipe), "--interleave_num", "2"]), 2).interleave_num == 2
+    assert parallel_config(parse_args([]), 1).interleave_num == 1
+
+
 def test_same_collectives_n_times_at_one_nth_the_size():
     """Every all-reduce of the encoder and decoder layers (forward: attention and MLP outputs; backward: their
     inputs' gradients and the memory's) is issued n times, 1/n the size, asynchronously; the others — the head's
