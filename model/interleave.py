@@ -15,9 +15,10 @@ independent parts in reverse creation order, so the input-gradient all-reduce th
 starts is in flight while that other part's phase is differentiated, and `await_tp_grad`'s backward waits for it
 only then, just before the LayerNorm's backward reads the gradient. This is Domino's idea
 (deepspeed/runtime/domino: batch halves, async all-reduces, a no-op autograd node that waits in backward) for an
-encoder-decoder with padding masks and cross-attention, generalised to N parts. Only the first phase of a part in a
-block (no other part has run yet) and its last (nothing is left to run) are not overlapped: every block starts
-from and returns whole tensors, so pipeline stages and recompute see the same tuples as without interleaving.
+encoder-decoder with padding masks and cross-attention, generalised to N parts. Per layer and direction one
+all-reduce has nothing to overlap with — forward the last part's last one, backward the first part's first one —
+because every block starts from and returns whole tensors, so pipeline stages and recompute see the same tuples as
+without interleaving.
 
 The decoder memory enters the TP region once per stage, as before, now once per part: a part's copy is made in
 its cross-attention and the parts are concatenated into the `memory_tp` the stage's next decoder layers use.
@@ -26,7 +27,7 @@ Exactness: every token's arithmetic is the one of the non-interleaved layer; onl
 into N terms (fp32 rounding). Dropout masks are drawn per part, each dropout site's parts one after the other
 (part 0 first) — the order in which the non-interleaved layer draws the whole batch's mask. CPU's generator fills
 a mask element by element, so there the masks are interleave_num 1's; a generator that draws per kernel launch
-(CUDA's) gives other masks of the same distribution. Either way they are identical on the TP ranks and replayed
+(CUDA's) may give other masks of the same distribution. Either way they are identical on the TP ranks and replayed
 exactly by recompute.
 """
 from __future__ import annotations

@@ -4,7 +4,6 @@ trains through DeepSpeed's launcher with the loss falling as in the seed's log."
 import re
 
 import pytest
-import torch
 
 from model.mappings import CommLog
 from model.mlp import MLPClassifier
