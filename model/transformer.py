@@ -22,6 +22,7 @@ from torch import nn
 
 from model.config import EmbeddingOpParallelConfig, ModelConfig, OpParallelConfig, ParallelConfig
 from model.cross_entropy import vocab_parallel_cross_entropy
+from model import interleave
 from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from model.mappings import copy_to_tp
 from model.pipeline import BlockPlacement, in_one_process, place_blocks
@@ -60,7 +61,11 @@ class ParallelAttention(nn.Module):
         return t.unbind(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None):
-        x = copy_to_tp(x, self.ctx.tp_group)
+        return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp))
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None):
+        """This rank's heads on an input already in the TP region: [B, S, heads·head_dim], the out-projection's
+        input shard."""
         if self.cross:
             (q,) = self._split(self.q(x), 1)
             k, v = self._split(self.kv(memory_tp), 2)
@@ -70,18 +75,22 @@ class ParallelAttention(nn.Module):
         with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         b, _, s, _ = o.shape
-        return self.out(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        return o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
 
 class ParallelMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator):
         super().__init__()
         self.ctx = ctx
-        self.fc1 = ColumnParallelLinear(cfg.d_model, cfg.ffn, ctx, std=cfg.init_std, gen=gen)
+        self.fc1 = ColumnParallelLinear(cfg.d_model, cfg.ffn, ctx, input_is_copied=True, std=cfg.init_std, gen=gen)
         self.fc2 = RowParallelLinear(cfg.ffn, cfg.d_model, ctx, std=cfg.init_std, gen=gen)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(self.hidden(copy_to_tp(x, self.ctx.tp_group)))
+
+    def hidden(self, x_tp):
+        """The FFN activation shard of an input already in the TP region (fc2's input shard)."""
+        return F.gelu(self.fc1(x_tp))
 
 
 def word_table(cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext, seed: int,
@@ -132,20 +141,27 @@ class Embeddings(nn.Module):
 
 
 class _Block(nn.Module):
-    """A transformer layer; with recompute its activations are rebuilt in backward (exact under TP/dropout)."""
+    """A transformer layer; with recompute its activations are rebuilt in backward (exact under TP/dropout).
+    With interleave_num N > 1 (and a batch N divides) it runs `_interleaved`: N batch parts, each part's TP
+    communication overlapping another part's compute (`model.interleave`)."""
     recompute = False
+    interleave_num = 1
 
     def forward(self, inputs):
+        fn = self._forward
+        if self.interleave_num > 1 and inputs[0].shape[0] % self.interleave_num == 0:
+            fn = self._interleaved
         if self.recompute and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward, *inputs)
-        return self._forward(*inputs)
+            return checkpoint(fn, *inputs)
+        return fn(*inputs)
 
 
 class EncoderLayer(_Block):
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, recompute: bool = False):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, recompute: bool = False,
+                 interleave_num: int = 1):
         super().__init__()
         gen = block_generator(seed, f"enc{index}")
-        self.pad_id, self.recompute = cfg.pad_id, recompute
+        self.pad_id, self.recompute, self.interleave_num = cfg.pad_id, recompute, interleave_num
         self.last = index == cfg.encoder_layers - 1
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.attn = ParallelAttention(cfg, ctx, gen, cross=False)
@@ -156,6 +172,13 @@ class EncoderLayer(_Block):
     def _forward(self, x, tgt_h, src_ids, tgt_ids):
         x = x + self.drop(self.attn(self.ln1(x), _key_padding(src_ids, self.pad_id)))
         x = x + self.drop(self.mlp(self.ln2(x)))
+        return self._outputs(x, tgt_h, src_ids, tgt_ids)
+
+    def _interleaved(self, x, tgt_h, src_ids, tgt_ids):
+        x = interleave.encoder_layer(self, x, _key_padding(src_ids, self.pad_id))
+        return self._outputs(x, tgt_h, src_ids, tgt_ids)
+
+    def _outputs(self, x, tgt_h, src_ids, tgt_ids):
         if self.last:                                       # hand over to the decoder: (tgt_h, memory, ...)
             return tgt_h, self.final_ln(x), src_ids, tgt_ids
         return x, tgt_h, src_ids, tgt_ids
@@ -165,10 +188,10 @@ class DecoderLayer(_Block):
     """`last_on_stage`: drop memory_tp from the output so only replicated tensors cross a stage boundary."""
 
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, last_on_stage: bool,
-                 recompute: bool = False):
+                 recompute: bool = False, interleave_num: int = 1):
         super().__init__()
         gen = block_generator(seed, f"dec{index}")
-        self.ctx, self.pad_id, self.recompute = ctx, cfg.pad_id, recompute
+        self.ctx, self.pad_id, self.recompute, self.interleave_num = ctx, cfg.pad_id, recompute, interleave_num
         self.last = index == cfg.decoder_layers - 1
         self.last_on_stage = last_on_stage
         self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
@@ -184,6 +207,15 @@ class DecoderLayer(_Block):
         x = x + self.drop(self.self_attn(self.ln1(x), self_mask))
         x = x + self.drop(self.cross_attn(self.ln2(x), _key_padding(src_ids, self.pad_id), memory_tp))
         x = x + self.drop(self.mlp(self.ln3(x)))
+        return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
+
+    def _interleaved(self, x, memory, src_ids, tgt_ids, memory_tp=None):
+        self_mask = _causal(x.shape[1], x.device)[None, None] & _key_padding(tgt_ids, self.pad_id)
+        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, self_mask,
+                                                _key_padding(src_ids, self.pad_id))
+        return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
+
+    def _outputs(self, x, memory, src_ids, tgt_ids, memory_tp):
         if self.last:
             return x
         if self.last_on_stage:
@@ -257,13 +289,15 @@ def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext
     `placements` (model.pipeline.place_blocks: encoder blocks, then decoder blocks) say which blocks recompute and
     each block's stage, which decides a decoder layer's `last_on_stage`."""
     enc, dec = placements[:cfg.encoder_layers], placements[cfg.encoder_layers:]
+    il = parallel.interleave_num
     specs = [(Embeddings, dict(cfg=cfg, parallel_config=parallel.embedding_dp_mp_config, ctx=ctx, seed=seed))]
-    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=enc[i].recomputed))
+    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=enc[i].recomputed,
+                                  interleave_num=il))
               for i in range(cfg.encoder_layers)]
     for i in range(cfg.decoder_layers):
         last_on_stage = i == cfg.decoder_layers - 1 or dec[i + 1].pipeline_stage != dec[i].pipeline_stage
         specs.append((DecoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, last_on_stage=last_on_stage,
-                                         recompute=dec[i].recomputed)))
+                                         recompute=dec[i].recomputed, interleave_num=il)))
     specs.append((Head, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed)))
     return specs
 

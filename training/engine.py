@@ -207,7 +207,8 @@ class Engine:
         _, accum_dtype = self.ds.get_data_types()
         p = self.parallel
         return {"world": dist.get_world_size(), "dp": p.data_parallel, "mp": p.model_parallel,
-                "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "zero_stage": self.zero_stage,
+                "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "interleave_num": p.interleave_num,
+                "zero_stage": self.zero_stage,
                 "recompute": p.recompute, "precision": self.precision, "optimizer": type(self.ds.optimizer).__name__,
                 "grad_accum_dtype": str(accum_dtype).replace("torch.", ""), "backend": dist.get_backend(),
                 "device": self.device.type}
