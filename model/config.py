@@ -46,6 +46,9 @@ class ParallelConfig:
     vocab_emb_dp: bool = True
     # Beyond the seed: the ZeRO stage when optimizer_shard is on (1 is the only one DeepSpeed allows with pipelining).
     zero_stage: Optional[int] = None
+    # The seed's `nn.MicroBatchInterleaved(net, interleave_num)`: each micro-batch runs as this many batch parts whose
+    # TP communication overlaps each other's compute (model.interleave); 1 = off.
+    interleave_num: int = 1
 
     @property
     def dp_mp_config(self) -> OpParallelConfig:
@@ -119,6 +122,11 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def _or_list(items: list) -> str:
+    words = [str(i) for i in items]
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
+
+
 def suggest_layouts(world_size: int, model: ModelConfig, global_batch: Optional[int] = None,
                     micro_batch_num: int = 1, limit: int = 6) -> list[str]:
     """Layouts (dp, mp, pp) that fit the world and model, most model-parallel first; used in error messages."""
@@ -136,12 +144,29 @@ def suggest_layouts(world_size: int, model: ModelConfig, global_batch: Optional[
     return out[:limit]
 
 
+def batch_errors(p: ParallelConfig, global_batch: int) -> list[str]:
+    """What is wrong with cutting `global_batch` into dp slices, micro-batches and interleaved parts (empty: fine)."""
+    per = p.data_parallel * p.micro_batch_num
+    if global_batch < 1 or global_batch % per:
+        fits = [b for b in range(per, 4 * per + 1, per)][:3]
+        return [f"global batch_size={global_batch} is not divisible by data_parallel×micro_batch_num = "
+                f"{p.data_parallel}×{p.micro_batch_num} = {per} (try batch_size {fits})"]
+    micro = global_batch // per
+    if p.interleave_num < 1 or micro % p.interleave_num == 0:
+        return []
+    ok = [d for d in _divisors(micro) if d <= max(p.interleave_num, 8)]
+    return [f"interleave_num={p.interleave_num} does not divide the micro-batch of {micro} samples per rank "
+            f"(batch_size {global_batch} / (data_parallel {p.data_parallel} × micro_batch_num {p.micro_batch_num})):"
+            f" use interleave_num {_or_list(ok)}, or a batch_size that {p.interleave_num} × {per} divides"]
+
+
 def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Optional[int] = None,
                     global_batch: Optional[int] = None) -> None:
     """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit."""
     p, m = parallel, model
     errors: list[str] = []
-    for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "gradient_aggregation_group"):
+    for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "gradient_aggregation_group",
+                 "interleave_num"):
         if getattr(p, name) < 1:
             errors.append(f"{name}={getattr(p, name)} must be >= 1")
     for name in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len"):
@@ -167,11 +192,7 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
         errors.append(f"pipeline_stage={p.pipeline_stage} > {m.num_blocks} blocks (encoder_layers={m.encoder_layers}"
                       f" + decoder_layers={m.decoder_layers}): every stage needs at least one block")
     if global_batch is not None:
-        per = p.data_parallel * p.micro_batch_num
-        if global_batch < 1 or global_batch % per:
-            fits = [b for b in range(per, 4 * per + 1, per)][:3]
-            errors.append(f"global batch_size={global_batch} is not divisible by data_parallel×micro_batch_num = "
-                          f"{p.data_parallel}×{p.micro_batch_num} = {per} (try batch_size {fits})")
+        errors += batch_errors(p, global_batch)
     zero = p.effective_zero_stage
     if zero not in (0, 1, 2, 3):
         errors.append(f"zero_stage={zero} must be 0, 1, 2 or 3")
@@ -188,7 +209,8 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
                       f"table is the output projection, which is split by vocabulary rows over the mp ranks")
     if errors:
         degrees = (f"[dp={p.data_parallel} mp={p.model_parallel} pp={p.pipeline_stage} "
-                   f"micro_batch_num={p.micro_batch_num} zero={zero}]")
+                   f"micro_batch_num={p.micro_batch_num} zero={zero}"
+                   + (f" interleave_num={p.interleave_num}]" if p.interleave_num != 1 else "]"))
         msg = "invalid parallel layout " + degrees + ": " + "; ".join(errors)
         if world_size is not None:
             fits = suggest_layouts(world_size, m, global_batch, p.micro_batch_num)

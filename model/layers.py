@@ -77,7 +77,13 @@ class RowParallelLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
     def forward(self, x_shard: torch.Tensor) -> torch.Tensor:
-        y = reduce_from_tp(F.linear(x_shard, self.weight), self.ctx.tp_group)
+        return self.add_bias(reduce_from_tp(self.partial(x_shard), self.ctx.tp_group))
+
+    def partial(self, x_shard: torch.Tensor) -> torch.Tensor:
+        """This rank's term of the sum (what the all-reduce adds up)."""
+        return F.linear(x_shard, self.weight)
+
+    def add_bias(self, y: torch.Tensor) -> torch.Tensor:
         return y + self.bias if self.bias is not None else y
 
 

@@ -1,18 +1,38 @@
 """Blocks → pipeline stages with the seed's `pipeline_func`, and the model as a DeepSpeed PipelineModule.
 
-The seed places each Transformer block with a lambda
+The seed places each Transformer block with a function
 
     pipeline_func(network, layer_id, offset, parallel_config, layers)
 
-that sets `network.pipeline_stage` (encoder blocks: offset 0; decoder blocks: offset = encoder layers; `layers` is
-the number of blocks). We call it the same way on a placeholder per block *before* building anything, so only the
-blocks of this rank's stage are ever constructed (DeepSpeed LayerSpecs). Embeddings always sit on stage 0, the head
-and the loss on the last stage. A recipe may name its own function (`module:function`); the seed's own lambda,
-including its `set_comm_fusion` call, runs unchanged.
+(encoder blocks: offset 0; decoder blocks: offset = encoder layers; `layers` = encoder + decoder layers). We call it
+the same way, *before* building anything, on a `BlockPlacement` per block, so only the blocks of this rank's stage
+are ever constructed (DeepSpeed LayerSpecs). Embeddings always sit on stage 0, the head and the loss on the last
+stage. What the function may do with `network`, as the seed's lambdas do:
+
+    network.pipeline_stage = k      the block's stage, an int in 0..pipeline_stage-1, not decreasing block to block
+    network.recompute()             activation checkpointing of this block only (exact: model.random.checkpoint)
+    network.set_comm_fusion(k)      the seed's gradient fusion id: recorded and printed per block by plan.py
+
+Fusion ids are reported, not used to group gradient reductions: they only decide how many all-reduce calls
+MindSpore makes (the sum is the same), and DeepSpeed already fuses gradients into buckets — ZeRO 0's buffered
+all-reduce, ZeRO 1/2's reduce buckets — which training.engine sizes from the same `gradient_aggregation_group`
+the seed's default lambda derives its ids from (≈ that many equal groups). Grouping by id would replace
+DeepSpeed's reduction code for a performance hint; the plan shows the ids so a recipe can be compared with the seed.
+
+Built-in functions, by name (`--pipeline_func seed|even`, or "package.module:function"):
+    seed (default)  MindSpore's default layer lambda: block i (with offset) on stage
+                    min((i + offset) // max(layers // pipeline_stage, 1), pipeline_stage - 1); fusion id
+                    (i + offset) // max(layers // gradient_aggregation_group, 1) + 1; recompute() when
+                    parallel_config.recompute. Uneven splits put the remainder on the last stage.
+    even            the same, with stage ⌊(i + offset) · pipeline_stage / layers⌋ (remainder spread out).
+With pipeline_stage 1 there is no pipeline and the stage a function sets is not used (the tutorial's own lambda
+puts every block on stage ≥ 1); recompute and fusion ids still apply.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -21,53 +41,122 @@ from model.config import ConfigError, ModelConfig, ParallelConfig
 
 @dataclass
 class BlockPlacement:
-    """What `pipeline_func` receives as `network`: it sets `pipeline_stage` (and may call set_comm_fusion)."""
-    kind: str
+    """What `pipeline_func` receives as `network` for one block, and what it decided."""
+    kind: str                           # "encoder" | "decoder"
     layer_id: int
     pipeline_stage: int = 0
     comm_fusion: Optional[int] = None
+    recomputed: bool = False
 
-    def set_comm_fusion(self, group: int) -> None:
-        self.comm_fusion = group
+    @property
+    def name(self) -> str:
+        return f"{self.kind}.{self.layer_id}"
+
+    def recompute(self) -> None:
+        """The seed's `Cell.recompute()`: rebuild this block's activations in backward instead of keeping them."""
+        self.recomputed = True
+
+    def set_comm_fusion(self, fusion_id: int) -> None:
+        self.comm_fusion = fusion_id
 
 
-def default_pipeline_func(network, layer_id, offset, parallel_config, layers):
-    """Even split by block index, as the seed's default: block k of n goes to stage ⌊k·pp/n⌋."""
+def _seed_fusion_and_recompute(network, layer_id, offset, parallel_config, layers) -> None:
+    """The part of MindSpore's default lambda after the stage: gradient fusion id and recompute."""
+    dis = max(layers // parallel_config.gradient_aggregation_group, 1)
+    network.set_comm_fusion((layer_id + offset) // dis + 1)
+    if parallel_config.recompute:
+        network.recompute()
+
+
+def seed_pipeline_func(network, layer_id, offset, parallel_config, layers):
+    """MindSpore's default layer lambda: equal runs of max(layers // pp, 1) blocks, the remainder on the last stage."""
+    pp = parallel_config.pipeline_stage
+    network.pipeline_stage = min((layer_id + offset) // max(layers // pp, 1), pp - 1)
+    _seed_fusion_and_recompute(network, layer_id, offset, parallel_config, layers)
+
+
+def even_pipeline_func(network, layer_id, offset, parallel_config, layers):
+    """Block k of n on stage ⌊k·pp/n⌋: stage sizes differ by at most one block."""
     network.pipeline_stage = (layer_id + offset) * parallel_config.pipeline_stage // layers
+    _seed_fusion_and_recompute(network, layer_id, offset, parallel_config, layers)
+
+
+BUILTIN_PIPELINE_FUNCS = {"seed": seed_pipeline_func, "even": even_pipeline_func}
+DEFAULT_PIPELINE_FUNC = "seed"
 
 
 def load_pipeline_func(spec: Optional[str]) -> Callable:
-    """'module.path:function' → the function; None → the default even split."""
-    if not spec:
-        return default_pipeline_func
-    module, _, name = spec.partition(":")
+    """'seed' | 'even' | 'module.path:function' → the function; None → the seed's default split."""
+    spec = spec or DEFAULT_PIPELINE_FUNC
+    if spec in BUILTIN_PIPELINE_FUNCS:
+        return BUILTIN_PIPELINE_FUNCS[spec]
+    module, colon, name = spec.partition(":")
+    if not colon:
+        raise ConfigError(f"pipeline_func={spec!r} is neither a built-in ({', '.join(BUILTIN_PIPELINE_FUNCS)}) nor "
+                          f"'package.module:function'")
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); give it as 'package.module:function'")
 
 
-def assign_stages(model: ModelConfig, parallel: ParallelConfig, pipeline_func: Optional[Callable] = None) -> list[int]:
-    """Stage of each block (encoder blocks then decoder blocks), checked to be a valid pipeline."""
-    func = pipeline_func or default_pipeline_func
+def pipeline_func_name(func: Optional[Callable]) -> str:
+    """'seed' / 'even' for the built-ins, else 'module:function' (how a recipe names it)."""
+    func = func or BUILTIN_PIPELINE_FUNCS[DEFAULT_PIPELINE_FUNC]
+    for name, builtin in BUILTIN_PIPELINE_FUNCS.items():
+        if func is builtin:
+            return name
+    return f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', repr(func))}"
+
+
+def place_blocks(model: ModelConfig, parallel: ParallelConfig,
+                 pipeline_func: Optional[Callable] = None) -> list[BlockPlacement]:
+    """Call `pipeline_func` on every block (encoder blocks, then decoder blocks) and check the pipeline it gives."""
+    func = pipeline_func or BUILTIN_PIPELINE_FUNCS[DEFAULT_PIPELINE_FUNC]
+    fname = pipeline_func_name(func)
     n, pp = model.num_blocks, parallel.pipeline_stage
-    stages = []
-    for kind, count, offset in (("encoder", model.encoder_layers, 0), ("decoder", model.decoder_layers,
-                                                                        model.encoder_layers)):
+    placements = []
+    for kind, count, offset in (("encoder", model.encoder_layers, 0),
+                                ("decoder", model.decoder_layers, model.encoder_layers)):
         for layer_id in range(count):
             placement = BlockPlacement(kind, layer_id)
-            func(placement, layer_id, offset, parallel, n)
-            stages.append(int(placement.pipeline_stage))
-    desc = f"pipeline_func placed blocks (encoder…decoder) on stages {stages} with pipeline_stage={pp}"
-    if any(s < 0 or s >= pp for s in stages):
-        raise ConfigError(f"{desc}: every stage must be in 0..{pp - 1}")
-    if any(b < a for a, b in zip(stages, stages[1:])):
-        raise ConfigError(f"{desc}: stages must not decrease from one block to the next")
+            where = f"block {placement.name} (layer_id={layer_id}, offset={offset}, layers={n})"
+            try:
+                func(placement, layer_id, offset, parallel, n)
+            except Exception as exc:            # the user's code: one line naming it and the block, no traceback
+                detail = " ".join(str(exc).split())
+                raise ConfigError(f"pipeline_func {fname} raised {type(exc).__name__}: {detail} — at {where}")
+            stage = placement.pipeline_stage
+            if not isinstance(stage, numbers.Integral) or isinstance(stage, bool):
+                raise ConfigError(f"pipeline_func {fname} set pipeline_stage={stage!r} ({type(stage).__name__}) "
+                                  f"at {where}: it must be an int")
+            placement.pipeline_stage = int(stage) if pp > 1 else 0      # one stage: nothing to place
+            placements.append(placement)
+    stages = [p.pipeline_stage for p in placements]
+    desc = f"pipeline_func {fname} placed blocks (encoder…decoder) on stages {stages} with pipeline_stage={pp}"
+    bad = [p for p in placements if not 0 <= p.pipeline_stage < pp]
+    if bad:
+        raise ConfigError(f"{desc}: every stage must be in 0..{pp - 1} ({bad[0].name} is on {bad[0].pipeline_stage})")
+    down = [(a, b) for a, b in zip(placements, placements[1:]) if b.pipeline_stage < a.pipeline_stage]
+    if down:
+        a, b = down[0]
+        raise ConfigError(f"{desc}: stages must not decrease from one block to the next ({b.name} on "
+                          f"{b.pipeline_stage} after {a.name} on {a.pipeline_stage})")
     # Embeddings are on stage 0 and the head on the last: those stages are never empty.
     empty = [s for s in range(1, pp - 1) if s not in stages]
     if empty:
         raise ConfigError(f"{desc}: stage(s) {empty} hold no block")
-    return stages
+    return placements
+
+
+def assign_stages(model: ModelConfig, parallel: ParallelConfig, pipeline_func: Optional[Callable] = None) -> list[int]:
+    """Stage of each block (encoder blocks then decoder blocks), checked to be a valid pipeline."""
+    return [p.pipeline_stage for p in place_blocks(model, parallel, pipeline_func)]
+
+
+def in_one_process(placements: list[BlockPlacement]) -> list[BlockPlacement]:
+    """The same decisions with every block on stage 0 (the whole model in one process)."""
+    return [dataclasses.replace(p, pipeline_stage=0) for p in placements]
 
 
 def layer_stages(model: ModelConfig, parallel: ParallelConfig, block_stages: list[int]) -> list[int]:
@@ -84,9 +173,10 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
     from model.transformer import Head, TokenLoss, block_specs
 
     ctx = ParallelContext.from_grid(grid)
-    block_st = assign_stages(model, parallel, pipeline_func)
+    placements = place_blocks(model, parallel, pipeline_func)
+    block_st = [p.pipeline_stage for p in placements]
     stages = layer_stages(model, parallel, block_st)
-    specs = block_specs(model, parallel, ctx, seed, block_st[model.encoder_layers:])
+    specs = block_specs(model, parallel, ctx, seed, placements)
     bounds = [stages.index(s) for s in range(parallel.pipeline_stage)] + [len(stages)]   # every stage non-empty
 
     tie_group = first_last_stage_group(parallel, grid) if model.share_embeddings else None
@@ -108,7 +198,7 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             return tied
 
     module = StagedPipelineModule(layers=[LayerSpec(cls, **kw) for cls, kw in specs], topology=grid.topology(),
-                                  loss_fn=TokenLoss(model, ctx), partition_method="uniform")
+                                  loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx), partition_method="uniform")
     module._grid = grid          # one grid for layers and engine (PipelineModule built its own copy of it)
     for p in module.parameters():   # PipelineModule resets ds_pipe_replicated on every parameter; the replica of a
         if getattr(p, "tied_to", None):   # tied weight is counted once (on its owner) in the gradient norm

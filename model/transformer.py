@@ -14,16 +14,18 @@ rank, summed over every cross-attention of the stage — is all-reduced once per
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig, ParallelConfig
+from model.config import EmbeddingOpParallelConfig, ModelConfig, OpParallelConfig, ParallelConfig
 from model.cross_entropy import vocab_parallel_cross_entropy
+from model import interleave
 from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from model.mappings import copy_to_tp
+from model.pipeline import BlockPlacement, in_one_process, place_blocks
 from model.random import RNG, block_generator, checkpoint
 from model.topology import ParallelContext
 
@@ -63,7 +65,11 @@ class ParallelAttention(nn.Module):
         return t.unbind(0)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None):
-        x = copy_to_tp(x, self.ctx.tp_group)
+        return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp, cache))
+
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None):
+        """This rank's heads on an input already in the TP region: [B, S, heads·head_dim], the out-projection's
+        input shard."""
         if self.cross:
             (q,) = self._split(self.q(x), 1)
             if cache is not None and cache.keys is not None:
@@ -80,25 +86,30 @@ class ParallelAttention(nn.Module):
         with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         b, _, s, _ = o.shape
-        return self.out(o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim))
+        return o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
 
 
 class ParallelMLP(nn.Module):
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator):
         super().__init__()
         self.ctx = ctx
-        self.fc1 = ColumnParallelLinear(cfg.d_model, cfg.ffn, ctx, std=cfg.init_std, gen=gen)
+        self.fc1 = ColumnParallelLinear(cfg.d_model, cfg.ffn, ctx, input_is_copied=True, std=cfg.init_std, gen=gen)
         self.fc2 = RowParallelLinear(cfg.ffn, cfg.d_model, ctx, std=cfg.init_std, gen=gen)
 
     def forward(self, x):
-        return self.fc2(F.gelu(self.fc1(x)))
+        return self.fc2(self.hidden(copy_to_tp(x, self.ctx.tp_group)))
+
+    def hidden(self, x_tp):
+        """The FFN activation shard of an input already in the TP region (fc2's input shard)."""
+        return F.gelu(self.fc1(x_tp))
 
 
-def word_table(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
+def word_table(cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext, seed: int,
                split: Optional[bool] = None) -> VocabParallelEmbedding:
     """The (first) word table, drawn first from the "embed" generator: the same values wherever it is built, so a
-    pipeline's last stage can hold an exact replica of stage 0's shared table."""
-    split = (not parallel.vocab_emb_dp) if split is None else split
+    pipeline's last stage can hold an exact replica of stage 0's shared table. Split over the model-parallel ranks
+    unless `vocab_emb_dp` (the seed's `EmbeddingOpParallelConfig`)."""
+    split = (not parallel_config.vocab_emb_dp) if split is None else split
     vp = cfg.padded_vocab(ctx.tp_size) if split else cfg.vocab_size
     return VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, cfg.init_std,
                                   block_generator(seed, "embed"))
@@ -106,11 +117,13 @@ def word_table(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext,
 
 class Embeddings(nn.Module):
     """Word + position embeddings of source and target, then dropout. With share_embeddings, one `word` table
-    serves source and target (and the Head's output projection); else `src_word` and `tgt_word`."""
+    serves source and target (and the Head's output projection); else `src_word` and `tgt_word`. Takes the seed's
+    `parallel_config.embedding_dp_mp_config`, as the seed's EmbeddingLayer does."""
 
-    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int):
+    def __init__(self, cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext,
+                 seed: int):
         super().__init__()
-        first = word_table(cfg, parallel, ctx, seed)
+        first = word_table(cfg, parallel_config, ctx, seed)
         gen, std = first.init_generator, cfg.init_std
         if cfg.share_embeddings:
             self.word = first
@@ -144,20 +157,27 @@ class Embeddings(nn.Module):
 
 
 class _Block(nn.Module):
-    """A transformer layer; with recompute its activations are rebuilt in backward (exact under TP/dropout)."""
+    """A transformer layer; with recompute its activations are rebuilt in backward (exact under TP/dropout).
+    With interleave_num N > 1 (and a batch N divides) it runs `_interleaved`: N batch parts, each part's TP
+    communication overlapping another part's compute (`model.interleave`)."""
     recompute = False
+    interleave_num = 1
 
     def forward(self, inputs):
+        fn = self._forward
+        if self.interleave_num > 1 and inputs[0].shape[0] % self.interleave_num == 0:
+            fn = self._interleaved
         if self.recompute and self.training and torch.is_grad_enabled():
-            return checkpoint(self._forward, *inputs)
-        return self._forward(*inputs)
+            return checkpoint(fn, *inputs)
+        return fn(*inputs)
 
 
 class EncoderLayer(_Block):
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, recompute: bool = False):
+    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, recompute: bool = False,
+                 interleave_num: int = 1):
         super().__init__()
         gen = block_generator(seed, f"enc{index}")
-        self.pad_id, self.recompute = cfg.pad_id, recompute
+        self.pad_id, self.recompute, self.interleave_num = cfg.pad_id, recompute, interleave_num
         self.last = index == cfg.encoder_layers - 1
         self.ln1, self.ln2 = nn.LayerNorm(cfg.d_model), nn.LayerNorm(cfg.d_model)
         self.attn = ParallelAttention(cfg, ctx, gen, cross=False)
@@ -168,6 +188,13 @@ class EncoderLayer(_Block):
     def _forward(self, x, tgt_h, src_ids, tgt_ids):
         x = x + self.drop(self.attn(self.ln1(x), _key_padding(src_ids, self.pad_id)))
         x = x + self.drop(self.mlp(self.ln2(x)))
+        return self._outputs(x, tgt_h, src_ids, tgt_ids)
+
+    def _interleaved(self, x, tgt_h, src_ids, tgt_ids):
+        x = interleave.encoder_layer(self, x, _key_padding(src_ids, self.pad_id))
+        return self._outputs(x, tgt_h, src_ids, tgt_ids)
+
+    def _outputs(self, x, tgt_h, src_ids, tgt_ids):
         if self.last:                                       # hand over to the decoder: (tgt_h, memory, ...)
             return tgt_h, self.final_ln(x), src_ids, tgt_ids
         return x, tgt_h, src_ids, tgt_ids
@@ -177,10 +204,10 @@ class DecoderLayer(_Block):
     """`last_on_stage`: drop memory_tp from the output so only replicated tensors cross a stage boundary."""
 
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, last_on_stage: bool,
-                 recompute: bool = False):
+                 recompute: bool = False, interleave_num: int = 1):
         super().__init__()
         gen = block_generator(seed, f"dec{index}")
-        self.ctx, self.pad_id, self.recompute = ctx, cfg.pad_id, recompute
+        self.ctx, self.pad_id, self.recompute, self.interleave_num = ctx, cfg.pad_id, recompute, interleave_num
         self.last = index == cfg.decoder_layers - 1
         self.last_on_stage = last_on_stage
         self.ln1, self.ln2, self.ln3 = (nn.LayerNorm(cfg.d_model) for _ in range(3))
@@ -199,11 +226,7 @@ class DecoderLayer(_Block):
         x = x + self.drop(self.cross_attn(self.ln2(x), _key_padding(src_ids, self.pad_id), memory_tp,
                                           cache=cross_cache))
         x = x + self.drop(self.mlp(self.ln3(x)))
-        if self.last:
-            return x
-        if self.last_on_stage:
-            return x, memory, src_ids, tgt_ids
-        return x, memory, src_ids, tgt_ids, memory_tp
+        return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
 
     def decode(self, x, memory, src_ids, tgt_ids, cache=None) -> torch.Tensor:
         """The layer outside the pipeline's tuple protocol (model.inference): x [B, L, d] holds the last L
@@ -211,6 +234,19 @@ class DecoderLayer(_Block):
         positions come from it (and this call's keys/values are added to it), else L == T."""
         out = self._forward(x, memory, src_ids, tgt_ids, None, cache)
         return out if isinstance(out, torch.Tensor) else out[0]
+
+    def _interleaved(self, x, memory, src_ids, tgt_ids, memory_tp=None):
+        self_mask = _causal(x.shape[1], x.device)[None, None] & _key_padding(tgt_ids, self.pad_id)
+        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, self_mask,
+                                                _key_padding(src_ids, self.pad_id))
+        return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
+
+    def _outputs(self, x, memory, src_ids, tgt_ids, memory_tp):
+        if self.last:
+            return x
+        if self.last_on_stage:
+            return x, memory, src_ids, tgt_ids
+        return x, memory, src_ids, tgt_ids, memory_tp
 
 
 class Head(nn.Module):
@@ -234,7 +270,7 @@ class Head(nn.Module):
                                              gen=block_generator(seed, "head"),
                                              padded_out=cfg.padded_vocab(ctx.tp_size))
         elif parallel.pipeline_stage > 1:
-            self.replica = word_table(cfg, parallel, ctx, seed, split=ctx.tp_size > 1)
+            self.replica = word_table(cfg, parallel.embedding_dp_mp_config, ctx, seed, split=ctx.tp_size > 1)
             self.replica.weight.ds_pipe_replicated = True
             self.replica.weight.tied_to = self.TIED_TO
 
@@ -252,11 +288,17 @@ class Head(nn.Module):
 class TokenLoss:
     """Σ of per-token cross-entropy over the non-PAD labels of a micro-batch, passed through `normalize` (the
     training objective's rule, `training.objective.GlobalTokenMean.micro_loss`, which the engine installs).
-    Used as DeepSpeed's pipeline `loss_fn` and by the non-pipelined loop."""
+    Used as DeepSpeed's pipeline `loss_fn` and by the non-pipelined loop. Takes the seed's
+    `parallel_config.dp_mp_config`, as the seed's CrossEntropyLoss does: the logits' vocabulary is split over its
+    `model_parallel` ranks (this rank's slice starts at `vocab_start`); its data-parallel share is the batch split,
+    normalised by `normalize`."""
 
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, normalize=None):
+    def __init__(self, cfg: ModelConfig, parallel_config: OpParallelConfig, ctx: ParallelContext, normalize=None):
+        mp = parallel_config.model_parallel
+        if mp != ctx.tp_size:
+            raise ValueError(f"loss config model_parallel={mp} but this rank's TP group has {ctx.tp_size} ranks")
         self.cfg, self.ctx, self.normalize = cfg, ctx, normalize
-        self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(ctx.tp_size) // ctx.tp_size)
+        self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(mp) // mp)
 
     def token_losses(self, logits_shard, labels):
         return vocab_parallel_cross_entropy(logits_shard, labels, self.vocab_start, self.cfg.vocab_size,
@@ -268,34 +310,40 @@ class TokenLoss:
 
 
 def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
-                decoder_stages: Sequence[int]):
+                placements: Sequence[BlockPlacement]):
     """(class, kwargs) for every pipeline layer in order: Embeddings, EncoderLayer×E, DecoderLayer×D, Head.
-    `decoder_stages[i]` is the stage of decoder layer i (from pipeline_func); it decides `last_on_stage`."""
-    rc = parallel.recompute
-    specs = [(Embeddings, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed))]
-    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=rc))
+    `placements` (model.pipeline.place_blocks: encoder blocks, then decoder blocks) say which blocks recompute and
+    each block's stage, which decides a decoder layer's `last_on_stage`."""
+    enc, dec = placements[:cfg.encoder_layers], placements[cfg.encoder_layers:]
+    il = parallel.interleave_num
+    specs = [(Embeddings, dict(cfg=cfg, parallel_config=parallel.embedding_dp_mp_config, ctx=ctx, seed=seed))]
+    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=enc[i].recomputed,
+                                  interleave_num=il))
               for i in range(cfg.encoder_layers)]
     for i in range(cfg.decoder_layers):
-        last_on_stage = i == cfg.decoder_layers - 1 or decoder_stages[i + 1] != decoder_stages[i]
+        last_on_stage = i == cfg.decoder_layers - 1 or dec[i + 1].pipeline_stage != dec[i].pipeline_stage
         specs.append((DecoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, last_on_stage=last_on_stage,
-                                         recompute=rc)))
+                                         recompute=dec[i].recomputed, interleave_num=il)))
     specs.append((Head, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed)))
     return specs
 
 
 class Seq2SeqTransformer(nn.Module):
-    """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard."""
+    """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard.
+    `pipeline_func` (model.pipeline; default: the seed's) still decides which blocks recompute."""
 
     def __init__(self, cfg: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
-                 ctx: Optional[ParallelContext] = None, seed: int = 1234):
+                 ctx: Optional[ParallelContext] = None, seed: int = 1234,
+                 pipeline_func: Optional[Callable] = None):
         super().__init__()
         ctx = ctx or ParallelContext.serial()
         self.cfg, self.ctx = cfg, ctx
-        specs = block_specs(cfg, parallel, ctx, seed, [0] * cfg.decoder_layers)
+        placements = in_one_process(place_blocks(cfg, parallel, pipeline_func))
+        specs = block_specs(cfg, parallel, ctx, seed, placements)
         self.blocks = nn.ModuleList(cls(**kw) for cls, kw in specs)
         if cfg.share_embeddings:
             self.blocks[-1].tie(self.blocks[0].word)
-        self.loss_fn = TokenLoss(cfg, ctx)
+        self.loss_fn = TokenLoss(cfg, parallel.dp_mp_config, ctx)
 
     def forward(self, src_ids, tgt_ids):
         x = (src_ids, tgt_ids)

@@ -66,10 +66,15 @@ def _read_sentences(tsv_paths: Sequence[str | Path]) -> list[str]:
     return sentences
 
 
-def _train_bpe(sentences: list[str], vocab_size: int, min_frequency: int, progress: bool) -> Tokenizer:
+def _train_bpe(sentences: list[str], vocab_size: int, min_frequency: int, progress: bool,
+               split_punctuation: bool = False) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.normalizer = normalizers.NFKC()
-    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    metaspace = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
+    # split_punctuation: "▁bleu," → "▁bleu" + "," — one vocabulary entry per word instead of one per word ×
+    # following punctuation; the Metaspace decoder still restores the exact spacing (no "▁" before the comma)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation("isolated")])
+                         if split_punctuation else metaspace)
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(BPE_SPECIALS), show_progress=progress)
@@ -97,7 +102,8 @@ def _train_word(sentences: list[str], vocab_size: int, min_frequency: int) -> To
 
 
 def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, type: str = "bpe",
-                    vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False) -> Path:
+                    vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False,
+                    split_punctuation: bool = False) -> Path:
     """Train a `bpe` or `word` tokenizer on both sides of the TSVs; return the path of DIR/tokenizer.json."""
     if type not in TYPES:
         fail(f"unknown tokenizer type {type!r}; choose one of: {', '.join(TYPES)}")
@@ -114,7 +120,9 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         fail(f"--min_frequency {min_frequency} must be at least 1")
     sentences = _read_sentences(tsv_paths)
     if type == "bpe":
-        tok = _train_bpe(sentences, vocab_size, min_frequency, progress)
+        tok = _train_bpe(sentences, vocab_size, min_frequency, progress, split_punctuation)
+    elif split_punctuation:
+        fail("--split_punctuation applies to --type bpe only")
     else:
         tok = _train_word(sentences, vocab_size, min_frequency)
     for expected_id, token in enumerate(specials):
@@ -128,6 +136,7 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
         "requested_vocab_size": vocab_size,
         "min_frequency": min_frequency,
+        "split_punctuation": split_punctuation,
         "special_tokens": {token: i for i, token in enumerate(specials)},
         "inputs": [{"path": str(p), "sha256": _file_sha256(p)} for p in tsv_paths],
     }
@@ -235,9 +244,13 @@ def main() -> int:
                         help="vocabulary size including special tokens (default: 8000 for bpe, 20000 for word)")
     parser.add_argument("--min_frequency", type=int, default=2,
                         help="least count for a merge (bpe) or word (word) to enter the vocabulary (default: 2)")
+    parser.add_argument("--split_punctuation", action="store_true",
+                        help="bpe: split punctuation from words before learning merges (decoding still restores "
+                             "the original spacing)")
     args = parser.parse_args()
     path = train_tokenizer(args.input, args.output, type=args.type, vocab_size=args.vocab_size,
-                           min_frequency=args.min_frequency, progress=sys.stderr.isatty())
+                           min_frequency=args.min_frequency, progress=sys.stderr.isatty(),
+                           split_punctuation=args.split_punctuation)
     tok = load_tokenizer(path)
     print(f"wrote {args.type} tokenizer with {tok.get_vocab_size()} tokens to {path}")
     return 0

@@ -56,6 +56,9 @@ FP32 = [
     ("tp2-recompute",               2, ["--mp", "2", "--recompute", "1"]),
     ("pp2-mb4",                     2, PP2),
     ("pp2-mb4-recompute",           2, PP2 + ["--recompute", "1"]),
+    # the seed tutorial's own lambda: every block on stage 1, recompute() on every other block, fusion ids
+    ("pp2-seed-lambda-recompute",   2, PP2 + ["--recompute", "1", "--pipeline_func",
+                                              "tests.pipeline_funcs:seed_tutorial"]),
     ("dp2xtp2",                     4, ["--mp", "2"]),
     ("dp2xpp2-zero1",               4, ["--pipeline_stage", "2", "--micro_batch_num", "2",
                                         "--enable_parallel_optimizer", "1"]),

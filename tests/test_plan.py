@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from model.config import ModelConfig, ParallelConfig
-from model.pipeline import assign_stages, layer_stages
+from model.pipeline import layer_stages, place_blocks
 from model.topology import ParallelContext, rank_map
 from model.transformer import Embeddings, EncoderLayer, DecoderLayer, Head, block_specs
 from preprocess.errors import UserError
@@ -193,15 +193,15 @@ def test_16pcs_every_rank_builds_its_stage_and_shards():
     parallel = ParallelConfig.for_world(world, model_parallel=args.mp, pipeline_stage=args.pipeline_stage,
                                         micro_batch_num=args.micro_batch_num, optimizer_shard=True)
     assert (parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage) == (1, 8, 2)
-    block_st = assign_stages(model, parallel)
-    stages = layer_stages(model, parallel, block_st)
+    placements = place_blocks(model, parallel)
+    stages = layer_stages(model, parallel, [p.pipeline_stage for p in placements])
     assert stages == [0, 0, 1, 1]                       # embeddings, encoder.0 | decoder.0, head
     d, mp = 128, 8
     seen = set()
     for c in rank_map(parallel):
         assert c.rank == c.pp * 8 + c.tp and c.dp == 0
         ctx = ParallelContext(tp_size=mp, tp_rank=c.tp, tp_group=None, pp_size=2, pp_rank=c.pp)
-        specs = block_specs(model, parallel, ctx, 1234, block_st[model.encoder_layers:])
+        specs = block_specs(model, parallel, ctx, 1234, placements)
         mods = [cls(**kw) for (cls, kw), s in zip(specs, stages) if s == c.pp]
         kinds = [type(m) for m in mods]
         if c.pp == 0:

@@ -137,3 +137,16 @@ def test_load_tokenizer_errors(tmp_path):
     bad.write_text("{not json", encoding="utf-8")
     with pytest.raises(UserError, match="not a valid tokenizers JSON file"):
         load_tokenizer(bad)
+
+
+def test_split_punctuation_round_trips_and_splits(multi30k_tsv, val_tsv, multi30k_dir, tmp_path):
+    path = train_tokenizer([multi30k_tsv], tmp_path / "p", type="bpe", vocab_size=8000, split_punctuation=True)
+    tok = load_tokenizer(path)
+    assert tok.encode("Un homme, l'air fatigué.", add_special_tokens=False).tokens[-1] == "."
+    assert "," in tok.encode("Un homme, l'air fatigué.", add_special_tokens=False).tokens
+    for line in read_lines(multi30k_dir / "test_2016_flickr.fr.gz"):
+        text = unicodedata.normalize("NFKC", line.strip())
+        assert tok.decode(tok.encode(text, add_special_tokens=False).ids) == text
+    assert json.loads((tmp_path / "p" / "tokenizer_meta.json").read_text())["split_punctuation"] is True
+    with pytest.raises(UserError, match="--split_punctuation applies to --type bpe only"):
+        train_tokenizer([val_tsv], tmp_path / "w", type="word", split_punctuation=True)

@@ -20,6 +20,8 @@ CASES = [
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
     (["--clip_grad", "-1"], 1, ["--clip_grad -1.0 must be >= 0"]),
+    (["--interleave_num", "3"], 1, ["interleave_num=3 does not divide the micro-batch of 16 samples per rank",
+                                    "use interleave_num 1, 2, 4 or 8"]),
 ]
 
 

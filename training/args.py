@@ -19,7 +19,8 @@ from training.schedule import SCHEDULES
 PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "micro_batch_num": "micro_batch_num",
                  "optimizer_shard": "enable_parallel_optimizer", "gradient_aggregation_group":
                  "gradient_aggregation_group", "recompute": "recompute", "vocab_emb_dp": "vocab_emb_dp",
-                 "zero_stage": "zero_stage", "pipeline_func": "pipeline_func", "data_parallel": "data_parallel"}
+                 "zero_stage": "zero_stage", "pipeline_func": "pipeline_func", "data_parallel": "data_parallel",
+                 "interleave_num": "interleave_num"}
 
 EXAMPLES = """\
 examples (CPU, bundled Multi30k; see README):
@@ -94,11 +95,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline_stage 1)")
     g.add_argument("--gradient_aggregation_group", type=int, default=4,
                    help="gradient reduction buckets per step: bucket = gradient bytes / groups (default 4)")
-    g.add_argument("--recompute", type=_bool, default=False, help="0/1: activation checkpointing of every block")
+    g.add_argument("--recompute", type=_bool, default=False, help="0/1: activation checkpointing of every block (what the built-in "
+                        "pipeline_funcs do with it; a custom pipeline_func calls recompute() on the blocks it picks)")
     g.add_argument("--vocab_emb_dp", type=_bool, default=True,
                    help="1 (default): replicate the embedding tables; 0: split their rows over mp ranks")
+    g.add_argument("--interleave_num", type=int, default=1,
+                   help="the seed's MicroBatchInterleaved: run each micro-batch as N batch parts so that one part's "
+                        "tensor-parallel all-reduces overlap another part's compute (default 1 = off; N must "
+                        "divide the per-rank micro-batch; useful with --mp > 1)")
     g.add_argument("--pipeline_func", default=None,
-                   help="'module:function' placing blocks on stages (the seed's signature); default even split")
+                   help="how blocks are placed on stages, recomputed and fusion-tagged: seed (default: MindSpore's "
+                        "split, min(i // max(blocks // pp, 1), pp - 1)), even (i · pp // blocks), or "
+                        "'package.module:function' with the seed's signature (model/pipeline.py)")
     g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
                    help="fp32 (default), or mixed precision with fp32 master weights, moments and gradient "
                         "accumulation: bf16 (DeepSpeed's BF16_Optimizer) or fp16 (ZeRO optimizer with dynamic loss "
@@ -228,7 +236,7 @@ def parallel_config(args, world_size: int) -> ParallelConfig:
                                    optimizer_shard=bool(args.enable_parallel_optimizer),
                                    gradient_aggregation_group=args.gradient_aggregation_group,
                                    recompute=bool(args.recompute), vocab_emb_dp=bool(args.vocab_emb_dp),
-                                   zero_stage=args.zero_stage)
+                                   zero_stage=args.zero_stage, interleave_num=args.interleave_num)
     if args.data_parallel is not None and args.data_parallel != cfg.data_parallel:
         raise UserError(f"data_parallel={args.data_parallel} was asked for but world_size {world_size} // mp "
                         f"{args.mp} // pipeline_stage {args.pipeline_stage} = {cfg.data_parallel}")

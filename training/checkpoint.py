@@ -221,7 +221,7 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
         dim = partition_dim(p)
         entry["partition_dim"] = dim
         entry["full_size"] = getattr(p, "full_size", None)   # serial length along dim: drops vocab padding
-        shard[canonical_name(pname)] = entry
+        shard[canonical_name(pname)] = entry       # (not `name`: that is the checkpoint's name, None = step_N)
     if ctx.dp_rank == 0:
         fname = f"shard_pp{ctx.pp_rank}_tp{ctx.tp_rank}.pt"
         _write_atomic(os.path.join(tmp, fname), lambda f: torch.save(shard, f))

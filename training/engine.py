@@ -87,7 +87,10 @@ def weight_decay_groups(model: torch.nn.Module, weight_decay: float) -> list[dic
         if not p.requires_grad:
             continue
         (no_decay if id(p) in norm_params or name.endswith("bias") else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    # DeepSpeed drops empty groups from the optimizer after the LR scheduler counted them (a pipeline stage of
+    # embeddings only has no LayerNorm or bias): leave them out here
+    groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
 
 
 HALF_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
@@ -204,7 +207,8 @@ class Engine:
         _, accum_dtype = self.ds.get_data_types()
         p = self.parallel
         return {"world": dist.get_world_size(), "dp": p.data_parallel, "mp": p.model_parallel,
-                "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "zero_stage": self.zero_stage,
+                "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "interleave_num": p.interleave_num,
+                "zero_stage": self.zero_stage,
                 "recompute": p.recompute, "precision": self.precision, "optimizer": type(self.ds.optimizer).__name__,
                 "grad_accum_dtype": str(accum_dtype).replace("torch.", ""), "backend": dist.get_backend(),
                 "device": self.device.type}
@@ -236,7 +240,7 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
         model, ctx = build_pipeline_module(model_cfg, parallel, grid, seed, func)
     else:
         ctx = ParallelContext.from_grid(grid)
-        model = Seq2SeqTransformer(model_cfg, parallel, ctx, seed=seed)
+        model = Seq2SeqTransformer(model_cfg, parallel, ctx, seed=seed, pipeline_func=func)
     objective = GlobalTokenMean(ctx.dp_size, parallel.micro_batch_num)
     model.loss_fn.normalize = objective.micro_loss
     # dropout streams: same default stream on the TP ranks of a stage, one extra stream per TP rank

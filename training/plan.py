@@ -45,7 +45,7 @@ import sys
 from typing import Optional, Sequence
 
 from model.config import ModelConfig, ParallelConfig, validate_layout
-from model.pipeline import assign_stages, layer_stages, load_pipeline_func
+from model.pipeline import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
 from preprocess.errors import UserError
 from training.args import build_parser, model_config, parallel_config, parse_args
 from training.cluster import Host, rank_nodes, read_hostfile
@@ -76,11 +76,11 @@ def build_stage_modules(model: ModelConfig, parallel: ParallelConfig, stage: int
 
     from model.topology import ParallelContext
     from model.transformer import block_specs
-    block_st = assign_stages(model, parallel, pipeline_func)
-    stages = layer_stages(model, parallel, block_st)
+    placements = place_blocks(model, parallel, pipeline_func)
+    stages = layer_stages(model, parallel, [p.pipeline_stage for p in placements])
     ctx = ParallelContext(tp_size=parallel.model_parallel, tp_rank=tp_rank, tp_group=None,
                           pp_size=parallel.pipeline_stage, pp_rank=stage)
-    specs = block_specs(model, parallel, ctx, seed, block_st[model.encoder_layers:])
+    specs = block_specs(model, parallel, ctx, seed, placements)
     names = layer_names(model)
     out = []
     with torch.device(device):
@@ -128,29 +128,46 @@ def _decoder_elems(m: ModelConfig, tp: int, b: int) -> tuple[int, int]:
 
 
 def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
-                     precision: str = "fp32") -> dict[str, int]:
-    """Activation estimate of one stage holding the layers `names` (formula in the module docstring)."""
+                     precision: str = "fp32", recomputed: Optional[Sequence[str]] = None) -> dict[str, int]:
+    """Activation estimate of one stage holding the layers `names` (formula in the module docstring);
+    `recomputed`: the blocks pipeline_func recomputes (default: every block when p.recompute)."""
     tp, b, s, t, h = p.model_parallel, micro, m.src_len, m.tgt_len, m.d_model
     el = 2 if precision in ("fp16", "bf16") else 4
-    full = inputs = other = carried = 0
+    recomputed = _recomputed(p, names, recomputed)
+    kept = other = carried = 0
     largest = 0
     for name in names:
         if name == "embeddings":
             other += b * (s + t) * h if m.dropout > 0 else 0                  # dropout masks
-        elif name.startswith("encoder."):
-            e, k = _encoder_elems(m, tp, b, last=name == f"encoder.{m.encoder_layers - 1}")
-            full, inputs, largest = full + e * el + k, inputs + b * s * h * el, max(largest, e * el + k)
-            carried = max(carried, b * t * h * el)                           # tgt_h rides along
-        elif name.startswith("decoder."):
-            e, k = _decoder_elems(m, tp, b)
-            full, inputs, largest = full + e * el + k, inputs + b * t * h * el, max(largest, e * el + k)
-            carried = b * s * h * el                                         # the encoder memory
+        elif name.startswith(("encoder.", "decoder.")):
+            if name.startswith("encoder."):
+                e, k = _encoder_elems(m, tp, b, last=name == f"encoder.{m.encoder_layers - 1}")
+                block_input = b * s * h * el
+                carried = max(carried, b * t * h * el) if name in recomputed else carried    # tgt_h rides along
+            else:
+                e, k = _decoder_elems(m, tp, b)
+                block_input = b * t * h * el
+                carried = b * s * h * el if name in recomputed else carried                  # the encoder memory
+            if name in recomputed:
+                kept, largest = kept + block_input, max(largest, e * el + k)
+            else:
+                kept += e * el + k
         elif name == "head":
             other += (2 * b * t * h + 2 * b * t * m.padded_vocab(tp) // tp) * el
-    memory = b * s * h * el if any(n.startswith("decoder.") for n in names) else 0
-    if p.recompute:
-        return {"per_micro_batch": other + inputs + carried, "recompute_transient": largest}
-    return {"per_micro_batch": other + full + memory, "recompute_transient": 0}
+    decoders = [n for n in names if n.startswith("decoder.")]
+    # the memory, input of every cross-attention K/V: counted once per stage unless only carried (all recomputed)
+    memory = b * s * h * el if decoders and not all(n in recomputed for n in decoders) else 0
+    if memory:
+        carried = 0
+    return {"per_micro_batch": other + kept + carried + memory, "recompute_transient": largest}
+
+
+def _recomputed(p: ParallelConfig, names: Sequence[str], recomputed: Optional[Sequence[str]]) -> set[str]:
+    """The blocks among `names` whose forward is recomputed in backward."""
+    blocks = {n for n in names if n.startswith(("encoder.", "decoder."))}
+    if recomputed is None:
+        return blocks if p.recompute else set()
+    return blocks & set(recomputed)
 
 
 def in_flight(p: ParallelConfig, stage: int) -> int:
@@ -162,10 +179,11 @@ def in_flight(p: ParallelConfig, stage: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------- communication
 
-def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int) -> dict[str, list[int]]:
+def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
+                  recomputed: Optional[Sequence[str]] = None) -> dict[str, list[int]]:
     """Element counts of every TP all-reduce one rank of this stage issues per micro-batch: "forward" and
     "backward" (activations and their gradients, `CommLog` op "all_reduce") and "loss" (the vocab-parallel loss's
-    statistics, fp32, op "loss_all_reduce")."""
+    statistics, fp32, op "loss_all_reduce"). `recomputed` as in activation_bytes."""
     fwd: list[int] = []
     bwd: list[int] = []
     loss: list[int] = []
@@ -173,8 +191,7 @@ def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro
         b, s, t, h = micro, m.src_len, m.tgt_len, m.d_model
         n_enc = sum(1 for n in names if n.startswith("encoder."))
         n_dec = sum(1 for n in names if n.startswith("decoder."))
-        block_fwd = [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
-        fwd += block_fwd
+        fwd += [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
         bwd += [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
         if "embeddings" in names and not p.vocab_emb_dp:
             fwd += [b * s * h, b * t * h]               # split word tables: partial lookups summed
@@ -183,8 +200,9 @@ def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro
         if "head" in names:
             bwd.append(b * t * h)                       # the head's input gradient
             loss += [b * t, b * t, 2 * b * t]           # max, sum-exp, (target logit, logit sum)
-        if p.recompute:
-            bwd += block_fwd                            # the blocks' forward, recomputed inside backward
+        rc = _recomputed(p, names, recomputed)          # the recomputed blocks' forward, again inside backward
+        bwd += [b * s * h] * (2 * sum(1 for n in rc if n.startswith("encoder.")))
+        bwd += [b * t * h] * (3 * sum(1 for n in rc if n.startswith("decoder.")))
     return {"forward": fwd, "backward": bwd, "loss": loss}
 
 
@@ -259,6 +277,8 @@ def make_plan(args, world_size: int, hosts: Optional[list[Host]] = None, ranks_p
     func = load_pipeline_func(args.pipeline_func)
     names = layer_names(model)
     per_stage = stage_layers(model, parallel, func)
+    placements = place_blocks(model, parallel, func)
+    recomputed = [p.name for p in placements if p.recomputed]
     micro = args.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
     zero, prec = parallel.effective_zero_stage, args.precision
     tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
@@ -293,9 +313,9 @@ def make_plan(args, world_size: int, hosts: Optional[list[Host]] = None, ranks_p
     for k, idx in enumerate(per_stage):
         layer_list = [names[i] for i in idx]
         stage_ranks = [r["rank"] for r in ranks if r["pp"] == k]
-        ar = tp_allreduces(model, parallel, layer_list, micro)
+        ar = tp_allreduces(model, parallel, layer_list, micro, recomputed)
         bytes_per_micro = (sum(ar["forward"]) + sum(ar["backward"])) * el + sum(ar["loss"]) * 4
-        acts = activation_bytes(model, parallel, layer_list, micro, prec)
+        acts = activation_bytes(model, parallel, layer_list, micro, prec, recomputed)
         fl = in_flight(parallel, k)
         n0 = sum(counts[(k, 0)].values())
         stage = {
@@ -330,7 +350,7 @@ def make_plan(args, world_size: int, hosts: Optional[list[Host]] = None, ranks_p
         "layout": {"data_parallel": dp, "model_parallel": tp, "pipeline_stage": pp,
                    "micro_batch_num": parallel.micro_batch_num, "zero_stage": zero,
                    "optimizer_shard": parallel.optimizer_shard, "recompute": parallel.recompute,
-                   "vocab_emb_dp": parallel.vocab_emb_dp, "pipeline_func": args.pipeline_func or "default",
+                   "vocab_emb_dp": parallel.vocab_emb_dp, "pipeline_func": pipeline_func_name(func),
                    "global_batch": args.batch_size, "micro_batch": micro,
                    "tp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["dp"])),
                    "dp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["tp"]))},
@@ -342,6 +362,8 @@ def make_plan(args, world_size: int, hosts: Optional[list[Host]] = None, ranks_p
                       "train_micro_batch_size_per_gpu": ds_cfg["train_micro_batch_size_per_gpu"],
                       "gradient_accumulation_steps": ds_cfg["gradient_accumulation_steps"],
                       "zero_optimization": ds_cfg["zero_optimization"]},
+        "blocks": [{"block": p.name, "stage": p.pipeline_stage, "recompute": p.recomputed,
+                    "comm_fusion": p.comm_fusion} for p in placements],
         "stages": stages, "ranks": ranks,
     }
 
@@ -358,10 +380,12 @@ def human(n: float) -> str:
 
 def check_line(args, world_size: int, hosts=None) -> str:
     model, parallel = configs(args, world_size, need_vocab=False)
-    per = stage_layers(model, parallel, load_pipeline_func(args.pipeline_func))
+    func = load_pipeline_func(args.pipeline_func)
+    per = stage_layers(model, parallel, func)
     names = layer_names(model)
     micro = args.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
     stages = " | ".join(f"stage {k}: {compact_layers([names[i] for i in idx])}" for k, idx in enumerate(per))
+    stages = f"pipeline_func {pipeline_func_name(func)}: {stages}"
     return (f"layout ok: {world_size} ranks = dp {parallel.data_parallel} × mp {parallel.model_parallel} × pp "
             f"{parallel.pipeline_stage}; global batch {args.batch_size} = micro {micro} × micro_batch_num "
             f"{parallel.micro_batch_num} × dp {parallel.data_parallel}; ZeRO {parallel.effective_zero_stage}; "
@@ -390,6 +414,10 @@ def compact_layers(layers: Sequence[str]) -> str:
             out.append(name)
     flush()
     return ", ".join(out)
+
+
+SPLITS = {"seed": "default: block i on stage min(i // max(blocks // pp, 1), pp - 1)",
+          "even": "block i on stage i · pp // blocks"}
 
 
 def format_plan(plan: dict) -> str:
@@ -427,9 +455,13 @@ def format_plan(plan: dict) -> str:
     elif L["zero_stage"] > 0:
         notes.append(f"ZeRO {L['zero_stage']} with dp = 1 shards nothing (it pays off from dp = 2)")
     out.append(f"  placement  {'; '.join(notes)}")
-    out.append(f"  pipeline   pipeline_func: {L['pipeline_func']}")
+    out.append(f"  pipeline   pipeline_func: {L['pipeline_func']}"
+               + (f" ({SPLITS[L['pipeline_func']]})" if L["pipeline_func"] in SPLITS else ""))
     for st in S:
         out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} ranks {st['ranks'][0]}-{st['ranks'][1]}")
+    out.append(f"    {'block':<12} {'stage':>5}  {'recompute':<9}  comm_fusion (reported, not used: model/pipeline.py)")
+    for b in plan["blocks"]:
+        out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")
     out.append("")
     out.append("ranks (rank = pp·dp·mp + dp·mp + tp: TP fastest, then DP, then PP); bytes per rank")
     hdr = (f"{'rank':>5} {'node':>4} {'host':<14} {'local':>5} {'pp':>3} {'dp':>3} {'tp':>3} {'params':>12} "

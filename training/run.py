@@ -61,7 +61,8 @@ def run_training(args) -> int:
     info = engine.describe()
     writer.run_info({**info, "vocab": vocab, "params_rank0": n_params, "start_step": start_step,
                      "total_steps": total_steps})
-    writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in ("world", "dp", "mp", "pp", "micro_batch_num")]
+    writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in ("world", "dp", "mp", "pp", "micro_batch_num",
+                                                                            "interleave_num")]
                             + [f"zero={info['zero_stage']}", f"recompute={info['recompute']}",
                                f"precision={info['precision']}", f"optimizer={info['optimizer']}",
                                f"grad_accum={info['grad_accum_dtype']}", f"backend={info['backend']}",

@@ -1,0 +1,24 @@
+#!/usr/bin/env python3
+"""The seed's quickstart (003): an MLP with one op-level strategy, the rest propagated, on DTensor.
+
+    deepspeed --num_gpus 8 run_scripts/sharded_mlp.py --output_dir out/mlp          # 8 processes, mesh (2, 4)
+    mpirun -n 8 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python run_scripts/sharded_mlp.py
+    python run_scripts/sharded_mlp.py --simulate                                      # all 8 ranks in one process
+    python run_scripts/sharded_mlp.py --simulate --mesh 8,8 --strategy "((8, 8), (8, 1))"   # plan 64 ranks
+    python run_scripts/sharded_mlp.py --check --strategy "((2, 4), (4, 1))"           # strategies only
+
+recipes/sharded-mlp/run.sh wraps the launches. The work is in training/sharded_mlp.py and model/strategy/.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
+os.environ.setdefault("DS_ACCELERATOR", "cpu")      # DTensor on CPU/gloo here; nothing in it needs a GPU
+
+from preprocess.errors import run_cli  # noqa: E402
+from training.sharded_mlp import main  # noqa: E402
+
+if __name__ == "__main__":
+    run_cli(lambda: main(sys.argv[1:]))
