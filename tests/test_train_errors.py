@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from tests import accelerator
 from tests.launch import TINY, run_train
 
 CASES = [
@@ -63,8 +64,9 @@ def test_missing_files(what, extra, needle, multi30k_tsv, bpe_tokenizer, tmp_pat
 
 
 def test_half_precision_the_accelerator_lacks_is_refused(monkeypatch):
-    """This CPU computes in bf16 and fp16 (both train in tests/test_parity.py); an accelerator that cannot is
-    refused by name with what it supports. DeepSpeed's accelerator is real; only its answer is narrowed here."""
+    """An accelerator that cannot compute in a half precision is refused by name with what it supports (on a CPU
+    without avx512_fp16 that is fp16 for real: see test_precision_this_machine_lacks_is_refused_by_train_py).
+    DeepSpeed's accelerator is real; only its answer is narrowed here."""
     import torch
     from deepspeed.accelerator import get_accelerator
 
@@ -77,3 +79,13 @@ def test_half_precision_the_accelerator_lacks_is_refused(monkeypatch):
         check_precision("fp16")
     assert str(err.value) == (f"--precision fp16: DeepSpeed's {acc.device_name()} accelerator supports fp32, bf16 on "
                               f"this machine; use --precision bf16")
+
+
+@pytest.mark.skipif(accelerator.supported("fp16"), reason="this machine computes in fp16 (nothing to refuse)")
+def test_precision_this_machine_lacks_is_refused_by_train_py(multi30k_tsv, bpe_tokenizer, tmp_path,
+                                                             assert_user_error):
+    """The real refusal, end to end: train.py --precision fp16 on an accelerator without fp16 (this CPU)."""
+    proc = run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path, *TINY,
+                         "--steps", 1, "--precision", "fp16"], check=False)
+    line = assert_user_error(proc, "--precision fp16", "accelerator supports fp32")
+    assert not (tmp_path / "metrics.jsonl").exists(), line
