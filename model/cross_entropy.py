@@ -19,25 +19,32 @@ from model.mappings import all_reduce_no_grad
 
 
 class _VocabParallelCE(torch.autograd.Function):
+    # Few passes over the [tokens, V/tp] logits (the largest tensor of a step): masking only where this shard has
+    # padded vocab columns, exp in place, and a backward that turns the saved exponentials into the gradient in
+    # place (the saved tensor is not read again: the graph is not retained for a second backward).
     @staticmethod
     def forward(ctx, logits, labels, vocab_start, vocab_size, ignore_index, smoothing, group):
         if logits.dtype in (torch.float16, torch.bfloat16):   # statistics in fp32 for half-precision training
             logits = logits.float()
         n_local = logits.shape[-1]
-        cols = torch.arange(vocab_start, vocab_start + n_local, device=logits.device)
-        valid = cols < vocab_size                                          # padded vocab columns are not words
-        masked = logits.masked_fill(~valid, float("-inf"))
-        m = masked.max(dim=-1).values
+        padded = vocab_start + n_local > vocab_size                        # this shard holds padded columns
+        valid = torch.arange(vocab_start, vocab_start + n_local, device=logits.device) < vocab_size
+        m = (logits.masked_fill(~valid, float("-inf")) if padded else logits).max(dim=-1).values
         all_reduce_no_grad(m, group, op=dist.ReduceOp.MAX)
         z = logits - m.unsqueeze(-1)
-        e = torch.exp(z).masked_fill(~valid, 0.0)
-        sum_exp = e.sum(dim=-1)
-        all_reduce_no_grad(sum_exp, group)
+        if padded:
+            z.masked_fill_(~valid, 0.0)                                    # padded columns: exp(0) masked below
 
         in_shard = (labels >= vocab_start) & (labels < vocab_start + n_local)
         local_idx = (labels - vocab_start).clamp(0, n_local - 1)
         z_target = torch.gather(z, -1, local_idx.unsqueeze(-1)).squeeze(-1) * in_shard
-        stats = torch.stack([z_target, z.masked_fill(~valid, 0.0).sum(dim=-1)])
+        z_sum = z.sum(dim=-1) if smoothing else torch.zeros_like(z_target)
+        e = z.exp_()
+        if padded:
+            e.masked_fill_(~valid, 0.0)
+        sum_exp = e.sum(dim=-1)
+        all_reduce_no_grad(sum_exp, group)
+        stats = torch.stack([z_target, z_sum])
         all_reduce_no_grad(stats, group)
         log_z = torch.log(sum_exp)
         loss = (1.0 - smoothing) * (log_z - stats[0]) + smoothing * (log_z - stats[1] / vocab_size)
@@ -51,12 +58,12 @@ class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         e, sum_exp, local_idx, in_shard, keep, valid = ctx.saved_tensors
-        grad = e / sum_exp.unsqueeze(-1)
-        onehot = torch.zeros_like(grad).scatter_(-1, local_idx.unsqueeze(-1), 1.0) * in_shard.unsqueeze(-1)
-        grad = grad - (1.0 - ctx.smoothing) * onehot
+        grad = e.div_(sum_exp.unsqueeze(-1))                              # softmax, in the saved buffer
+        target = -(1.0 - ctx.smoothing) * in_shard.to(grad.dtype)
+        grad.scatter_add_(-1, local_idx.unsqueeze(-1), target.unsqueeze(-1))
         if ctx.smoothing:
-            grad = grad - (ctx.smoothing / ctx.vocab_size) * valid
-        grad = grad * (g * keep).unsqueeze(-1)
+            grad.sub_(valid.to(grad.dtype) * (ctx.smoothing / ctx.vocab_size))
+        grad.mul_((g * keep).unsqueeze(-1))
         return grad, None, None, None, None, None, None
 
 

@@ -37,6 +37,7 @@ from typing import Callable, Generator, Optional
 import torch
 
 from model.mappings import GradAllReduce, await_tp_grad, copy_to_tp_async, reduce_from_tp_async
+from model.packing import Packing
 
 Part = Generator[None, None, object]
 
@@ -79,21 +80,25 @@ def residual_branch(x: torch.Tensor, ln, column: Callable[[torch.Tensor], torch.
     return x + drop((yield from tp_region(ln(x), column, row, group)))
 
 
-def _encoder_part(layer, x, mask) -> Part:
+def _encoder_part(layer, x, src_ids, mask) -> Part:
     group = layer.attn.ctx.tp_group
-    x = yield from residual_branch(x, layer.ln1, lambda h: layer.attn.attend(h, mask), layer.attn.out, layer.drop,
-                                   group)
-    return (yield from residual_branch(x, layer.ln2, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group))
+    pack = Packing.of(src_ids, layer.pad_id)          # this part's real tokens, as the layer packs (model.packing)
+    h = yield from residual_branch(pack.pack(x), layer.ln1, lambda t: layer.attn.attend(t, mask, pack=pack),
+                                   layer.attn.out, layer.drop, group)
+    h = yield from residual_branch(h, layer.ln2, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
+    return pack.scatter(x, h)
 
 
-def encoder_layer(layer, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def encoder_layer(layer, x: torch.Tensor, src_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`EncoderLayer`'s two residual branches on `layer.interleave_num` parts; returns the whole batch."""
     n = layer.interleave_num
-    return torch.cat(run_staggered([_encoder_part(layer, *p) for p in zip(x.chunk(n), mask.chunk(n))]))
+    return torch.cat(run_staggered([_encoder_part(layer, *p)
+                                    for p in zip(x.chunk(n), src_ids.chunk(n), mask.chunk(n))]))
 
 
-def _decoder_part(layer, x, memory, memory_tp, self_mask, cross_mask) -> Part:
+def _decoder_part(layer, x, memory, memory_tp, src_ids, tgt_ids, self_mask, cross_mask) -> Part:
     group = layer.ctx.tp_group
+    pack, memory_pack = Packing.of(tgt_ids, layer.pad_id), Packing.of(src_ids, layer.pad_id)
     link = None
     if memory_tp is None:                       # first decoder layer of the stage: this part's memory enters here
         link = GradAllReduce()
@@ -103,23 +108,24 @@ def _decoder_part(layer, x, memory, memory_tp, self_mask, cross_mask) -> Part:
     def cross(h):
         if entered[0] is None:
             entered[0] = copy_to_tp_async(memory, group, link)
-        return layer.cross_attn.attend(h, cross_mask, entered[0])
+        return layer.cross_attn.attend(h, cross_mask, entered[0], pack=pack, memory_pack=memory_pack)
 
-    x = yield from residual_branch(x, layer.ln1, lambda h: layer.self_attn.attend(h, self_mask), layer.self_attn.out,
+    h = yield from residual_branch(pack.pack(x), layer.ln1,
+                                   lambda t: layer.self_attn.attend(t, self_mask, pack=pack), layer.self_attn.out,
                                    layer.drop, group)
-    x = yield from residual_branch(x, layer.ln2, cross, layer.cross_attn.out, layer.drop, group)
-    x = yield from residual_branch(x, layer.ln3, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
-    return x, entered[0]
+    h = yield from residual_branch(h, layer.ln2, cross, layer.cross_attn.out, layer.drop, group)
+    h = yield from residual_branch(h, layer.ln3, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
+    return pack.scatter(x, h), entered[0]
 
 
 def decoder_layer(layer, x: torch.Tensor, memory: torch.Tensor, memory_tp: Optional[torch.Tensor],
-                  self_mask: torch.Tensor, cross_mask: torch.Tensor):
+                  src_ids: torch.Tensor, tgt_ids: torch.Tensor, self_mask: torch.Tensor, cross_mask: torch.Tensor):
     """`DecoderLayer`'s three residual branches on `layer.interleave_num` parts; returns (x, memory_tp), whole batch
     (memory_tp only when the layer hands it on to the stage's next decoder layer, else None)."""
     n = layer.interleave_num
     memories = memory_tp.chunk(n) if memory_tp is not None else [None] * n
-    parts = [_decoder_part(layer, *p) for p in zip(x.chunk(n), memory.chunk(n), memories, self_mask.chunk(n),
-                                                   cross_mask.chunk(n))]
+    parts = [_decoder_part(layer, *p) for p in zip(x.chunk(n), memory.chunk(n), memories, src_ids.chunk(n),
+                                                   tgt_ids.chunk(n), self_mask.chunk(n), cross_mask.chunk(n))]
     outs = run_staggered(parts)
     x = torch.cat([o[0] for o in outs])
     hands_on = not (layer.last or layer.last_on_stage)

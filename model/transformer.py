@@ -25,6 +25,7 @@ from model.cross_entropy import vocab_parallel_cross_entropy
 from model import interleave
 from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from model.mappings import copy_to_tp
+from model.packing import Packing
 from model.pipeline import BlockPlacement, in_one_process, place_blocks
 from model.random import RNG, block_generator, checkpoint
 from model.topology import ParallelContext
@@ -32,6 +33,10 @@ from model.topology import ParallelContext
 
 def _key_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (ids != pad_id)[:, None, None, :]                                   # [B, 1, 1, S] True = attend
+
+
+def _padded(rows: torch.Tensor, pack: Optional[Packing]) -> torch.Tensor:
+    return rows if pack is None else pack.unpack(rows)
 
 
 def _causal(length: int, device, past: int = 0) -> torch.Tensor:
@@ -44,7 +49,11 @@ class ParallelAttention(nn.Module):
     head_dim, so a contiguous shard is whole heads); cross-attention has Q on the decoder and fused KV on memory.
 
     `cache` (incremental decoding, `model.inference.KVCache`): self-attention appends this call's keys/values to
-    the cached ones and attends over all of them; cross-attention projects the memory once and reuses it."""
+    the cached ones and attends over all of them; cross-attention projects the memory once and reuses it.
+
+    `pack` (training, `model.packing`): x holds the non-PAD tokens [N, d] of a padded batch, and so does the
+    result; the projections run on those tokens only and the attention itself on the padded layout (zeros at PAD,
+    hidden by the key-padding mask). `memory_pack` does the same for the memory's keys/values."""
 
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator, cross: bool):
         super().__init__()
@@ -64,29 +73,33 @@ class ParallelAttention(nn.Module):
         t = t.view(b, s, self.heads, parts, self.head_dim).permute(3, 0, 2, 1, 4)  # parts, B, h, S, hd
         return t.unbind(0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None):
-        return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp, cache))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None,
+                pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
+        return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp, cache, pack, memory_pack))
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None):
-        """This rank's heads on an input already in the TP region: [B, S, heads·head_dim], the out-projection's
-        input shard."""
+    def attend(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None,
+               pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
+        """This rank's heads on an input already in the TP region: [B, S, heads·head_dim] (packed: [N, ...]), the
+        out-projection's input shard."""
         if self.cross:
-            (q,) = self._split(self.q(x), 1)
+            (q,) = self._split(_padded(self.q(x), pack), 1)
             if cache is not None and cache.keys is not None:
                 k, v = cache.keys, cache.values
             else:
-                k, v = self._split(self.kv(memory_tp), 2)
+                mem = memory_tp if memory_pack is None else memory_pack.pack(memory_tp)
+                k, v = self._split(_padded(self.kv(mem), memory_pack), 2)
                 if cache is not None:
                     cache.append(k, v)
         else:
-            q, k, v = self._split(self.qkv(x), 3)
+            q, k, v = self._split(_padded(self.qkv(x), pack), 3)
             if cache is not None:
                 k, v = cache.append(k, v)
         p = self.p if self.training else 0.0
         with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         b, _, s, _ = o.shape
-        return o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
+        return o if pack is None else pack.pack(o)
 
 
 class ParallelMLP(nn.Module):
@@ -186,12 +199,14 @@ class EncoderLayer(_Block):
         self.final_ln = nn.LayerNorm(cfg.d_model) if self.last else None
 
     def _forward(self, x, tgt_h, src_ids, tgt_ids):
-        x = x + self.drop(self.attn(self.ln1(x), _key_padding(src_ids, self.pad_id)))
-        x = x + self.drop(self.mlp(self.ln2(x)))
-        return self._outputs(x, tgt_h, src_ids, tgt_ids)
+        pack = Packing.of(src_ids, self.pad_id)               # the source's real tokens (model.packing)
+        h = pack.pack(x)
+        h = h + self.drop(self.attn(self.ln1(h), _key_padding(src_ids, self.pad_id), pack=pack))
+        h = h + self.drop(self.mlp(self.ln2(h)))
+        return self._outputs(pack.scatter(x, h), tgt_h, src_ids, tgt_ids)
 
     def _interleaved(self, x, tgt_h, src_ids, tgt_ids):
-        x = interleave.encoder_layer(self, x, _key_padding(src_ids, self.pad_id))
+        x = interleave.encoder_layer(self, x, src_ids, _key_padding(src_ids, self.pad_id))
         return self._outputs(x, tgt_h, src_ids, tgt_ids)
 
     def _outputs(self, x, tgt_h, src_ids, tgt_ids):
@@ -222,10 +237,16 @@ class DecoderLayer(_Block):
         self_cache, cross_cache = (cache.self_attn, cache.cross_attn) if cache is not None else (None, None)
         past = self_cache.length if self_cache is not None else 0    # x holds positions past.. of tgt_ids
         self_mask = _causal(x.shape[1], x.device, past)[None, None] & _key_padding(tgt_ids, self.pad_id)
-        x = x + self.drop(self.self_attn(self.ln1(x), self_mask, cache=self_cache))
-        x = x + self.drop(self.cross_attn(self.ln2(x), _key_padding(src_ids, self.pad_id), memory_tp,
-                                          cache=cross_cache))
-        x = x + self.drop(self.mlp(self.ln3(x)))
+        # teacher-forced (training): real tokens only (model.packing); incremental decoding: the new positions
+        pack = memory_pack = None
+        if cache is None:
+            pack, memory_pack = Packing.of(tgt_ids, self.pad_id), Packing.of(src_ids, self.pad_id)
+        h = x if pack is None else pack.pack(x)
+        h = h + self.drop(self.self_attn(self.ln1(h), self_mask, cache=self_cache, pack=pack))
+        h = h + self.drop(self.cross_attn(self.ln2(h), _key_padding(src_ids, self.pad_id), memory_tp,
+                                          cache=cross_cache, pack=pack, memory_pack=memory_pack))
+        h = h + self.drop(self.mlp(self.ln3(h)))
+        x = h if pack is None else pack.scatter(x, h)
         return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
 
     def decode(self, x, memory, src_ids, tgt_ids, cache=None) -> torch.Tensor:
@@ -237,13 +258,13 @@ class DecoderLayer(_Block):
 
     def _interleaved(self, x, memory, src_ids, tgt_ids, memory_tp=None):
         self_mask = _causal(x.shape[1], x.device)[None, None] & _key_padding(tgt_ids, self.pad_id)
-        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, self_mask,
+        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, src_ids, tgt_ids, self_mask,
                                                 _key_padding(src_ids, self.pad_id))
         return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
 
     def _outputs(self, x, memory, src_ids, tgt_ids, memory_tp):
-        if self.last:
-            return x
+        if self.last:                  # the Head computes the logits of the target's real tokens only
+            return x, tgt_ids
         if self.last_on_stage:
             return x, memory, src_ids, tgt_ids
         return x, memory, src_ids, tgt_ids, memory_tp
@@ -261,7 +282,7 @@ class Head(nn.Module):
 
     def __init__(self, cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int):
         super().__init__()
-        self.ctx = ctx
+        self.ctx, self.pad_id = ctx, cfg.pad_id
         self.ln = nn.LayerNorm(cfg.d_model)
         self.proj = self.replica = None
         self._shared = []                         # the Embeddings' table, not registered here (no second name)
@@ -277,8 +298,13 @@ class Head(nn.Module):
     def tie(self, table: VocabParallelEmbedding) -> None:
         self._shared = [table]
 
-    def forward(self, x):
-        x = self.ln(x)
+    def forward(self, inputs):
+        """x [..., d] → logits [..., V/tp]; (x [B, T, d], tgt_ids) from the last decoder layer → (logits of the
+        target's real tokens [N, V/tp] (`model.packing`), tgt_ids), which `TokenLoss` reads."""
+        if isinstance(inputs, tuple):
+            x, tgt_ids = inputs
+            return self(Packing.of(tgt_ids, self.pad_id).pack(x)), tgt_ids
+        x = self.ln(inputs)
         if self.proj is not None:
             return self.proj(x)
         table = self.replica if self.replica is not None else self._shared[0]
@@ -301,6 +327,11 @@ class TokenLoss:
         self.vocab_start = ctx.tp_rank * (cfg.padded_vocab(mp) // mp)
 
     def token_losses(self, logits_shard, labels):
+        """Per-token losses, 0 at PAD labels: [B, T] for logits [B, T, V/tp]; for the Head's training output
+        (logits of the real target tokens, tgt_ids) [N], over the labels at those tokens."""
+        if isinstance(logits_shard, tuple):
+            logits_shard, tgt_ids = logits_shard
+            labels = Packing.of(tgt_ids, self.cfg.pad_id).pack(labels)
         return vocab_parallel_cross_entropy(logits_shard, labels, self.vocab_start, self.cfg.vocab_size,
                                             self.cfg.pad_id, self.cfg.label_smoothing, self.ctx.tp_group)
 

@@ -118,19 +118,25 @@ def test_recipe_key_and_flag_reach_the_parallel_config(tmp_path):
 
 def test_same_collectives_n_times_at_one_nth_the_size():
     """Every all-reduce of the encoder and decoder layers (forward: attention and MLP outputs; backward: their
-    inputs' gradients and the memory's) is issued n times, 1/n the size, asynchronously; the others — the head's
-    input gradient and the loss's statistics — are issued as before."""
+    inputs' gradients and the memory's) is issued n times, one per batch part, asynchronously, the parts' sizes
+    adding up to the whole (a part carries its own real tokens, `model.packing`: so "1/n the size" when the parts
+    hold as many tokens; the memory's gradient is padded, exactly 1/n); the others — the head's input gradient and
+    the loss's statistics — are issued as before."""
     n, enc, dec = 2, 2, 2
     f1, b1, fn, bn = run_ranks(2, _pair_case, n, torch.float32, False, True)[0][2]
     h = tiny().d_model
-    layer_fwd = [B * S * h] * (2 * enc) + [B * T * h] * (3 * dec)
-    layer_bwd = layer_fwd + [B * S * h]                                  # + the memory's gradient, once per stage
+    src, tgt, _ = batch()
+    real = lambda ids: [int((part != 0).sum()) * h for part in ids.chunk(n)]       # noqa: E731
+    src_parts, tgt_parts = real(src), real(tgt)
+    assert src_parts != [sum(src_parts) // n] * n           # the parts differ: sizes are really per part
+    layer_fwd = [src_parts] * (2 * enc) + [tgt_parts] * (3 * dec)
+    layer_bwd = layer_fwd + [[B * S * h // n] * n]           # + the memory's gradient, once per stage
     for plain, inter, layer in ((f1, fn, layer_fwd), (b1, bn, layer_bwd)):
-        want_async = sorted(("all_reduce", size // n) for size in layer for _ in range(n))
+        want_async = sorted(("all_reduce", size) for parts in layer for size in parts)
         assert sorted(inter.async_calls) == want_async
         rest = list(plain.calls)
-        for size in layer:
-            rest.remove(("all_reduce", size))
+        for parts in layer:
+            rest.remove(("all_reduce", sum(parts)))
         sync = list(inter.calls)
         for call in inter.async_calls:
             sync.remove(call)

@@ -88,17 +88,22 @@ def test_model_matches_serial_in_float64_without_floor(tp, vocab_emb_dp):
 
 @pytest.mark.parametrize("enc,dec", [(1, 1), (2, 3)])
 def test_collectives_are_the_minimum(enc, dec):
-    """Per encoder layer 2 all-reduces forward + 2 backward, per decoder layer 3 + 3, each of b·s·h elements;
-    plus, once: the memory's gradient (1 bwd) and the head's input gradient (1 bwd); the loss: 3 small ones."""
+    """Per encoder layer 2 all-reduces forward + 2 backward, per decoder layer 3 + 3, each of n·h elements where n
+    counts the real (non-PAD) tokens of the source / target batch (`model.packing`: PAD positions are not
+    computed); plus, once: the memory's gradient (1 bwd, the whole padded memory) and the head's input gradient
+    (1 bwd, real target tokens); the loss: 3 small ones over the real target tokens."""
     cfg = tiny(enc=enc, dec=dec)
     (_, _, fwd, bwd), _ = run_ranks(2, _model_case, cfg, True)
     h = cfg.d_model
-    enc_ar, dec_ar = [B * S * h] * (2 * enc), [B * T * h] * (3 * dec)
+    src, tgt, _ = batch(cfg.vocab_size)
+    ns, nt = int((src != 0).sum()), int((tgt != 0).sum())
+    assert (ns, nt) == (B * S - 3, B * T - 3)            # the batch's padding: fewer elements than b·s·h
+    enc_ar, dec_ar = [ns * h] * (2 * enc), [nt * h] * (3 * dec)
     fwd_ar = [n for op, n in fwd if op == "all_reduce"]
     assert sorted(fwd_ar) == sorted(enc_ar + dec_ar)
-    assert [n for op, n in fwd if op == "loss_all_reduce"] == [B * T, B * T, 2 * B * T]
+    assert [n for op, n in fwd if op == "loss_all_reduce"] == [nt, nt, 2 * nt]
     bwd_ar = [n for op, n in bwd if op == "all_reduce"]
-    assert sorted(bwd_ar) == sorted(enc_ar + dec_ar + [B * S * h] + [B * T * h])
+    assert sorted(bwd_ar) == sorted(enc_ar + dec_ar + [B * S * h] + [nt * h])
     assert not [op for op, _ in bwd if op != "all_reduce"]
     assert not [op for op, _ in fwd if op not in ("all_reduce", "loss_all_reduce")]
 
