@@ -144,25 +144,29 @@ def suggest_layouts(world_size: int, model: ModelConfig, global_batch: Optional[
     return out[:limit]
 
 
-def batch_errors(p: ParallelConfig, global_batch: int) -> list[str]:
-    """What is wrong with cutting `global_batch` into dp slices, micro-batches and interleaved parts (empty: fine)."""
+def batch_errors(p: ParallelConfig, global_batch: int, name: str = "batch_size") -> list[str]:
+    """What is wrong with cutting `global_batch` into dp slices, micro-batches and interleaved parts (empty: fine).
+    `name`: batch_size, or batch_multiple for token batches (whose sizes are multiples of it)."""
     per = p.data_parallel * p.micro_batch_num
     if global_batch < 1 or global_batch % per:
         fits = [b for b in range(per, 4 * per + 1, per)][:3]
-        return [f"global batch_size={global_batch} is not divisible by data_parallel×micro_batch_num = "
-                f"{p.data_parallel}×{p.micro_batch_num} = {per} (try batch_size {fits})"]
+        what = "global batch_size" if name == "batch_size" else name
+        return [f"{what}={global_batch} is not divisible by data_parallel×micro_batch_num = "
+                f"{p.data_parallel}×{p.micro_batch_num} = {per} (try {name} {fits})"]
     micro = global_batch // per
     if p.interleave_num < 1 or micro % p.interleave_num == 0:
         return []
     ok = [d for d in _divisors(micro) if d <= max(p.interleave_num, 8)]
     return [f"interleave_num={p.interleave_num} does not divide the micro-batch of {micro} samples per rank "
-            f"(batch_size {global_batch} / (data_parallel {p.data_parallel} × micro_batch_num {p.micro_batch_num})):"
-            f" use interleave_num {_or_list(ok)}, or a batch_size that {p.interleave_num} × {per} divides"]
+            f"({name} {global_batch} / (data_parallel {p.data_parallel} × micro_batch_num {p.micro_batch_num})):"
+            f" use interleave_num {_or_list(ok)}, or a {name} that {p.interleave_num} × {per} divides"]
 
 
 def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Optional[int] = None,
-                    global_batch: Optional[int] = None) -> None:
-    """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit."""
+                    global_batch: Optional[int] = None, batch_name: str = "batch_size") -> None:
+    """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit.
+    `global_batch`: the global batch size, or (batch_name "batch_multiple") what token batches' sizes are a multiple
+    of."""
     p, m = parallel, model
     errors: list[str] = []
     for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "gradient_aggregation_group",
@@ -192,7 +196,7 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
         errors.append(f"pipeline_stage={p.pipeline_stage} > {m.num_blocks} blocks (encoder_layers={m.encoder_layers}"
                       f" + decoder_layers={m.decoder_layers}): every stage needs at least one block")
     if global_batch is not None:
-        errors += batch_errors(p, global_batch)
+        errors += batch_errors(p, global_batch, batch_name)
     zero = p.effective_zero_stage
     if zero not in (0, 1, 2, 3):
         errors.append(f"zero_stage={zero} must be 0, 1, 2 or 3")

@@ -165,8 +165,10 @@ def layer_stages(model: ModelConfig, parallel: ParallelConfig, block_stages: lis
 
 
 def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, seed: int,
-                          pipeline_func: Optional[Callable] = None):
-    """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`."""
+                          pipeline_func: Optional[Callable] = None, dynamic_shape: bool = False):
+    """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`.
+    `dynamic_shape`: batches change shape from step to step (token batches, `--max_tokens`): DeepSpeed then sends
+    the shapes with every activation instead of once."""
     from deepspeed.pipe import LayerSpec, PipelineModule
 
     from model.topology import ParallelContext, first_last_stage_group
@@ -198,7 +200,8 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             return tied
 
     module = StagedPipelineModule(layers=[LayerSpec(cls, **kw) for cls, kw in specs], topology=grid.topology(),
-                                  loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx), partition_method="uniform")
+                                  loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx), partition_method="uniform",
+                                  dynamic_shape=dynamic_shape)
     module._grid = grid          # one grid for layers and engine (PipelineModule built its own copy of it)
     for p in module.parameters():   # PipelineModule resets ds_pipe_replicated on every parameter; the replica of a
         if getattr(p, "tied_to", None):   # tied weight is counted once (on its owner) in the gradient norm

@@ -184,14 +184,22 @@ class TranslationDataset:
     def __len__(self) -> int:
         return self.num_samples
 
-    def batch(self, indices) -> dict[str, torch.Tensor]:
-        """{"src_ids", "tgt_ids", "labels"}: int64 tensors of shape [len(indices), L] for the given samples."""
+    def batch(self, indices, shape: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
+        """{"src_ids", "tgt_ids", "labels"}: int64 tensors of shape [len(indices), L] for the given samples; with
+        `shape` = (source length, target length) only those first positions (token batches are padded to their
+        own longest pair: the positions cut off are PAD)."""
         idx = np.asarray(indices, dtype=np.int64)
+        s, t = shape if shape is not None else (self.src_len, self.tgt_len)
         return {
-            "src_ids": torch.from_numpy(self.src[idx]),
-            "tgt_ids": torch.from_numpy(self.tgt_in[idx]),
-            "labels": torch.from_numpy(self.labels[idx]),
+            "src_ids": torch.from_numpy(self.src[idx, :s]),
+            "tgt_ids": torch.from_numpy(self.tgt_in[idx, :t]),
+            "labels": torch.from_numpy(self.labels[idx, :t]),
         }
+
+    def real_lengths(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each pair's non-PAD source length (tokens + EOS) and target length (labels: tokens + EOS)."""
+        return (np.count_nonzero(self.src != self.pad_id, axis=1),
+                np.count_nonzero(self.labels != self.pad_id, axis=1))
 
     def stats(self) -> dict[str, float]:
         real = np.concatenate([self.src.ravel(), self.labels.ravel()])

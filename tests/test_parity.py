@@ -47,6 +47,8 @@ HALF_LOSS_TOL, HALF_NORM_TOL = 5e-4, 1e-2
 LR = float(TINY[TINY.index("--lr") + 1])
 
 PP2 = ["--pipeline_stage", "2", "--micro_batch_num", "4"]
+# token batches: 8 to 32 pairs of similar length, padded to 8 or 12 (TINY's length) — shapes change every step
+MAXTOK = ["--max_tokens", "256", "--batch_multiple", "8"]
 FP32 = [
     # name                      procs  flags
     ("dp2",                         2, []),
@@ -66,6 +68,13 @@ FP32 = [
     ("tp2xpp2-mb2",                 4, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
     ("dp2xtp2xpp2-zero1-recompute", 8, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2",
                                         "--enable_parallel_optimizer", "1", "--recompute", "1"]),
+    # ZeRO-1 at dp 4: also what plan.py's optimizer-state bytes are checked against
+    ("dp4-zero1",                   4, ["--enable_parallel_optimizer", "1"]),
+]
+TOKEN_BATCHES = [   # --max_tokens against a single-process run with the same token batches
+    ("maxtok-dp2-zero1",            2, MAXTOK + ["--enable_parallel_optimizer", "1"]),
+    ("maxtok-tp2",                  2, MAXTOK + ["--mp", "2"]),
+    ("maxtok-pp2-mb2",              2, MAXTOK + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 BF16 = [
     ("bf16-dp2-zero0",              2, []),
@@ -98,11 +107,13 @@ PRECISION = {name: name.split("-")[0] for name, _, _ in BF16 + FP16 + SHARED_EMB
 # a precision this machine's accelerator lacks (fp16 without avx512_fp16) is left out of the launches and its
 # cases are skipped with the reason
 RUNNABLE = {p for p in ("fp32", "bf16", "fp16") if accelerator.supported(p)}
-CASES = {name: (nproc, flags) for name, nproc, flags in FP32 + BF16 + FP16 + SHARED_EMBEDDINGS + DROPOUT_TP
+CASES = {name: (nproc, flags)
+         for name, nproc, flags in FP32 + TOKEN_BATCHES + BF16 + FP16 + SHARED_EMBEDDINGS + DROPOUT_TP
          if PRECISION.get(name, "fp32") in RUNNABLE}
 REFERENCES = {name: (precision, flags) for name, (precision, flags) in
               {"serial-fp32": ("fp32", []), "serial-bf16": ("bf16", []), "serial-fp16": ("fp16", []),
-               "serial-fp32-share": ("fp32", SHARE), "serial-bf16-share": ("bf16", SHARE)}.items()
+               "serial-fp32-share": ("fp32", SHARE), "serial-bf16-share": ("bf16", SHARE),
+               "serial-fp32-maxtok": ("fp32", MAXTOK)}.items()
               if precision in RUNNABLE}
 
 
@@ -112,7 +123,8 @@ def _case(name: str):
 
 
 def reference_of(name: str) -> str:
-    return f"serial-{PRECISION.get(name, 'fp32')}" + ("-share" if "share" in name else "")
+    return (f"serial-{PRECISION.get(name, 'fp32')}" + ("-share" if "share" in name else "")
+            + ("-maxtok" if name.startswith("maxtok") else ""))
 
 
 def _args(data, out, precision, *extra):
@@ -171,7 +183,7 @@ def serial(runs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", [c[0] for c in FP32 + SHARED_EMBEDDINGS[:3]])
+@pytest.mark.parametrize("name", [c[0] for c in FP32 + TOKEN_BATCHES + SHARED_EMBEDDINGS[:3]])
 def test_fp32_layout_with_clipping_matches_single_process(name, runs, serial):
     ref, ref_out = serial[reference_of(name)]
     got = read_metrics(runs(name))
@@ -244,3 +256,19 @@ def test_dropout_keeps_replicated_parameters_identical_on_tp_ranks(name, runs):
     assert compared >= 10
     losses = [r["loss"] for r in read_metrics(runs(name))]
     assert losses[-1] < losses[0] - 0.5                               # it trained, with dropout on
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,world", [("dp2-zero1", 2), ("dp4-zero1", 4)])
+def test_plan_predicts_the_optimizer_state_deepspeed_allocates(name, world, runs, multi30k_tsv, bpe_tokenizer):
+    """plan.py's memory model against DeepSpeed's real allocations: the optimizer state (fp32 master partition +
+    AdamW moments) rank 0 holds after training under ZeRO-1, as the engine reports it (run.json), within 5% of
+    what plan.py predicts for the same flags and world (DeepSpeed pads partitions for alignment)."""
+    from training import plan as P
+    from training.args import parse_args
+    got = json.loads((runs(name) / "run.json").read_text())["optimizer_state_bytes_rank0"]
+    flags = ["--tokenizer", bpe_tokenizer, *TINY, *CASES[name][1], "--vocab_size", "8000"]
+    want = P.make_plan(parse_args([str(f) for f in flags], parser=P.build_plan_parser()), world)["ranks"][0]
+    print(f"PLAN {name}: DeepSpeed holds {got:,} B of optimizer state on rank 0, plan.py predicts "
+          f"{want['optimizer_bytes']:,} B ({got / want['optimizer_bytes'] - 1:+.2%})")
+    assert abs(got / want["optimizer_bytes"] - 1) <= 0.05

@@ -141,7 +141,7 @@ def test_plan_prints_the_split_and_each_blocks_stage():
     """plan.py names the function and lists stage, recompute and fusion id of every block."""
     flags = ["--recipe", R16, "--encoder_layer", "2", "--decoder_layer", "2", "--pipeline_stage", "3",
              "--mp", "1", "--micro_batch_num", "3", "--batch_size", "12"]
-    from training.plan import format_plan
+    from training.plan_report import format_plan
     for name, stages in (("seed", [0, 1, 2, 2]), ("even", [0, 0, 1, 2])):
         plan = plan_for(3, *flags, "--pipeline_func", name)
         assert plan["layout"]["pipeline_func"] == name

@@ -115,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--deepspeed_config", default=None,
                    help="a DeepSpeed JSON merged over the generated one (batch keys must agree)")
 
+    g = p.add_argument_group("token batches (fairseq's --max-tokens)")
+    g.add_argument("--max_tokens", type=int, default=0,
+                   help="instead of --batch_size pairs padded to src_len/tgt_len: global batches of pairs of similar "
+                        "length, each padded only to its own longest pair, pairs × padded length <= N on each side "
+                        "(default 0 = off; preprocess/token_batches.py). Layout-free like fixed batches")
+    g.add_argument("--batch_multiple", type=int, default=16,
+                   help="with --max_tokens: pairs per batch are a multiple of this (default 16); "
+                        "data_parallel × micro_batch_num (× interleave_num) must divide it")
+    g.add_argument("--pad_multiple", type=int, default=8,
+                   help="with --max_tokens: batch lengths are rounded up to a multiple of this (default 8: few shapes)")
+
     g = p.add_argument_group("schedule and logging")
     g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs worth)")
     g.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given (default 1)")

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
                                 micro_slices)
 from preprocess.errors import UserError
+from preprocess.token_batches import TokenBatchSchedule
 
 
 def _local_rank_zero() -> bool:
@@ -67,15 +68,25 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
 class StepBatches:
     """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them).
     A negative sample index is a filler row (the last batch of a validation pass): real inputs, PAD labels, so it
-    adds no loss and no tokens."""
+    adds no loss and no tokens. `shape`: the (source, target) length the batch is padded to (token batches; None:
+    the dataset's). `src_tokens`: the global batch's real source tokens (global_tokens: its target tokens, the
+    loss's denominator); `padding`: the fraction of its source and target positions that are PAD."""
     data: TranslationDataset
     micro: list
     global_tokens: int
     device: torch.device
+    shape: Optional[tuple] = None
+    src_tokens: int = 0
+    padding: float = 0.0
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        """The (source, target) length every sequence of this batch is padded to."""
+        return self.shape if self.shape is not None else (self.data.src_len, self.data.tgt_len)
 
     def __iter__(self) -> Iterator[tuple]:
         for idx in self.micro:
-            b = self.data.batch(idx)
+            b = self.data.batch(idx, self.shape)
             if (idx < 0).any():
                 b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
             src, tgt, labels = (b[k].to(self.device) for k in ("src_ids", "tgt_ids", "labels"))
@@ -93,17 +104,34 @@ def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int
         yield StepBatches(data, micro_slices(dp_slice(idx, dp_rank, dp_size), micro_batch_num), tokens, device)
 
 
+def batch_schedule(data: TranslationDataset, global_batch: int, seed: int, max_tokens: int = 0,
+                   batch_multiple: int = 16, pad_multiple: int = 8):
+    """Fixed-size global batches of `global_batch` pairs padded to the dataset's lengths, or with `max_tokens`
+    token batches (`preprocess.token_batches`); both layout-free."""
+    if max_tokens:
+        src_real, tgt_real = data.real_lengths()
+        return TokenBatchSchedule(src_real, tgt_real, max_tokens, batch_multiple, seed, data.src_len, data.tgt_len,
+                                  pad_multiple)
+    return GlobalBatchSchedule(data.num_samples, global_batch, seed)
+
+
 class BatchFeeder:
-    def __init__(self, data: TranslationDataset, global_batch: int, seed: int, dp_rank: int, dp_size: int,
-                 micro_batch_num: int, device: torch.device):
-        self.data, self.dp_rank, self.dp_size, self.gas, self.device = data, dp_rank, dp_size, micro_batch_num, device
-        self.schedule = GlobalBatchSchedule(data.num_samples, global_batch, seed)
+    """Step k's global batch (from `schedule`: `batch_schedule`'s fixed or token batches), cut for this rank."""
+
+    def __init__(self, data: TranslationDataset, schedule, dp_rank: int, dp_size: int, micro_batch_num: int,
+                 device: torch.device):
+        self.data, self.schedule = data, schedule
+        self.dp_rank, self.dp_size, self.gas, self.device = dp_rank, dp_size, micro_batch_num, device
 
     def step(self, step: int) -> StepBatches:
         idx = self.schedule.global_batch(step)
+        shape = self.schedule.shape(step) if isinstance(self.schedule, TokenBatchSchedule) else None
+        s, t = shape if shape is not None else (self.data.src_len, self.data.tgt_len)
         tokens = count_target_tokens(self.data.labels[idx], self.data.pad_id)
+        src_tokens = int(np.count_nonzero(self.data.src[idx, :s] != self.data.pad_id))
         mine = dp_slice(idx, self.dp_rank, self.dp_size)
-        return StepBatches(self.data, micro_slices(mine, self.gas), tokens, self.device)
+        return StepBatches(self.data, micro_slices(mine, self.gas), tokens, self.device, shape, src_tokens,
+                           1.0 - (src_tokens + tokens) / (len(idx) * (s + t)))
 
     def epoch_of(self, step: int) -> int:
         return self.schedule.epoch_of(step)

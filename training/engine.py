@@ -221,6 +221,20 @@ class Engine:
         norm = self.ds.get_global_grad_norm()
         return float(norm) if norm is not None else math.nan
 
+    def optimizer_state_bytes(self) -> int:
+        """Bytes of optimizer state this rank holds: AdamW's moments and, where DeepSpeed wraps the optimizer, its
+        fp32 master copy of the parameters (what plan.py's optimizer_bytes predicts; zero before the first step,
+        when AdamW has no state yet). Reads DeepSpeed 0.19.8's attributes for its master partitions:
+        single_partition_of_fp32_groups (ZeRO 1/2), fp32_partitioned_groups_flat (ZeRO 3),
+        fp32_groups_flat_partition (BF16_Optimizer)."""
+        opt = self.ds.optimizer
+        base = getattr(opt, "optimizer", opt)
+        total = sum(v.nbytes for state in base.state.values() for k, v in state.items()
+                    if k in ("exp_avg", "exp_avg_sq"))
+        for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+            total += sum(t.nbytes for t in getattr(opt, attr, None) or [] if torch.is_tensor(t))
+        return int(total)
+
     def loss_scale(self) -> Optional[float]:
         """fp16's current dynamic loss scale (the ZeRO optimizers DeepSpeed builds for fp16 keep it); else None."""
         return float(self.ds.optimizer.loss_scale) if self.precision == "fp16" else None
@@ -229,15 +243,18 @@ class Engine:
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
                  seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
                  precision: str = "fp32", pipeline_func: Optional[str] = None,
-                 ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
+                 ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None,
+                 dynamic_shapes: bool = False, batch_name: str = "batch_size") -> Engine:
+    """`dynamic_shapes`: batches change shape between steps (token batches); `global_batch` is then the number the
+    batch sizes are a multiple of (`batch_name` in error messages), which DeepSpeed's config counts as its batch."""
     import deepspeed
-    validate_layout(parallel, model_cfg, world_size=world_size, global_batch=global_batch)
+    validate_layout(parallel, model_cfg, world_size=world_size, global_batch=global_batch, batch_name=batch_name)
     check_options(precision, clip_grad)
     func = load_pipeline_func(pipeline_func)
     grid = build_grid(parallel)
     pipelined = parallel.pipeline_stage > 1
     if pipelined:
-        model, ctx = build_pipeline_module(model_cfg, parallel, grid, seed, func)
+        model, ctx = build_pipeline_module(model_cfg, parallel, grid, seed, func, dynamic_shape=dynamic_shapes)
     else:
         ctx = ParallelContext.from_grid(grid)
         model = Seq2SeqTransformer(model_cfg, parallel, ctx, seed=seed, pipeline_func=func)

@@ -1,6 +1,8 @@
 """What one rank (global rank 0) reports per optimizer step: the seed's loss line, a progress bar, TensorBoard,
 and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch, loss, lr, grad_norm (global, before clipping;
-training only), loss_scale and skipped_steps (fp16), tokens, tokens_per_sec, step_time)."""
+training only), loss_scale and skipped_steps (fp16), tokens (the global batch's target tokens), tokens_per_sec,
+step_time, padding (PAD share of the batch's positions), tflops (the model's FLOPs per second, all ranks), mfu
+(where the device's peak is known), peak_mem_mib; see training/speed.py)."""
 from __future__ import annotations
 
 import json
@@ -41,7 +43,8 @@ class MetricsWriter:
         self._jsonl.flush()
         step = record["step"]
         if self._tb is not None:
-            for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time"):
+            for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops",
+                        "mfu", "peak_mem_mib"):
                 if record.get(key) is not None:
                     self._tb.add_scalar(f"train/{key}", record[key], step)
             for key in ("valid_loss", "valid_bleu"):
@@ -62,6 +65,8 @@ class MetricsWriter:
                 line += f", loss scale: {record['loss_scale']:g} (skipped steps: {record['skipped_steps']})"
             line += (f", step time: {record['step_time'] * 1000:.1f} ms, "
                      f"tokens/s: {record['tokens_per_sec']:.0f}")
+            if record.get("mfu") is not None:
+                line += f", MFU: {100 * record['mfu']:.1f}%"
             (self._bar.write if self._bar is not None and not self._bar.disable else print)(line)
             sys.stdout.flush()
 

@@ -8,12 +8,26 @@ import torch.distributed as dist
 from model.config import validate_layout
 from preprocess.errors import UserError
 from training.args import model_config, parallel_config
-from training.data import BatchFeeder, prepare_data
+from training.data import BatchFeeder, batch_schedule, prepare_data
 from training.engine import build_engine, check_options, device, init_distributed
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
 from training.schedule import lr_factor
+from training.speed import SpeedMeter
 from training.validation import BEST, BestTracker, Validator
+
+
+def batch_unit_of(args) -> tuple[int, str]:
+    """What the layout must divide: the global batch_size, or with token batches the batch_multiple every batch's
+    size is a multiple of (also the batch DeepSpeed's config counts)."""
+    return (args.batch_multiple, "batch_multiple") if args.max_tokens else (args.batch_size, "batch_size")
+
+
+def valid_batch_size(args) -> int:
+    """Validation runs fixed batches; with token batches, batch_size rounded to a multiple of batch_multiple."""
+    if not args.max_tokens:
+        return args.batch_size
+    return max(args.batch_multiple, args.batch_size // args.batch_multiple * args.batch_multiple)
 
 
 def run_training(args) -> int:
@@ -22,7 +36,8 @@ def run_training(args) -> int:
     parallel = parallel_config(args, world)
     # Check the layout before touching data (cheap, and the error is the one users need first).
     probe = model_config(args, vocab_size=max(args.vocab_size or 1, 1), pad_id=0)
-    validate_layout(parallel, probe, world_size=world, global_batch=args.batch_size)
+    batch_unit, batch_name = batch_unit_of(args)
+    validate_layout(parallel, probe, world_size=world, global_batch=batch_unit, batch_name=batch_name)
     check_options(args.precision, args.clip_grad)
 
     data = prepare_data(args.file_path, args.tokenizer, args.src_len, args.tgt_len, args.tokenizer_vocab_size,
@@ -31,18 +46,20 @@ def run_training(args) -> int:
     if vocab < data.vocab_size:
         raise UserError(f"--vocab_size {vocab} is smaller than the tokenizer's vocabulary ({data.vocab_size}); "
                         f"use --vocab_size {data.vocab_size} or more, or leave it out")
-    if args.batch_size > data.num_samples:
+    if not args.max_tokens and args.batch_size > data.num_samples:
         raise UserError(f"--batch_size {args.batch_size} is larger than the dataset ({data.num_samples} pairs)")
     model_cfg = model_config(args, vocab_size=vocab, pad_id=data.pad_id)
-    total_steps = args.steps if args.steps is not None else args.epochs * (data.num_samples // args.batch_size)
+    batches = batch_schedule(data, args.batch_size, args.seed, args.max_tokens, args.batch_multiple,
+                             args.pad_multiple)
+    total_steps = args.steps if args.steps is not None else args.epochs * batches.batches_per_epoch
     schedule = lr_factor(args.lr_schedule, args.warmup_steps, total_steps, args.min_lr_ratio, args.lr_power)
 
-    engine = build_engine(model_cfg, parallel, world_size=world, global_batch=args.batch_size, seed=args.seed,
+    engine = build_engine(model_cfg, parallel, world_size=world, global_batch=batch_unit, seed=args.seed,
                           lr=args.lr, weight_decay=args.weight_decay, lr_schedule=schedule,
                           clip_grad=args.clip_grad, precision=args.precision, pipeline_func=args.pipeline_func,
-                          ds_overrides=args.deepspeed_overrides, ds_config_file=args.deepspeed_config)
-    feeder = BatchFeeder(data, args.batch_size, args.seed, engine.ctx.dp_rank, engine.ctx.dp_size,
-                         parallel.micro_batch_num, device())
+                          ds_overrides=args.deepspeed_overrides, ds_config_file=args.deepspeed_config,
+                          dynamic_shapes=bool(args.max_tokens), batch_name=batch_name)
+    feeder = BatchFeeder(data, batches, engine.ctx.dp_rank, engine.ctx.dp_size, parallel.micro_batch_num, device())
 
     from training import checkpoint as ckpt
     start_step = ckpt.maybe_resume(engine, args, model_cfg, parallel, data)
@@ -50,7 +67,7 @@ def run_training(args) -> int:
     validator = tracker = None
     if args.valid_file and args.train:
         validator = Validator(args.valid_file, str(data.tokenizer_path), args.src_len, args.tgt_len,
-                              args.batch_size, engine.ctx, parallel.micro_batch_num, device(), progress=rank == 0)
+                              valid_batch_size(args), engine.ctx, parallel.micro_batch_num, device(), progress=rank == 0)
         valid_every = args.valid_interval or feeder.schedule.batches_per_epoch
         tracker = BestTracker(ckpt.checkpoints_dir(args.output_dir), args.early_stop_patience, start_step,
                               valid_every)
@@ -71,6 +88,7 @@ def run_training(args) -> int:
     if start_step >= total_steps:
         writer.message(f"nothing to train: the checkpoint is at step {start_step} and --steps is {total_steps}; "
                        f"raise --steps to continue")
+    speed = SpeedMeter(model_cfg, world, args.precision, device())
     step_fn = train_step if args.train else eval_step
     losses = []
     for step in range(start_step, total_steps):
@@ -85,7 +103,8 @@ def run_training(args) -> int:
             if engine.precision == "fp16":
                 record.update(loss_scale=engine.loss_scale(), skipped_steps=engine.ds.skipped_steps)
         record.update(tokens=batches.global_tokens, tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9),
-                      step_time=t.seconds)
+                      step_time=t.seconds, padding=round(batches.padding, 4),
+                      **speed.figures(batches.src_tokens, batches.global_tokens, batches.lengths, t.seconds))
         improved = False
         if validator is not None and ((step + 1) % valid_every == 0 or step + 1 == total_steps):
             figures = validator.evaluate(engine)
@@ -106,5 +125,8 @@ def run_training(args) -> int:
                "output_dir": os.path.abspath(args.output_dir)}
     if tracker is not None:
         summary["best_validation"] = tracker.best
+    # what this rank's optimizer holds now, next to the run's description (plan.py predicts it: tests/test_parity.py)
+    writer.run_info({**info, "vocab": vocab, "params_rank0": n_params, "start_step": start_step,
+                     "total_steps": total_steps, "optimizer_state_bytes_rank0": engine.optimizer_state_bytes()})
     writer.close(summary)
     return 0

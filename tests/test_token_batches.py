@@ -1,0 +1,78 @@
+"""Token batches (--max_tokens): pure functions over the real Multi30k lengths, then train.py's checks.
+Parity of token batches under dp, tp and pp (dynamic shapes) against one process: tests/test_parity.py."""
+import numpy as np
+import pytest
+
+from preprocess.errors import UserError
+from preprocess.token_batches import TokenBatchSchedule, padded_length
+from tests.launch import TINY, run_train
+
+SRC_LEN = TGT_LEN = 32
+
+
+@pytest.fixture(scope="module")
+def lengths(multi30k_dataset_factory):
+    data = multi30k_dataset_factory(SRC_LEN, TGT_LEN)
+    return data, *data.real_lengths()
+
+
+def test_padded_length_rounds_up_and_caps():
+    assert padded_length(np.array([1, 8, 9, 31, 32]), 8, 30).tolist() == [8, 8, 16, 30, 30]
+
+
+@pytest.mark.parametrize("max_tokens,multiple", [(2048, 16), (1000, 8), (4096, 48)])
+def test_batches_fit_the_budget_cover_each_pair_once_and_pad_little(lengths, max_tokens, multiple):
+    data, src, tgt = lengths
+    sched = TokenBatchSchedule(src, tgt, max_tokens, multiple, seed=3, src_len=SRC_LEN, tgt_len=TGT_LEN)
+    seen, real, positions = [], 0, 0
+    for step in range(sched.batches_per_epoch):
+        idx = sched.global_batch(step)
+        s, t = sched.shape(step)
+        assert len(idx) % multiple == 0 and len(idx) * max(s, t) <= max_tokens
+        assert s % 8 == 0 or s == SRC_LEN
+        assert src[idx].max() <= s and tgt[idx].max() <= t              # nothing real is cut off
+        assert (data.src[idx, s:] == data.pad_id).all() and (data.labels[idx, t:] == data.pad_id).all()
+        seen.append(idx)
+        real += int(src[idx].sum() + tgt[idx].sum())
+        positions += len(idx) * (s + t)
+    seen = np.concatenate(seen)
+    assert len(np.unique(seen)) == len(seen)                           # each pair at most once an epoch
+    assert len(seen) > len(src) - sched.batches_per_epoch * multiple   # only a remainder is left out
+    fixed = 1 - (src.sum() + tgt.sum()) / (len(src) * (SRC_LEN + TGT_LEN))
+    padding = 1 - real / positions
+    print(f"max_tokens {max_tokens} ×{multiple}: {sched.batches_per_epoch} batches, padding {padding:.1%} "
+          f"(fixed length {SRC_LEN}: {fixed:.1%})")
+    assert padding < fixed / 2
+
+
+def test_same_batches_every_epoch_in_a_new_order_and_a_pure_function_of_the_step(lengths):
+    _, src, tgt = lengths
+    make = lambda seed: TokenBatchSchedule(src, tgt, 2048, 16, seed, SRC_LEN, TGT_LEN)   # noqa: E731
+    a, b = make(5), make(5)
+    n = a.batches_per_epoch
+    epoch0 = {tuple(a.global_batch(k)) for k in range(n)}
+    epoch1 = {tuple(a.global_batch(n + k)) for k in range(n)}
+    assert epoch0 == epoch1                                            # fixed batches...
+    assert [tuple(a.global_batch(k)) for k in range(5)] != [tuple(a.global_batch(n + k)) for k in range(5)]
+    for step in (7, 3, 2 * n + 1, 0):                                  # ...and any step, in any order, alike
+        assert np.array_equal(a.global_batch(step), b.global_batch(step)) and a.shape(step) == b.shape(step)
+    assert [tuple(make(6).global_batch(k)) for k in range(3)] != [tuple(a.global_batch(k)) for k in range(3)]
+
+
+def test_budget_too_small_for_one_group_is_a_user_error(lengths):
+    _, src, tgt = lengths
+    with pytest.raises(UserError, match=r"--max_tokens 100 cannot hold batch_multiple 16 pairs .* at least 512"):
+        TokenBatchSchedule(src, tgt, 100, 16, 1, SRC_LEN, TGT_LEN)
+
+
+@pytest.mark.parametrize("flags,nproc,needle", [
+    (["--max_tokens", "512", "--batch_multiple", "6"], 2,
+     "batch_multiple=6 is not divisible by data_parallel×micro_batch_num = 2×2 = 4"),
+    (["--max_tokens", "64"], 1, "--max_tokens 64 cannot hold batch_multiple 16 pairs"),
+])
+def test_bad_token_batch_flags_fail_fast(flags, nproc, needle, multi30k_tsv, bpe_tokenizer, tmp_path):
+    extra = ["--micro_batch_num", "2"] if nproc == 2 else []
+    proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path,
+                             *TINY, *flags, *extra, "--steps", 1], check=False)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr
+    assert needle in proc.stderr, proc.stderr[-2000:]
