@@ -51,7 +51,10 @@ class OursRunner:
 
 
 class HFRunner:
-    def __init__(self, args):
+    """`fused_adamw`: torch's fused AdamW kernel (what train.py uses) instead of torch's default per-tensor loop —
+    to show how much of the difference is the optimizer."""
+
+    def __init__(self, args, fused_adamw: bool = False):
         import torch
         from model.hf_export import blenderbot_config
         from training.args import model_config
@@ -69,7 +72,7 @@ class HFRunner:
         # bf16: the weights stay fp32 and autocast runs the matrix products in bf16 (what a plain torch user does)
         self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
         self.optimizer = torch.optim.AdamW(weight_decay_groups(self.model, args.weight_decay), lr=args.lr,
-                                           betas=(0.9, 0.98), eps=1e-8)
+                                           betas=(0.9, 0.98), eps=1e-8, **({"fused": True} if fused_adamw else {}))
         self.feeder = BatchFeeder(self.data, batch_schedule(self.data, args.batch_size, args.seed), 0, 1, 1,
                                   torch.device("cpu"))
         self.pad = self.data.pad_id
@@ -97,5 +100,5 @@ def build_ours(flags: list[str]) -> OursRunner:
     return OursRunner(_parse(flags))
 
 
-def build_hf(flags: list[str]) -> HFRunner:
-    return HFRunner(_parse(flags))
+def build_hf(flags: list[str], fused_adamw: bool = False) -> HFRunner:
+    return HFRunner(_parse(flags), fused_adamw)

@@ -1,0 +1,36 @@
+#!/usr/bin/env python3
+"""Train `transformers`' Blenderbot of our dimensions with a plain AdamW loop on our batches, and print each step's
+time as JSON lines — the reference benchmarks/throughput.py compares train.py with (benchmarks/common.py).
+
+    python benchmarks/hf_train.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json \\
+        --steps 20 [--fused_adamw] [train.py flags, e.g. --precision bf16]
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.common import BENCH_MODEL, build_hf  # noqa: E402
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    fused = "--fused_adamw" in argv
+    argv = [a for a in argv if a != "--fused_adamw"]
+    runner = build_hf([*BENCH_MODEL, *argv], fused_adamw=fused)
+    steps = int(argv[argv.index("--steps") + 1]) if "--steps" in argv else 20
+    for step in range(steps):
+        t = time.perf_counter()
+        loss, tokens = runner.step(step)
+        seconds = time.perf_counter() - t
+        print(json.dumps({"step": step + 1, "loss": loss, "tokens": tokens, "step_time": seconds,
+                          "tokens_per_sec": tokens / seconds}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
