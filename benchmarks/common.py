@@ -88,6 +88,7 @@ class HFRunner:
         out.loss.backward()
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self.last_padding = batches.padding
         return float(out.loss), batches.global_tokens
 
 

@@ -28,7 +28,7 @@ def main() -> int:
         loss, tokens = runner.step(step)
         seconds = time.perf_counter() - t
         print(json.dumps({"step": step + 1, "loss": loss, "tokens": tokens, "step_time": seconds,
-                          "tokens_per_sec": tokens / seconds}), flush=True)
+                          "tokens_per_sec": tokens / seconds, "padding": runner.last_padding}), flush=True)
     return 0
 
 

@@ -137,7 +137,7 @@ def table(results: dict, names: list[str], base: str) -> list[str]:
     ref = results[base]["tokens_per_sec"]
     for n in names:
         r = results[n]
-        pad = f"{100 * r['padding']:.0f} %" if "padding" in r else "54 % (fixed 32)"
+        pad = f"{100 * r['padding']:.0f} %" if "padding" in r else ""
         tfl = f"{r['tflops']:.3f}" if "tflops" in r else ""
         rows.append(f"| {r['what']} | {r['processes']} | {r['median_step_ms']:.0f} ms | {r['tokens_per_sec']:,.0f} | "
                     f"{r['tokens_per_sec'] / ref:.2f}× | {pad} | {tfl} |")

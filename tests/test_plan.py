@@ -355,3 +355,16 @@ def test_cli_bad_recipe_is_one_error_line(assert_user_error):
     proc = run_plan("--recipe", R16, "--world_size", "8")
     assert proc.returncode == 2
     assert_user_error(proc, "but the world has 8 processes", "Layouts that fit 8 processes")
+
+
+def test_deepspeed_buckets_follow_the_fusion_groups_up_to_a_cap():
+    """gradient_aggregation_group (the seed's fusion groups) splits the gradients into that many buckets, but no
+    bucket exceeds BUCKET_CAP_BYTES: a 1.3 B-parameter model does not get 1.3 GB buckets (DeepSpeed's default would
+    be 2 GB)."""
+    from training.engine import BUCKET_CAP_BYTES, bucket_elements, deepspeed_config
+    assert bucket_elements(1_000_000, 4) == 250_000
+    assert bucket_elements(1_000_001, 4) == 250_001
+    assert bucket_elements(1_300_000_000, 4) * 4 == BUCKET_CAP_BYTES == 100 * 2 ** 20
+    cfg = deepspeed_config(ParallelConfig(data_parallel=2, optimizer_shard=True), 32, "fp32", 0.0, 1_300_000_000)
+    assert cfg["zero_optimization"]["reduce_bucket_size"] == BUCKET_CAP_BYTES // 4
+    assert cfg["zero_optimization"]["allgather_bucket_size"] == BUCKET_CAP_BYTES // 4

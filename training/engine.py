@@ -134,12 +134,26 @@ def clips_in_client_optimizer(parallel: ParallelConfig, precision: str) -> bool:
     return optimizer_zero_stage(parallel, precision) == 0 and precision == "fp32"
 
 
+# A ZeRO reduce / all-gather bucket is a buffer of this size: large enough that each collective moves megabytes
+# (latency is amortised), small enough not to cost a noticeable share of memory on a large model (DeepSpeed's
+# default, 5e8 elements, is 2 GB in fp32). PyTorch DDP's default bucket is 25 MB; Megatron-DeepSpeed's recipes use
+# 50-500 MB.
+BUCKET_CAP_BYTES = 100 * 2 ** 20
+GRAD_BYTES = 4          # gradients are reduced in fp32 (grad_accum_dtype fp32 for half precision too)
+
+
+def bucket_elements(num_grad_elements: int, groups: int) -> int:
+    """DeepSpeed's reduce/allgather bucket size in elements: the seed's `gradient_aggregation_group` fusion groups
+    (gradient bytes / groups), capped at BUCKET_CAP_BYTES. A recipe's "deepspeed" section may set other sizes."""
+    per_group = -(-num_grad_elements // max(groups, 1))
+    return max(1, min(per_group, BUCKET_CAP_BYTES // GRAD_BYTES))
+
+
 def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
                      num_grad_elements: int, overrides: Optional[dict] = None,
                      user_file: Optional[str] = None) -> dict:
     micro = global_batch // (parallel.data_parallel * parallel.micro_batch_num)
-    # gradient_aggregation_group (the seed's fusion groups) → DeepSpeed's bucket size, in elements
-    bucket = max(1, -(-num_grad_elements // parallel.gradient_aggregation_group))
+    bucket = bucket_elements(num_grad_elements, parallel.gradient_aggregation_group)
     zero_stage = optimizer_zero_stage(parallel, precision)
     cfg = {
         "train_batch_size": global_batch,
@@ -150,6 +164,8 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
+        # overlap_comm / contiguous_gradients: measured on CPU/gloo (dp2, ZeRO-1 and -2) no faster, slightly
+        # slower (BENCHMARKS.md); not measured on GPUs here — a recipe's "deepspeed" section can turn them on
         "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": bucket,
                               "allgather_bucket_size": bucket, "overlap_comm": False,
                               "contiguous_gradients": False},
