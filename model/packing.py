@@ -25,12 +25,13 @@ class Packing:
     @classmethod
     def of(cls, ids: torch.Tensor, pad_id: int) -> "Packing":
         """The packing of `ids`, built once per ids tensor: the blocks of a stage all get the same ids tensor, and
-        the index is kept on it (an integer tensor, never part of autograd)."""
+        the index is kept on it (an integer tensor, never part of autograd), valid while the tensor is not written
+        in place (its version counter)."""
         cached = getattr(ids, "_packing", None)
-        if cached is None or cached[0] != pad_id:
-            cached = (pad_id, cls(ids, pad_id))
+        if cached is None or cached[:2] != (pad_id, ids._version):
+            cached = (pad_id, ids._version, cls(ids, pad_id))
             ids._packing = cached
-        return cached[1]
+        return cached[2]
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, S, ...] → [N, ...]: the non-PAD positions, in (batch, position) order."""

@@ -368,3 +368,45 @@ def test_deepspeed_buckets_follow_the_fusion_groups_up_to_a_cap():
     cfg = deepspeed_config(ParallelConfig(data_parallel=2, optimizer_shard=True), 32, "fp32", 0.0, 1_300_000_000)
     assert cfg["zero_optimization"]["reduce_bucket_size"] == BUCKET_CAP_BYTES // 4
     assert cfg["zero_optimization"]["allgather_bucket_size"] == BUCKET_CAP_BYTES // 4
+
+
+# ------------------------------------------------------------------- FLOPs: the cost model vs torch's own count
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_flops_model_equals_torch_flop_counter(padded):
+    """training.costs.model_flops (forward + backward of a step) equals what torch's FlopCounterMode counts on the
+    model itself — every matrix product, attention included (the math SDPA backend, whose products it sees) — with
+    and without padding (projections on real tokens only, attention on the padded layout)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from model.transformer import Seq2SeqTransformer
+    cfg = ModelConfig(vocab_size=60, d_model=32, num_heads=4, ffn_size=48, encoder_layers=2, decoder_layers=3,
+                      src_len=9, tgt_len=7, dropout=0.0, attention_dropout=0.0, pad_id=0)
+    model = Seq2SeqTransformer(cfg, seed=1)
+    g = torch.Generator().manual_seed(0)
+    src, tgt, labels = (torch.randint(4, 60, (5, n), generator=g) for n in (9, 7, 7))
+    if padded:
+        src[0, 5:] = 0
+        tgt[1, 3:] = 0
+        labels[1, 3:] = 0
+    with sdpa_kernel(SDPBackend.MATH), FlopCounterMode(display=False) as counter:
+        model.loss_sum(src, tgt, labels).backward()
+    want = costs.model_flops(cfg, int((src != 0).sum()), int((tgt != 0).sum()), 5, 9, 7)
+    assert counter.get_total_flops() == want
+
+
+def test_packing_follows_ids_written_in_place():
+    """The real-token index is cached on the ids tensor; writing the tensor in place invalidates it."""
+    from model.packing import Packing
+    ids = torch.tensor([[5, 6, 0], [7, 0, 0]])
+    assert Packing.of(ids, 0).tokens == 3
+    ids[1, 1] = 9
+    assert Packing.of(ids, 0).tokens == 4 and Packing.of(ids, 0).index.tolist() == [0, 1, 3, 4]
+
+
+def test_peak_flops_are_known_for_listed_gpus_only():
+    assert costs.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
+    assert costs.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
+    assert costs.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
+    assert costs.peak_flops("cpu", "fp32") is None and costs.peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None

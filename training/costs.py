@@ -3,15 +3,18 @@ batch. plan.py (training/plan.py) sizes a run with it before it starts, train.py
 with it (training/metrics.py), and the benchmarks (benchmarks/) count work with it. Nothing here touches a process
 group or a device.
 
-FLOPs (multiply-add = 2), forward, per token; h = d_model, f = FFN size, V = vocab, s/t = source/target length the
-batch is padded to (attention runs on the padded layout), real tokens counted where the model computes only real
-ones (`model.packing`: every projection, the MLP, the head and the loss):
-           encoder layer   per source token   8h² + 4hf  (QKV 6h², output 2h², MLP 4hf)   + 4·s·h attention
-           decoder layer   per target token   12h² + 4hf (self QKV + out 8h², cross Q + out 4h², MLP)
-                                              + 4·t·h + 4·s·h attention;  per source token 4h² (cross K/V)
-           head            per target token   2hV
+FLOPs (multiply-add = 2) of what a step executes, forward; h = d_model, f = FFN size, V = vocab, b pairs padded
+to s/t source/target positions. The projections, the MLP and the head run on the real tokens only
+(`model.packing`), attention on the padded layout (every position attends to every key):
+           encoder layer   per real source token   8h² + 4hf  (QKV 6h², output 2h², MLP 4hf)
+                           attention                4·b·s·s·h
+           decoder layer   per real target token   12h² + 4hf (self QKV + out 8h², cross Q + out 4h², MLP)
+                           per real source token   4h² (cross-attention K/V)
+                           attention                4·b·t·t·h + 4·b·t·s·h
+           head            per real target token   2hV
            A training step is 3× the forward (backward = 2×); recomputed blocks add their forward once more, which
-           `model_flops` leaves out (MFU counts the model's work, not the recomputation).
+           `model_flops` leaves out (MFU counts the model's work, not the recomputation). tests/test_plan.py checks
+           this count against torch's FlopCounterMode on the model itself.
 
 What is counted (per rank; b = micro-batch size, s/t = source/target length, h = d_model, f = FFN size,
 a = heads, tp = model_parallel, V' = vocab padded to a multiple of tp, n = the rank's parameter count):
@@ -59,18 +62,18 @@ INT64 = 8
 
 # ----------------------------------------------------------------------------------------------------------- FLOPs
 
-def forward_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: int, tgt_len: int) -> int:
-    """Forward FLOPs of the whole model for a batch with `src_tokens` / `tgt_tokens` real tokens padded to
-    `src_len` / `tgt_len` (formula in the module docstring)."""
-    h, f, v = m.d_model, m.ffn, m.vocab_size
-    enc = src_tokens * (8 * h * h + 4 * h * f + 4 * src_len * h)
-    dec = tgt_tokens * (12 * h * h + 4 * h * f + 4 * tgt_len * h + 4 * src_len * h) + src_tokens * 4 * h * h
+def forward_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
+    """Forward FLOPs of the whole model for `pairs` sentence pairs with `src_tokens` / `tgt_tokens` real tokens,
+    padded to `src_len` / `tgt_len` (formula in the module docstring)."""
+    h, f, v, b, s, t = m.d_model, m.ffn, m.vocab_size, pairs, src_len, tgt_len
+    enc = src_tokens * (8 * h * h + 4 * h * f) + 4 * b * s * s * h
+    dec = tgt_tokens * (12 * h * h + 4 * h * f) + src_tokens * 4 * h * h + 4 * b * t * (t + s) * h
     return m.encoder_layers * enc + m.decoder_layers * dec + tgt_tokens * 2 * h * v
 
 
-def model_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, src_len: int, tgt_len: int) -> int:
+def model_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
     """FLOPs of one training step's forward and backward over a global batch (3× forward; no recompute)."""
-    return 3 * forward_flops(m, src_tokens, tgt_tokens, src_len, tgt_len)
+    return 3 * forward_flops(m, src_tokens, tgt_tokens, pairs, src_len, tgt_len)
 
 
 # dense peak FLOP/s per GPU by (name fragment, precision), from the vendors' data sheets (no sparsity). fp32 is the

@@ -70,7 +70,8 @@ class StepBatches:
     A negative sample index is a filler row (the last batch of a validation pass): real inputs, PAD labels, so it
     adds no loss and no tokens. `shape`: the (source, target) length the batch is padded to (token batches; None:
     the dataset's). `src_tokens`: the global batch's real source tokens (global_tokens: its target tokens, the
-    loss's denominator); `padding`: the fraction of its source and target positions that are PAD."""
+    loss's denominator); `padding`: the fraction of its source and target positions that are PAD; `pairs`: its
+    sentence pairs."""
     data: TranslationDataset
     micro: list
     global_tokens: int
@@ -78,6 +79,7 @@ class StepBatches:
     shape: Optional[tuple] = None
     src_tokens: int = 0
     padding: float = 0.0
+    pairs: int = 0
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -131,7 +133,7 @@ class BatchFeeder:
         src_tokens = int(np.count_nonzero(self.data.src[idx, :s] != self.data.pad_id))
         mine = dp_slice(idx, self.dp_rank, self.dp_size)
         return StepBatches(self.data, micro_slices(mine, self.gas), tokens, self.device, shape, src_tokens,
-                           1.0 - (src_tokens + tokens) / (len(idx) * (s + t)))
+                           1.0 - (src_tokens + tokens) / (len(idx) * (s + t)), len(idx))
 
     def epoch_of(self, step: int) -> int:
         return self.schedule.epoch_of(step)

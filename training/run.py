@@ -104,7 +104,8 @@ def run_training(args) -> int:
                 record.update(loss_scale=engine.loss_scale(), skipped_steps=engine.ds.skipped_steps)
         record.update(tokens=batches.global_tokens, tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9),
                       step_time=t.seconds, padding=round(batches.padding, 4),
-                      **speed.figures(batches.src_tokens, batches.global_tokens, batches.lengths, t.seconds))
+                      **speed.figures(batches.src_tokens, batches.global_tokens, batches.pairs, batches.lengths,
+                                      t.seconds))
         improved = False
         if validator is not None and ((step + 1) % valid_every == 0 or step + 1 == total_steps):
             figures = validator.evaluate(engine)

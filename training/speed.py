@@ -34,8 +34,8 @@ class SpeedMeter:
         kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss          # KiB on Linux, bytes on macOS
         return kib / 1024 if sys.platform != "darwin" else kib / 2 ** 20
 
-    def figures(self, src_tokens: int, tgt_tokens: int, lengths: tuple[int, int], seconds: float) -> dict:
-        flops = model_flops(self.model_cfg, src_tokens, tgt_tokens, *lengths)
+    def figures(self, src_tokens: int, tgt_tokens: int, pairs: int, lengths: tuple[int, int], seconds: float) -> dict:
+        flops = model_flops(self.model_cfg, src_tokens, tgt_tokens, pairs, *lengths)
         rate = flops / max(seconds, 1e-9)
         out: dict[str, Optional[float]] = {"tflops": rate / 1e12}
         if self.peak is not None:
