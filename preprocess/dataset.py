@@ -33,10 +33,8 @@ import uuid
 from pathlib import Path
 from typing import Iterator, Sequence
 
-import datasets
 import numpy as np
 import torch
-from datasets import Features, List, Value
 
 from preprocess.errors import fail, run_cli
 from preprocess.textio import check_readable, read_tsv_pairs
@@ -65,6 +63,7 @@ def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int) 
 @contextlib.contextmanager
 def _datasets_progress(enabled: bool) -> Iterator[None]:
     """Switch the (process-global) `datasets` progress bars for one block, restoring the caller's setting."""
+    import datasets
     was_disabled = datasets.are_progress_bars_disabled()
     if enabled:
         datasets.enable_progress_bars()
@@ -77,6 +76,21 @@ def _datasets_progress(enabled: bool) -> Iterator[None]:
             datasets.disable_progress_bars()
         else:
             datasets.enable_progress_bars()
+
+
+def _read_saved_table(folder: Path):
+    """The table `datasets.Dataset.save_to_disk` wrote, read with pyarrow alone: its state.json lists the Arrow
+    stream files. (Importing `datasets` costs every rank about 2 s of start-up; building the cache still uses it.)"""
+    import json
+
+    import pyarrow as pa
+    with open(folder / "state.json", encoding="utf-8") as f:
+        files = [entry["filename"] for entry in json.load(f)["_data_files"]]
+    tables = []
+    for name in files:
+        with pa.memory_map(str(folder / name)) as source:
+            tables.append(pa.ipc.open_stream(source).read_all())
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 class TranslationDataset:
@@ -132,6 +146,8 @@ class TranslationDataset:
         }
 
     def _build_cache(self, key: str, progress: bool) -> None:
+        import datasets                      # only to build: loading reads the Arrow files with pyarrow (faster start)
+        from datasets import Features, List, Value
         sources, targets = read_tsv_pairs(self.tsv_path)
         features = Features({
             "src": List(Value("int64"), length=self.src_len),
@@ -165,18 +181,17 @@ class TranslationDataset:
 
     def _load_cache(self) -> None:
         try:
-            with _datasets_progress(False):
-                table = datasets.load_from_disk(str(self.cache_path))
-        except (OSError, ValueError) as exc:  # e.g. files deleted by hand from inside the cache folder
+            table = _read_saved_table(self.cache_path)
+        except (OSError, ValueError, KeyError) as exc:  # e.g. files deleted by hand from inside the cache folder
             fail(f"{self.cache_path}: unreadable tokenization cache ({exc}); delete the folder to rebuild it")
-        self.num_samples = len(table)
+        self.num_samples = table.num_rows
         widths = {"src": self.src_len, "tgt_in": self.tgt_len, "labels": self.tgt_len}
         for name in _ARRAY_COLUMNS:
             # Straight from Arrow (fixed-size lists flatten to one int64 buffer): much faster than row formatting.
-            flat = table.data.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
+            flat = table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
             setattr(self, name, np.array(flat, dtype=np.int64).reshape(self.num_samples, widths[name]))
         for name in _LENGTH_COLUMNS:
-            setattr(self, name, np.array(table.data.column(name).to_numpy(), dtype=np.int64))
+            setattr(self, name, np.array(table.column(name).to_numpy(), dtype=np.int64))
         del table  # drop the memory map; the arrays above own their data
 
     # -- access ---------------------------------------------------------------------------------------------
