@@ -382,5 +382,14 @@ class Seq2SeqTransformer(nn.Module):
             x = block(x)
         return x
 
+    def logits(self, src_ids, tgt_ids) -> torch.Tensor:
+        """This rank's logits shard at every target position [B, T, V/tp] (forward gives the training form: the
+        real tokens' logits only). Positions after a row's end (PAD) are not computed by the decoder
+        (`model.packing`): their values there are meaningless, as any model's are."""
+        x = (src_ids, tgt_ids)
+        for block in self.blocks[:-1]:
+            x = block(x)
+        return self.blocks[-1](x[0] if isinstance(x, tuple) else x)
+
     def loss_sum(self, src_ids, tgt_ids, labels) -> torch.Tensor:
         return self.loss_fn.token_losses(self(src_ids, tgt_ids), labels).sum()

@@ -103,7 +103,7 @@ def test_greedy_tokens_are_the_teacher_forced_argmax(seed):
         for i, row in enumerate(out):
             y = row[:first_eos(row)]
             prefix = torch.tensor([[BOS] + y[:-1]])          # unbatched and unpadded: nothing shared with decoding
-            logits = model(src[i:i + 1], prefix)[0]          # [len(y), V], one full teacher-forced pass
+            logits = model.logits(src[i:i + 1], prefix)[0]   # [len(y), V], one full teacher-forced pass
             logits[:, PAD] = float("-inf")
             assert logits.argmax(-1).tolist() == y, f"row {i}"
 

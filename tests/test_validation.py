@@ -36,10 +36,22 @@ def independent_valid_loss(ckpt, tok, valid_tsv):
     data = TranslationDataset(valid_tsv, tok, cfg.src_len, cfg.tgt_len, progress=False)
     b = data.batch(range(data.num_samples))
     with torch.no_grad():
-        logits = model(b["src_ids"], b["tgt_ids"])
+        logits = model.logits(b["src_ids"], b["tgt_ids"])
         loss = F.cross_entropy(logits.flatten(0, 1).float(), b["labels"].flatten(), ignore_index=cfg.pad_id,
                                reduction="sum")
     return float(loss) / int((b["labels"] != cfg.pad_id).sum()), merged["step"]
+
+
+def independent_bleu(ckpt, tok, small_valid):
+    """sacreBLEU of greedy translations of the validation sources by the saved checkpoint, through the Translator
+    library evaluate.py uses (not the training-time path)."""
+    import sacrebleu
+
+    from preprocess.textio import read_tsv_pairs
+    from training.translator import Translator
+    sources, refs = read_tsv_pairs(small_valid)
+    hyps = Translator.load(str(ckpt), str(tok), device="cpu").translate(sources).hypotheses
+    return sacrebleu.corpus_bleu(hyps, [refs]).score
 
 
 @pytest.mark.slow
@@ -49,13 +61,37 @@ def test_valid_loss_is_layout_free_exact_and_harmless(multi30k_tsv, bpe_tokenize
     from tests.launch import REPO_ROOT
     sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
     common = ["--steps", 6, "--valid_file", valid_tsv, "--valid_interval", 3]
+    small_valid = tmp_path / "val100.tsv"                        # --valid_bleu: greedy decoding of 100 sentences
+    small_valid.write_text("".join(valid_tsv.read_text().splitlines(keepends=True)[:100]))
+    # long enough at lr 1e-2 for real (if poor) translations: BLEU > 0; translated at step 60, dropout on
+    no_bleu = ["--steps", 120, "--valid_file", small_valid, "--valid_interval", 60, "--lr", "1e-2", "--dropout", 0.1,
+               "--save_checkpoint_steps", 120]
     run_many(1, [_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial", *common),
                  _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout", *common, "--dropout", 0.1),
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout-no-valid", "--steps", 6, "--dropout", 0.1)],
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout-no-valid", "--steps", 6, "--dropout", 0.1),
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial-bleu", *no_bleu, "--valid_bleu", 1),
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial-no-bleu", *no_bleu)],
              tmp_path)
     run_many(2, [_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "tp2", *common, "--mp", 2),
                  _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2", *common, "--pipeline_stage", 2,
-                        "--micro_batch_num", 2)], tmp_path)
+                        "--micro_batch_num", 2),
+                 # continues serial-bleu on 2 stages: its valid_bleu comes from weights consolidated from pp2
+                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2-bleu", *no_bleu, "--valid_bleu", 1, "--steps",
+                        121, "--ckpt_file", tmp_path / "serial-bleu", "--pipeline_stage", 2, "--micro_batch_num", 2)],
+             tmp_path)
+    # valid_bleu — from the whole model in one process, and from the weights consolidated out of pp2's stages —
+    # equals translating that run's best checkpoint afterwards; the temporary checkpoint is gone
+    for name in ("serial-bleu", "pp2-bleu"):
+        last = read_metrics(tmp_path / name)[-1]
+        meta = json.loads((tmp_path / name / "checkpoints" / "best" / "meta.json").read_text())
+        assert meta["step"] == last["step"] and last["valid_bleu"] > 0, last
+        assert last["valid_bleu"] == pytest.approx(
+            independent_bleu(tmp_path / name / "checkpoints" / "best", bpe_tokenizer, small_valid), abs=1e-9)
+        assert not (tmp_path / name / "checkpoints" / ".valid_bleu").exists()
+    # translating at step 60 (dropout on) leaves the rest of training untouched
+    with_bleu = read_metrics(tmp_path / "serial-bleu")
+    assert "valid_bleu" in with_bleu[59]
+    assert [r["loss"] for r in with_bleu] == [r["loss"] for r in read_metrics(tmp_path / "serial-no-bleu")]
     serial = read_metrics(tmp_path / "serial")
     valid = {name: [r["valid_loss"] for r in read_metrics(tmp_path / name) if "valid_loss" in r]
              for name in ("serial", "tp2", "pp2")}

@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "--valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best")
     g.add_argument("--valid_interval", type=int, default=0,
                    help="steps between validations (default 0 = once per epoch); also after the last step")
+    g.add_argument("--valid_bleu", type=_bool, default=False,
+                   help="0/1: also translate --valid_file greedily at each validation and log its sacreBLEU "
+                        "(valid_bleu; the best checkpoint is still chosen by valid_loss)")
     g.add_argument("--early_stop_patience", type=int, default=0,
                    help="stop after K validations in a row without a new best (default 0 = never)")
 

@@ -61,6 +61,8 @@ class MetricsWriter:
             if "valid_loss" in record:
                 line += (f", valid loss: {_fmt(record['valid_loss'])} (best {_fmt(record['best_valid_loss'])} "
                          f"at step {record['best_step']})")
+            if "valid_bleu" in record:
+                line += f", valid BLEU: {record['valid_bleu']:.2f}"
             if record.get("loss_scale") is not None:
                 line += f", loss scale: {record['loss_scale']:g} (skipped steps: {record['skipped_steps']})"
             line += (f", step time: {record['step_time'] * 1000:.1f} ms, "

@@ -66,8 +66,12 @@ def run_training(args) -> int:
 
     validator = tracker = None
     if args.valid_file and args.train:
+        def save_for_bleu(step):                        # the whole model for decoding, from any layout
+            return ckpt.save(engine, args.output_dir, step, model_cfg, parallel, args, data.tokenizer_path, 0,
+                             name=".valid_bleu")
         validator = Validator(args.valid_file, str(data.tokenizer_path), args.src_len, args.tgt_len,
-                              valid_batch_size(args), engine.ctx, parallel.micro_batch_num, device(), progress=rank == 0)
+                              valid_batch_size(args), engine.ctx, parallel.micro_batch_num, device(), progress=rank == 0,
+                              bleu=save_for_bleu if args.valid_bleu else None)
         valid_every = args.valid_interval or feeder.schedule.batches_per_epoch
         tracker = BestTracker(ckpt.checkpoints_dir(args.output_dir), args.early_stop_patience, start_step,
                               valid_every)
@@ -108,7 +112,7 @@ def run_training(args) -> int:
                                       t.seconds))
         improved = False
         if validator is not None and ((step + 1) % valid_every == 0 or step + 1 == total_steps):
-            figures = validator.evaluate(engine)
+            figures = validator.evaluate(engine, step + 1)
             improved = tracker.update(step + 1, figures)
             record.update(figures, best_valid_loss=tracker.best["valid_loss"], best_step=tracker.best["step"])
         writer.log(record)
