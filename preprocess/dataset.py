@@ -286,6 +286,10 @@ class GlobalBatchSchedule:
             self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
         return self._epoch_order[1]
 
+    def shape(self, step: int) -> None:
+        """Fixed batches are padded to the dataset's lengths (token batches: `TokenBatchSchedule.shape`)."""
+        return None
+
     def global_batch(self, step: int) -> np.ndarray:
         """Sample indices (int64, length global_batch_size) of global batch `step`."""
         epoch = self.epoch_of(step)

@@ -127,7 +127,7 @@ class BatchFeeder:
 
     def step(self, step: int) -> StepBatches:
         idx = self.schedule.global_batch(step)
-        shape = self.schedule.shape(step) if isinstance(self.schedule, TokenBatchSchedule) else None
+        shape = self.schedule.shape(step)
         s, t = shape if shape is not None else (self.data.src_len, self.data.tgt_len)
         tokens = count_target_tokens(self.data.labels[idx], self.data.pad_id)
         src_tokens = int(np.count_nonzero(self.data.src[idx, :s] != self.data.pad_id))
