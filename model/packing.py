@@ -26,7 +26,10 @@ class Packing:
     def of(cls, ids: torch.Tensor, pad_id: int) -> "Packing":
         """The packing of `ids`, built once per ids tensor: the blocks of a stage all get the same ids tensor, and
         the index is kept on it (an integer tensor, never part of autograd), valid while the tensor is not written
-        in place (its version counter)."""
+        in place (its version counter). Inference-mode tensors have no version counter, so their packing is not
+        kept (decoding builds it per call; it is one nonzero over the ids)."""
+        if ids.is_inference():
+            return cls(ids, pad_id)
         cached = getattr(ids, "_packing", None)
         if cached is None or cached[:2] != (pad_id, ids._version):
             cached = (pad_id, ids._version, cls(ids, pad_id))
