@@ -45,6 +45,7 @@ def run_training(args) -> int:
                          parallel.micro_batch_num, device())
 
     from training import checkpoint as ckpt
+    ckpt.check_optimizer(engine, args)
     start_step = ckpt.maybe_resume(engine, args, model_cfg, parallel, data)
 
     validator = tracker = None
