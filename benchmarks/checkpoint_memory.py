@@ -8,7 +8,9 @@ Two launches of DeepSpeed's launcher on --nproc processes (default 4: tp2 × pp2
 parameters (d_model 1024, ffn 4096, 4 + 4 blocks, vocab 8000): the first trains --steps steps and saves, the second
 loads that checkpoint (a resume with nothing left to train). Around training.checkpoint.save and .load each rank
 resets its high-water mark (/proc/self/clear_refs 5) and reads VmHWM after: the peak resident set during that call
-(anonymous memory plus mapped file pages), next to the resident set just before it. The code measured is whatever
+(anonymous memory plus mapped file pages), next to the resident set just before it (and, for the load, just after:
+a fresh engine has no AdamW moments until the load makes them, so peak − after is what loading needs beyond the
+state it leaves). The code measured is whatever
 `--repo` holds (default: this checkout), so the same command measures a before and an after. It waits while
 /work/QUIET exists (the shared machine's "do not measure now" flag) and runs the ranks under `nice -n 10`. This is
 a measurement, not a test.
@@ -38,7 +40,7 @@ def _status() -> dict:
 
 
 def _measured(fn, phase: str, report: str):
-    """fn wrapped: reset the high-water mark, call, write {phase, rank, rss_before, peak} to `report`."""
+    """fn wrapped: reset the high-water mark, call, write {phase, rank, rss_before, peak, rss_after} to `report`."""
     def wrapper(*args, **kwargs):
         import torch.distributed as dist
         dist.barrier()
@@ -46,9 +48,10 @@ def _measured(fn, phase: str, report: str):
             f.write("5")
         before = _status()["VmRSS"]
         result = fn(*args, **kwargs)
-        peak = _status()["VmHWM"]
+        after = _status()
         with open(report, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"phase": phase, "rank": dist.get_rank(), "rss_before": before, "peak": peak}) + "\n")
+            f.write(json.dumps({"phase": phase, "rank": dist.get_rank(), "rss_before": before,
+                                "peak": after["VmHWM"], "rss_after": after["VmRSS"]}) + "\n")
         return result
     return wrapper
 
@@ -61,6 +64,19 @@ def worker(repo: str, report: str, argv: list[str]) -> int:
     ckpt.save = _measured(ckpt.save, "save", report)         # maybe_save / maybe_resume look them up here
     ckpt.load = _measured(ckpt.load, "load", report)
     return run_training(parse_args(argv))
+
+
+def _serial_params(repo: str, run_dir: str) -> int:
+    """Parameters of the serial model the run trained (built on the meta device: no memory)."""
+    import torch
+    sys.path.insert(0, repo)
+    from model.config import ModelConfig
+    from model.transformer import Seq2SeqTransformer
+    ckpts = os.path.join(run_dir, "checkpoints")
+    with open(os.path.join(ckpts, open(os.path.join(ckpts, "latest")).read().strip(), "meta.json")) as f:
+        cfg = ModelConfig(**json.load(f)["model"])
+    with torch.device("meta"):
+        return sum(p.numel() for p in Seq2SeqTransformer(cfg).parameters())
 
 
 def launch(repo: str, nproc: int, report: str, argv: list[str], port: int) -> None:
@@ -76,9 +92,10 @@ def launch(repo: str, nproc: int, report: str, argv: list[str], port: int) -> No
 
 
 def main() -> int:
-    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        repo, report, *argv = [a for a in sys.argv[2:] if not a.startswith("--local_rank")]
-        return worker(repo, report, argv)
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]     # the launcher adds --local_rank=N
+    if argv[:1] == ["--worker"]:
+        repo, report, *train_args = argv[1:]
+        return worker(repo, report, train_args)
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--file_path", required=True, help="training TSV")
@@ -104,19 +121,21 @@ def main() -> int:
                args.port + 1)
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             info = json.load(f)
+        info["params"] = _serial_params(repo, out)
         rows = [json.loads(line) for line in open(report, encoding="utf-8")]
     mib = 1024 * 1024
-    print(f"\n{repo} — {args.layout} on {args.nproc} processes, {info.get('params_rank0', 0):,} parameters on "
-          f"rank 0, optimizer {info.get('optimizer')}")
+    print(f"\n{repo} — {args.layout} on {args.nproc} processes, a model of {info['params']:,} parameters "
+          f"({info.get('params_rank0', 0):,} on rank 0), optimizer {info.get('optimizer')}")
     print("| rank | save: RSS before | save: peak | save: peak − before | load: RSS before | load: peak | "
-          "load: peak − before |")
-    print("|---|---|---|---|---|---|---|")
+          "load: RSS after | load: peak − after |")
+    print("|---|---|---|---|---|---|---|---|")
     for rank in range(args.nproc):
         s = next(r for r in rows if r["rank"] == rank and r["phase"] == "save")
         ld = next(r for r in rows if r["rank"] == rank and r["phase"] == "load")
         print(f"| {rank} | {s['rss_before'] / mib:.0f} MiB | {s['peak'] / mib:.0f} MiB | "
               f"{(s['peak'] - s['rss_before']) / mib:+.0f} MiB | {ld['rss_before'] / mib:.0f} MiB | "
-              f"{ld['peak'] / mib:.0f} MiB | {(ld['peak'] - ld['rss_before']) / mib:+.0f} MiB |")
+              f"{ld['peak'] / mib:.0f} MiB | {ld['rss_after'] / mib:.0f} MiB | "
+              f"{(ld['peak'] - ld['rss_after']) / mib:+.0f} MiB |")
     return 0
 
 
