@@ -222,10 +222,11 @@ def test_reshard_onto_another_layout(src, dst, runs):
     #    master weights and moments (here into ZeRO partitions, out of them, across TP sizes and stages).
     assert_same_state(merged(step_dir(ref)), merged(runs(f"load+save {src}->{dst}")), f"{src}->{dst}")
     # 2. Training continues as the uninterrupted run. fp32: the next step's loss is the reference's up to fp32
-    #    summation order (another layout sums in another order: measured ≤ 1e-7), later steps too, and after
-    #    STEPS - CUT more steps every weight is within 0.05·lr of the reference's (a wrong moment would move weights
-    #    by ~lr at once). bf16: the layouts round differently, so the parity suite's bf16 bound (5e-4 relative loss,
-    #    tests/test_parity.py) applies; restarting from the initial weights would be off by ~1e-2.
+    #    summation order (another layout sums in another order: measured ≤ 1.1e-7), later steps too, and after
+    #    STEPS - CUT more steps every weight is within 0.05·lr of the reference's (measured ≤ 1.3e-3·lr; Adam moves
+    #    an element by ~lr per step, so a wrong or zeroed moment is off by ~lr at once). bf16: layouts may round
+    #    differently, so the parity suite's bf16 bound applies (5e-4 relative loss, tests/test_parity.py) and
+    #    weights within 0.5·lr (measured: 0 for this pair); restarting from the initial weights is off by 1.3e-2.
     half = precision_of(src) != "fp32"
     got_losses, ref_losses = losses(got), losses(ref)[CUT:]
     first = abs(got_losses[0] - ref_losses[0]) / ref_losses[0]
@@ -236,6 +237,7 @@ def test_reshard_onto_another_layout(src, dst, runs):
           f"largest weight difference after {STEPS - CUT} steps = {worst_step:.2e} × lr")
     if half:
         assert worst_loss <= 5e-4
+        assert worst_step <= 0.5
     else:
         assert first <= 1e-6
         assert worst_loss <= 1e-5
