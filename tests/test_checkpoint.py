@@ -527,12 +527,24 @@ def test_merge_drops_vocab_padding_of_any_tp_size(tmp_path):
                                        "partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
                    for n, p in shard.named_parameters()}
         write_shard_file(str(tmp_path / f"shard_pp0_tp{t}.safetensors"), entries, {"checkpoint_id": "c"})
-    full = load_full_state(str(tmp_path), {"parallel": {"model_parallel": 4, "pipeline_stage": 1},
-                                           "checkpoint_id": "c"})
+    meta = {"parallel": {"model_parallel": 4, "pipeline_stage": 1}, "checkpoint_id": "c"}
+    full = load_full_state(str(tmp_path), meta)
     assert full["blocks.3.proj.weight"]["param"].shape == (51, 16)       # padded row 52 dropped
     for name, p in serial.items():
         assert torch.equal(full[name]["param"], p.data), name
         assert torch.equal(full[name]["exp_avg"], p.data * 2), name
+    # and read lazily onto the last rank of tp 2 (rows 26-50 + one zero row) and of tp 8 (rows 49-50 + 5 zero rows)
+    from model.sharding import take_shard
+    from training.checkpoint import ShardIndex
+    index = ShardIndex(str(tmp_path), meta)
+    for tp in (2, 8):
+        shard = dict(Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=tp, vocab_emb_dp=False),
+                                        ParallelContext(tp_size=tp, tp_rank=tp - 1), seed=5).named_parameters())
+        for name, p in shard.items():
+            dim, key = partition_dim(p), canonical_name(name)
+            want = take_shard(serial[key].data, dim, tp - 1, tp, p.shape[dim]) if dim is not None else p.data
+            assert torch.equal(index.read_local(key, "param", dim, tp - 1, tuple(p.shape)), want), (tp, name)
+            assert torch.equal(want, p.data), (tp, name)           # what that layout itself builds
 
 
 def test_saved_pieces_follow_take_shard():
