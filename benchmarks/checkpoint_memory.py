@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Peak resident memory of every rank while it saves a checkpoint and while it loads one, through the real train.py.
 
-    python benchmarks/checkpoint_memory.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
+    python benchmarks/checkpoint_memory.py --file_path out/data/train.fr_en.tsv \
+        --tokenizer out/data/bpe8k/tokenizer.json
     python benchmarks/checkpoint_memory.py ... --repo /path/to/another/checkout      # the same measurement, other code
 
 Two launches of DeepSpeed's launcher on --nproc processes (default 4: tp2 × pp2) with a model of about 75 M

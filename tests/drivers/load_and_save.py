@@ -1,6 +1,6 @@
 """Load a checkpoint into train.py's engine and save it again at once, with no training step in between.
 
-    load_and_save(parse_args(TRAIN.PY ARGS))       # inside a launch: tests/drivers/train_many.py {"load_and_save": ARGS}
+    load_and_save(parse_args(TRAIN_PY_ARGS))    # in a launch: tests/drivers/train_many.py {"load_and_save": ARGS}
 
 The engine is built exactly as training.run.run_training builds it (the same functions, in the same order, with the
 same arguments); --ckpt_file is loaded through training.checkpoint.maybe_resume and written back out as
