@@ -18,8 +18,8 @@ Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in t
 Loading reads, for each of this rank's parameters, only the rows of the saved TP shards that overlap its own slice
 (`model.sharding.shard_rows` / `saved_pieces`: safetensors slices of a mapped file), nothing of other stages, and
 writes them through training.optimizer_state, which knows each optimizer DeepSpeed builds (AdamW, BF16_Optimizer,
-ZeRO 1/2/3). So tp2 → pp2, tp4 → tp2, dp2 ZeRO-3 → tp2, bf16 → fp32... all load online. Saving gathers one tensor at a time
-and only the DP rank 0 of each (stage, TP rank) writes it (training.shard_io streams it into the file).
+ZeRO 1/2/3). So tp2 → pp2, tp4 → tp2, dp2 ZeRO-3 → tp2, bf16 → fp32... all load online. Saving gathers one tensor
+at a time and only the DP rank 0 of each (stage, TP rank) writes it (training.shard_io streams it into the file).
 
 Atomicity: files go into `step_N.tmp/`; after every rank has written, rank 0 writes meta.json, renames the folder to
 `step_N`, then moves `latest` (write + rename), and only then prunes old checkpoints. A crash at any moment leaves
