@@ -37,3 +37,23 @@ def merge_shards(shards: Sequence[torch.Tensor], dim: Optional[int], full_len: O
     if full_len is not None and full.shape[dim] > full_len:
         full = full.narrow(dim, 0, full_len)
     return full
+
+
+
+def shard_rows(full_len: int, tp_rank: int, shard_len: int) -> tuple[int, int, int]:
+    """take_shard's rule as row numbers: TP rank `tp_rank`'s piece is rows [lo, hi) of the full tensor along the
+    partition dim followed by `pad` zero rows. Returns (lo, hi, pad)."""
+    lo = tp_rank * shard_len
+    hi = max(lo, min(lo + shard_len, full_len))
+    return lo, hi, shard_len - (hi - lo)
+
+
+def saved_pieces(lo: int, hi: int, saved_len: int, saved_tp: int) -> list[tuple[int, int, int]]:
+    """Rows [lo, hi) of a full tensor saved as `saved_tp` shards of `saved_len` rows (merge_shards' layout), as
+    [(saved TP rank, start, stop within that shard), ...] in order: what to read instead of merging every shard."""
+    pieces = []
+    for t in range(saved_tp):
+        a, b = max(lo, t * saved_len), min(hi, (t + 1) * saved_len)
+        if a < b:
+            pieces.append((t, a - t * saved_len, b - t * saved_len))
+    return pieces

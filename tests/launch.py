@@ -48,9 +48,11 @@ def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True) 
 
 def run_many(nproc: int, runs: list, workdir, *driver_flags, timeout: float = 900) -> subprocess.CompletedProcess:
     """Several train.py runs of the same world size in one launch (tests/drivers/train_many.py); `runs` is a list
-    of train.py argument lists. Raises with the launch's output if any run fails."""
+    of train.py argument lists (or {"load_and_save": argv}: see the driver). Raises with the launch's output if any
+    run fails."""
     runs_file = Path(workdir) / f"runs-{nproc}-{os.getpid()}-{len(runs)}.json"
-    runs_file.write_text(json.dumps([[str(a) for a in argv] for argv in runs]))
+    runs_file.write_text(json.dumps([{k: [str(a) for a in v] for k, v in entry.items()} if isinstance(entry, dict)
+                                     else [str(a) for a in entry] for entry in runs]))
     proc = subprocess.run(launch_cmd(nproc, TRAIN_MANY) + [str(runs_file), *driver_flags], cwd=REPO_ROOT, env=env(),
                           capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:

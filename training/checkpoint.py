@@ -1,24 +1,31 @@
 """Checkpoints that any parallel layout can load: save, resume, and reshard at load time (no conversion step).
 
-Layout on disk (OUTPUT_DIR/checkpoints/):
+Layout on disk (OUTPUT_DIR/checkpoints/), format 2:
 
     step_00000020/
         meta.json                 step, configs (model, the saving layout), batch/seed (the data position), the
-                                  optimizer step, LR schedule, tokenizer hash, and the list of files below
-        shard_pp{P}_tp{T}.pt      for every parameter of pipeline stage P, TP rank T: its fp32 value and AdamW
-                                  exp_avg / exp_avg_sq, gathered over the DP (ZeRO) ranks, with its TP partition dim
-        rng_rank{R}.pt            every RNG stream of global rank R (exact dropout on a same-layout resume)
+                                  optimizer step and which optimizer saved it, LR schedule, tokenizer hash, the
+                                  checkpoint's and run's identities, and the list of files below
+        shard_pp{P}_tp{T}.safetensors
+                                  for every parameter of pipeline stage P, TP rank T: its fp32 master weight
+                                  `param/<name>` and AdamW moments `exp_avg/<name>`, `exp_avg_sq/<name>`, gathered
+                                  over the DP (ZeRO) ranks; the header's metadata holds each parameter's TP partition
+                                  dim and full size, the format version and the checkpoint identity
+        rng_rank{R}.safetensors   every RNG stream of global rank R (exact dropout on a same-layout resume)
     latest                        the name of the newest complete checkpoint
 
 Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in the serial model and the pipeline).
-Loading rebuilds each parameter's full tensor from the saved TP shards (`model.sharding.merge_shards`) and takes the
-slice this rank needs (`take_shard`); ZeRO partitions are written back through DeepSpeed's fragment API. So tp2 →
-pp2, tp4 → tp2, dp4+ZeRO-1 → 1 process... all load online.
+Loading reads, for each of this rank's parameters, only the rows of the saved TP shards that overlap its own slice
+(`model.sharding.shard_rows` / `saved_pieces`: safetensors slices of a mapped file), nothing of other stages, and
+writes them through training.optimizer_state, which knows each optimizer DeepSpeed builds (AdamW, BF16_Optimizer,
+ZeRO 1/2/3). So tp2 → pp2, tp4 → tp2, dp2 ZeRO-3 → tp2, bf16 → fp32... all load online. Saving gathers one tensor
+at a time and only the DP rank 0 of each (stage, TP rank) writes it (training.shard_io streams it into the file).
 
 Atomicity: files go into `step_N.tmp/`; after every rank has written, rank 0 writes meta.json, renames the folder to
 `step_N`, then moves `latest` (write + rename), and only then prunes old checkpoints. A crash at any moment leaves
 either the previous complete checkpoint or an ignored `.tmp` folder. Multi-node runs need OUTPUT_DIR on a shared
-filesystem.
+filesystem. Every file carries the checkpoint's identity, so a file copied in from another checkpoint is refused.
+Format 1 (torch .pt shards) is converted by run_scripts/convert_checkpoint.py.
 """
 from __future__ import annotations
 
@@ -26,6 +33,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import secrets
 import shutil
 import signal
 from typing import Optional
@@ -35,105 +43,83 @@ import torch.distributed as dist
 
 from model.config import ModelConfig, ParallelConfig
 from model.random import RNG
-from model.sharding import merge_shards, partition_dim, take_shard
+from model.sharding import partition_dim, saved_pieces, shard_rows
 from preprocess.errors import UserError
+from training import optimizer_state
+from training.optimizer_state import KEYS, STATE_KEYS, local_shape  # noqa: F401  (STATE_KEYS: importable here)
+from training.shard_io import ShardWriter, read_all, read_header, read_slice, write_tensors
 
-FORMAT_VERSION = 1
-STATE_KEYS = ("exp_avg", "exp_avg_sq")
+FORMAT_VERSION = 2
+SHARD_FORMAT = "ds-transformer-recipes checkpoint shard"
 # model sizes that must match for a checkpoint to load (dropout, smoothing etc. may change on resume)
 SHAPE_FIELDS = ("vocab_size", "d_model", "num_heads", "ffn", "encoder_layers", "decoder_layers", "src_len",
                 "tgt_len", "pad_id", "share_embeddings")
 
 
-# ----------------------------------------------------------------------------------------------- names & state
+# ----------------------------------------------------------------------------------------------- names & files
 def canonical_name(name: str) -> str:
     """'blocks.3.attn.qkv.weight' (serial) and '3.attn.qkv.weight' (PipelineModule) → 'blocks.3.attn.qkv.weight'."""
     return name if name.startswith("blocks.") else "blocks." + name
 
 
-def _zero(p) -> bool:
-    return hasattr(p, "ds_id") or hasattr(p, "_hp_mapping")
+def shard_file(pp_rank: int, tp_rank: int) -> str:
+    return f"shard_pp{pp_rank}_tp{tp_rank}.safetensors"
 
 
-def _base_optimizer(engine):
-    opt = engine.ds.optimizer
-    return getattr(opt, "optimizer", opt)
+def rng_file(rank: int) -> str:
+    return f"rng_rank{rank}.safetensors"
 
 
-def get_full(engine, p, key: str) -> torch.Tensor:
-    """The fp32 value or AdamW state of this rank's (TP/PP-local) parameter, gathered over ZeRO partitions.
-    Collective under ZeRO: every DP rank calls it for the same parameters in the same order."""
-    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
-    if _zero(p):
-        t = safe_get_full_fp32_param(p) if key == "param" else safe_get_full_optimizer_state(p, key)
-        return t.detach().float().cpu().reshape(p.ds_shape if hasattr(p, "ds_shape") else p.shape).clone()
-    if key == "param":
-        return p.detach().float().cpu().clone()
-    state = _base_optimizer(engine).state.get(p, {})
-    return state[key].detach().float().cpu().clone() if key in state else torch.zeros(p.shape)
+def tensor_name(key: str, name: str) -> str:
+    """The safetensors name of a parameter's "param" / "exp_avg" / "exp_avg_sq"."""
+    return f"{key}/{name}"
 
 
-def set_full(engine, p, key: str, value: torch.Tensor) -> None:
-    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-    if _zero(p):
-        dev_value = value.to(device=p.device if p.numel() else "cpu", dtype=torch.float32)
-        if key == "param":
-            safe_set_full_fp32_param(p, dev_value)
-            if hasattr(p, "ds_tensor"):                       # ZeRO-3: this rank's slice of the flat parameter
-                part = p.ds_tensor
-                start = engine.ctx.dp_rank * part.ds_numel
-                seg = value.flatten()[start:start + part.ds_numel]
-                part.data[:seg.numel()].copy_(seg.to(part.dtype))
-            else:
-                p.data.copy_(value.to(p.dtype))
-        else:
-            safe_set_full_optimizer_state(p, dev_value, key)
-        return
-    if key == "param":
-        p.data.copy_(value.to(p.dtype))
-    else:
-        state = _base_optimizer(engine).state.setdefault(p, {})
-        state[key] = value.to(device=p.device, dtype=torch.float32).clone()
+def write_shard_file(path: str, entries: dict, metadata: dict) -> None:
+    """A whole shard at once from {name: {"param", "exp_avg", "exp_avg_sq", "partition_dim", "full_size"}}
+    (the converter and tests; save() streams instead)."""
+    params = {n: {"partition_dim": e["partition_dim"], "full_size": e["full_size"]} for n, e in entries.items()}
+    write_tensors(path, {tensor_name(k, n): e[k].float().contiguous() for n, e in entries.items() for k in KEYS},
+                  {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
+                   "params": json.dumps(params)})
 
 
-def ensure_zero_state(engine) -> None:
-    """Make ZeRO's per-parameter views of the AdamW state exist and be current.
-
-    DeepSpeed links each parameter to its fragment of the flat optimizer state when the optimizer is built, before
-    AdamW has created any state, so the fragment API finds no exp_avg. We create the (zero) state a fresh AdamW
-    would create on its first step, then re-link; both are no-ops for the values training sees."""
-    opt = engine.ds.optimizer
-    base = getattr(opt, "optimizer", None)
-    flats = getattr(opt, "single_partition_of_fp32_groups", None) or getattr(opt, "fp32_partitioned_groups_flat",
-                                                                             None)
-    if base is None or not flats:
-        return
-    for flat in flats:
-        state = base.state[flat]
-        if "exp_avg" not in state:
-            state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
-    if hasattr(opt, "_link_all_hp_params"):
-        opt._link_all_hp_params()
-    if hasattr(opt, "_lazy_init_hp_params_optimizer_state"):
-        opt._hp_optimizer_states_linked = False
-        opt._lazy_init_hp_params_optimizer_state()
+def rng_tensors(state: dict, prefix: str = "") -> dict:
+    """RNG.get_state() as flat {"default/cpu": tensor, "tp/cpu": ..., ...} for a safetensors file."""
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update(rng_tensors(value, f"{prefix}{key}/"))
+        elif value is not None:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def _optimizer_step(engine) -> int:
-    for state in _base_optimizer(engine).state.values():
-        if "step" in state:
-            return int(state["step"])
-    return 0
+def rng_state(flat: dict) -> dict:
+    state: dict = {"default": {}, "tp": None}          # RNG.get_state(): {"default": {device: state}, "tp": ...}
+    for key, value in flat.items():
+        group, device = key.split("/", 1)
+        if state.get(group) is None:
+            state[group] = {}
+        state[group][device] = value
+    return state
 
 
-def _set_optimizer_step(engine, step: int, params) -> None:
-    base = _base_optimizer(engine)
-    if not any(_zero(p) for p in params):
-        for p in params:
-            base.state.setdefault(p, {})
-    for state in base.state.values():
-        if isinstance(state, dict) and ("exp_avg" in state or not state):
-            state["step"] = torch.tensor(float(step))
+def _new_id() -> int:
+    """A random 62-bit id from the OS, not from torch's generators (they drive dropout: saving must not move them)."""
+    return secrets.randbits(62)
+
+
+def _ids(engine) -> tuple[str, str]:
+    """(run id, checkpoint id), the same on every rank: rank 0 draws them, one broadcast on the engine's device.
+    The run id is drawn at a run's first save, or inherited from the checkpoint it loaded."""
+    t = torch.tensor([_new_id(), _new_id()] if dist.get_rank() == 0 else [0, 0], dtype=torch.int64,
+                     device=engine.device)
+    dist.broadcast(t, src=0)
+    run_rand, ckpt_rand = (int(v) for v in t.tolist())
+    if getattr(engine, "run_id", None) is None:
+        engine.run_id = f"{run_rand:016x}"
+    return engine.run_id, f"{ckpt_rand:016x}"
 
 
 # ----------------------------------------------------------------------------------------------- paths
@@ -203,6 +189,8 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     """Save step `step` as checkpoints/step_N (moving `latest`, pruning to `keep`), or as checkpoints/<name>
     (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json."""
     ctx, rank = engine.ctx, dist.get_rank()
+    state = optimizer_state.for_engine(engine)        # an optimizer it does not know: refused before any file
+    run_id, checkpoint_id = _ids(engine)
     root = checkpoints_dir(output_dir)
     final = os.path.join(root, name or step_dirname(step))
     tmp = final + ".tmp"
@@ -212,35 +200,35 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
         os.makedirs(tmp)
     dist.barrier()
 
-    ensure_zero_state(engine)
+    state.prepare()
+    ids = {"checkpoint_id": checkpoint_id, "run_id": run_id, "step": step}
     # a pipeline's replica of a tied weight (shared embeddings) is saved once, by the stage that owns it
-    params = [(n, p) for n, p in engine.module.named_parameters() if not getattr(p, "ds_pipe_replicated", False)]
-    shard = {}
-    for pname, p in params:                                   # collective over DP under ZeRO: same order everywhere
-        entry = {key: get_full(engine, p, key) for key in ("param",) + STATE_KEYS}
-        dim = partition_dim(p)
-        entry["partition_dim"] = dim
-        entry["full_size"] = getattr(p, "full_size", None)   # serial length along dim: drops vocab padding
-        shard[canonical_name(pname)] = entry       # (not `name`: that is the checkpoint's name, None = step_N)
-    if ctx.dp_rank == 0:
-        fname = f"shard_pp{ctx.pp_rank}_tp{ctx.tp_rank}.pt"
-        _write_atomic(os.path.join(tmp, fname), lambda f: torch.save(shard, f))
-    _write_atomic(os.path.join(tmp, f"rng_rank{rank}.pt"), lambda f: torch.save(RNG.get_state(), f))
+    params = [(canonical_name(n), p) for n, p in engine.module.named_parameters()
+              if not getattr(p, "ds_pipe_replicated", False)]
+    writes = ctx.dp_rank == 0                       # one writer per (stage, TP rank)
+    if writes or state.partitioned:                 # under ZeRO the gathers are collectives over DP
+        _save_shard(os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None, state, params,
+                    {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank})
+    write_tensors(os.path.join(tmp, rng_file(rank)), rng_tensors(RNG.get_state()), {**ids, "rank": rank})
     _crash_point("save", step)
     dist.barrier()
     if rank == 0:
         sched = engine.ds.lr_scheduler
         meta = {
-            "format_version": FORMAT_VERSION, "step": step, "optimizer_step": _optimizer_step(engine),
+            "format_version": FORMAT_VERSION, **ids, "optimizer_step": state.step(),
+            "optimizer": state.describe(), "skipped_steps": int(getattr(engine.ds, "skipped_steps", 0)),
             "model": dataclasses.asdict(model_cfg), "parallel": dataclasses.asdict(parallel),
             "world_size": dist.get_world_size(), "batch_size": args.batch_size, "seed": args.seed,
             "samples_seen": step * args.batch_size, "lr_scheduler": {"last_epoch": sched.last_epoch,
                                                                       "last_lr": sched.get_last_lr()},
             "tokenizer_sha256": _sha256(tokenizer_path),
-            "shards": [f"shard_pp{p}_tp{t}.pt" for p in range(parallel.pipeline_stage)
+            "shards": [shard_file(p, t) for p in range(parallel.pipeline_stage)
                        for t in range(parallel.model_parallel)],
-            "rng": [f"rng_rank{r}.pt" for r in range(dist.get_world_size())],
+            "rng": [rng_file(r) for r in range(dist.get_world_size())],
         }
+        scaler = state.scaler_state()
+        if scaler is not None:
+            meta["loss_scaler"] = scaler
         if validation is not None:
             meta["validation"] = validation
         _write_atomic(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
@@ -252,6 +240,31 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
             _prune(root, keep)
     dist.barrier()
     return final
+
+
+def _save_shard(path: Optional[str], state, params: list, metadata: dict) -> None:
+    """Gather every parameter's master weight and moments one tensor at a time; the writer (path not None) streams
+    each into the shard and drops it, the other DP ranks only take part in the gathers."""
+    writer = None
+    if path is not None:
+        info = {n: {"partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
+                for n, p in params}                     # full_size: serial length along dim (drops vocab padding)
+        specs = [(tensor_name(k, n), local_shape(p), torch.float32) for n, p in params for k in KEYS]
+        writer = ShardWriter(path, specs, {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
+                                           "params": json.dumps(info)})
+    try:
+        for n, p in params:                             # the same order on every DP rank
+            for k in KEYS:
+                value = state.get(p, k)
+                if writer is not None:
+                    writer.write(tensor_name(k, n), value)
+                del value
+        if writer is not None:
+            writer.close()
+    except BaseException:
+        if writer is not None:
+            writer.abort()
+        raise
 
 
 def _prune(root: str, keep: int) -> None:
@@ -266,6 +279,11 @@ def _prune(root: str, keep: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- load
+def convert_command(path: str) -> str:
+    new = os.path.join(os.path.dirname(os.path.abspath(path)), "v2-" + os.path.basename(os.path.abspath(path)))
+    return f"python run_scripts/convert_checkpoint.py {path} {new}"
+
+
 def read_meta(path: str) -> dict:
     meta_path = os.path.join(path, "meta.json")
     if not os.path.isfile(meta_path):
@@ -275,20 +293,19 @@ def read_meta(path: str) -> dict:
             meta = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{meta_path} is corrupt ({exc})")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise UserError(f"{path}: checkpoint format {meta.get('format_version')} is not {FORMAT_VERSION}")
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version == 1:
+        raise UserError(f"{path} is a format-1 checkpoint (torch .pt shards) and this version reads format "
+                        f"{FORMAT_VERSION} (safetensors); convert it once with `{convert_command(path)}` and load "
+                        f"the converted folder")
+    if version != FORMAT_VERSION:
+        raise UserError(f"{path}: checkpoint format {version} is not {FORMAT_VERSION}: it was written by another "
+                        f"version of this code; load it with that version")
     missing = [n for n in meta["shards"] + meta["rng"] if not os.path.isfile(os.path.join(path, n))]
     if missing:
         raise UserError(f"{path} is incomplete: missing {', '.join(missing[:4])}"
                         + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
     return meta
-
-
-def _load_file(path: str):
-    try:
-        return torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged file
-        raise UserError(f"checkpoint file {path} is corrupt or truncated ({type(exc).__name__}: {exc})")
 
 
 def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
@@ -300,25 +317,105 @@ def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
                         + ". Use the same model flags/recipe (layouts may differ)")
 
 
+def _check_identity(path: str, fname: str, got: dict, meta: dict) -> None:
+    """A file of this checkpoint carries meta.json's checkpoint id; anything else was copied in."""
+    if got.get("checkpoint_id") == meta.get("checkpoint_id"):
+        return
+    if got.get("run_id") == meta.get("run_id"):
+        origin = f"step {got.get('step')} of the same run"
+    else:
+        origin = f"another run (run {got.get('run_id')}, step {got.get('step')})"
+    raise UserError(f"checkpoint {path}: {fname} belongs to {origin}, not to this checkpoint (run "
+                    f"{meta.get('run_id')}, step {meta.get('step')}): a file was copied in from another checkpoint; "
+                    f"use the checkpoint's own files or an earlier complete checkpoint")
+
+
+class ShardIndex:
+    """The saved shards of a checkpoint, by parameter: which stage saved it, its TP partition and shapes, from the
+    files' headers only (every file's identity checked). Values are read on demand, slice by slice."""
+
+    def __init__(self, path: str, meta: dict):
+        self.path, self.meta = path, meta
+        self.saved_tp = meta["parallel"]["model_parallel"]
+        self.entries: dict = {}
+        for pp in range(meta["parallel"]["pipeline_stage"]):
+            for tp in range(self.saved_tp):
+                header, info = read_header(self.file(pp, tp))
+                if info.get("format") != SHARD_FORMAT or info.get("format_version") != str(FORMAT_VERSION):
+                    raise UserError(f"checkpoint {path}: {shard_file(pp, tp)} is not a format-{FORMAT_VERSION} "
+                                    f"checkpoint shard")
+                _check_identity(path, shard_file(pp, tp), info, meta)
+                if tp:
+                    continue
+                for name, e in json.loads(info["params"]).items():
+                    self.entries[name] = {**e, "stage": pp, "shape": header[tensor_name("param", name)]["shape"]}
+
+    def file(self, pp: int, tp: int) -> str:
+        return os.path.join(self.path, shard_file(pp, tp))
+
+    def names(self) -> list:
+        return list(self.entries)
+
+    def _entry(self, name: str) -> dict:
+        if name not in self.entries:
+            raise UserError(f"checkpoint {self.path} has no parameter {name}")
+        return self.entries[name]
+
+    def full_len(self, name: str, dim: int) -> int:
+        e = self._entry(name)
+        if e["partition_dim"] == dim:
+            return e["full_size"] or e["shape"][dim] * self.saved_tp
+        return e["shape"][dim]
+
+    def read_rows(self, name: str, key: str, dim: Optional[int], lo: int = 0, hi: Optional[int] = None):
+        """Rows [lo, hi) along `dim` of the full (serial, unpadded) tensor — dim None: all of it — reading only the
+        saved shards that hold them."""
+        e, tname = self._entry(name), tensor_name(key, name)
+        saved_dim = e["partition_dim"]
+        if dim is None and saved_dim is not None:
+            dim, lo, hi = saved_dim, 0, None
+        if dim is None or saved_dim is None:          # replicated when saved: TP rank 0's copy has it all
+            return read_slice(self.file(e["stage"], 0), tname, dim, lo, hi)
+        hi = self.full_len(name, dim) if hi is None else hi
+        if saved_dim != dim:                          # split along another dim when saved: whole, then narrow
+            return self.read_rows(name, key, saved_dim).narrow(dim, lo, hi - lo)
+        parts = [read_slice(self.file(e["stage"], t), tname, dim, a, b)
+                 for t, a, b in saved_pieces(lo, hi, e["shape"][dim], self.saved_tp)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+    def read_local(self, name: str, key: str, dim: Optional[int], tp_rank: int, shape: tuple) -> torch.Tensor:
+        """TP rank `tp_rank`'s slice, of `shape`, by take_shard's rule (zero rows past the end: TP padding)."""
+        if dim is None:
+            value = self.read_rows(name, key, None)
+        else:
+            lo, hi, pad = shard_rows(self.full_len(name, dim), tp_rank, shape[dim])
+            parts = [self.read_rows(name, key, dim, lo, hi)] if hi > lo else []
+            if pad:
+                pad_shape = list(shape)
+                pad_shape[dim] = pad
+                parts.append(torch.zeros(pad_shape, dtype=torch.float32))
+            value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+        if tuple(value.shape) != tuple(shape):
+            raise UserError(f"checkpoint {self.path}: {name} has shape {tuple(value.shape)} here, the model needs "
+                            f"{tuple(shape)}")
+        return value
+
+
 def read_shard(path: str, pp_rank: int, tp_rank: int) -> dict:
     """What (stage pp_rank, TP rank tp_rank) saved: {canonical name: {"param", "exp_avg", "exp_avg_sq",
     "partition_dim", "full_size"}} (the local shard, gathered over ZeRO partitions)."""
-    return _load_file(os.path.join(path, f"shard_pp{pp_rank}_tp{tp_rank}.pt"))
+    file = os.path.join(path, shard_file(pp_rank, tp_rank))
+    _, info = read_header(file)
+    tensors = read_all(file)
+    return {name: {**{k: tensors[tensor_name(k, name)] for k in KEYS}, **e}
+            for name, e in json.loads(info["params"]).items()}
 
 
 def load_full_state(path: str, meta: dict, names: Optional[set] = None) -> dict:
     """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
-    saved_tp, saved_pp = meta["parallel"]["model_parallel"], meta["parallel"]["pipeline_stage"]
-    full: dict = {}
-    for pp in range(saved_pp):
-        pieces = [read_shard(path, pp, t) for t in range(saved_tp)]
-        for name, entry in pieces[0].items():
-            if names is not None and name not in names:
-                continue
-            dim = entry["partition_dim"]
-            full[name] = {k: merge_shards([p[name][k] for p in pieces], dim, entry["full_size"])
-                          for k in ("param",) + STATE_KEYS}
-    return full
+    index = ShardIndex(path, meta)
+    return {name: {k: index.read_rows(name, k, None) for k in KEYS}
+            for name in index.names() if names is None or name in names}
 
 
 def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, args,
@@ -333,25 +430,20 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, ar
         raise UserError(f"checkpoint {path} was trained with batch_size={meta['batch_size']} seed={meta['seed']}; "
                         f"resuming with batch_size={args.batch_size} seed={args.seed} would change the data order. "
                         f"Pass --batch_size {meta['batch_size']} --seed {meta['seed']}")
-    ensure_zero_state(engine)
-    params = list(engine.module.named_parameters())
-    full = load_full_state(path, meta, {getattr(p, "tied_to", None) or canonical_name(n) for n, p in params})
+    state = optimizer_state.for_engine(engine)
+    index = ShardIndex(path, meta)
     ctx = engine.ctx
-    for name, p in params:
+    state.prepare()
+    state.begin_load()
+    for name, p in engine.module.named_parameters():   # the same order on every DP rank (ZeRO scatters)
         key = getattr(p, "tied_to", None) or canonical_name(name)      # a tied replica loads its owner's value
-        if key not in full:
-            raise UserError(f"checkpoint {path} has no parameter {key}")
-        dim = partition_dim(p)
-        local_shape = p.ds_shape if hasattr(p, "ds_shape") else p.shape
-        for k in ("param",) + STATE_KEYS:
-            value = full[key][k]
-            if dim is not None:
-                value = take_shard(value, dim, ctx.tp_rank, ctx.tp_size, local_shape[dim])
-            if tuple(value.shape) != tuple(local_shape):
-                raise UserError(f"checkpoint {path}: {key} has shape {tuple(value.shape)}, the model needs "
-                                f"{tuple(local_shape)}")
-            set_full(engine, p, k, value)
-    _set_optimizer_step(engine, meta["optimizer_step"], [p for _, p in params])
+        for k in KEYS:
+            value = index.read_local(key, k, partition_dim(p), ctx.tp_rank, local_shape(p))
+            state.set(p, k, value)
+            del value
+    state.end_load()
+    state.set_step(meta["optimizer_step"])
+    state.load_scaler_state(meta.get("loss_scaler"))
     sched = engine.ds.lr_scheduler
     sched.last_epoch = meta["lr_scheduler"]["last_epoch"]
     sched._last_lr = list(meta["lr_scheduler"]["last_lr"])
@@ -359,16 +451,28 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, ar
         group["lr"] = lr
     engine.ds.global_steps = meta["step"]
     engine.ds.global_samples = meta["samples_seen"]
+    engine.ds.skipped_steps = meta["skipped_steps"]
+    engine.run_id = meta["run_id"]                     # this run continues the checkpoint's lineage
 
     same_layout = meta["parallel"] == dataclasses.asdict(parallel) and meta["world_size"] == dist.get_world_size()
     if same_layout:
-        RNG.set_state(_load_file(os.path.join(path, f"rng_rank{dist.get_rank()}.pt")))
+        fname = rng_file(dist.get_rank())
+        _, info = read_header(os.path.join(path, fname))
+        _check_identity(path, fname, info, meta)
+        RNG.set_state(rng_state(read_all(os.path.join(path, fname))))
     else:   # dropout streams cannot be carried across layouts; restart them deterministically from (seed, step)
         RNG.seed(args.seed + 7919 * meta["step"], tp_rank=ctx.tp_rank, pp_rank=ctx.pp_rank)
     return meta["step"]
 
 
 # ----------------------------------------------------------------------------------------------- train.py hooks
+def check_optimizer(engine, args) -> None:
+    """At start, before any step: a run that will save or load a checkpoint needs an optimizer whose state the
+    checkpoint code knows (training.optimizer_state); otherwise the first save would fail hours later."""
+    if args.save_checkpoint_steps or args.valid_file or args.resume or args.ckpt_file:
+        optimizer_state.for_engine(engine)
+
+
 def maybe_resume(engine, args, model_cfg, parallel, data) -> int:
     path = None
     if args.ckpt_file:
@@ -386,7 +490,9 @@ def maybe_resume(engine, args, model_cfg, parallel, data) -> int:
         return 0
     step = load(engine, path, model_cfg, parallel, args, getattr(data, "tokenizer_path", None))
     if dist.get_rank() == 0:
-        print(f"resumed from {path} at step {step}", flush=True)
+        saved = read_meta(path)["optimizer"]
+        print(f"resumed from {path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "
+              f"{saved['zero_stage']})", flush=True)
     return step
 
 

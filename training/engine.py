@@ -194,6 +194,13 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
     if cfg["zero_optimization"]["stage"] != zero_stage:
         raise UserError("set the ZeRO stage with --zero_stage / --enable_parallel_optimizer, not in the DeepSpeed "
                         "config, so the layout check sees it")
+    for key in ("fp16", "bf16"):        # (DeepSpeed ignores the old "bfloat16" key when "bf16" is there)
+        # another precision here would make DeepSpeed build an optimizer the run does not describe (fp16/bf16
+        # at ZeRO 0 → FP16_UnfusedOptimizer, whose state checkpoints cannot find)
+        if isinstance(cfg.get(key), dict) and bool(cfg[key].get("enabled")) != (precision == key):
+            raise UserError(f"the DeepSpeed config sets {key}.enabled={cfg[key].get('enabled')} but --precision is "
+                            f"{precision}; choose the precision with --precision (fp32, bf16, fp16), not in the "
+                            f"DeepSpeed config")
     return cfg
 
 
@@ -204,6 +211,7 @@ class Engine:
                  pipelined: bool, ds_config: dict, objective: GlobalTokenMean, precision: str):
         self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
         self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
+        self.run_id: Optional[str] = None     # checkpoint lineage (training.checkpoint): first save, or the loaded one
 
     @property
     def module(self):

@@ -62,6 +62,7 @@ def run_training(args) -> int:
     feeder = BatchFeeder(data, batches, engine.ctx.dp_rank, engine.ctx.dp_size, parallel.micro_batch_num, device())
 
     from training import checkpoint as ckpt
+    ckpt.check_optimizer(engine, args)
     start_step = ckpt.maybe_resume(engine, args, model_cfg, parallel, data)
 
     validator = tracker = None

@@ -9,6 +9,9 @@ rendezvous are shared, which is most of a small test run's cost on a CPU. Every 
 (weights per block, dropout streams, data order), so runs do not see each other's state; the parity tests' single-
 process reference would disagree with any run that did.
 
+An entry {"load_and_save": ARGS} instead builds train.py's engine for ARGS, loads its --ckpt_file and saves it again
+at once (tests/drivers/load_and_save.py): what a layout and optimizer loaded, written back out for comparison.
+
 --check_devices first installs `tests.device_check.HostTensorChecker`: a collective given a host tensor fails the
 run (nccl only accepts device tensors; on a CPU machine this is how the rule is enforced).
 """
@@ -37,8 +40,12 @@ def main() -> int:
     if "--check_devices" in flags:
         from tests.device_check import HostTensorChecker
         checker = HostTensorChecker().install()
-    for argv in runs:
-        run_training(parse_args([str(a) for a in argv]))
+    for entry in runs:
+        if isinstance(entry, dict):
+            from tests.drivers.load_and_save import load_and_save
+            load_and_save(parse_args([str(a) for a in entry["load_and_save"]]))
+        else:
+            run_training(parse_args([str(a) for a in entry]))
         dist.barrier()
     if checker is not None:
         checker.uninstall()
