@@ -37,6 +37,8 @@ from model.config import ModelConfig, ParallelConfig
 from model.random import RNG
 from model.sharding import merge_shards, partition_dim, take_shard
 from preprocess.errors import UserError
+from training.disk_full import checkpoint_file_guard
+from training.nonfinite import refuse_non_finite_weights
 
 FORMAT_VERSION = 1
 STATE_KEYS = ("exp_avg", "exp_avg_sq")
@@ -162,6 +164,9 @@ def resolve(path: str) -> str:
     """--ckpt_file: a step folder, or a checkpoints/ or output folder (→ its latest)."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint {path} not found")
+    if not os.path.isdir(path):
+        raise UserError(f"checkpoint {path} is a file: give a step_* folder, a checkpoints/ folder or a run's "
+                        f"output_dir (a .pt from merge_checkpoint.py is already merged, for evaluate.py/export_hf.py)")
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     for root in (path, checkpoints_dir(path)):
@@ -175,10 +180,11 @@ def resolve(path: str) -> str:
 
 def _write_atomic(path: str, write) -> None:
     tmp = path + ".part"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    with checkpoint_file_guard(tmp):        # out of room: one line, the partial save removed (training.disk_full)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -204,6 +210,7 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json."""
     ctx, rank = engine.ctx, dist.get_rank()
     root = checkpoints_dir(output_dir)
+    refuse_non_finite_weights(engine, step, latest_checkpoint(root) if os.path.isdir(root) else None)  # collective
     final = os.path.join(root, name or step_dirname(step))
     tmp = final + ".tmp"
     if rank == 0:
@@ -370,18 +377,8 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, ar
 
 # ----------------------------------------------------------------------------------------------- train.py hooks
 def maybe_resume(engine, args, model_cfg, parallel, data) -> int:
-    path = None
-    if args.ckpt_file:
-        path = resolve(args.ckpt_file)
-    elif args.resume:
-        root = checkpoints_dir(args.output_dir)
-        found = latest_checkpoint(root) if os.path.isdir(root) else None
-        if found is None:
-            if args.resume != "auto":
-                raise UserError(f"--resume: no checkpoint in {root}; use --resume auto to start fresh when there "
-                                f"is none, or --ckpt_file PATH")
-            return 0
-        path = found
+    from training.output_dir import resume_source          # --resume [PATH|auto] / --ckpt_file → a folder or None
+    path = resume_source(args)
     if path is None:
         return 0
     step = load(engine, path, model_cfg, parallel, args, getattr(data, "tokenizer_path", None))

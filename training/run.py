@@ -10,14 +10,19 @@ from preprocess.errors import UserError
 from training.args import model_config, parallel_config
 from training.data import BatchFeeder, prepare_data
 from training.engine import build_engine, check_options, device, init_distributed
+from training.rank_failures import check_failure_flags
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
+from training.nonfinite import NonFiniteSteps
+from training.output_dir import claim_output_dir
 from training.schedule import lr_factor
 from training.validation import BEST, BestTracker, Validator
 
 
 def run_training(args) -> int:
-    world = init_distributed(args.distribute)
+    check_failure_flags(args)
+    lock = claim_output_dir(args)        # rank 0: the folder, its lock and the start point, before any work
+    world = init_distributed(args.distribute, args.comm_timeout)
     rank = dist.get_rank()
     parallel = parallel_config(args, world)
     # Check the layout before touching data (cheap, and the error is the one users need first).
@@ -72,6 +77,8 @@ def run_training(args) -> int:
         writer.message(f"nothing to train: the checkpoint is at step {start_step} and --steps is {total_steps}; "
                        f"raise --steps to continue")
     step_fn = train_step if args.train else eval_step
+    nonfinite = NonFiniteSteps(engine, args.nan_policy, args.nan_skip_limit, args.lr,
+                               lambda: ckpt.latest_checkpoint(ckpt.checkpoints_dir(args.output_dir)))
     losses = []
     for step in range(start_step, total_steps):
         batches = feeder.step(step)
@@ -86,6 +93,11 @@ def run_training(args) -> int:
                 record.update(loss_scale=engine.loss_scale(), skipped_steps=engine.ds.skipped_steps)
         record.update(tokens=batches.global_tokens, tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9),
                       step_time=t.seconds)
+        stop = nonfinite.after_step(step + 1, loss, record) if args.train else None
+        if stop:                               # logged (loss null), then ended before validating or saving
+            writer.log(record)
+            writer.close()
+            raise UserError(stop)
         improved = False
         if validator is not None and ((step + 1) % valid_every == 0 or step + 1 == total_steps):
             figures = validator.evaluate(engine)
@@ -107,4 +119,6 @@ def run_training(args) -> int:
     if tracker is not None:
         summary["best_validation"] = tracker.best
     writer.close(summary)
+    if lock is not None:
+        lock.release()
     return 0
