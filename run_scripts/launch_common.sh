@@ -112,7 +112,8 @@ _stop_job() {  # a signal to this script stops the whole job: the launcher, ever
 _run_job() {  # CMD...: run the launcher in a process group of its own (its console output also in launcher.log)
     JOB_STOPPING=""
     set -m                        # job control: the background job below gets its own process group
-    "$@" > >(tee "$RUN_DIR/launcher.log") 2>&1 &
+    # (stdin from /dev/null: a background group reading the terminal would be stopped; mpirun forwards stdin)
+    "$@" < /dev/null > >(tee "$RUN_DIR/launcher.log") 2>&1 &
     local pid=$!
     set +m
     JOB_PGID=$pid

@@ -149,9 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save_checkpoint_steps", type=int, default=0, help="save every N steps (default 0 = never)")
     g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="auto|PATH",
-                   help="continue the run in --output_dir from its latest checkpoint; 'auto': the same, or start "
-                        "(fresh, or from --ckpt_file) when it has none; PATH: from that checkpoint (a step_* folder "
-                        "or a run's output_dir). A run without it is refused when --output_dir holds checkpoints")
+                   help="continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the "
+                        "folder has none); 'auto': the same, or a fresh start when there is neither; PATH: from that "
+                        "checkpoint (a step_* folder or a run's output_dir). A run without --resume is refused when "
+                        "--output_dir already holds checkpoints")
 
     g = p.add_argument_group("failures")
     g.add_argument("--nan_policy", default="stop", choices=["stop", "skip"],

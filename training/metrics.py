@@ -55,6 +55,7 @@ class MetricsWriter:
             for key in ("valid_loss", "valid_bleu"):
                 if record.get(key) is not None:
                     self._tb.add_scalar(f"valid/{key[len('valid_'):]}", record[key], step)
+            self._tb.flush()          # as metrics.jsonl: a crash loses no logged step (a resume purges replays)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")

@@ -63,7 +63,8 @@ class NonFiniteSteps:
                     f"{keep}). Lower --lr (now {self.lr:g}) or set --clip_grad, or pass --nan_policy skip to go "
                     f"on without such steps")
         if self.in_a_row >= self.skip_limit:
-            return (f"step {step}: {self.in_a_row} non-finite steps in a row (--nan_skip_limit {self.skip_limit}), "
+            steps = "step" if self.in_a_row == 1 else "steps"
+            return (f"step {step}: {self.in_a_row} non-finite {steps} in a row (--nan_skip_limit {self.skip_limit}), "
                     f"so training stopped; the weights are not recovering ({keep}). Lower --lr (now {self.lr:g})")
         return None
 

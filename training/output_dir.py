@@ -164,13 +164,17 @@ def check_start_point(args, source: Optional[str]) -> None:
     if not args.train or not saved:
         return
     root = os.path.realpath(ckpt.checkpoints_dir(args.output_dir))
-    newest = max(((_step_of(n), n) for n in saved if n.startswith("step_")), default=None)   # not best/
+    steps = [(_step_of(n), n) for n in saved if n.startswith("step_")]                         # not best/
+    newest = max(((s, n) for s, n in steps if s is not None), default=None)
     what = f"checkpoints up to {newest[1]}" if newest else f"checkpoints ({', '.join(saved[:3])})"
     if source is None:
         raise UserError(f"--output_dir {args.output_dir} already holds {what} and this run starts fresh: its saves "
                         f"would replace them. Continue that run with --resume (or --resume auto), or choose "
                         f"another --output_dir")
     source_real = os.path.realpath(source)
+    own_latest = ckpt.latest_checkpoint(root)
+    if own_latest and os.path.realpath(own_latest) == source_real:
+        return                                                 # the folder's own run continues
     if os.path.dirname(source_real) != root:
         raise UserError(f"--output_dir {args.output_dir} already holds {what} of its own; continuing {source} "
                         f"there would mix two runs. Choose another --output_dir (or pass --resume alone to "

@@ -42,7 +42,8 @@ FORWARDED = (signal.SIGTERM, signal.SIGHUP)
 HINTS = {signal.SIGKILL: "kill -9, or the kernel's out-of-memory killer: see `dmesg`",
          signal.SIGSEGV: "a crash in native code", signal.SIGBUS: "a crash in native code",
          signal.SIGABRT: "an abort in native code (its log may say why)",
-         signal.SIGTERM: "a stop request sent to this rank alone", signal.SIGINT: "an interrupt sent to this rank alone"}
+         signal.SIGTERM: "a stop request sent to this rank alone",
+         signal.SIGINT: "an interrupt sent to this rank alone"}
 
 
 def check_failure_flags(args) -> None:
@@ -85,12 +86,20 @@ def supervise_rank() -> None:
     _watch(child, rank)
 
 
-def _die_with_parent(parent: int) -> None:
+def _prctl(option: int, arg) -> None:
     try:
         import ctypes
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)       # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
     except (OSError, AttributeError):
         pass
+
+
+def _set_process_name(name: bytes) -> None:
+    _prctl(15, name)                                                        # PR_SET_NAME (ps -o comm, top)
+
+
+def _die_with_parent(parent: int) -> None:
+    _prctl(1, int(signal.SIGKILL))                                          # PR_SET_PDEATHSIG
     if os.getppid() != parent:                                              # it died before prctl took effect
         os._exit(1)
 
@@ -104,6 +113,7 @@ def _watch(child: int, rank: int) -> None:
             os.kill(child, signum)
             os.kill(child, signal.SIGCONT)                                  # a stopped child must run to end
 
+    _set_process_name(b"rank-supervisor")
     for s in FORWARDED:
         signal.signal(s, forward)
     signal.signal(signal.SIGINT, lambda *_: told.append(signal.SIGINT))    # the terminal sent it to the child too

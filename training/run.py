@@ -10,11 +10,11 @@ from preprocess.errors import UserError
 from training.args import model_config, parallel_config
 from training.data import BatchFeeder, prepare_data
 from training.engine import build_engine, check_options, device, init_distributed
-from training.rank_failures import check_failure_flags
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
 from training.nonfinite import NonFiniteSteps
 from training.output_dir import claim_output_dir
+from training.rank_failures import check_failure_flags
 from training.schedule import lr_factor
 from training.validation import BEST, BestTracker, Validator
 
