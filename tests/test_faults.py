@@ -75,7 +75,8 @@ def latest(out) -> str:
 # ------------------------------------------------------------------------------------------- non-finite steps
 def test_diverged_run_stops_at_the_step_and_keeps_the_last_good_checkpoint(multi30k_tsv, bpe_tokenizer, tmp_path):
     """--lr 1e12: step 2's loss is nan. The run stops there (exit 2, one line naming step 2), step 2's update is
-    dropped, metrics.jsonl stays strict JSON, and the checkpoint of step 1 stays the latest, unpruned."""
+    dropped, metrics.jsonl stays strict JSON, and the checkpoint of step 1 stays the latest, unpruned. With
+    --nan_policy skip it goes on, and stops after --nan_skip_limit non-finite steps in a row."""
     out = tmp_path / "run"
     proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 6,
                               "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 1), check=False)
@@ -85,23 +86,35 @@ def test_diverged_run_stops_at_the_step_and_keeps_the_last_good_checkpoint(multi
     assert latest(out) == "step_00000001"
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_00000001"]
 
+    out = tmp_path / "skip"
+    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy", "skip",
+                              "--nan_skip_limit", 3), check=False)
+    one_error(proc, "step 4: 3 non-finite steps in a row (--nan_skip_limit 3)")
+    assert [r["skipped_steps"] for r in strict_metrics(out)] == [0, 1, 2, 3]
 
-def test_skip_drops_the_update_on_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path, monkeypatch):
+
+def test_skip_drops_the_update_on_every_rank_and_no_save_holds_non_finite_weights(multi30k_tsv, bpe_tokenizer,
+                                                                                   tmp_path, monkeypatch):
     """--nan_policy skip with step 3's loss made nan on every rank (DSR_NAN_AT), under tp2 (fp32 ZeRO-0: our
     ClippingAdamW) and dp2 with ZeRO-1 (DeepSpeed's optimizer): weights and AdamW moments after step 3 equal those
     after step 2 bit for bit, the schedule holds for the skipped step, training goes on, skipped_steps counts it.
-    A third run with --nan_skip_limit 1 stops at the same step with one line from the two ranks."""
-    common = ["--steps", 5, "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 10, "--nan_policy", "skip",
-              "--lr_schedule", "inverse_sqrt", "--warmup_steps", 4]
+    A third run has one weight of rank 0 set to inf after step 6 (DSR_INF_WEIGHT_AT): both ranks refuse step 6's
+    save with one line, `latest` stays step 5 and keep-2 pruning leaves steps 4 and 5."""
+    common = ["--save_checkpoint_steps", 1, "--nan_policy", "skip", "--lr_schedule", "inverse_sqrt",
+              "--warmup_steps", 4]
     layouts = {"tp2": ["--mp", 2], "dp2-zero1": ["--enable_parallel_optimizer", 1]}
-    runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra) for name, extra in layouts.items()]
-    runs.append(flags(multi30k_tsv, bpe_tokenizer, tmp_path / "limit", *common, "--mp", 2, "--nan_skip_limit", 1))
+    runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, "--steps", 5, *extra)
+            for name, extra in layouts.items()]
+    runs.append(flags(multi30k_tsv, bpe_tokenizer, tmp_path / "inf", *common, "--steps", 7, "--mp", 2,
+                      "--keep_checkpoint_max", 2))
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([[str(a) for a in r] for r in runs]))
     monkeypatch.setenv("DSR_NAN_AT", "3")
+    monkeypatch.setenv("DSR_INF_WEIGHT_AT", "6")
     proc = subprocess.run(launch_cmd(2, TRAIN_MANY) + [str(runs_file)], cwd=REPO_ROOT, env=env(),
                           capture_output=True, text=True, timeout=600)
-    one_error(proc, "step 3: 1 non-finite step in a row (--nan_skip_limit 1)")
+    one_error(proc, "step 6: the weights are not finite (", "on rank 0), so the checkpoint was not written",
+              f"{step_dir(tmp_path / 'inf', 5)} stays the latest")
     for name in layouts:
         records = strict_metrics(tmp_path / name)
         assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1], name
@@ -110,40 +123,28 @@ def test_skip_drops_the_update_on_every_rank(multi30k_tsv, bpe_tokenizer, tmp_pa
         two, three, four = (merged(step_dir(tmp_path / name, s)) for s in (2, 3, 4))
         assert same_weights(two, three), name
         assert not same_weights(three, four), name
-    assert [r["step"] for r in strict_metrics(tmp_path / "limit")] == [1, 2, 3]
+    inf = tmp_path / "inf"
+    assert [r["step"] for r in strict_metrics(inf)] == [1, 2, 3, 4, 5, 6]
+    assert latest(inf) == "step_00000005"
+    assert sorted(p.name for p in (inf / "checkpoints").iterdir()) == ["latest", "step_00000004", "step_00000005"]
 
 
-@pytest.fixture(scope="module")
-def crashed_and_resumed(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+def test_resume_from_a_path_after_a_crash_writes_each_step_once(multi30k_tsv, bpe_tokenizer, tmp_path):
     """Run A is killed (kill -9) after logging step 5 of 8 (saves every 2: latest step_4). Run B resumes it by
-    naming step_4 with --resume PATH, with --lr 1e39: step 5 still uses the checkpoint's rate, step 6 the new one,
-    whose update overflows every weight to inf — so step 6's save must be refused."""
-    out = tmp_path_factory.mktemp("crash") / "run"
-    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
-                 "--keep_checkpoint_max", 2, "--tensorboard", 1)
+    naming that checkpoint (--resume PATH): metrics.jsonl and TensorBoard then hold steps 1-8 once each."""
+    out = tmp_path / "run"
+    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2, "--tensorboard", 1)
     crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
                              env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = run_train(1, args + ["--resume", step_dir(out, 4), "--lr", "1e39"], check=False)
-    return out, resumed
-
-
-def test_resume_writes_each_step_once(crashed_and_resumed):
-    out, resumed = crashed_and_resumed
+    resumed = run_train(1, args + ["--resume", step_dir(out, 4)])
     assert f"resumed from {step_dir(out, 4)} at step 4" in resumed.stdout            # --resume PATH is used
     assert "removed 1 records after step 4" in resumed.stdout
-    assert [r["step"] for r in strict_metrics(out)] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in strict_metrics(out)] == list(range(1, 9))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
-    assert [e.step for e in events.Scalars("train/loss")] == [1, 2, 3, 4, 5, 6]
-
-
-def test_non_finite_weights_are_never_saved(crashed_and_resumed):
-    out, resumed = crashed_and_resumed
-    one_error(resumed, "step 6: the weights are not finite", f"{step_dir(out, 4)} stays the latest")
-    assert latest(out) == "step_00000004"
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_00000002", "step_00000004"]
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
 
 
 # ------------------------------------------------------------------------------------------- the output folder

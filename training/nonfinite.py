@@ -19,7 +19,9 @@ engine's skipped-step count):
 from non-finite weights and `latest` and the keep-K pruning never move past the last finite checkpoint.
 
 Fault injection for tests: DSR_NAN_AT=3,5 multiplies the loss of (1-based) steps 3 and 5 by nan on every rank,
-so the gradients are nan too — the real engine then meets a real non-finite step.
+so the gradients are nan too — the real engine then meets a real non-finite step. DSR_INF_WEIGHT_AT=6 sets one
+weight of global rank 0 to inf after step 6 (as memory corruption or an optimizer without these checks would),
+so the save that follows meets a rank whose weights are not finite while the others' are.
 """
 from __future__ import annotations
 
@@ -40,9 +42,12 @@ class NonFiniteSteps:
         self.skipped_before = engine.ds.skipped_steps
         self.in_a_row = 0
         _inject_nan(engine)
+        self._corrupt_at = {int(x) for x in os.environ.get("DSR_INF_WEIGHT_AT", "").split(",") if x.strip()}
 
     def after_step(self, step: int, loss: float, record: dict) -> Optional[str]:
         """Add `skipped_steps` to the step's record; the message to stop with, or None."""
+        if step in self._corrupt_at and dist.get_rank() == 0:
+            _corrupt_one_weight(self.engine)
         skipped_now = self.engine.ds.skipped_steps
         dropped = skipped_now > self.skipped_before           # this step's update was not applied
         self.skipped_before = skipped_now
@@ -102,3 +107,11 @@ def _inject_nan(engine) -> None:
         out = normalize(loss_sum)
         return out * float("nan") if engine.ds.global_steps + 1 in steps else out
     loss_fn.normalize = poisoned
+
+
+def _corrupt_one_weight(engine) -> None:
+    for p in engine.module.parameters():
+        local = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
+        if local.numel():
+            local.view(-1)[0] = float("inf")
+            return
