@@ -73,48 +73,28 @@ def latest(out) -> str:
 
 
 # ------------------------------------------------------------------------------------------- non-finite steps
-def test_diverged_run_stops_at_the_step_and_keeps_the_last_good_checkpoint(multi30k_tsv, bpe_tokenizer, tmp_path):
-    """--lr 1e12: step 2's loss is nan. The run stops there (exit 2, one line naming step 2), step 2's update is
-    dropped, metrics.jsonl stays strict JSON, and the checkpoint of step 1 stays the latest, unpruned. With
-    --nan_policy skip it goes on, and stops after --nan_skip_limit non-finite steps in a row."""
-    out = tmp_path / "run"
-    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 6,
-                              "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 1), check=False)
-    one_error(proc, "step 2: the loss is nan", "--nan_policy stop", f"latest checkpoint stays {step_dir(out, 1)}")
-    records = strict_metrics(out)
-    assert [(r["step"], r["loss"] is None, r["skipped_steps"]) for r in records] == [(1, False, 0), (2, True, 1)]
-    assert latest(out) == "step_00000001"
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_00000001"]
-
-    out = tmp_path / "skip"
-    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy", "skip",
-                              "--nan_skip_limit", 3), check=False)
-    one_error(proc, "step 4: 3 non-finite steps in a row (--nan_skip_limit 3)")
-    assert [r["skipped_steps"] for r in strict_metrics(out)] == [0, 1, 2, 3]
-
-
-def test_skip_drops_the_update_on_every_rank_and_no_save_holds_non_finite_weights(multi30k_tsv, bpe_tokenizer,
-                                                                                   tmp_path, monkeypatch):
-    """--nan_policy skip with step 3's loss made nan on every rank (DSR_NAN_AT), under tp2 (fp32 ZeRO-0: our
-    ClippingAdamW) and dp2 with ZeRO-1 (DeepSpeed's optimizer): weights and AdamW moments after step 3 equal those
-    after step 2 bit for bit, the schedule holds for the skipped step, training goes on, skipped_steps counts it.
-    A third run has one weight of rank 0 set to inf after step 6 (DSR_INF_WEIGHT_AT): both ranks refuse step 6's
-    save with one line, `latest` stays step 5 and keep-2 pruning leaves steps 4 and 5."""
+def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path,
+                                                                            monkeypatch):
+    """One launch of 2 processes. Under tp2 (fp32 ZeRO-0: our ClippingAdamW) and dp2 with ZeRO-1 (DeepSpeed's
+    optimizer), --nan_policy skip with step 3's loss made nan on every rank (DSR_NAN_AT): weights and AdamW moments
+    after step 3 equal those after step 2 bit for bit, the schedule holds for the skipped step, training goes on
+    and skipped_steps counts it. Then the operator's case, --lr 1e12 under tp2 with the default policy: step 2's
+    loss is nan and the run stops there — one line from the two ranks, metrics.jsonl strict JSON, step 2's update
+    dropped, and step 1's checkpoint stays the latest, unpruned."""
     common = ["--save_checkpoint_steps", 1, "--nan_policy", "skip", "--lr_schedule", "inverse_sqrt",
-              "--warmup_steps", 4]
+              "--warmup_steps", 4, "--steps", 5]
     layouts = {"tp2": ["--mp", 2], "dp2-zero1": ["--enable_parallel_optimizer", 1]}
-    runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, "--steps", 5, *extra)
-            for name, extra in layouts.items()]
-    runs.append(flags(multi30k_tsv, bpe_tokenizer, tmp_path / "inf", *common, "--steps", 7, "--mp", 2,
-                      "--keep_checkpoint_max", 2))
+    runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra) for name, extra in layouts.items()]
+    diverging = tmp_path / "lr1e12"
+    runs.append(flags(multi30k_tsv, bpe_tokenizer, diverging, "--mp", 2, "--lr", "1e12", "--steps", 6,
+                      "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 1))
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([[str(a) for a in r] for r in runs]))
     monkeypatch.setenv("DSR_NAN_AT", "3")
-    monkeypatch.setenv("DSR_INF_WEIGHT_AT", "6")
     proc = subprocess.run(launch_cmd(2, TRAIN_MANY) + [str(runs_file)], cwd=REPO_ROOT, env=env(),
                           capture_output=True, text=True, timeout=600)
-    one_error(proc, "step 6: the weights are not finite (", "on rank 0), so the checkpoint was not written",
-              f"{step_dir(tmp_path / 'inf', 5)} stays the latest")
+    one_error(proc, "step 2: the loss is nan", "--nan_policy stop",
+              f"latest checkpoint stays {step_dir(diverging, 1)}")
     for name in layouts:
         records = strict_metrics(tmp_path / name)
         assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1], name
@@ -123,21 +103,38 @@ def test_skip_drops_the_update_on_every_rank_and_no_save_holds_non_finite_weight
         two, three, four = (merged(step_dir(tmp_path / name, s)) for s in (2, 3, 4))
         assert same_weights(two, three), name
         assert not same_weights(three, four), name
-    inf = tmp_path / "inf"
-    assert [r["step"] for r in strict_metrics(inf)] == [1, 2, 3, 4, 5, 6]
-    assert latest(inf) == "step_00000005"
-    assert sorted(p.name for p in (inf / "checkpoints").iterdir()) == ["latest", "step_00000004", "step_00000005"]
+    records = strict_metrics(diverging)
+    assert [(r["step"], r["loss"] is None, r["skipped_steps"]) for r in records] == [(1, False, 0), (2, True, 1)]
+    assert latest(diverging) == "step_00000001"
+    assert sorted(p.name for p in (diverging / "checkpoints").iterdir()) == ["latest", "step_00000001"]
 
 
-def test_resume_from_a_path_after_a_crash_writes_each_step_once(multi30k_tsv, bpe_tokenizer, tmp_path):
-    """Run A is killed (kill -9) after logging step 5 of 8 (saves every 2: latest step_4). Run B resumes it by
-    naming that checkpoint (--resume PATH): metrics.jsonl and TensorBoard then hold steps 1-8 once each."""
+def test_skip_limit_stops_a_run_that_does_not_recover(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """--lr 1e12 with --nan_policy skip: every step from 2 on is non-finite and dropped (their checkpoints hold
+    step 1's weights); after --nan_skip_limit 3 in a row the run stops."""
     out = tmp_path / "run"
-    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2, "--tensorboard", 1)
+    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy", "skip",
+                              "--nan_skip_limit", 3, "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 5),
+                     check=False)
+    one_error(proc, "step 4: 3 non-finite steps in a row (--nan_skip_limit 3)", f"{step_dir(out, 3)}")
+    assert [r["skipped_steps"] for r in strict_metrics(out)] == [0, 1, 2, 3]
+    one = merged(step_dir(out, 1))
+    assert all(same_weights(one, merged(step_dir(out, s))) for s in (2, 3))
+
+
+def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """Run A is killed (kill -9) after logging step 5 of 8 (saves every 2: latest step_4). Run B resumes it by
+    naming that checkpoint (--resume PATH): metrics.jsonl and TensorBoard hold steps 1-8 once each. In run B one
+    weight becomes inf after step 8 (DSR_INF_WEIGHT_AT): its save is refused, `latest` stays step_6 and keep-2
+    pruning leaves steps 4 and 6."""
+    out = tmp_path / "run"
+    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
+                 "--keep_checkpoint_max", 2, "--tensorboard", 1)
     crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
                              env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = run_train(1, args + ["--resume", step_dir(out, 4)])
+    resumed = subprocess.run(launch_cmd(1) + [str(a) for a in args + ["--resume", step_dir(out, 4)]], cwd=REPO_ROOT,
+                             env=dict(env(), DSR_INF_WEIGHT_AT="8"), capture_output=True, text=True, timeout=300)
     assert f"resumed from {step_dir(out, 4)} at step 4" in resumed.stdout            # --resume PATH is used
     assert "removed 1 records after step 4" in resumed.stdout
     assert [r["step"] for r in strict_metrics(out)] == list(range(1, 9))
@@ -145,6 +142,10 @@ def test_resume_from_a_path_after_a_crash_writes_each_step_once(multi30k_tsv, bp
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
+    one_error(resumed, "step 8: the weights are not finite (", "so the checkpoint was not written",
+              f"{step_dir(out, 6)} stays the latest")
+    assert latest(out) == "step_00000006"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_00000004", "step_00000006"]
 
 
 # ------------------------------------------------------------------------------------------- the output folder
@@ -181,7 +182,7 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
         argv = [str(output_dir) if a == str(out) else a for a in base] + [str(a) for a in extra]
         claim_output_dir(parse_args(argv)).release()
 
-    newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*"))
+    newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
     with pytest.raises(UserError, match=f"already holds checkpoints up to step_{newest:08d} and this run starts "
                                         f"fresh.*--resume"):
         claim()
@@ -329,7 +330,7 @@ def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenize
 def test_sigterm_to_run_sh_stops_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path):
     runs = tmp_path / "runs"
     job = Job(["bash", REPO_ROOT / "run_scripts/run.sh", multi30k_tsv, 2, "--steps", 2000, "--d_model", 32,
-               "--tokenizer", bpe_tokenizer, "--tensorboard", 0], tmp_path, script_env(runs))
+               "--vocab_size", 8000, "--tokenizer", bpe_tokenizer, "--tensorboard", 0], tmp_path, script_env(runs))
 
     def job_processes():       # everything started for this run: its folder is in their command lines
         return [p for p in psutil.process_iter(["cmdline"]) if str(runs) in " ".join(p.info["cmdline"] or [])]
