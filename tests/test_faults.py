@@ -454,3 +454,19 @@ def test_launch_script_mistakes_are_one_line(script, args, needle, bad_inputs, t
     proc = run_script(script, [a.format(tsv=tsv, d=bad_inputs) for a in args], script_env(tmp_path / "runs"))
     assert_user_error(proc, needle.format(d=bad_inputs))
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_a_full_disk_anywhere_is_one_line(capsys):
+    """Any write that runs out of room (here /dev/full: the kernel's ENOSPC) ends a CLI with one line, however the
+    writer reports it — torch.save turns it into `RuntimeError: ... unexpected pos`."""
+    from preprocess.errors import run_cli
+
+    def save_to_full_disk():
+        with open("/dev/full", "wb") as f:
+            torch.save({"w": torch.zeros(100_000)}, f)
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(save_to_full_disk)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: no space left on the device: free space (or raise the limit), or write to another disk"]

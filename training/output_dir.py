@@ -10,7 +10,9 @@ model), so every mistake here costs seconds and prints one line:
   with the holder's pid and host, before it has touched anything;
 - the start point (`resume_source`): a fresh run into a folder that already holds checkpoints is refused (its saves
   would replace them and `latest` would jump between two histories), and so is a run from a checkpoint elsewhere,
-  or from an older checkpoint of this folder while newer ones exist. `--resume` continues the folder's own run.
+  or from an older checkpoint of this folder while newer ones exist. `--resume` continues the folder's own run;
+- partial saves a crash or a full disk left (`checkpoints/*.tmp`, `*.part`) are removed: with the lock held,
+  nobody else can be writing them.
 
 `resume_source(args)` is also what train.py loads: `--resume` (the folder's latest), `--resume auto` (the latest,
 or `--ckpt_file`, or nothing), `--resume PATH` (that checkpoint), `--ckpt_file PATH`.
