@@ -65,14 +65,19 @@ class ParallelContext:
                    pp_size=grid.get_pipe_parallel_world_size(), pp_rank=grid.get_stage_id(), grid=grid)
 
 
-def init_deepspeed_comm(backend: str = "gloo") -> None:
+def init_deepspeed_comm(backend: str = "gloo", timeout_s: Optional[float] = None) -> None:
     """deepspeed.init_distributed without DeepSpeed's CPU shared-memory all-reduce.
 
     On CPU, DeepSpeed's comm backend maps a 66 MB /dev/shm buffer per rank, named after the master port, and never
     unlinks it: every run with a new port leaks world_size × 66 MB of RAM until the machine fills up and ranks hang.
     That buffer serves only `inference_all_reduce`, which training never calls, so we do not build it.
+
+    `timeout_s`: how long any collective waits for its peers. The default group gets it from init_process_group;
+    the groups DeepSpeed's grid creates later call `new_group` without a timeout, which takes torch's module default
+    `torch.distributed.distributed_c10d.default_pg_timeout` (torch 2.13) — so that is set too.
     """
     import importlib
+    from datetime import timedelta
 
     import deepspeed
     import deepspeed.comm as ds_dist
@@ -80,7 +85,11 @@ def init_deepspeed_comm(backend: str = "gloo") -> None:
         return
     # by module path: the package attribute `deepspeed.comm.torch` is the torch library itself
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    kwargs = {}
+    if timeout_s is not None:
+        kwargs["timeout"] = timedelta(seconds=timeout_s)
+        importlib.import_module("torch.distributed.distributed_c10d").default_pg_timeout = kwargs["timeout"]
+    deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
 
 
 def build_grid(parallel: ParallelConfig):

@@ -143,15 +143,41 @@ def read_tsv_pairs(path: PathLike) -> tuple[list[str], list[str]]:
 
 
 def read_json(path: PathLike, what: str):
-    """A JSON file the user points at (recipe, rank table, DeepSpeed config): a missing file or a syntax error is a
-    one-line UserError naming `what`, the path and the line."""
+    """A JSON file the user points at (recipe, rank table, DeepSpeed config): a missing file, a folder, a syntax
+    error, bytes that are not UTF-8 and a key given twice in one object (JSON would silently keep the last) are each
+    a one-line UserError naming `what` and the path."""
     import json
+    if os.path.isdir(path):
+        fail(f"{what} {path} is a folder; give the JSON file")
     if not os.path.isfile(path):
         fail(f"{what} {path} not found")
+
+    def no_duplicates(pairs):
+        seen = set()
+        for key, _ in pairs:
+            if key in seen:
+                fail(f"{what} {path}: the key {json.dumps(key)} appears twice in one object; JSON keeps only the "
+                     f"last one, so delete the one you did not mean")
+            seen.add(key)
+        return dict(pairs)
     try:
         with open(path, encoding="utf-8") as f:
-            return json.load(f)
+            return json.load(f, object_pairs_hook=no_duplicates)
     except json.JSONDecodeError as exc:
         fail(f"{what} {path} is not valid JSON: line {exc.lineno} column {exc.colno}: {exc.msg}")
     except UnicodeDecodeError as exc:
         fail(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})")
+
+
+def check_output_file(path: PathLike, what: str) -> Path:
+    """Before any work: `path` can become a file — it is not a folder, and no folder above it is a file. Returns it
+    as a Path (its folder is created by the writer)."""
+    path = Path(path)
+    if path.is_dir():
+        fail(f"{what} {path} is a folder; give a file name (e.g. {path / 'out'})")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        fail(f"{what} {path} cannot be written: {parent} is a file, not a folder")
+    return path

@@ -67,7 +67,9 @@ def main(argv=None) -> int:
     if args.limit is not None and args.limit < 1:
         raise UserError(f"--limit {args.limit} must be >= 1")
 
-    from preprocess.textio import atomic_write, read_lines
+    from preprocess.textio import atomic_write, check_output_file, read_lines
+    if args.output:
+        check_output_file(args.output, "--output")
     sources, references = read_lines(args.src), read_lines(args.ref)
     if len(sources) != len(references):
         raise UserError(f"--src {args.src} has {len(sources)} lines but --ref {args.ref} has {len(references)}; "

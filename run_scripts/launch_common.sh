@@ -4,9 +4,11 @@
 #   parse_extras "$@"        → EXTRA (flags for train.py), LAUNCHER (deepspeed|pdsh|openmpi), USER_OUTPUT_DIR
 #   preflight PLAN_ARGS...   → checks the layout with plan.py --check before any rank starts; exit 2 on error
 #   make_run_dir NAME        → RUN_DIR = $RUNS_DIR/NAME-YYYYmmdd-HHMMSS (absolute), OUTPUT_DIR, LOG_DIR
-#   launch RANK0_LOG_GLOB CMD...  → records command.sh / env.log, runs CMD in the foreground (its console output
-#                              also in launcher.log), shows rank 0's log while it runs, reports where
-#                              everything is, exits with the launcher's status
+#   launch RANK0_LOG_GLOB CMD...  → records command.sh / env.log, runs CMD (its console output also in
+#                              launcher.log), shows rank 0's log while it runs, reports where everything is,
+#                              exits with the launcher's status. CMD runs in a process group of its own: SIGTERM,
+#                              SIGINT or SIGHUP to this script stop the launcher and every rank (DeepSpeed's
+#                              runner does not pass signals on to a local launch, so its ranks would go on alone)
 #
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
 # MASTER_PORT (29500), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
@@ -96,6 +98,47 @@ _follow() {  # print rank 0's log while it grows (started in the background)
     done
 }
 
+_stop_job() {  # a signal to this script stops the whole job: the launcher, every rank and their children
+    local sig="$1"
+    [ -n "${JOB_PGID:-}" ] || exit $((128 + $(kill -l "$sig")))
+    if [ -z "${JOB_STOPPING:-}" ]; then
+        echo "$(basename "$0"): got SIG$sig: stopping the launcher and every rank (process group $JOB_PGID)" >&2
+    fi
+    JOB_STOPPING="$sig"
+    # TERM whatever the signal: the launcher and the ranks end quietly on it (an INT makes Python print tracebacks)
+    kill -s TERM -- "-$JOB_PGID" 2>/dev/null
+}
+
+_run_job() {  # CMD...: run the launcher in a process group of its own (its console output also in launcher.log)
+    JOB_STOPPING=""
+    set -m                        # job control: the background job below gets its own process group
+    # (stdin from /dev/null: a background group reading the terminal would be stopped; mpirun forwards stdin)
+    "$@" < /dev/null > >(tee "$RUN_DIR/launcher.log") 2>&1 &
+    local pid=$!
+    set +m
+    JOB_PGID=$pid
+    trap '_stop_job TERM' TERM
+    trap '_stop_job INT' INT
+    trap '_stop_job HUP' HUP
+    while true; do
+        wait "$pid"
+        JOB_RC=$?
+        kill -0 "$pid" 2>/dev/null || break         # a trapped signal interrupted the wait: wait again
+    done
+    if [ -n "$JOB_STOPPING" ]; then
+        # the launcher is gone; give the ranks it was stopping the time DeepSpeed's launcher gives them (30 s)
+        local n
+        for n in $(seq 1 40); do
+            kill -0 -- "-$JOB_PGID" 2>/dev/null || break
+            sleep 1
+        done
+        kill -s KILL -- "-$JOB_PGID" 2>/dev/null
+        JOB_RC=$((128 + $(kill -l "$JOB_STOPPING")))
+    fi
+    trap - TERM INT HUP
+    JOB_PGID=""
+}
+
 launch() {
     local rank0_glob="$1"
     shift
@@ -133,14 +176,18 @@ launch() {
         trap '[ -n "$FOLLOW_PID" ] && kill "$FOLLOW_PID" 2>/dev/null' EXIT
         echo "---- rank 0 ($rank0_glob) ----"
     fi
-    "${cmd[@]}" 2>&1 | tee "$RUN_DIR/launcher.log"
-    local rc=${PIPESTATUS[0]}
+    _run_job "${cmd[@]}"
+    local rc=$JOB_RC
     if [ -n "$FOLLOW_PID" ]; then
         sleep 1
         kill "$FOLLOW_PID" 2>/dev/null
         wait "$FOLLOW_PID" 2>/dev/null
         FOLLOW_PID=""
         echo "----"
+    fi
+    if [ -n "$JOB_STOPPING" ]; then
+        echo "training stopped by SIG$JOB_STOPPING; no rank is left running. Run folder: $RUN_DIR" >&2
+        exit "$rc"
     fi
     if [ $rc -eq 0 ]; then
         echo "training finished. metrics: $final_out/metrics.jsonl; per-rank logs: $LOG_DIR; run folder: $RUN_DIR"

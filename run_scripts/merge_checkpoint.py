@@ -29,6 +29,8 @@ def main(argv=None) -> int:
     p.add_argument("--output", "-o", required=True, help="where to write the consolidated .pt file")
     p.add_argument("--with_optimizer", action="store_true", help="include AdamW moments")
     args = p.parse_args(argv)
+    from preprocess.textio import check_output_file
+    check_output_file(args.output, "--output")                 # before the (long) merge
     merged = merge(args.checkpoint, args.with_optimizer)
     save(merged, args.output)
     n = sum(t.numel() for t in merged["model"].values())

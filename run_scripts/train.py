@@ -20,20 +20,23 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
 from preprocess.errors import run_cli  # noqa: E402
-from training.args import parse_args  # noqa: E402
+from training.rank_failures import reported_collective_failures, supervise_rank  # noqa: E402
 
 
 def main(argv=None) -> int:
+    supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
+    from training.args import parse_args
     args = parse_args(argv)
     from training.run import run_training
-    rc = run_training(args)
-    # Leave together: a rank that tears its process group down while a peer still talks to it can abort the
-    # peer ("terminate called without an active exception"). On an error we skip this and let the launcher stop
-    # the other ranks.
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    with reported_collective_failures(args.comm_timeout):     # a peer died or hung: one line, not a traceback
+        rc = run_training(args)
+        # Leave together: a rank that tears its process group down while a peer still talks to it can abort the
+        # peer ("terminate called without an active exception"). On an error we skip this and let the launcher
+        # stop the other ranks.
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+            dist.destroy_process_group()
     return rc
 
 

@@ -13,6 +13,7 @@ from typing import Optional
 from model.config import ModelConfig, ParallelConfig
 from preprocess.errors import UserError
 from preprocess.textio import read_json
+from training.ds_config_check import strip_comments
 from training.schedule import SCHEDULES
 
 # recipe "parallel" key (seed name) → flag dest
@@ -161,8 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("checkpoints")
     g.add_argument("--save_checkpoint_steps", type=int, default=0, help="save every N steps (default 0 = never)")
     g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")
-    g.add_argument("--resume", nargs="?", const="latest", default=None,
-                   help="resume from the latest checkpoint in --output_dir ('auto': start fresh if there is none)")
+    g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="auto|PATH",
+                   help="continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the "
+                        "folder has none); 'auto': the same, or a fresh start when there is neither; PATH: from that "
+                        "checkpoint (a step_* folder or a run's output_dir). A run without --resume is refused when "
+                        "--output_dir already holds checkpoints")
+
+    g = p.add_argument_group("failures")
+    g.add_argument("--nan_policy", default="stop", choices=["stop", "skip"],
+                   help="a step whose loss or gradient is not finite never updates the weights; stop (default): "
+                        "the run then ends with an error naming the step; skip: it goes on, counting such steps as "
+                        "skipped_steps in metrics.jsonl (the fp16 loss scaler's overflow steps are counted there too)")
+    g.add_argument("--nan_skip_limit", type=int, default=10,
+                   help="with --nan_policy skip: stop after this many non-finite steps in a row (default 10)")
+    g.add_argument("--comm_timeout", type=float, default=1800.0,
+                   help="seconds a collective waits for the other ranks before the job is ended with a message "
+                        "(default 1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of "
+                        "hanging it. Raise it if a step, a save or data preparation legitimately takes longer")
 
     p.add_argument("--recipe", default=None, help="JSON recipe (recipes/*/*.json); flags given here override it")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
@@ -210,7 +226,7 @@ def load_recipe(path: str) -> dict:
         if not isinstance(values, dict):
             raise UserError(f"recipe {path}: section {section!r} must be a JSON object of settings")
         if section == "deepspeed":
-            flat["deepspeed_overrides"] = {k: v for k, v in values.items() if not k.startswith("_")}
+            flat["deepspeed_overrides"] = strip_comments(values)        # "_" keys are comments at any depth
             continue
         for key, value in values.items():
             if key.startswith("_"):
@@ -231,6 +247,13 @@ def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentPa
     parser.set_defaults(**recipe)
     args = parser.parse_args(argv)
     args.deepspeed_overrides = overrides
+    # DeepSpeed settings of the wrong type fail here, in seconds, not after the model is built
+    from training.ds_config_check import check_deepspeed_config
+    if overrides:
+        check_deepspeed_config(overrides, f"recipe {first.recipe}: deepspeed", args.precision)
+    if args.deepspeed_config:
+        check_deepspeed_config(read_json(args.deepspeed_config, "--deepspeed_config"),
+                               f"--deepspeed_config {args.deepspeed_config}", args.precision)
     if args.attention_dropout is None:
         args.attention_dropout = args.dropout
     return args

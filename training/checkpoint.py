@@ -46,6 +46,8 @@ from model.random import RNG
 from model.sharding import partition_dim, saved_pieces, shard_rows
 from preprocess.errors import UserError
 from training import optimizer_state
+from training.disk_full import checkpoint_file_guard
+from training.nonfinite import refuse_non_finite_weights
 from training.optimizer_state import KEYS, STATE_KEYS, local_shape  # noqa: F401  (STATE_KEYS: importable here)
 from training.shard_io import ShardWriter, read_all, read_header, read_slice, write_tensors
 
@@ -148,6 +150,9 @@ def resolve(path: str) -> str:
     """--ckpt_file: a step folder, or a checkpoints/ or output folder (→ its latest)."""
     if not os.path.exists(path):
         raise UserError(f"checkpoint {path} not found")
+    if not os.path.isdir(path):
+        raise UserError(f"checkpoint {path} is a file: give a step_* folder, a checkpoints/ folder or a run's "
+                        f"output_dir (a .pt from merge_checkpoint.py is already merged, for evaluate.py/export_hf.py)")
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     for root in (path, checkpoints_dir(path)):
@@ -161,10 +166,11 @@ def resolve(path: str) -> str:
 
 def _write_atomic(path: str, write) -> None:
     tmp = path + ".part"
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
+    with checkpoint_file_guard(tmp):        # out of room: one line, the partial save removed (training.disk_full)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 
@@ -192,6 +198,7 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     state = optimizer_state.for_engine(engine)        # an optimizer it does not know: refused before any file
     run_id, checkpoint_id = _ids(engine)
     root = checkpoints_dir(output_dir)
+    refuse_non_finite_weights(engine, step, latest_checkpoint(root) if os.path.isdir(root) else None)  # collective
     final = os.path.join(root, name or step_dirname(step))
     tmp = final + ".tmp"
     if rank == 0:
@@ -209,7 +216,9 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     if writes or state.partitioned:                 # under ZeRO the gathers are collectives over DP
         _save_shard(os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None, state, params,
                     {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank})
-    write_tensors(os.path.join(tmp, rng_file(rank)), rng_tensors(RNG.get_state()), {**ids, "rank": rank})
+    rng_path = os.path.join(tmp, rng_file(rank))
+    with checkpoint_file_guard(rng_path + ".part"):
+        write_tensors(rng_path, rng_tensors(RNG.get_state()), {**ids, "rank": rank})
     _crash_point("save", step)
     dist.barrier()
     if rank == 0:
@@ -245,6 +254,14 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
 def _save_shard(path: Optional[str], state, params: list, metadata: dict) -> None:
     """Gather every parameter's master weight and moments one tensor at a time; the writer (path not None) streams
     each into the shard and drops it, the other DP ranks only take part in the gathers."""
+    if path is None:
+        _gather_shard(None, state, params, metadata)
+        return
+    with checkpoint_file_guard(path + ".part"):     # out of room: one line, the partial save removed
+        _gather_shard(path, state, params, metadata)
+
+
+def _gather_shard(path: Optional[str], state, params: list, metadata: dict) -> None:
     writer = None
     if path is not None:
         info = {n: {"partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
@@ -474,18 +491,8 @@ def check_optimizer(engine, args) -> None:
 
 
 def maybe_resume(engine, args, model_cfg, parallel, data) -> int:
-    path = None
-    if args.ckpt_file:
-        path = resolve(args.ckpt_file)
-    elif args.resume:
-        root = checkpoints_dir(args.output_dir)
-        found = latest_checkpoint(root) if os.path.isdir(root) else None
-        if found is None:
-            if args.resume != "auto":
-                raise UserError(f"--resume: no checkpoint in {root}; use --resume auto to start fresh when there "
-                                f"is none, or --ckpt_file PATH")
-            return 0
-        path = found
+    from training.output_dir import resume_source          # --resume [PATH|auto] / --ckpt_file → a folder or None
+    path = resume_source(args)
     if path is None:
         return 0
     step = load(engine, path, model_cfg, parallel, args, getattr(data, "tokenizer_path", None))

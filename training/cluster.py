@@ -59,11 +59,18 @@ def parse_hostfile_text(text: str, source: str = "hostfile") -> list[Host]:
 
 
 def read_hostfile(path: str) -> list[Host]:
+    if os.path.isdir(path):
+        raise UserError(f"hostfile {path} is a folder; give the file (one 'HOST slots=N' line per node)")
     if not os.path.isfile(path):
         raise UserError(f"hostfile {path} not found (one 'HOST slots=N' line per node, see "
                         f"run_scripts/hostfiles/hostfile_2nodes)")
-    with open(path, encoding="utf-8") as f:
-        return parse_hostfile_text(f.read(), source=f"hostfile {path}")
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as exc:
+        raise UserError(f"hostfile {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); it needs one "
+                        f"'HOST slots=N' line per node") from None
+    return parse_hostfile_text(text, source=f"hostfile {path}")
 
 
 def format_hostfile(hosts: Sequence[Host], header: Optional[str] = None) -> str:

@@ -47,8 +47,9 @@ def adopt_mpi_env(environ=os.environ) -> bool:
     return True
 
 
-def init_distributed(distribute: str) -> int:
-    """Join the launcher's process group (or make a one-process one); returns the world size."""
+def init_distributed(distribute: str, comm_timeout: Optional[float] = None) -> int:
+    """Join the launcher's process group (or make a one-process one); returns the world size. `comm_timeout`:
+    seconds any collective waits for its peers before failing (model.topology.init_deepspeed_comm)."""
     import deepspeed.comm as ds_dist
     if distribute != "false":
         adopt_mpi_env()
@@ -67,7 +68,7 @@ def init_distributed(distribute: str) -> int:
     backend = get_accelerator().communication_backend_name()
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
         backend = "gloo"
-    init_deepspeed_comm(backend)
+    init_deepspeed_comm(backend, comm_timeout)
     acc = get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -43,12 +43,18 @@ def global_grad_norm(params: Iterable[torch.nn.Parameter], tp_rank: int, group) 
 class ClippingAdamW(torch.optim.AdamW):
     """AdamW that measures the exact global gradient norm before each step (`last_grad_norm`, pre-clip) and, with
     `max_norm > 0`, scales the gradients by max_norm / (norm + 1e-6) when that is below 1 — torch's and
-    DeepSpeed's clipping rule."""
+    DeepSpeed's clipping rule.
+
+    A step whose norm is inf or nan is dropped (no update, no AdamW state change) and `overflow` is set, as
+    DeepSpeed's own optimizer wrappers do: DeepSpeed's engine reads `optimizer.overflow` after every step, counts the
+    step in `skipped_steps` and holds the learning-rate schedule (`_take_model_step`, DeepSpeed 0.19.8). The norm
+    is the same number on every rank, so all ranks drop the same steps."""
 
     def __init__(self, params, *, max_norm: float, tp_rank: int, norm_group, **adamw_kwargs):
         super().__init__(params, **adamw_kwargs)
         self.max_norm, self.tp_rank, self.norm_group = float(max_norm), tp_rank, norm_group
         self.last_grad_norm = math.nan
+        self.overflow = False
 
     def _params(self):
         return [p for group in self.param_groups for p in group["params"]]
@@ -58,6 +64,9 @@ class ClippingAdamW(torch.optim.AdamW):
         params = self._params()
         norm = global_grad_norm(params, self.tp_rank, self.norm_group)
         self.last_grad_norm = float(norm)
+        self.overflow = not math.isfinite(self.last_grad_norm)
+        if self.overflow:
+            return None
         if self.max_norm > 0:
             coef = torch.clamp(self.max_norm / (norm + 1e-6), max=1.0)
             for p in params:

@@ -13,6 +13,8 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from training.output_dir import drop_records_after
+
 
 def _fmt(value) -> str:
     return "nan" if value is None else f"{value:.4f}"
@@ -26,11 +28,17 @@ class MetricsWriter:
         if not enabled:
             return
         os.makedirs(output_dir, exist_ok=True)
-        # append: a resumed run continues the same file (its steps carry on from the checkpoint's)
-        self._jsonl = open(os.path.join(output_dir, "metrics.jsonl"), "a", encoding="utf-8")
+        # append: a resumed run continues the same file (its steps carry on from the checkpoint's), after dropping
+        # the records of the steps it replays; TensorBoard hides those events itself (purge_step)
+        path = os.path.join(output_dir, "metrics.jsonl")
+        dropped = drop_records_after(path, start_step)
+        if dropped:
+            print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps again)",
+                  flush=True)
+        self._jsonl = open(path, "a", encoding="utf-8")
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"))
+            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1)
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                          disable=None if sys.stderr.isatty() else True)
 
@@ -50,6 +58,7 @@ class MetricsWriter:
             for key in ("valid_loss", "valid_bleu"):
                 if record.get(key) is not None:
                     self._tb.add_scalar(f"valid/{key[len('valid_'):]}", record[key], step)
+            self._tb.flush()          # as metrics.jsonl: a crash loses no logged step (a resume purges replays)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
@@ -90,6 +99,7 @@ class MetricsWriter:
         if self._bar is not None:
             self._bar.close()
         if summary:
+            summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
             print("summary: " + json.dumps(summary), flush=True)
         self._jsonl.close()
         if self._tb is not None:

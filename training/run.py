@@ -12,6 +12,9 @@ from training.data import BatchFeeder, batch_schedule, prepare_data
 from training.engine import build_engine, check_options, device, init_distributed
 from training.loop import StepTimer, current_lr, eval_step, train_step
 from training.metrics import MetricsWriter
+from training.nonfinite import NonFiniteSteps
+from training.output_dir import claim_output_dir
+from training.rank_failures import check_failure_flags
 from training.schedule import lr_factor
 from training.speed import SpeedMeter
 from training.validation import BEST, BestTracker, Validator
@@ -31,7 +34,9 @@ def valid_batch_size(args) -> int:
 
 
 def run_training(args) -> int:
-    world = init_distributed(args.distribute)
+    check_failure_flags(args)
+    lock = claim_output_dir(args)        # rank 0: the folder, its lock and the start point, before any work
+    world = init_distributed(args.distribute, args.comm_timeout)
     rank = dist.get_rank()
     parallel = parallel_config(args, world)
     # Check the layout before touching data (cheap, and the error is the one users need first).
@@ -95,6 +100,8 @@ def run_training(args) -> int:
                        f"raise --steps to continue")
     speed = SpeedMeter(model_cfg, world, args.precision, device())
     step_fn = train_step if args.train else eval_step
+    nonfinite = NonFiniteSteps(engine, args.nan_policy, args.nan_skip_limit, args.lr,
+                               lambda: ckpt.latest_checkpoint(ckpt.checkpoints_dir(args.output_dir)))
     losses = []
     for step in range(start_step, total_steps):
         batches = feeder.step(step)
@@ -111,6 +118,11 @@ def run_training(args) -> int:
                       step_time=t.seconds, padding=round(batches.padding, 4),
                       **speed.figures(batches.src_tokens, batches.global_tokens, batches.pairs, batches.lengths,
                                       t.seconds))
+        stop = nonfinite.after_step(step + 1, loss, record) if args.train else None
+        if stop:                               # logged (loss null), then ended before validating or saving
+            writer.log(record)
+            writer.close()
+            raise UserError(stop)
         improved = False
         if validator is not None and ((step + 1) % valid_every == 0 or step + 1 == total_steps):
             figures = validator.evaluate(engine, step + 1)
@@ -135,4 +147,6 @@ def run_training(args) -> int:
     writer.run_info({**info, "vocab": vocab, "params_rank0": n_params, "start_step": start_step,
                      "total_steps": total_steps, "optimizer_state_bytes_rank0": engine.optimizer_state_bytes()})
     writer.close(summary)
+    if lock is not None:
+        lock.release()
     return 0

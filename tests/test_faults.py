@@ -1,0 +1,472 @@
+"""Runs that fail safely: each fault as an operator meets it, and the one line they read now.
+
+Real runs throughout: train.py and run.sh through DeepSpeed's launcher, real signals (SIGKILL, SIGSTOP, SIGTERM),
+a real full disk (a small tmpfs; where this user cannot mount one, the file-size limit `ulimit -f`, which fails
+the same writes with EFBIG instead of ENOSPC). Two faults are injected, as tests/test_checkpoint.py does with
+DSR_CRASH_AT: DSR_NAN_AT turns one step's loss into nan on every rank (the engine then meets a real non-finite
+gradient), and DSR_CRASH_AT kills a run mid-training. The divergence case is the operator's own: --lr 1e12.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.launch import REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, run_script, run_train, script_env
+
+
+def flags(tsv, tok, out, *extra):
+    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
+
+
+def strict_metrics(out) -> list[dict]:
+    """metrics.jsonl as strict JSON (NaN or Infinity would raise)."""
+    def refuse(token):
+        raise ValueError(f"{token} in metrics.jsonl")
+    return [json.loads(line, parse_constant=refuse) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
+
+
+def error_lines(proc) -> list[str]:
+    return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error: ")]
+
+
+def one_error(proc, *needles) -> str:
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    text = proc.stdout + proc.stderr
+    assert "Traceback" not in text, text[-4000:]
+    lines = error_lines(proc)
+    assert len(lines) == 1, text[-4000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def merged(ckpt):
+    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
+    from merge_checkpoint import merge
+    return merge(str(ckpt), with_optimizer=True)
+
+
+def same_weights(a, b) -> bool:
+    return all(torch.equal(a["model"][n], b["model"][n]) and
+               torch.equal(a["optimizer"][n]["exp_avg"], b["optimizer"][n]["exp_avg"]) and
+               torch.equal(a["optimizer"][n]["exp_avg_sq"], b["optimizer"][n]["exp_avg_sq"]) for n in a["model"])
+
+
+def step_dir(out, step) -> Path:
+    return Path(out) / "checkpoints" / f"step_{step:08d}"
+
+
+def latest(out) -> str:
+    return (Path(out) / "checkpoints" / "latest").read_text()
+
+
+# ------------------------------------------------------------------------------------------- non-finite steps
+def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path,
+                                                                            monkeypatch):
+    """One launch of 2 processes. Under tp2 (fp32 ZeRO-0: our ClippingAdamW) and dp2 with ZeRO-1 (DeepSpeed's
+    optimizer), --nan_policy skip with step 3's loss made nan on every rank (DSR_NAN_AT): weights and AdamW moments
+    after step 3 equal those after step 2 bit for bit, the schedule holds for the skipped step, training goes on
+    and skipped_steps counts it. Then the operator's case, --lr 1e12 under tp2 with the default policy: step 2's
+    loss is nan and the run stops there — one line from the two ranks, metrics.jsonl strict JSON, step 2's update
+    dropped, and step 1's checkpoint stays the latest, unpruned."""
+    common = ["--save_checkpoint_steps", 1, "--nan_policy", "skip", "--lr_schedule", "inverse_sqrt",
+              "--warmup_steps", 4, "--steps", 5]
+    layouts = {"tp2": ["--mp", 2], "dp2-zero1": ["--enable_parallel_optimizer", 1]}
+    runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra) for name, extra in layouts.items()]
+    diverging = tmp_path / "lr1e12"
+    runs.append(flags(multi30k_tsv, bpe_tokenizer, diverging, "--mp", 2, "--lr", "1e12", "--steps", 6,
+                      "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 1))
+    runs_file = tmp_path / "runs.json"
+    runs_file.write_text(json.dumps([[str(a) for a in r] for r in runs]))
+    monkeypatch.setenv("DSR_NAN_AT", "3")
+    proc = subprocess.run(launch_cmd(2, TRAIN_MANY) + [str(runs_file)], cwd=REPO_ROOT, env=env(),
+                          capture_output=True, text=True, timeout=600)
+    one_error(proc, "step 2: the loss is nan", "--nan_policy stop",
+              f"latest checkpoint stays {step_dir(diverging, 1)}")
+    for name in layouts:
+        records = strict_metrics(tmp_path / name)
+        assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1], name
+        assert [r["loss"] is None for r in records] == [False, False, True, False, False], name
+        assert records[3]["lr"] == records[2]["lr"] != records[1]["lr"], name        # the schedule held
+        two, three, four = (merged(step_dir(tmp_path / name, s)) for s in (2, 3, 4))
+        assert same_weights(two, three), name
+        assert not same_weights(three, four), name
+    records = strict_metrics(diverging)
+    assert [(r["step"], r["loss"] is None, r["skipped_steps"]) for r in records] == [(1, False, 0), (2, True, 1)]
+    assert latest(diverging) == "step_00000001"
+    assert sorted(p.name for p in (diverging / "checkpoints").iterdir()) == ["latest", "step_00000001"]
+
+
+def test_skip_limit_stops_a_run_that_does_not_recover(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """--lr 1e12 with --nan_policy skip: every step from 2 on is non-finite and dropped (their checkpoints hold
+    step 1's weights); after --nan_skip_limit 3 in a row the run stops."""
+    out = tmp_path / "run"
+    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy", "skip",
+                              "--nan_skip_limit", 3, "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 5),
+                     check=False)
+    one_error(proc, "step 4: 3 non-finite steps in a row (--nan_skip_limit 3)", f"{step_dir(out, 3)}")
+    assert [r["skipped_steps"] for r in strict_metrics(out)] == [0, 1, 2, 3]
+    one = merged(step_dir(out, 1))
+    assert all(same_weights(one, merged(step_dir(out, s))) for s in (2, 3))
+
+
+def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """Run A is killed (kill -9) after logging step 5 of 8 (saves every 2: latest step_4). Run B resumes it by
+    naming that checkpoint (--resume PATH): metrics.jsonl and TensorBoard hold steps 1-8 once each. In run B one
+    weight becomes inf after step 8 (DSR_INF_WEIGHT_AT): its save is refused, `latest` stays step_6 and keep-2
+    pruning leaves steps 4 and 6."""
+    out = tmp_path / "run"
+    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
+                 "--keep_checkpoint_max", 2, "--tensorboard", 1)
+    crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
+                             env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
+    resumed = subprocess.run(launch_cmd(1) + [str(a) for a in args + ["--resume", step_dir(out, 4)]], cwd=REPO_ROOT,
+                             env=dict(env(), DSR_INF_WEIGHT_AT="8"), capture_output=True, text=True, timeout=300)
+    assert f"resumed from {step_dir(out, 4)} at step 4" in resumed.stdout            # --resume PATH is used
+    assert "removed 1 records after step 4" in resumed.stdout
+    assert [r["step"] for r in strict_metrics(out)] == list(range(1, 9))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(str(out / "tensorboard"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
+    one_error(resumed, "step 8: the weights are not finite (", "so the checkpoint was not written",
+              f"{step_dir(out, 6)} stays the latest")
+    assert latest(out) == "step_00000006"
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_00000004", "step_00000006"]
+
+
+# ------------------------------------------------------------------------------------------- the output folder
+def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """While run 1 trains, the same command again is refused at once, naming run 1's pid; run 1 goes on
+    untouched. Afterwards the folder's start-point rules (the real functions, on run 1's real checkpoints)."""
+    out = tmp_path / "run"
+    args = [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--save_checkpoint_steps", 1,
+                                  "--keep_checkpoint_max", 3)]
+    first = subprocess.Popen(launch_cmd(1) + args, cwd=REPO_ROOT, env=env(), stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
+            assert first.poll() is None and time.time() < deadline, "run 1 did not start training"
+            time.sleep(0.5)
+        second = run_train(1, args, check=False)
+        one_error(second, f"--output_dir {out} is in use by another training run (pid {first.pid} on")
+        assert first.poll() is None                                        # run 1 still training
+        assert (out / ".train.lock").read_text().startswith(f"pid {first.pid} ")
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=60)
+    steps = [r["step"] for r in strict_metrics(out)]
+    assert steps == list(range(1, len(steps) + 1))                          # nothing written twice
+
+    from preprocess.errors import UserError
+    from training.args import parse_args
+    from training.output_dir import claim_output_dir
+
+    base = args[:-6]                                         # without --steps / --save_checkpoint_steps / --keep
+
+    def claim(*extra, output_dir=out):
+        argv = [str(output_dir) if a == str(out) else a for a in base] + [str(a) for a in extra]
+        claim_output_dir(parse_args(argv)).release()
+
+    newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
+    with pytest.raises(UserError, match=f"already holds checkpoints up to step_{newest:08d} and this run starts "
+                                        f"fresh.*--resume"):
+        claim()
+    claim("--resume")                                                       # the folder's own run continues
+    claim("--resume", latest_path := out / "checkpoints" / latest(out))     # ...also named as a PATH
+    with pytest.raises(UserError, match="also holds later checkpoints"):
+        claim("--resume", step_dir(out, newest - 2))
+    shutil.copytree(latest_path, tmp_path / "elsewhere" / latest_path.name)
+    with pytest.raises(UserError, match="of its own; continuing .* would mix two runs"):
+        claim("--ckpt_file", tmp_path / "elsewhere" / latest_path.name)
+    claim("--resume", out, output_dir=tmp_path / "new")                    # --resume PATH into a new folder
+    with pytest.raises(UserError, match="both name a checkpoint"):
+        claim("--resume", out, "--ckpt_file", out)
+
+
+def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_tokenizer, tmp_path):
+    a_file = tmp_path / "a_file"
+    a_file.write_text("not a folder")
+    start = time.time()
+    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, a_file / "run", "--steps", 1), check=False)
+    one_error(proc, f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file")
+    assert "layout:" not in proc.stdout and time.time() - start < 60               # no model was built
+
+    from preprocess.errors import UserError
+    from training.output_dir import check_writable_folder
+    with pytest.raises(UserError, match="is a file; choose a folder"):
+        check_writable_folder(str(a_file))
+    (tmp_path / "d1" / "checkpoints").parent.mkdir()
+    (tmp_path / "d1" / "checkpoints").write_text("")
+    with pytest.raises(UserError, match="checkpoints is a file, but train.py writes a folder there"):
+        check_writable_folder(str(tmp_path / "d1"))
+    (tmp_path / "d2" / "metrics.jsonl").mkdir(parents=True)
+    with pytest.raises(UserError, match="metrics.jsonl is a folder, but train.py writes a file there"):
+        check_writable_folder(str(tmp_path / "d2"))
+    with _read_only_folder(tmp_path / "ro") as ro:
+        from training.output_dir import OutputDirLock
+        with pytest.raises(UserError, match=r"cannot be (written|created) \((Read-only file system|Permission "
+                                            r"denied)"):
+            OutputDirLock(check_writable_folder(str(ro / "run")), str(ro / "run"))
+
+
+class _read_only_folder:
+    """A folder this process cannot write into: chmod for a normal user; root ignores modes, so a read-only
+    tmpfs (skipped where root may not mount)."""
+
+    def __init__(self, path: Path):
+        self.path, self.mounted = path, False
+
+    def __enter__(self) -> Path:
+        self.path.mkdir()
+        if os.geteuid() != 0:
+            self.path.chmod(0o555)
+            return self.path
+        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(self.path)],
+                          capture_output=True).returncode != 0:
+            pytest.skip("running as root without permission to mount a read-only tmpfs")
+        self.mounted = True
+        return self.path
+
+    def __exit__(self, *exc):
+        if self.mounted:
+            subprocess.run(["umount", str(self.path)], check=True)
+        else:
+            self.path.chmod(0o755)
+
+
+# ------------------------------------------------------------------------------------------- a rank dies / hangs
+class Job:
+    """A command in the background, its output in files (a pipe nobody reads could fill and stall it)."""
+
+    def __init__(self, cmd, folder: Path, env_: dict):
+        self.out, self.err = folder / "job.stdout", folder / "job.stderr"
+        with open(self.out, "w") as out, open(self.err, "w") as err:
+            self.popen = subprocess.Popen([str(c) for c in cmd], cwd=REPO_ROOT, env=env_, stdout=out, stderr=err)
+        self.pid = self.popen.pid
+
+    def processes(self) -> list:
+        try:
+            return psutil.Process(self.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            return []
+
+    def wait_for(self, ready, what: str, timeout: float = 150) -> None:
+        deadline = time.time() + timeout
+        while not ready():
+            assert self.popen.poll() is None, f"{what}: the job ended early:\n{self.err.read_text()[-3000:]}"
+            assert time.time() < deadline, f"{what}: not within {timeout} s"
+            time.sleep(0.5)
+
+    def finish(self, timeout: float) -> subprocess.CompletedProcess:
+        """Wait for the end; past `timeout` kill what is left (by pid) and fail."""
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for p in self.processes() + [psutil.Process(self.pid)]:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.kill()
+            self.popen.wait()
+            raise AssertionError(f"the job did not end within {timeout:.0f} s:\n{self.err.read_text()[-3000:]}")
+        return subprocess.CompletedProcess(self.popen.args, self.popen.returncode, self.out.read_text(),
+                                           self.err.read_text())
+
+
+def _start_tp2(tsv, tok, out, *extra) -> Job:
+    out.mkdir(parents=True)
+    job = Job(launch_cmd(2) + flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra), out.parent, env())
+    job.wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2,
+                 "training")
+    return job
+
+
+def _training_process(job: Job, rank: int) -> psutil.Process:
+    """The process that computes for `rank`: the deepest one started with --local_rank=rank."""
+    mine = [p for p in job.processes() if f"--local_rank={rank}" in " ".join(p.cmdline())]
+    return next(p for p in mine if not any(c in mine for c in p.children()))
+
+
+def test_killed_rank_is_named_with_its_signal(multi30k_tsv, bpe_tokenizer, tmp_path):
+    job = _start_tp2(multi30k_tsv, bpe_tokenizer, tmp_path / "run")
+    victim = _training_process(job, 0)
+    victim.kill()
+    killed_at = time.time()
+    proc = job.finish(60)
+    one_error(proc, f"error: rank 0 (pid {victim.pid} on ", "was killed by SIGKILL")
+    assert time.time() - killed_at < 30
+
+
+def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenizer, tmp_path):
+    job = _start_tp2(multi30k_tsv, bpe_tokenizer, tmp_path / "run", "--comm_timeout", 5)
+    victim = _training_process(job, 1)
+    try:
+        victim.suspend()                                                   # SIGSTOP
+        stopped_at = time.time()
+        proc = job.finish(90)
+    finally:
+        if victim.is_running():
+            victim.kill()
+    assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    lines = error_lines(proc)
+    assert lines[0].startswith("error: rank 0: no answer from the other ranks within --comm_timeout 5 s"), lines
+    assert lines[1].startswith(f"error: rank 1 (pid {victim.pid} on ") and "stopped by SIGSTOP" in lines[1], lines
+    assert len(lines) == 2 and time.time() - stopped_at < 5 + 30
+
+
+def test_sigterm_to_run_sh_stops_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path):
+    runs = tmp_path / "runs"
+    job = Job(["bash", REPO_ROOT / "run_scripts/run.sh", multi30k_tsv, 2, "--steps", 2000, "--d_model", 32,
+               "--vocab_size", 8000, "--tokenizer", bpe_tokenizer, "--tensorboard", 0], tmp_path, script_env(runs))
+
+    def job_processes():       # everything started for this run: its folder is in their command lines
+        return [p for p in psutil.process_iter(["cmdline"]) if str(runs) in " ".join(p.info["cmdline"] or [])]
+    try:
+        job.wait_for(lambda: list(runs.glob("*/output/metrics.jsonl")), "training")
+        job.popen.send_signal(signal.SIGTERM)
+        proc = job.finish(90)
+        deadline = time.time() + 10
+        while job_processes() and time.time() < deadline:
+            time.sleep(0.5)
+        left = job_processes()
+        assert not left, [" ".join(p.cmdline())[:200] for p in left]
+        assert proc.returncode == 128 + signal.SIGTERM
+        assert "training stopped by SIGTERM; no rank is left running" in proc.stderr
+    finally:
+        for p in job_processes():
+            p.kill()
+
+
+# ------------------------------------------------------------------------------------------- a full disk
+def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """Saves of this model take ~9.8 MB. On a 14 MB tmpfs step 1's checkpoint fits and step 2's does not. Where
+    this user may not mount, run 1 saves step 1 normally and run 2 resumes it under `ulimit -f` 4 MB (EFBIG)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    out = disk / "run"
+    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 3, "--save_checkpoint_steps", 1)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=14m", "tmpfs", str(disk)],
+                             capture_output=True).returncode == 0
+    try:
+        if mounted:
+            proc = run_train(1, args, check=False)
+            line = one_error(proc, f"the disk is full: saving checkpoint step_00000002 into {out / 'checkpoints'}")
+        else:
+            run_train(1, args[:-4] + ["--steps", 1, "--save_checkpoint_steps", 1])
+            limit = 4 << 20
+            proc = subprocess.run(launch_cmd(1) + [str(a) for a in args + ["--resume"]], cwd=REPO_ROOT, env=env(),
+                                  capture_output=True, text=True, timeout=300,
+                                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+            line = one_error(proc, "a file-size limit was reached: saving checkpoint step_00000002")
+        assert "The partial save was removed and step_00000001 is still the latest checkpoint" in line
+        assert latest(out) == "step_00000001"
+        assert merged(step_dir(out, 1))["step"] == 1                       # complete and loadable
+        left = [p.name for p in out.rglob("*") if p.name.endswith((".tmp", ".part"))]
+        assert not left and not step_dir(out, 2).exists(), left
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(disk)], check=True)
+
+
+# ------------------------------------------------------------------------------------------- the CLI sweep
+@pytest.fixture
+def bad_inputs(tmp_path):
+    d = tmp_path / "inputs"
+    d.mkdir()
+    (d / "folder").mkdir()
+    (d / "file").write_text("x")
+    (d / "binary").write_bytes(b"\xff\xfe\x00\x80garbage\n")
+    (d / "dup.json").write_text('{"model": {"d_model": 32, "d_model": 64}}')
+    (d / "ds_str.json").write_text('{"deepspeed": {"gradient_clipping": "1.0"}}')
+    (d / "ds_int.json").write_text('{"deepspeed": {"zero_optimization": 1}}')
+    (d / "ds_bool.json").write_text('{"deepspeed": {"zero_optimization": {"overlap_comm": "no"}}}')
+    (d / "ds_typo.json").write_text('{"deepspeed": {"zero_optimization": {"stag": 1}}}')
+    (d / "ds_bf16.json").write_text('{"deepspeed": {"bf16": {"enabled": true}}}')
+    (d / "hostfile").write_bytes(b"localhost slots=2\n\xff\xfe\n")
+    return d
+
+
+SWEEP = [  # (CLI, arguments with {d} = the inputs folder, what the one line must say)
+    ("train", ["--recipe", "{d}/folder"], "recipe {d}/folder is a folder; give the JSON file"),
+    ("train", ["--recipe", "{d}/dup.json"], 'the key "d_model" appears twice in one object'),
+    ("train", ["--recipe", "{d}/ds_str.json"], 'deepspeed: gradient_clipping is "1.0"; DeepSpeed expects a number'),
+    ("train", ["--recipe", "{d}/ds_int.json"], "deepspeed: zero_optimization is 1; DeepSpeed expects a JSON object"),
+    ("train", ["--recipe", "{d}/ds_bool.json"], 'zero_optimization.overlap_comm is "no"; DeepSpeed expects true or'),
+    ("train", ["--recipe", "{d}/ds_typo.json"], "zero_optimization.stag is not a DeepSpeed setting"),
+    ("train", ["--recipe", "{d}/ds_bf16.json"], "bf16.enabled is true but --precision is fp32"),
+    ("train", ["--deepspeed_config", "{d}/folder"], "--deepspeed_config {d}/folder is a folder"),
+    ("train", ["--deepspeed_config", "{d}/binary"], "--deepspeed_config {d}/binary is not UTF-8 text"),
+    ("plan", ["--world_size", "2", "--vocab_size", "64", "--recipe", "{d}/dup.json"], "appears twice"),
+    ("plan", ["--hostfile", "{d}/hostfile"], "hostfile {d}/hostfile is not UTF-8 text"),
+    ("plan", ["--hostfile", "{d}/folder"], "hostfile {d}/folder is a folder"),
+    ("merge", ["{d}/file", "--output", "{d}/m.pt"], "checkpoint {d}/file is a file"),
+    ("merge", ["{d}/folder", "--output", "{d}/folder"], "--output {d}/folder is a folder"),
+    ("merge", ["{d}/folder", "--output", "{d}/file/m.pt"], "{d}/file is a file, not a folder"),
+    ("evaluate", ["--ckpt_file", "{d}/folder", "--tokenizer", "{d}/file", "--src", "{d}/file", "--ref", "{d}/file",
+                  "--output", "{d}/folder"], "--output {d}/folder is a folder"),
+]
+
+
+@pytest.mark.parametrize("cli,argv,needle", SWEEP, ids=[f"{c} {' '.join(a)}" for c, a, _ in SWEEP])
+def test_cli_mistakes_are_one_line(cli, argv, needle, bad_inputs, tmp_path):
+    """Each CLI's main on the mistake, in-process: a UserError (run_cli prints it as the one `error:` line)."""
+    from preprocess.errors import UserError
+    argv = [a.format(d=bad_inputs) for a in argv]
+    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
+    if cli == "train":
+        from training.args import parse_args
+        call = lambda: parse_args(argv + ["--output_dir", str(tmp_path / "out")])     # noqa: E731
+    elif cli == "plan":
+        from training.plan import main as call_plan
+        call = lambda: call_plan(argv)                                                 # noqa: E731
+    elif cli == "merge":
+        from merge_checkpoint import main as call_merge
+        call = lambda: call_merge(argv)                                                # noqa: E731
+    else:
+        from evaluate import main as call_eval
+        call = lambda: call_eval(argv)                                                 # noqa: E731
+    with pytest.raises(UserError) as err:
+        call()
+    assert needle.format(d=bad_inputs) in str(err.value)
+
+
+@pytest.mark.parametrize("script,args,needle", [
+    ("run_scripts/run.sh", ["{tsv}", "2", "{d}/dup.json"], 'the key "d_model" appears twice'),
+    ("run_scripts/run.sh", ["{tsv}", "2", "{d}/ds_int.json"], "zero_optimization is 1"),
+    ("run_scripts/run_cluster.sh", ["{tsv}", "{d}/hostfile"], "hostfile {d}/hostfile is not UTF-8 text"),
+], ids=["run.sh duplicate key", "run.sh deepspeed type", "run_cluster.sh undecodable hostfile"])
+def test_launch_script_mistakes_are_one_line(script, args, needle, bad_inputs, tmp_path, assert_user_error):
+    tsv = bad_inputs / "data.tsv"
+    tsv.write_text("bonjour\thello\n")
+    proc = run_script(script, [a.format(tsv=tsv, d=bad_inputs) for a in args], script_env(tmp_path / "runs"))
+    assert_user_error(proc, needle.format(d=bad_inputs))
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (Linux), whose writes fail with ENOSPC")
+def test_a_full_disk_anywhere_is_one_line(capsys):
+    """Any write that runs out of room (here /dev/full: the kernel's ENOSPC) ends a CLI with one line, however the
+    writer reports it — torch.save turns it into `RuntimeError: ... unexpected pos`."""
+    from preprocess.errors import run_cli
+
+    def save_to_full_disk():
+        with open("/dev/full", "wb") as f:
+            torch.save({"w": torch.zeros(100_000)}, f)
+    with pytest.raises(SystemExit) as exit_:
+        run_cli(save_to_full_disk)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "error: no space left on the device: free space (or raise the limit), or write to another disk"]
