@@ -1,0 +1,74 @@
+"""The Multi30k translation recipes (recipes/multi30k-en-fr, multi30k-fr-en): complete folders whose comments say
+what the JSON holds, and the whole pipeline of run_scripts/translation_recipe.sh run end to end as a user runs it —
+data, BPE, training with validation, checkpoint averaging, beam search on val and both test sets, the results table —
+with a tiny model and a few steps (the real recipe trains for hours; its figures are in the README)."""
+import json
+import os
+import re
+
+import pytest
+
+from training.args import load_recipe, parse_args
+from tests.launch import REPO_ROOT, run_script, script_env
+
+TRANSLATION = {"multi30k-en-fr": ("en", "fr"), "multi30k-fr-en": ("fr", "en")}
+TEST_SETS = ("val", "test_2016_flickr", "test_2017_flickr")
+
+
+@pytest.mark.parametrize("name", list(TRANSLATION))
+def test_translation_recipe_folder_is_complete(name):
+    src, tgt = TRANSLATION[name]
+    folder = REPO_ROOT / "recipes" / name
+    launcher = folder / "run.sh"
+    assert launcher.is_file() and os.access(launcher, os.X_OK)
+    body = launcher.read_text()
+    assert f"translation_recipe.sh\" {src} {tgt} \"$HERE/{name}.json\"" in body
+    raw = json.loads((folder / f"{name}.json").read_text())
+    load_recipe(str(folder / f"{name}.json"))            # no unknown key, every value of the flag's type
+    args = parse_args(["--recipe", str(folder / f"{name}.json")])
+    batch = raw["training"]["_batch"]                      # the comment states the token budget the JSON sets
+    assert f"up to {args.max_tokens} tokens" in batch and f"batch_multiple {args.batch_multiple}" in batch
+    assert args.share_embeddings and args.valid_file is None          # run.sh supplies the data and validation
+    vocab = re.search(r"VOCAB=\"\$\{VOCAB:-(\d+)\}\"", body).group(1)
+    assert f"({int(vocab):,} tokens" in raw["_comment"] and f"--vocab_size {vocab}" in raw["_plan"]
+    readme = (REPO_ROOT / "recipes" / "README.md").read_text()
+    assert f"[`{name}`]({name}/{name}.json)" in readme
+
+
+@pytest.mark.slow
+def test_translation_recipe_end_to_end(tmp_path):
+    """recipes/multi30k-en-fr/run.sh OUT with a tiny model: every stage runs and the table has a row per set with
+    the scores evaluate.py printed; a second start finds the training complete and only scores again."""
+    out = tmp_path / "enfr"
+    env = script_env(tmp_path / "runs", VOCAB="400", AVERAGE="2", BEAM="2", LIMIT="24")
+    tiny = ["--d_model", 32, "--num_heads", 2, "--ffn_size", 64, "--encoder_layer", 1, "--decoder_layer", 1,
+            "--steps", 6, "--save_checkpoint_steps", 2, "--max_tokens", 1024, "--warmup_steps", 2,
+            "--log_interval", 2]
+    proc = run_script("recipes/multi30k-en-fr/run.sh", [out, *tiny], env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for path in ("data/train.tsv", "data/val.tsv", "data/bpe/tokenizer.json", "avg.pt", "train_time.txt",
+                 "train/metrics.jsonl", "results.md"):
+        assert (out / path).is_file(), path
+    records = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == list(range(1, 7)) and "valid_loss" in records[-1]
+    assert json.loads((out / "data" / "bpe" / "tokenizer.json").read_text())["model"]["vocab"].__len__() <= 400
+    table = (out / "results.md").read_text()
+    assert "the mean of the last 2 checkpoints, beam 2" in table and "nrefs:1|case:mixed" in table
+    for name in TEST_SETS:
+        scores = json.loads((out / f"{name}.json").read_text())
+        assert scores["sentences"] == 24
+        assert len((out / f"{name}.hyp.fr").read_text().splitlines()) == 24
+        assert f"| {name} | {scores['bleu']:.2f} | {scores['chrf']:.2f} | 24 |" in table
+
+    again = run_script("recipes/multi30k-en-fr/run.sh", [out, *tiny], env, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "nothing to train" in again.stdout + again.stderr
+    assert len((out / "train" / "metrics.jsonl").read_text().splitlines()) == 6
+
+
+def test_translation_recipe_refuses_bad_arguments(tmp_path):
+    proc = run_script("run_scripts/translation_recipe.sh", ["en", "de", "recipes/multi30k-en-fr/multi30k-en-fr.json",
+                                                            tmp_path / "x"], script_env(tmp_path))
+    assert proc.returncode == 2 and proc.stderr.strip() == \
+        "error: no data/multi30k/train.de.gz (languages: en, fr)"
+    assert not (tmp_path / "x").exists()
