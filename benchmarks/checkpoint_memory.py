@@ -12,9 +12,8 @@ resets its high-water mark (/proc/self/clear_refs 5) and reads VmHWM after: the 
 (anonymous memory plus mapped file pages), next to the resident set just before it (and, for the load, just after:
 a fresh engine has no AdamW moments until the load makes them, so peak − after is what loading needs beyond the
 state it leaves). The code measured is whatever
-`--repo` holds (default: this checkout), so the same command measures a before and an after. It waits while
-/work/QUIET exists (the shared machine's "do not measure now" flag) and runs the ranks under `nice -n 10`. This is
-a measurement, not a test.
+`--repo` holds (default: this checkout), so the same command measures a before and an after. The ranks run under
+`nice -n 10`. This is a measurement, not a test.
 """
 from __future__ import annotations
 
@@ -24,14 +23,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODEL = ["--d_model", "1024", "--num_heads", "16", "--ffn_size", "4096", "--encoder_layer", "4", "--decoder_layer",
          "4", "--src_len", "16", "--tgt_len", "16", "--batch_size", "4", "--dropout", "0", "--tensorboard", "0",
          "--log_interval", "1", "--vocab_size", "8000"]
 LAYOUT = ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]
-QUIET = "/work/QUIET"
 
 
 def _status() -> dict:
@@ -108,9 +105,6 @@ def main() -> int:
     p.add_argument("--extra", default="", help="more train.py flags (they override the model's)")
     p.add_argument("--port", type=int, default=29571)
     args = p.parse_args()
-    while os.path.exists(QUIET):
-        print(f"{QUIET} exists: waiting", flush=True)
-        time.sleep(60)
     repo = os.path.abspath(args.repo)
     with tempfile.TemporaryDirectory() as tmp:
         report, out = os.path.join(tmp, "report.jsonl"), os.path.join(tmp, "run")

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from preprocess.errors import UserError
-from tests.launch import TINY, read_metrics, run_train
+from tests.launch import TINY, read_metrics, run_many
 from training.schedule import lr_factor
 
 
@@ -61,16 +61,31 @@ def test_bad_schedules(kw, needle):
         lr_factor(args["kind"], args["warmup_steps"], args["total_steps"], args["min_ratio"], args["power"])
 
 
+SCHEDULES = ("inverse_sqrt", "cosine")
+
+
+@pytest.fixture(scope="module")
+def schedule_runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    """Per schedule: 8 steps in one process saving at step 4, and the same run resumed from step 4 under dp2 —
+    the full runs in one launch, the resumed ones in another (tests/drivers/train_many.py)."""
+    root = tmp_path_factory.mktemp("schedules")
+
+    def common(schedule):
+        return ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--steps", 8,
+                "--lr_schedule", schedule, "--warmup_steps", 3, "--min_lr_ratio", 0.1]
+    run_many(1, [common(s) + ["--output_dir", root / s / "full", "--save_checkpoint_steps", 4] for s in SCHEDULES],
+             root)
+    run_many(2, [common(s) + ["--output_dir", root / s / "resumed",
+                              "--ckpt_file", root / s / "full" / "checkpoints" / "step_00000004"] for s in SCHEDULES],
+             root)
+    return root
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["inverse_sqrt", "cosine"])
-def test_schedule_resumes_exactly_on_another_layout(schedule, multi30k_tsv, bpe_tokenizer, tmp_path):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedule_resumes_exactly_on_another_layout(schedule, schedule_runs):
     """Saved at step 4 of 8 in one process, resumed under dp2: every later step's lr is the uninterrupted run's."""
-    common = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--steps", 8,
-              "--lr_schedule", schedule, "--warmup_steps", 3, "--min_lr_ratio", 0.1]
-    run_train(1, common + ["--output_dir", tmp_path / "full", "--save_checkpoint_steps", 4])
-    run_train(2, common + ["--output_dir", tmp_path / "resumed",
-                           "--ckpt_file", tmp_path / "full" / "checkpoints" / "step_00000004"])
-    full, resumed = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "resumed")
+    full, resumed = read_metrics(schedule_runs / schedule / "full"), read_metrics(schedule_runs / schedule / "resumed")
     peak = float(TINY[TINY.index("--lr") + 1])
     f = lr_factor(schedule, 3, 8, 0.1)
     assert [r["lr"] for r in full] == pytest.approx([peak * f(k) for k in range(8)], rel=1e-12)

@@ -1,7 +1,8 @@
 """Bad configurations fail before training, in seconds, with one `error:` line — no hang, no traceback.
 
-Most run as one process (the layout check compares dp×mp×pp with the world the launcher gave); the ZeRO-2 +
-pipeline case runs under the real launcher on 2 processes to prove no rank hangs waiting for another.
+Most run as one process (the layout check reports every rule a layout breaks in one line, the world size among
+them); the batch and ZeRO-2 + pipeline cases run under the real launcher on 2 processes, to prove no rank hangs
+waiting for another.
 """
 import time
 
@@ -13,9 +14,9 @@ from tests.launch import TINY, run_train
 CASES = [
     # (flags, processes, words the message must contain)
     (["--mp", "2"], 1, ["= 2 but the world has 1 processes", "Layouts that fit 1 processes: dp=1 mp=1 pp=1"]),
-    (["--mp", "2", "--num_heads", "3", "--d_model", "33"], 2, ["num_heads=3 is not divisible by model_parallel=2"]),
-    (["--mp", "2", "--ffn_size", "63"], 2, ["FFN size=63 is not divisible by model_parallel=2"]),
-    (["--pipeline_stage", "2", "--encoder_layer", "1", "--decoder_layer", "0"], 2,
+    (["--mp", "2", "--num_heads", "3", "--d_model", "33"], 1, ["num_heads=3 is not divisible by model_parallel=2"]),
+    (["--mp", "2", "--ffn_size", "63"], 1, ["FFN size=63 is not divisible by model_parallel=2"]),
+    (["--pipeline_stage", "2", "--encoder_layer", "1", "--decoder_layer", "0"], 1,
      ["encoder_layers=1 decoder_layers=0"]),
     (["--batch_size", "15"], 2, ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 2×1"]),
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),

@@ -115,6 +115,10 @@ def test_early_stop_when_validation_stops_improving(multi30k_tsv, bpe_tokenizer,
     proc = run_train(1, _flags(multi30k_tsv, bpe_tokenizer, tmp_path, "--steps", 12, "--lr", 0,
                                "--valid_file", valid_tsv, "--valid_interval", 2, "--early_stop_patience", 2))
     assert "early stop after step 6: valid_loss has not improved for 2 validations" in proc.stdout
+    # every validation is on the console, also at steps that are not a multiple of --log_interval (5)
+    lines = [line for line in proc.stdout.splitlines() if ", valid loss: " in line]
+    assert [line.split(",")[0] for line in lines] == ["epoch: 1 step: 2", "epoch: 1 step: 4", "epoch: 1 step: 6"]
+    assert all("(best " in line and "at step 2)" in line for line in lines), lines
     assert [r["step"] for r in read_metrics(tmp_path)][-1] == 6
     assert json.loads((tmp_path / "checkpoints" / "best" / "meta.json").read_text())["validation"]["step"] == 2
 

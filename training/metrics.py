@@ -62,8 +62,8 @@ class MetricsWriter:
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
-        if step % self.log_interval == 0:
-            # the seed's LossMonitor/TimeMonitor line, plus throughput
+        if step % self.log_interval == 0 or "valid_loss" in record:
+            # the seed's LossMonitor/TimeMonitor line, plus throughput (and every validation, whatever the interval)
             line = f"epoch: {record['epoch'] + 1} step: {step}, loss is {_fmt(record['loss'])}"
             if "grad_norm" in record:
                 line += f", grad norm: {_fmt(record['grad_norm'])}"
