@@ -5,7 +5,7 @@
         --tokenizer out/data/bpe8k/tokenizer.json
     python benchmarks/checkpoint_memory.py ... --repo /path/to/another/checkout      # the same measurement, other code
 
-Two launches of DeepSpeed's launcher on --nproc processes (default 4: tp2 × pp2) with a model of about 75 M
+Two launches of DeepSpeed's launcher on --nproc processes (default 4: tp2 × pp2) with a model of 142 M
 parameters (d_model 1024, ffn 4096, 4 + 4 blocks, vocab 8000): the first trains --steps steps and saves, the second
 loads that checkpoint (a resume with nothing left to train). Around training.checkpoint.save and .load each rank
 resets its high-water mark (/proc/self/clear_refs 5) and reads VmHWM after: the peak resident set during that call

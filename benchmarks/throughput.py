@@ -33,6 +33,7 @@ from benchmarks.common import BENCH_MODEL  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results.json")
 REPORT = os.path.join(ROOT, "BENCHMARKS.md")
+KEEP = "<!-- other commands' measurements below: throughput.py keeps them -->"
 
 OVERLAP = {"zero_optimization": {"overlap_comm": True, "contiguous_gradients": True}}
 # name: (runner, processes, extra flags, what it is)
@@ -170,8 +171,14 @@ def write_report(saved: dict) -> None:
         out += ["", f"`{entry['command']}`", ""]
         if entry.get("note"):
             out += [entry["note"], ""]
+    kept = ""                      # the other benchmarks' sections (below KEEP) are not this command's to rewrite
+    if os.path.exists(REPORT):
+        with open(REPORT, encoding="utf-8") as f:
+            old = f.read()
+        if KEEP in old:
+            kept = "\n" + old[old.index(KEEP):]
     with open(REPORT, "w", encoding="utf-8") as f:
-        f.write("\n".join(out).rstrip() + "\n")
+        f.write("\n".join(out).rstrip() + "\n" + kept)
 
 
 def main() -> int:
