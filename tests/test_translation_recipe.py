@@ -42,7 +42,7 @@ def test_translation_recipe_end_to_end(tmp_path):
     out = tmp_path / "enfr"
     env = script_env(tmp_path / "runs", VOCAB="400", AVERAGE="2", BEAM="2", LIMIT="24")
     tiny = ["--d_model", 32, "--num_heads", 2, "--ffn_size", 64, "--encoder_layer", 1, "--decoder_layer", 1,
-            "--steps", 6, "--save_checkpoint_steps", 2, "--max_tokens", 1024, "--warmup_steps", 2,
+            "--steps", 7, "--save_checkpoint_steps", 2, "--max_tokens", 1024, "--warmup_steps", 2,
             "--log_interval", 2]
     proc = run_script("recipes/multi30k-en-fr/run.sh", [out, *tiny], env, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -50,7 +50,9 @@ def test_translation_recipe_end_to_end(tmp_path):
                  "train/metrics.jsonl", "results.md"):
         assert (out / path).is_file(), path
     records = [json.loads(line) for line in (out / "train" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == list(range(1, 7)) and "valid_loss" in records[-1]
+    assert [r["step"] for r in records] == list(range(1, 8)) and "valid_loss" in records[-1]
+    # saved every 2 steps and at the last one, so the average holds the final weights: steps 6 and 7
+    assert [a["step"] for a in json.loads((out / "val.json").read_text())["averaged"]] == [6, 7]
     assert json.loads((out / "data" / "bpe" / "tokenizer.json").read_text())["model"]["vocab"].__len__() <= 400
     table = (out / "results.md").read_text()
     assert "the mean of the last 2 checkpoints, beam 2" in table and "nrefs:1|case:mixed" in table
@@ -63,7 +65,7 @@ def test_translation_recipe_end_to_end(tmp_path):
     again = run_script("recipes/multi30k-en-fr/run.sh", [out, *tiny], env, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "nothing to train" in again.stdout + again.stderr
-    assert len((out / "train" / "metrics.jsonl").read_text().splitlines()) == 6
+    assert len((out / "train" / "metrics.jsonl").read_text().splitlines()) == 7
 
 
 def test_translation_recipe_refuses_bad_arguments(tmp_path):

@@ -503,8 +503,10 @@ def maybe_resume(engine, args, model_cfg, parallel, data) -> int:
     return step
 
 
-def maybe_save(engine, args, step, model_cfg, parallel, data) -> None:
+def maybe_save(engine, args, step, model_cfg, parallel, data, last: bool = False) -> None:
+    """Every --save_checkpoint_steps steps, and at the run's last step (its end or an early stop), so the final
+    weights are always in the rotation (checkpoint averaging takes the last K)."""
     _crash_point("train", step)
-    if args.save_checkpoint_steps and step % args.save_checkpoint_steps == 0:
+    if args.save_checkpoint_steps and (step % args.save_checkpoint_steps == 0 or last):
         save(engine, args.output_dir, step, model_cfg, parallel, args, getattr(data, "tokenizer_path", None),
              args.keep_checkpoint_max)

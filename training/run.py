@@ -130,7 +130,8 @@ def run_training(args) -> int:
             record.update(figures, best_valid_loss=tracker.best["valid_loss"], best_step=tracker.best["step"])
         writer.log(record)
         if args.train:
-            ckpt.maybe_save(engine, args, step + 1, model_cfg, parallel, data)
+            ckpt.maybe_save(engine, args, step + 1, model_cfg, parallel, data,
+                            last=step + 1 == total_steps or (tracker is not None and tracker.should_stop))
         if improved:
             ckpt.save(engine, args.output_dir, step + 1, model_cfg, parallel, args, data.tokenizer_path, 0,
                       name=BEST, validation=tracker.best)
