@@ -1,8 +1,8 @@
 """Bad configurations fail before training, in seconds, with one `error:` line — no hang, no traceback.
 
 Most run as one process (the layout check reports every rule a layout breaks in one line, the world size among
-them); the batch and ZeRO-2 + pipeline cases run under the real launcher on 2 processes, to prove no rank hangs
-waiting for another.
+them); the ZeRO-2 + pipeline case runs under the real launcher on 2 processes, to prove no rank hangs waiting for
+another.
 """
 import time
 
@@ -18,7 +18,8 @@ CASES = [
     (["--mp", "2", "--ffn_size", "63"], 1, ["FFN size=63 is not divisible by model_parallel=2"]),
     (["--pipeline_stage", "2", "--encoder_layer", "1", "--decoder_layer", "0"], 1,
      ["encoder_layers=1 decoder_layers=0"]),
-    (["--batch_size", "15"], 2, ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 2×1"]),
+    (["--batch_size", "15", "--micro_batch_num", "2"], 1,
+     ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 1×2"]),
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
     (["--clip_grad", "-1"], 1, ["--clip_grad -1.0 must be >= 0"]),
