@@ -2,7 +2,6 @@
 what it wrote. Shared by the parity, checkpoint and recipe tests."""
 from __future__ import annotations
 
-import base64
 import json
 import os
 import subprocess
@@ -33,12 +32,13 @@ def env() -> dict:
 
 def launch_cmd(nproc: int, script: str = TRAIN) -> list[str]:
     """N > 1: DeepSpeed's per-node launcher, exactly the command `deepspeed --num_gpus N` execs on a single node
-    (deepspeed.launcher.launch with the world encoded as the runner encodes it). Skipping the runner saves its own
-    import of DeepSpeed, several seconds per launch on a 2-core CPU; the run.sh / recipe tests still go through the
-    `deepspeed` runner as users do."""
+    (deepspeed.launcher.launch; the world encoded by the runner's own encode_world_info). Skipping the runner saves
+    its own import of DeepSpeed, several seconds per launch on a 2-core CPU; the run.sh / recipe tests still go
+    through the `deepspeed` runner as users do."""
     if nproc == 1:
         return [sys.executable, script]
-    world = base64.urlsafe_b64encode(json.dumps({"localhost": list(range(nproc))}).encode("utf-8")).decode()
+    from deepspeed.launcher.runner import encode_world_info
+    world = encode_world_info({"localhost": list(range(nproc))})
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", script]
 

@@ -53,7 +53,7 @@ def test_translation_recipe_end_to_end(tmp_path):
     assert [r["step"] for r in records] == list(range(1, 8)) and "valid_loss" in records[-1]
     # saved every 2 steps and at the last one, so the average holds the final weights: steps 6 and 7
     assert [a["step"] for a in json.loads((out / "val.json").read_text())["averaged"]] == [6, 7]
-    assert json.loads((out / "data" / "bpe" / "tokenizer.json").read_text())["model"]["vocab"].__len__() <= 400
+    assert len(json.loads((out / "data" / "bpe" / "tokenizer.json").read_text())["model"]["vocab"]) <= 400
     table = (out / "results.md").read_text()
     assert "the mean of the last 2 checkpoints, beam 2" in table and "nrefs:1|case:mixed" in table
     for name in TEST_SETS:

@@ -113,7 +113,8 @@ def test_valid_loss_is_layout_free_exact_and_harmless(multi30k_tsv, bpe_tokenize
 def test_early_stop_when_validation_stops_improving(multi30k_tsv, bpe_tokenizer, valid_tsv, tmp_path):
     # lr 0: the weights never change, so no validation after the first beats it
     proc = run_train(1, _flags(multi30k_tsv, bpe_tokenizer, tmp_path, "--steps", 12, "--lr", 0,
-                               "--valid_file", valid_tsv, "--valid_interval", 2, "--early_stop_patience", 2))
+                               "--valid_file", valid_tsv, "--valid_interval", 2, "--early_stop_patience", 2,
+                               "--save_checkpoint_steps", 4))
     assert "early stop after step 6: valid_loss has not improved for 2 validations" in proc.stdout
     # every validation is on the console, also at steps that are not a multiple of --log_interval (5)
     lines = [line for line in proc.stdout.splitlines() if ", valid loss: " in line]
@@ -121,6 +122,8 @@ def test_early_stop_when_validation_stops_improving(multi30k_tsv, bpe_tokenizer,
     assert all("(best " in line and "at step 2)" in line for line in lines), lines
     assert [r["step"] for r in read_metrics(tmp_path)][-1] == 6
     assert json.loads((tmp_path / "checkpoints" / "best" / "meta.json").read_text())["validation"]["step"] == 2
+    # saved every 4 steps and at the step the run stopped early (6)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").glob("step_*")) == ["step_00000004", "step_00000006"]
 
 
 @pytest.mark.parametrize("content,needle", [

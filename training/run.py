@@ -129,13 +129,14 @@ def run_training(args) -> int:
             improved = tracker.update(step + 1, figures)
             record.update(figures, best_valid_loss=tracker.best["valid_loss"], best_step=tracker.best["step"])
         writer.log(record)
+        early_stop = tracker is not None and tracker.should_stop
         if args.train:
             ckpt.maybe_save(engine, args, step + 1, model_cfg, parallel, data,
-                            last=step + 1 == total_steps or (tracker is not None and tracker.should_stop))
+                            last=step + 1 == total_steps or early_stop)
         if improved:
             ckpt.save(engine, args.output_dir, step + 1, model_cfg, parallel, args, data.tokenizer_path, 0,
                       name=BEST, validation=tracker.best)
-        if tracker is not None and tracker.should_stop:
+        if early_stop:
             writer.message(f"early stop after step {step + 1}: valid_loss has not improved for "
                            f"{tracker.since_best} validations (best {tracker.best['valid_loss']:.4f} at step "
                            f"{tracker.best['step']}, kept in {ckpt.checkpoints_dir(args.output_dir)}/{BEST})")
