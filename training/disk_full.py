@@ -5,9 +5,10 @@ the shard and RNG writers in save; a new writer must keep doing so). When a writ
 (ENOSPC), a quota is exceeded (EDQUOT) or a file-size limit is hit (EFBIG: `ulimit -f`), the `.part` file is
 removed and, on global rank 0, the whole `step_N.tmp/` folder of the interrupted save; the previous checkpoint and
 `latest` are untouched (they are only replaced after a complete save). Another rank leaves the folder to rank 0,
-which may still be writing there; what remains is removed when a run next starts in OUTPUT_DIR (training.output_dir.remove_partial_saves). The error
-is recognised however the writer reports it: torch's zip writer raises `RuntimeError: ... unexpected pos` with the
-OSError as its context, safetensors a message naming the OS error.
+which may still be writing there; what remains is removed when a run next starts in OUTPUT_DIR
+(training.output_dir.remove_partial_saves). The error is recognised however the writer reports it: torch's zip
+writer raises `RuntimeError: ... unexpected pos` with the OSError as its context, safetensors a message naming the
+OS error.
 
 A rank whose save folder was removed under it (rank 0 gave up first) stops with a line saying so; the launcher
 normally ends it before that line is printed (preprocess.errors: other ranks report a moment later).
