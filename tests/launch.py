@@ -1,5 +1,5 @@
-"""Run run_scripts/train.py the way users do — through DeepSpeed's launcher for N > 1 processes — and read back
-what it wrote. Shared by the parity, checkpoint and recipe tests."""
+"""Run run_scripts/train.py on N processes as a DeepSpeed launch would (see launch_cmd) and read back what it
+wrote. Shared by the parity, checkpoint and recipe tests."""
 from __future__ import annotations
 
 import json
@@ -13,6 +13,7 @@ from tests.multiproc import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO_ROOT / "run_scripts" / "train.py")
 TRAIN_MANY = str(REPO_ROOT / "tests" / "drivers" / "train_many.py")
+SPAWN = str(REPO_ROOT / "tests" / "drivers" / "spawn_ranks.py")
 
 # Tiny but complete: 2 encoder + 2 decoder blocks, 4 heads, padded sentences, real Multi30k batches.
 TINY = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
@@ -30,22 +31,29 @@ def env() -> dict:
     return e
 
 
-def launch_cmd(nproc: int, script: str = TRAIN) -> list[str]:
-    """N > 1: DeepSpeed's per-node launcher, exactly the command `deepspeed --num_gpus N` execs on a single node
-    (deepspeed.launcher.launch; the world encoded by the runner's own encode_world_info). Skipping the runner saves
-    its own import of DeepSpeed, several seconds per launch on a 2-core CPU; the run.sh / recipe tests still go
-    through the `deepspeed` runner as users do."""
+def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn") -> list[str]:
+    """The command that starts `script` on `nproc` ranks of this machine.
+
+    launcher "spawn" (the tests' numeric runs): tests/drivers/spawn_ranks.py, which starts each rank with the
+    environment and `--local_rank` DeepSpeed's per-node launcher gives it, without importing DeepSpeed first (about
+    3.5 s saved per launch on a 2-core CPU; tests/test_launch_scripts.py checks the ranks see the same).
+    launcher "deepspeed": DeepSpeed's own per-node launcher, exactly what `deepspeed --num_gpus N` execs on one node
+    (the world encoded by the runner's encode_world_info) — for tests whose subject is what the launcher does when a
+    rank fails. run.sh and the recipes' tests go through the `deepspeed` runner itself, as users do."""
     if nproc == 1:
         return [sys.executable, script]
+    if launcher == "spawn":
+        return [sys.executable, SPAWN, f"--nproc={nproc}", f"--master_port={free_port()}", script]
     from deepspeed.launcher.runner import encode_world_info
     world = encode_world_info({"localhost": list(range(nproc))})
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
             "--master_addr=127.0.0.1", f"--master_port={free_port()}", script]
 
 
-def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(launch_cmd(nproc) + [str(a) for a in args], cwd=REPO_ROOT, env=env(), capture_output=True,
-                          text=True, timeout=timeout)
+def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True,
+              launcher: str = "spawn") -> subprocess.CompletedProcess:
+    proc = subprocess.run(launch_cmd(nproc, launcher=launcher) + [str(a) for a in args], cwd=REPO_ROOT, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py on {nproc} process(es) failed (rc={proc.returncode}):\n"
                              f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -65,6 +73,15 @@ def run_many(nproc: int, runs: list, workdir, *driver_flags, timeout: float = 90
         raise AssertionError(f"train_many on {nproc} process(es) failed (rc={proc.returncode}):\n"
                              f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def concurrently(*calls, workers: int = 2) -> list:
+    """Call each zero-argument function (each starts a process and waits for it) two at a time; their results in
+    order. A single-process CLI run spends most of its time importing torch on one core: two at once keep both of
+    a 2-core machine busy. Only for runs that touch disjoint files."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return [f.result() for f in [pool.submit(call) for call in calls]]
 
 
 def read_metrics(output_dir) -> list[dict]:

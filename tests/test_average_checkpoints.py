@@ -15,7 +15,7 @@ import sys
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, env, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_train
 
 AVERAGE = str(REPO_ROOT / "run_scripts" / "average_checkpoints.py")
 
@@ -89,11 +89,12 @@ def test_average_across_layouts_and_use_it(two_layouts, bpe_tokenizer, multi30k_
 def test_average_errors_are_one_line(two_layouts, multi30k_tsv, bpe_tokenizer, tmp_path, assert_user_error):
     serial, tp2 = two_layouts
     out = tmp_path / "avg.pt"
-    assert_user_error(run("average_checkpoints.py", serial.parent, "--last", 3, "--output", out),
-                      "--last 3", "holds 2 complete checkpoint(s)")
     other = tmp_path / "other"
-    run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--d_model", 16, "--steps", 1,
-                  "--save_checkpoint_steps", 1, "--output_dir", other])
+    too_few, _ = concurrently(   # the first case needs nothing of the second's run
+        lambda: run("average_checkpoints.py", serial.parent, "--last", 3, "--output", out),
+        lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--d_model", 16,
+                              "--steps", 1, "--save_checkpoint_steps", 1, "--output_dir", other]))
+    assert_user_error(too_few, "--last 3", "holds 2 complete checkpoint(s)")
     assert_user_error(run("average_checkpoints.py", serial / "step_00000004", other, "--output", out),
                       "different model", "d_model: checkpoint 16 vs now 32")
     assert not out.exists()

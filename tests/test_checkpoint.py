@@ -5,8 +5,8 @@ converter, and every bad-checkpoint message.
 Save→resume is runs in a row (torchtitan style): an uninterrupted run that saves every step is the reference; a
 second run resumes from one of its checkpoints, under the same or another layout. A third kind of run loads a
 checkpoint and saves it again at once (tests/drivers/load_and_save.py): what a layout and optimizer loaded, written
-back out, must equal what was saved, tensor for tensor. Runs of one world size share one launch of DeepSpeed's
-launcher (tests/drivers/train_many.py), in phases:
+back out, must equal what was saved, tensor for tensor. Runs of one world size share one launch
+(tests/drivers/train_many.py), in phases:
 
     references      2 processes: every case of REFERENCES (STEPS steps, saving every step); 4 processes: tp4
     kill -9         2 processes, one launch per crash point (the launch dies)
@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests import accelerator
-from tests.launch import REPO_ROOT, TINY, env, launch_cmd, losses, run_many, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, launch_cmd, losses, run_many, run_train
 
 STEPS, CUT = 4, 2
 LR = float(TINY[TINY.index("--lr") + 1])
@@ -413,25 +413,28 @@ def test_a_shard_from_another_checkpoint_is_refused(runs, ckpt_copy, tmp_path, m
 
 
 def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_path):
-    def run(*extra, out=tmp_path / "fresh"):
-        args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 1, *extra)
-        return subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=env(),
-                              capture_output=True, text=True, timeout=300)
-
-    _expect_error(run("--resume"), "--resume: no checkpoint in", "--resume auto")
-    ok = run("--resume", "auto")
-    assert ok.returncode == 0, ok.stderr[-2000:]
-    src = runs("tp2-drop")
-    _expect_error(run("--ckpt_file", src, "--d_model", "64"), "different model", "d_model: checkpoint 32 vs now 64")
-    _expect_error(run("--ckpt_file", src, "--batch_size", "8"), "batch_size=16", "--batch_size 16")
-    # a different vocabulary: a word-level tokenizer of the same data
     from preprocess.tokenizer import train_tokenizer
     word = train_tokenizer([multi30k_tsv], tmp_path / "word", type="word", vocab_size=8000)
-    args = ["--file_path", multi30k_tsv, "--tokenizer", word, "--output_dir", tmp_path / "w", *TINY,
-            "--steps", 1, "--ckpt_file", src, "--vocab_size", "8000"]
-    proc = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=env(), capture_output=True,
-                          text=True, timeout=300)
-    _expect_error(proc, "different tokenizer")
+    src = runs("tp2-drop")
+
+    def run(name, *extra, tokenizer=bpe_tokenizer):
+        args = ["--file_path", multi30k_tsv, "--tokenizer", tokenizer, "--output_dir", tmp_path / name, *TINY,
+                "--steps", 1, *extra]
+        return lambda: subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=env(),
+                                      capture_output=True, text=True, timeout=300)
+
+    no_ckpt, auto, model, batch, tokens, vocab = concurrently(   # each into its own folder, two at a time
+        run("a", "--resume"), run("b", "--resume", "auto"), run("c", "--ckpt_file", src, "--d_model", "64"),
+        run("d", "--ckpt_file", src, "--batch_size", "8"), run("e", "--ckpt_file", src, "--max_tokens", "512"),
+        # a different vocabulary: a word-level tokenizer of the same data
+        run("f", "--ckpt_file", src, "--vocab_size", "8000", tokenizer=word))
+    _expect_error(no_ckpt, "--resume: no checkpoint in", "--resume auto")
+    assert auto.returncode == 0, auto.stderr[-2000:]
+    _expect_error(model, "different model", "d_model: checkpoint 32 vs now 64")
+    _expect_error(batch, "batch_size=16", "--batch_size 16")
+    _expect_error(tokens, "trained with fixed batches batch_size=16 seed=7; resuming with token batches max_tokens=512",
+                  "would change the data order. Pass --batch_size 16 --seed 7 (and no --max_tokens)")
+    _expect_error(vocab, "different tokenizer")
 
 
 def _write_format_1(src, dst):

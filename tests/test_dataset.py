@@ -13,6 +13,7 @@ from preprocess.errors import UserError
 from preprocess.parallel import make_tsv
 from preprocess.textio import read_tsv_pairs
 from preprocess.tokenizer import load_tokenizer, train_tokenizer
+from tests.launch import concurrently
 
 
 def _check_layout(ds, tsv, rows):
@@ -167,18 +168,20 @@ def test_bad_tsv_errors(multi30k_dir, bpe_tokenizer, tmp_path):
 
 
 def test_cli_stats_and_error(run_module, assert_user_error, multi30k_tsv, bpe_tokenizer, tmp_path, multi30k_dir):
-    help_result = run_module("preprocess.dataset", "--help")
-    assert help_result.returncode == 0 and "--src_len" in help_result.stdout and "example" in help_result.stdout
     tsv = tmp_path / "val.fr_en.tsv"
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
-    result = run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
-                        "--src_len", 32, "--tgt_len", 32, "--no_progress")
-    assert result.returncode == 0, result.stderr
-    assert f"tokenized {tsv} in " in result.stdout and "samples 1014" in result.stdout
     empty = tmp_path / "empty.tsv"
     empty.write_text("")
-    assert_user_error(run_module("preprocess.dataset", "--file_path", empty, "--tokenizer", bpe_tokenizer,
-                                 "--src_len", 32, "--tgt_len", 32), f"{empty}: file is empty")
+    help_result, result, error = concurrently(
+        lambda: run_module("preprocess.dataset", "--help"),
+        lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
+                           "--src_len", 32, "--tgt_len", 32, "--no_progress"),
+        lambda: run_module("preprocess.dataset", "--file_path", empty, "--tokenizer", bpe_tokenizer,
+                           "--src_len", 32, "--tgt_len", 32))
+    assert help_result.returncode == 0 and "--src_len" in help_result.stdout and "example" in help_result.stdout
+    assert result.returncode == 0, result.stderr
+    assert f"tokenized {tsv} in " in result.stdout and "samples 1014" in result.stdout
+    assert_user_error(error, f"{empty}: file is empty")
 
 
 # -- the global batch schedule ----------------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 fails any torch.distributed call handed a host tensor. First proof that it catches the bug it exists for (the loss
 reduction this repository used to do on a host float64 tensor), then every training path — train and eval steps,
 each ZeRO stage, pipelines, tensor parallelism, fp32/bf16/fp16, clipping, checkpoint save and load — runs under it
-through the real launcher.
+on 2 and 4 processes.
 """
 import re
 

@@ -18,7 +18,7 @@ import torch
 from model.config import ModelConfig
 from model.inference import greedy_decode
 from model.transformer import Seq2SeqTransformer
-from tests.launch import REPO_ROOT, TINY, env, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_train
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 B, S, T, V = 6, 7, 8, 12
@@ -171,28 +171,34 @@ def test_evaluate_end_to_end_bleu_matches_sacrebleu(trained, bpe_tokenizer, val5
 
 
 def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, multi30k_tsv, val50, tmp_path, assert_user_error):
+    from tokenizers import Tokenizer
+
     from preprocess.tokenizer import train_tokenizer
     src, ref = val50
     short = tmp_path / "short.en"
     short.write_text("".join(ref.read_text(encoding="utf-8").splitlines(keepends=True)[:49]), encoding="utf-8")
-    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", short),
-                      "has 50 lines", "has 49")
-    assert_user_error(evaluate("--ckpt_file", tmp_path / "nope", "--tokenizer", bpe_tokenizer, "--src", src,
-                               "--ref", ref), "not found")
-    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", tmp_path / "none.json", "--src", src,
-                               "--ref", ref), "tokenizer file not found")
-    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", tmp_path / "x.fr",
-                               "--ref", ref), "file not found")
-    from tokenizers import Tokenizer
     bigger = Tokenizer.from_file(str(bpe_tokenizer))
     bigger.add_tokens([f"extra{i}" for i in range(10)])
     bigger.save(str(tmp_path / "bigger.json"))
-    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", tmp_path / "bigger.json", "--src", src,
-                               "--ref", ref), "8010 tokens", "vocab_size 8000")
     other = train_tokenizer([multi30k_tsv], tmp_path / "bpe4k", vocab_size=4000)
     out = tmp_path / "hyp.en"
-    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", other, "--src", src, "--ref", ref, "--output",
-                               out), "sha256 differs")
-    assert_user_error(evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref,
-                               "--beam", 0, "--output", out), "--beam 0")
+    cases = [   # (evaluate.py arguments, what its one error line must say)
+        (("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", short),
+         ("has 50 lines", "has 49")),
+        (("--ckpt_file", tmp_path / "nope", "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref),
+         ("not found",)),
+        (("--ckpt_file", trained, "--tokenizer", tmp_path / "none.json", "--src", src, "--ref", ref),
+         ("tokenizer file not found",)),
+        (("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", tmp_path / "x.fr", "--ref", ref),
+         ("file not found",)),
+        (("--ckpt_file", trained, "--tokenizer", tmp_path / "bigger.json", "--src", src, "--ref", ref),
+         ("8010 tokens", "vocab_size 8000")),
+        (("--ckpt_file", trained, "--tokenizer", other, "--src", src, "--ref", ref, "--output", out),
+         ("sha256 differs",)),
+        (("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref, "--beam", 0,
+          "--output", out), ("--beam 0",)),
+    ]
+    results = concurrently(*[lambda a=argv: evaluate(*a) for argv, _ in cases])
+    for (_, needles), result in zip(cases, results):
+        assert_user_error(result, *needles)
     assert not out.exists()

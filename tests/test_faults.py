@@ -91,8 +91,8 @@ def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(mul
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([[str(a) for a in r] for r in runs]))
     monkeypatch.setenv("DSR_NAN_AT", "3")
-    proc = subprocess.run(launch_cmd(2, TRAIN_MANY) + [str(runs_file)], cwd=REPO_ROOT, env=env(),
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(launch_cmd(2, TRAIN_MANY, launcher="deepspeed") + [str(runs_file)], cwd=REPO_ROOT,
+                          env=env(), capture_output=True, text=True, timeout=600)
     one_error(proc, "step 2: the loss is nan", "--nan_policy stop",
               f"latest checkpoint stays {step_dir(diverging, 1)}")
     for name in layouts:
@@ -288,7 +288,8 @@ class Job:
 
 def _start_tp2(tsv, tok, out, *extra) -> Job:
     out.mkdir(parents=True)
-    job = Job(launch_cmd(2) + flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra), out.parent, env())
+    job = Job(launch_cmd(2, launcher="deepspeed") + flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra),
+              out.parent, env())
     job.wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2,
                  "training")
     return job

@@ -23,7 +23,7 @@ from model.config import ModelConfig
 from model.hf_export import to_blenderbot
 from model.inference import beam_decode, greedy_decode
 from model.transformer import Seq2SeqTransformer
-from tests.launch import REPO_ROOT, TINY, env, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_train
 
 EXPORT = str(REPO_ROOT / "run_scripts" / "export_hf.py")
 SRC_LEN = TGT_LEN = 16
@@ -170,15 +170,17 @@ def test_export_errors_are_one_line_and_write_nothing(trained_shared, bpe_tokeni
     out = tmp_path / "hf"
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    assert_user_error(export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out),
-                      "is not empty", "--overwrite")
-    assert_user_error(export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out,
-                             "--overwrite"), "holds no model")
-    assert [p.name for p in out.iterdir()] == ["notes.txt"]
     fresh = tmp_path / "fresh"
-    assert_user_error(export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", fresh,
-                             "--beam", 0), "--beam 0")
     other = train_tokenizer([multi30k_tsv], tmp_path / "bpe4k", vocab_size=4000)
-    assert_user_error(export("--ckpt_file", trained_shared, "--tokenizer", other, "--output", fresh),
-                      "sha256 differs")
+    cases = [   # (export_hf.py arguments, what its one error line must say); none may write anything
+        (("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out),
+         ("is not empty", "--overwrite")),
+        (("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out, "--overwrite"),
+         ("holds no model",)),
+        (("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", fresh, "--beam", 0), ("--beam 0",)),
+        (("--ckpt_file", trained_shared, "--tokenizer", other, "--output", fresh), ("sha256 differs",)),
+    ]
+    for (_, needles), result in zip(cases, concurrently(*[lambda a=argv: export(*a) for argv, _ in cases])):
+        assert_user_error(result, *needles)
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bpe4k", "hf"]

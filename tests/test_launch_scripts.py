@@ -5,6 +5,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -282,3 +283,32 @@ def test_hostfile_parsing():
     assert rank_nodes(10, ranks_per_node=4)[9] == (2, "node2", 1)
     with pytest.raises(UserError, match="has 12 slots"):
         rank_nodes(16, [Host("a", 8), Host("b", 4)])
+
+
+def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
+    """tests/drivers/spawn_ranks.py (the numeric tests' multi-rank launches) starts each rank with the command-line
+    flag and distributed environment DeepSpeed's per-node launcher gives it, and like it ends the job with a failing
+    rank's exit code."""
+    from tests.launch import env, launch_cmd
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json, os, sys\n"            # the whole environment but the (free) port
+                     "env = {k: v for k, v in os.environ.items() if k != 'MASTER_PORT'}\n"
+                     "with open(sys.argv[-1] + os.environ['RANK'], 'w') as f:\n"
+                     "    json.dump({'argv': sys.argv[1:-1], **env}, f)\n"
+                     "if 'fail' in sys.argv:\n"             # rank 1 fails while the others wait for it
+                     "    sys.exit(3) if os.environ['RANK'] == '1' else __import__('time').sleep(600)\n")
+    seen = {}
+    for launcher in ("spawn", "deepspeed"):
+        out = tmp_path / launcher
+        proc = subprocess.run(launch_cmd(3, str(probe), launcher=launcher) + ["x", out], cwd=REPO_ROOT, env=env(),
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        seen[launcher] = [json.loads(Path(f"{out}{r}").read_text()) for r in range(3)]
+    assert seen["spawn"] == seen["deepspeed"]
+    assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["LOCAL_SIZE"]) for r in seen["spawn"]] == \
+        [(str(r), str(r), "3", "3") for r in range(3)]
+    assert [r["argv"] for r in seen["spawn"]] == [[f"--local_rank={r}", "x"] for r in range(3)]
+    start = time.time()
+    failed = subprocess.run(launch_cmd(3, str(probe)) + ["fail", tmp_path / "f"], cwd=REPO_ROOT, env=env(),
+                            capture_output=True, text=True, timeout=120)
+    assert failed.returncode == 3 and time.time() - start < 30      # the waiting ranks were ended, not waited for

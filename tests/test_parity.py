@@ -1,8 +1,9 @@
 """Every parallel layout trains exactly like one process — in fp32 with gradient clipping, and in bf16 and fp16.
 
 A declarative list of (name, processes, flags), as torchtitan's integration tests. All cases of one world size run
-in ONE launch of DeepSpeed's real launcher (tests/drivers/train_many.py: the same train.py code, run after run), on
-CPU/gloo, 20 steps each, dropout 0, and are compared with the single-process run of the same precision:
+in ONE launch (tests/drivers/train_many.py: the same train.py code, run after run; ranks started as DeepSpeed's
+launcher starts them, tests/launch.py), on CPU/gloo, 20 steps each, dropout 0, and are compared with the
+single-process run of the same precision:
 
 fp32 (clipped every step at CLIP: the serial run's pre-clip norm is asserted to exceed it at every step)
     loss        step 1 within 1e-6 relative, every step within 1e-5        (measured: ≤ 2.3e-7)

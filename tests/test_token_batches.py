@@ -76,3 +76,34 @@ def test_bad_token_batch_flags_fail_fast(flags, nproc, needle, multi30k_tsv, bpe
                              *TINY, *flags, *extra, "--steps", 1], check=False)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert needle in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_resume_with_other_batching_flags_is_refused_naming_the_saved_ones():
+    """The checkpoint's data_order against the resuming run's (training.data): any batching flag or the seed
+    differing is refused with the flags to pass; the end-to-end refusal: tests/test_checkpoint.py."""
+    from argparse import Namespace
+
+    from training.data import check_data_order, data_order, legacy_data_order
+
+    def order(**kw):
+        flags = dict(max_tokens=2048, batch_multiple=16, pad_multiple=8, seed=1, batch_size=128)
+        return data_order(Namespace(**{**flags, **kw}))
+
+    saved = order()
+    check_data_order(saved, order(batch_size=64), "ckpt")          # batch_size is not part of a token-batch order
+    for kw in ({"max_tokens": 4096}, {"batch_multiple": 8}, {"pad_multiple": 1}, {"seed": 2}, {"max_tokens": 0}):
+        with pytest.raises(UserError, match=r"checkpoint ckpt was trained with token batches max_tokens=2048 "
+                                            r"batch_multiple=16 pad_multiple=8 seed=1; resuming with .* would change "
+                                            r"the data order. Pass --max_tokens 2048 --batch_multiple 16 "
+                                            r"--pad_multiple 8 --seed 1$"):
+            check_data_order(saved, order(**kw), "ckpt")
+    fixed = order(max_tokens=0)
+    assert fixed == {"batching": "fixed", "batch_size": 128, "seed": 1}
+    with pytest.raises(UserError, match=r"Pass --batch_size 128 --seed 1 \(and no --max_tokens\)$"):
+        check_data_order(fixed, order(max_tokens=0, batch_size=64), "ckpt")
+    # checkpoints from before data_order was stored: batch_size and seed, as they were checked then
+    legacy = {"batch_size": 128, "seed": 1}
+    check_data_order(legacy_data_order(legacy, fixed), fixed, "ckpt")
+    check_data_order(legacy_data_order(legacy, saved), saved, "ckpt")
+    with pytest.raises(UserError, match="seed=1"):
+        check_data_order(legacy_data_order(legacy, order(seed=3)), order(seed=3), "ckpt")

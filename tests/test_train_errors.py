@@ -1,15 +1,15 @@
 """Bad configurations fail before training, in seconds, with one `error:` line — no hang, no traceback.
 
 Most run as one process (the layout check reports every rule a layout breaks in one line, the world size among
-them); the ZeRO-2 + pipeline case runs under the real launcher on 2 processes, to prove no rank hangs waiting for
-another.
+them), two at a time; the ZeRO-2 + pipeline case runs under DeepSpeed's launcher on 2 processes, to prove no rank
+hangs waiting for another.
 """
 import time
 
 import pytest
 
 from tests import accelerator
-from tests.launch import TINY, run_train
+from tests.launch import TINY, concurrently, run_train
 
 CASES = [
     # (flags, processes, words the message must contain)
@@ -28,11 +28,42 @@ CASES = [
 ]
 
 
+MISSING = [
+    ("data", ["--file_path", "/nonexistent/train.tsv"], "--file_path /nonexistent/train.tsv not found"),
+    ("tokenizer", ["--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer /nonexistent/tokenizer.json not found"),
+    ("no data", ["--file_path", ""], "--file_path is required"),
+    ("recipe", ["--recipe", "/nonexistent.json"], "recipe /nonexistent.json not found"),
+]
+
+
+@pytest.fixture(scope="module")
+def outcomes(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    """Every train.py run of this file, started two at a time (each spends most of its seconds importing torch on
+    one core): {key: (completed process, seconds, its output folder)}."""
+    jobs = {}
+    for extra, nproc, _ in CASES:
+        jobs[("config", " ".join(extra))] = (nproc, ["--steps", 2, *extra])
+    jobs[("stages",)] = (1, ["--pipeline_stage", "5"])
+    for what, extra, _ in MISSING:
+        jobs[("missing", what)] = (1, extra)
+    if not accelerator.supported("fp16"):
+        jobs[("fp16",)] = (1, ["--steps", 1, "--precision", "fp16"])
+
+    def one(key, nproc, extra):
+        out = tmp_path_factory.mktemp("bad")
+        start = time.time()
+        # the 2-process case goes through DeepSpeed's own launcher: no rank may hang waiting for another
+        proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out,
+                                 *TINY, *extra], check=False, timeout=120,
+                         launcher="deepspeed" if nproc > 1 else "spawn")
+        return proc, time.time() - start, out
+    results = concurrently(*[lambda k=k, n=n, e=e: one(k, n, e) for k, (n, e) in jobs.items()])
+    return dict(zip(jobs, results))
+
+
 @pytest.mark.parametrize("extra,nproc,needles", CASES, ids=[" ".join(c[0]) for c in CASES])
-def test_bad_config_fails_fast_with_message(extra, nproc, needles, multi30k_tsv, bpe_tokenizer, tmp_path):
-    start = time.time()
-    proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path,
-                             *TINY, "--steps", 2, *extra], check=False, timeout=120)
+def test_bad_config_fails_fast_with_message(extra, nproc, needles, outcomes):
+    proc, seconds, out = outcomes[("config", " ".join(extra))]
     assert proc.returncode != 0
     errors = [line for line in (proc.stderr + proc.stdout).splitlines() if "error: " in line]
     assert errors, proc.stderr[-3000:]
@@ -40,25 +71,18 @@ def test_bad_config_fails_fast_with_message(extra, nproc, needles, multi30k_tsv,
         assert needle in errors[0], errors[0]
     if nproc == 1:
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert not (tmp_path / "metrics.jsonl").exists()          # failed before the first step
-    assert time.time() - start < 90
+    assert not (out / "metrics.jsonl").exists()          # failed before the first step
+    assert seconds < 90
 
 
-def test_more_stages_than_blocks(multi30k_tsv, bpe_tokenizer, tmp_path):
-    proc = run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path,
-                         *TINY, "--pipeline_stage", "5"], check=False)
+def test_more_stages_than_blocks(outcomes):
+    proc, _, _ = outcomes[("stages",)]
     assert "pipeline_stage=5 > 4 blocks" in proc.stderr and "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("what,extra,needle", [
-    ("data", ["--file_path", "/nonexistent/train.tsv"], "--file_path /nonexistent/train.tsv not found"),
-    ("tokenizer", ["--tokenizer", "/nonexistent/tokenizer.json"], "--tokenizer /nonexistent/tokenizer.json not found"),
-    ("no data", ["--file_path", ""], "--file_path is required"),
-    ("recipe", ["--recipe", "/nonexistent.json"], "recipe /nonexistent.json not found"),
-])
-def test_missing_files(what, extra, needle, multi30k_tsv, bpe_tokenizer, tmp_path):
-    args = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path, *TINY, *extra]
-    proc = run_train(1, args, check=False)
+@pytest.mark.parametrize("what,extra,needle", MISSING)
+def test_missing_files(what, extra, needle, outcomes):
+    proc, _, _ = outcomes[("missing", what)]
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert lines[-1].startswith("error: ") and needle in lines[-1], proc.stderr[-2000:]
@@ -84,10 +108,8 @@ def test_half_precision_the_accelerator_lacks_is_refused(monkeypatch):
 
 
 @pytest.mark.skipif(accelerator.supported("fp16"), reason="this machine computes in fp16 (nothing to refuse)")
-def test_precision_this_machine_lacks_is_refused_by_train_py(multi30k_tsv, bpe_tokenizer, tmp_path,
-                                                             assert_user_error):
+def test_precision_this_machine_lacks_is_refused_by_train_py(outcomes, assert_user_error):
     """The real refusal, end to end: train.py --precision fp16 on an accelerator without fp16 (this CPU)."""
-    proc = run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path, *TINY,
-                         "--steps", 1, "--precision", "fp16"], check=False)
+    proc, _, out = outcomes[("fp16",)]
     line = assert_user_error(proc, "--precision fp16", "accelerator supports fp32")
-    assert not (tmp_path / "metrics.jsonl").exists(), line
+    assert not (out / "metrics.jsonl").exists(), line

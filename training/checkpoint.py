@@ -3,9 +3,10 @@
 Layout on disk (OUTPUT_DIR/checkpoints/), format 2:
 
     step_00000020/
-        meta.json                 step, configs (model, the saving layout), batch/seed (the data position), the
-                                  optimizer step and which optimizer saved it, LR schedule, tokenizer hash, the
-                                  checkpoint's and run's identities, and the list of files below
+        meta.json                 step, configs (model, the saving layout), the batching flags and seed
+                                  (`data_order`: a resume with others is refused), the pairs trained on
+                                  (`samples_seen`), the optimizer step and which optimizer saved it, LR schedule,
+                                  tokenizer hash, the checkpoint's and run's identities, and the list of files below
         shard_pp{P}_tp{T}.safetensors
                                   for every parameter of pipeline stage P, TP rank T: its fp32 master weight
                                   `param/<name>` and AdamW moments `exp_avg/<name>`, `exp_avg_sq/<name>`, gathered
@@ -46,6 +47,7 @@ from model.random import RNG
 from model.sharding import partition_dim, saved_pieces, shard_rows
 from preprocess.errors import UserError
 from training import optimizer_state
+from training.data import check_data_order, data_order, legacy_data_order
 from training.disk_full import checkpoint_file_guard
 from training.nonfinite import refuse_non_finite_weights
 from training.optimizer_state import KEYS, STATE_KEYS, local_shape  # noqa: F401  (STATE_KEYS: importable here)
@@ -228,8 +230,8 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
             "optimizer": state.describe(), "skipped_steps": int(getattr(engine.ds, "skipped_steps", 0)),
             "model": dataclasses.asdict(model_cfg), "parallel": dataclasses.asdict(parallel),
             "world_size": dist.get_world_size(), "batch_size": args.batch_size, "seed": args.seed,
-            "samples_seen": step * args.batch_size, "lr_scheduler": {"last_epoch": sched.last_epoch,
-                                                                      "last_lr": sched.get_last_lr()},
+            "data_order": data_order(args), "samples_seen": int(engine.ds.global_samples),
+            "lr_scheduler": {"last_epoch": sched.last_epoch, "last_lr": sched.get_last_lr()},
             "tokenizer_sha256": _sha256(tokenizer_path),
             "shards": [shard_file(p, t) for p in range(parallel.pipeline_stage)
                        for t in range(parallel.model_parallel)],
@@ -443,10 +445,8 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, ar
         raise UserError(f"checkpoint {path} was trained with a different tokenizer (vocabulary) than {tokenizer_path}"
                         f"; token ids would not match. Use the tokenizer it was trained with (--tokenizer)")
     check_compatible(meta, model_cfg, path)
-    if meta["batch_size"] != args.batch_size or meta["seed"] != args.seed:
-        raise UserError(f"checkpoint {path} was trained with batch_size={meta['batch_size']} seed={meta['seed']}; "
-                        f"resuming with batch_size={args.batch_size} seed={args.seed} would change the data order. "
-                        f"Pass --batch_size {meta['batch_size']} --seed {meta['seed']}")
+    now_order = data_order(args)
+    check_data_order(meta.get("data_order") or legacy_data_order(meta, now_order), now_order, path)
     state = optimizer_state.for_engine(engine)
     index = ShardIndex(path, meta)
     ctx = engine.ctx

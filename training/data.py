@@ -137,3 +137,40 @@ class BatchFeeder:
 
     def epoch_of(self, step: int) -> int:
         return self.schedule.epoch_of(step)
+
+
+# ------------------------------------------------------------------------------------------ the data position
+def data_order(args) -> dict:
+    """What decides which pairs form step k's batch (besides the data itself): a checkpoint stores it, and a resume
+    with different values would train on another sequence of batches than the uninterrupted run."""
+    if args.max_tokens:
+        return {"batching": "tokens", "max_tokens": args.max_tokens, "batch_multiple": args.batch_multiple,
+                "pad_multiple": args.pad_multiple, "seed": args.seed}
+    return {"batching": "fixed", "batch_size": args.batch_size, "seed": args.seed}
+
+
+def _describe(order: dict) -> str:
+    kind = "token batches" if order["batching"] == "tokens" else "fixed batches"
+    return kind + " " + " ".join(f"{k}={v}" for k, v in order.items() if k != "batching")
+
+
+def _flags(order: dict) -> str:
+    flags = " ".join(f"--{k} {v}" for k, v in order.items() if k != "batching")
+    return flags if order["batching"] == "tokens" else flags + " (and no --max_tokens)"
+
+
+def check_data_order(saved: dict, now: dict, path: str) -> None:
+    """Refuse a resume whose batching flags differ from the checkpoint's: the run would go on silently with other
+    batches (a different data order, other batch sizes) than the one it continues."""
+    if saved == now:
+        return
+    raise UserError(f"checkpoint {path} was trained with {_describe(saved)}; resuming with {_describe(now)} would "
+                    f"change the data order. Pass {_flags(saved)}")
+
+
+def legacy_data_order(meta: dict, now: dict) -> dict:
+    """Checkpoints written before `data_order` was stored hold only batch_size and seed: with token batches now,
+    the batch_size is not part of the order, so only the seed can be checked."""
+    if now["batching"] == "tokens":
+        return {**now, "seed": meta["seed"]}
+    return {"batching": "fixed", "batch_size": meta["batch_size"], "seed": meta["seed"]}

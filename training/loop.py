@@ -13,17 +13,23 @@ def train_step(engine: Engine, batches: StepBatches) -> float:
     """Forward/backward over this rank's micro-batches and one optimizer step; returns the global-batch loss
     (`training.objective`), identical on every rank."""
     ds = engine.ds
+    samples = ds.global_samples
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
-        return float(ds.train_batch(data_iter=iter(batches)))
-    ds.train()
-    micro_losses = []
-    for inputs, labels in batches:
-        loss = ds.module.loss_fn(ds(*inputs), labels)
-        ds.backward(loss)
-        ds.step()
-        micro_losses.append(loss.detach())
-    return engine.objective.reported(micro_losses, engine.ctx.dp_group)
+        loss = float(ds.train_batch(data_iter=iter(batches)))
+    else:
+        ds.train()
+        micro_losses = []
+        for inputs, labels in batches:
+            micro_loss = ds.module.loss_fn(ds(*inputs), labels)
+            ds.backward(micro_loss)
+            ds.step()
+            micro_losses.append(micro_loss.detach())
+        loss = engine.objective.reported(micro_losses, engine.ctx.dp_group)
+    # DeepSpeed adds its configured train_batch_size; token batches vary, so count the pairs this step trained on
+    # (checkpoints store it as samples_seen)
+    ds.global_samples = samples + batches.pairs
+    return loss
 
 
 def eval_step(engine: Engine, batches: StepBatches) -> float:

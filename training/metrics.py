@@ -1,6 +1,7 @@
 """What one rank (global rank 0) reports per optimizer step: the seed's loss line, a progress bar, TensorBoard,
 and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch, loss, lr, grad_norm (global, before clipping;
-training only), loss_scale and skipped_steps (fp16), tokens (the global batch's target tokens), tokens_per_sec,
+training only), loss_scale and skipped_steps (fp16), pairs (the global batch's sentence pairs: with token batches
+they vary), tokens (the global batch's target tokens), tokens_per_sec,
 step_time, padding (PAD share of the batch's positions), tflops (the model's FLOPs per second, all ranks), mfu
 (where the device's peak is known), peak_mem_mib; see training/speed.py)."""
 from __future__ import annotations

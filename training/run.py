@@ -114,8 +114,9 @@ def run_training(args) -> int:
             record["grad_norm"] = engine.grad_norm()
             if engine.precision == "fp16":
                 record.update(loss_scale=engine.loss_scale(), skipped_steps=engine.ds.skipped_steps)
-        record.update(tokens=batches.global_tokens, tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9),
-                      step_time=t.seconds, padding=round(batches.padding, 4),
+        record.update(pairs=batches.pairs, tokens=batches.global_tokens,
+                      tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9), step_time=t.seconds,
+                      padding=round(batches.padding, 4),
                       **speed.figures(batches.src_tokens, batches.global_tokens, batches.pairs, batches.lengths,
                                       t.seconds))
         stop = nonfinite.after_step(step + 1, loss, record) if args.train else None
