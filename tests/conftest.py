@@ -57,8 +57,8 @@ def multi30k_dataset_factory(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 def run_module():
     def run(module: str, *args) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        return subprocess.run([sys.executable, "-m", module, *map(str, args)], cwd=REPO_ROOT, env=env,
-                              capture_output=True, text=True, timeout=300)
+        from tests.launch import run_python
+        return run_python([sys.executable, "-m", module, *map(str, args)], env=env)
 
     return run
 

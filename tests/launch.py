@@ -21,6 +21,71 @@ TINY = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_la
         "--dropout", "0", "--tensorboard", "0", "--log_interval", "5"]
 
 
+FORK_SERVER = str(REPO_ROOT / "tests" / "drivers" / "fork_server.py")
+_fork_server: dict = {}
+
+
+def _fork_server_socket():
+    """The session's fork server (tests/drivers/fork_server.py), started on first use; None where it cannot run
+    (DSR_TEST_FORK=0, no AF_UNIX): commands then start their own interpreter."""
+    import socket
+    import tempfile
+    import threading
+    if os.environ.get("DSR_TEST_FORK", "1") == "0" or not hasattr(socket, "send_fds"):
+        return None
+    lock = _fork_server.setdefault("lock", threading.Lock())
+    with lock:
+        proc = _fork_server.get("proc")
+        if proc is None or proc.poll() is not None:
+            path = os.path.join(tempfile.mkdtemp(prefix="dsr-fork-"), "socket")
+            proc = subprocess.Popen([sys.executable, FORK_SERVER, path], cwd=REPO_ROOT, env=env(),
+                                    stdout=subprocess.PIPE, text=True)
+            for line in proc.stdout:                 # DeepSpeed's import logs to stdout first
+                if line.strip() == "ready":
+                    break
+            else:
+                raise RuntimeError(f"the fork server did not start (rc={proc.wait()})")
+            proc.stdout.close()
+            import atexit
+            atexit.register(proc.kill)
+            _fork_server.update(proc=proc, path=path)
+        return _fork_server["path"]
+
+
+def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)` for a command
+    `python SCRIPT ...` or `python -m MODULE ...`, started as a fork of the session's fork server (its own process,
+    exit code and output, without importing torch and DeepSpeed again: tests/drivers/fork_server.py)."""
+    import signal
+    import socket
+    import tempfile
+    cmd = [str(c) for c in cmd]
+    rest = cmd[2:] if cmd[1:2] == ["-u"] else cmd[1:]          # `python [-u] SCRIPT|-m MODULE ...`
+    forkable = cmd[0] == sys.executable and bool(rest) and (rest[0] == "-m" or not rest[0].startswith("-"))
+    path = _fork_server_socket() if forkable else None
+    if path is None:
+        return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    from tests.drivers.fork_server import request_fork
+    # the ranks a spawner starts are forks too (tests/drivers/spawn_ranks.py reads DSR_FORK_SERVER)
+    child_env = dict(os.environ if env is None else env, DSR_FORK_SERVER=path)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        conn, answers, pid = request_fork(path, cmd, cwd, child_env, out.fileno(), err.fileno())
+        conn.settimeout(timeout)
+        try:
+            line = answers.readline()
+        except (socket.timeout, TimeoutError):
+            os.killpg(pid, signal.SIGKILL)
+            raise subprocess.TimeoutExpired(cmd, timeout)
+        finally:
+            conn.close()
+        if not line:
+            raise RuntimeError(f"the fork server went away while {cmd} ran")
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(cmd, int(line), out.read().decode(errors="replace"),
+                                           err.read().decode(errors="replace"))
+
+
 def env() -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + e.get("PYTHONPATH", "")
@@ -52,8 +117,7 @@ def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn") -> list
 
 def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True,
               launcher: str = "spawn") -> subprocess.CompletedProcess:
-    proc = subprocess.run(launch_cmd(nproc, launcher=launcher) + [str(a) for a in args], cwd=REPO_ROOT, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = run_python(launch_cmd(nproc, launcher=launcher) + [str(a) for a in args], env=env(), timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"train.py on {nproc} process(es) failed (rc={proc.returncode}):\n"
                              f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
@@ -67,8 +131,7 @@ def run_many(nproc: int, runs: list, workdir, *driver_flags, timeout: float = 90
     runs_file = Path(workdir) / f"runs-{nproc}-{os.getpid()}-{len(runs)}.json"
     runs_file.write_text(json.dumps([{k: [str(a) for a in v] for k, v in entry.items()} if isinstance(entry, dict)
                                      else [str(a) for a in entry] for entry in runs]))
-    proc = subprocess.run(launch_cmd(nproc, TRAIN_MANY) + [str(runs_file), *driver_flags], cwd=REPO_ROOT, env=env(),
-                          capture_output=True, text=True, timeout=timeout)
+    proc = run_python(launch_cmd(nproc, TRAIN_MANY) + [str(runs_file), *driver_flags], env=env(), timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"train_many on {nproc} process(es) failed (rc={proc.returncode}):\n"
                              f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")

@@ -15,14 +15,13 @@ import sys
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, concurrently, env, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_train
 
 AVERAGE = str(REPO_ROOT / "run_scripts" / "average_checkpoints.py")
 
 
 def run(script: str, *args) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / script), *map(str, args)], cwd=REPO_ROOT,
-                          env=env(), capture_output=True, text=True, timeout=300)
+    return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / script), *map(str, args)], env=env())
 
 
 def full_weights(step_dir) -> dict:

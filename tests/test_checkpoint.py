@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from tests import accelerator
-from tests.launch import REPO_ROOT, TINY, concurrently, env, launch_cmd, losses, run_many, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, launch_cmd, losses, run_many, run_python, run_train
 
 STEPS, CUT = 4, 2
 LR = float(TINY[TINY.index("--lr") + 1])
@@ -274,8 +274,8 @@ def test_kill_9_then_resume_matches_uninterrupted(crash, runs):
 def test_merged_checkpoint_loads_into_serial_model(runs, tmp_path):
     ref = runs("tp2-drop")
     out = tmp_path / "model.pt"
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), str(ref),
-                           "--output", str(out)], capture_output=True, text=True, env=env())
+    proc = run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), str(ref),
+                       "--output", str(out)], env=env())
     assert proc.returncode == 0, proc.stderr
     obj = torch.load(out, weights_only=True)
     from model.config import ModelConfig
@@ -405,9 +405,8 @@ def test_a_shard_from_another_checkpoint_is_refused(runs, ckpt_copy, tmp_path, m
     (ckpt_copy / "shard_pp0_tp1.safetensors").write_bytes(own)
     load_full_state(str(ckpt_copy), meta)                         # its own file again: fine
     shutil.copy(step_dir(runs("tp2")) / "shard_pp0_tp1.safetensors", ckpt_copy)
-    proc = subprocess.run(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, tmp_path / "run",
-                                                                 "--steps", STEPS, "--ckpt_file", ckpt_copy)],
-                          cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=300)
+    proc = run_python(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, tmp_path / "run",
+                                                             "--steps", STEPS, "--ckpt_file", ckpt_copy)], env=env())
     _expect_error(proc, "shard_pp0_tp1.safetensors belongs to another run (run ", "step 2)",
                   "a file was copied in from another checkpoint")
 
@@ -420,8 +419,7 @@ def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_
     def run(name, *extra, tokenizer=bpe_tokenizer):
         args = ["--file_path", multi30k_tsv, "--tokenizer", tokenizer, "--output_dir", tmp_path / name, *TINY,
                 "--steps", 1, *extra]
-        return lambda: subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=env(),
-                                      capture_output=True, text=True, timeout=300)
+        return lambda: run_python(launch_cmd(1) + [str(a) for a in args], env=env())
 
     no_ckpt, auto, model, batch, tokens, vocab = concurrently(   # each into its own folder, two at a time
         run("a", "--resume"), run("b", "--resume", "auto"), run("c", "--ckpt_file", src, "--d_model", "64"),
@@ -469,8 +467,8 @@ def test_format_1_checkpoint_gets_the_convert_command_and_converts_exactly(runs,
         read_meta(str(old))
 
     def convert(*args):
-        return subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "convert_checkpoint.py"),
-                               *map(str, args)], capture_output=True, text=True, env=env(), cwd=REPO_ROOT)
+        return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "convert_checkpoint.py"), *map(str, args)],
+                          env=env())
     proc = convert(old, new)
     assert proc.returncode == 0, proc.stderr
     assert_same_state(merged(src), merged(new), "converted")

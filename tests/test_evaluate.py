@@ -18,7 +18,7 @@ import torch
 from model.config import ModelConfig
 from model.inference import greedy_decode
 from model.transformer import Seq2SeqTransformer
-from tests.launch import REPO_ROOT, TINY, concurrently, env, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_train
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 B, S, T, V = 6, 7, 8, 12
@@ -128,8 +128,7 @@ def val50(multi30k_dir, tmp_path_factory):
 
 
 def evaluate(*args):
-    return subprocess.run([sys.executable, EVALUATE, *map(str, args)], cwd=REPO_ROOT, env=env(),
-                          capture_output=True, text=True, timeout=300)
+    return run_python([sys.executable, EVALUATE, *map(str, args)], env=env())
 
 
 def long_sources(tokenizer_path, lines, src_len) -> int:

@@ -23,7 +23,7 @@ from model.config import ModelConfig
 from model.hf_export import to_blenderbot
 from model.inference import beam_decode, greedy_decode
 from model.transformer import Seq2SeqTransformer
-from tests.launch import REPO_ROOT, TINY, concurrently, env, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_train
 
 EXPORT = str(REPO_ROOT / "run_scripts" / "export_hf.py")
 SRC_LEN = TGT_LEN = 16
@@ -126,8 +126,7 @@ def trained_shared(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
 
 def export(*args):
-    return subprocess.run([sys.executable, EXPORT, *map(str, args)], cwd=REPO_ROOT, env=env(), capture_output=True,
-                          text=True, timeout=300)
+    return run_python([sys.executable, EXPORT, *map(str, args)], env=env())
 
 
 def test_export_cli_loads_in_transformers_and_translates_as_we_do(trained_shared, bpe_tokenizer, multi30k_dir,

@@ -289,7 +289,7 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
     """tests/drivers/spawn_ranks.py (the numeric tests' multi-rank launches) starts each rank with the command-line
     flag and distributed environment DeepSpeed's per-node launcher gives it, and like it ends the job with a failing
     rank's exit code."""
-    from tests.launch import env, launch_cmd
+    from tests.launch import env, launch_cmd, run_python
     probe = tmp_path / "probe.py"
     probe.write_text("import json, os, sys\n"            # the whole environment but the (free) port
                      "env = {k: v for k, v in os.environ.items() if k != 'MASTER_PORT'}\n"
@@ -297,18 +297,51 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
                      "    json.dump({'argv': sys.argv[1:-1], **env}, f)\n"
                      "if 'fail' in sys.argv:\n"             # rank 1 fails while the others wait for it
                      "    sys.exit(3) if os.environ['RANK'] == '1' else __import__('time').sleep(600)\n")
+    def ranks(out):
+        return [{k: v for k, v in json.loads(Path(f"{out}{r}").read_text()).items() if k != "DSR_FORK_SERVER"}
+                for r in range(3)]
+
     seen = {}
     for launcher in ("spawn", "deepspeed"):
         out = tmp_path / launcher
-        proc = subprocess.run(launch_cmd(3, str(probe), launcher=launcher) + ["x", out], cwd=REPO_ROOT, env=env(),
-                              capture_output=True, text=True, timeout=120)
+        # as the tests start them: through the fork server, whose ranks are its forks too
+        proc = run_python(launch_cmd(3, str(probe), launcher=launcher) + ["x", out], env=env(), timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        seen[launcher] = [json.loads(Path(f"{out}{r}").read_text()) for r in range(3)]
-    assert seen["spawn"] == seen["deepspeed"]
+        seen[launcher] = ranks(out)
+    # and the spawner started on its own (no fork server): its ranks are new interpreters
+    own = subprocess.run(launch_cmd(3, str(probe)) + ["x", tmp_path / "own"], cwd=REPO_ROOT, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert own.returncode == 0, own.stderr[-2000:]
+    assert seen["spawn"] == seen["deepspeed"] == ranks(tmp_path / "own")
     assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["LOCAL_SIZE"]) for r in seen["spawn"]] == \
         [(str(r), str(r), "3", "3") for r in range(3)]
     assert [r["argv"] for r in seen["spawn"]] == [[f"--local_rank={r}", "x"] for r in range(3)]
-    start = time.time()
-    failed = subprocess.run(launch_cmd(3, str(probe)) + ["fail", tmp_path / "f"], cwd=REPO_ROOT, env=env(),
-                            capture_output=True, text=True, timeout=120)
-    assert failed.returncode == 3 and time.time() - start < 30      # the waiting ranks were ended, not waited for
+    for start_it in (lambda cmd: run_python(cmd, env=env(), timeout=120),
+                     lambda cmd: subprocess.run(cmd, cwd=REPO_ROOT, env=env(), capture_output=True, text=True,
+                                                timeout=120)):
+        start = time.time()
+        failed = start_it(launch_cmd(3, str(probe)) + ["fail", tmp_path / "f"])
+        assert failed.returncode == 3 and time.time() - start < 30  # the waiting ranks were ended, not waited for
+
+
+@pytest.mark.parametrize("mode", ["ok", "exit", "raise"])
+def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mode, tmp_path):
+    """tests/drivers/fork_server.py (how the tests start single-process Python commands): argv, cwd, environment,
+    sys.path, __name__, stdout/stderr, exit codes and an uncaught exception's report are the interpreter's."""
+    from tests.launch import env, run_python
+    probe = tmp_path / "probe.py"
+    probe.write_text("import json, os, sys\n"
+                     "print(json.dumps({'argv': sys.argv, 'cwd': os.getcwd(), 'path': sys.path, 'name': __name__, "
+                     "'x': os.environ.get('X')}))\n"
+                     "print('to stderr', file=sys.stderr)\n"
+                     "if sys.argv[1] == 'exit':\n"
+                     "    sys.exit(3)\n"
+                     "if sys.argv[1] == 'raise':\n"
+                     "    raise ValueError('boom')\n")
+    cmd = [sys.executable, str(probe), mode, "two words"]
+    e = dict(env(), X="42")
+    forked = run_python(cmd, cwd=tmp_path, env=e)
+    real = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
+    assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
+    assert forked.returncode == {"ok": 0, "exit": 3, "raise": 1}[mode]
+    assert json.loads(forked.stdout)["x"] == "42" and forked.stderr.startswith("to stderr")

@@ -13,6 +13,7 @@ from model.pipeline import assign_stages, load_pipeline_func, place_blocks
 from model.random import RNG
 from model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
 from tests import pipeline_funcs
+from tests.launch import run_python
 from tests.test_plan import R16, REPO, plan_for
 from tests.test_tp_model import batch, tiny
 
@@ -126,9 +127,8 @@ def test_bad_pipeline_func_is_named(func, needles):
 
 
 def test_raising_pipeline_func_is_one_error_line_from_the_cli(assert_user_error):
-    proc = subprocess.run([sys.executable, "run_scripts/plan.py", "--recipe", R16, "--world_size", "16",
-                           "--check", "--pipeline_func", "tests.pipeline_funcs:raises_on_decoder"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_python([sys.executable, "run_scripts/plan.py", "--recipe", R16, "--world_size", "16",
+                       "--check", "--pipeline_func", "tests.pipeline_funcs:raises_on_decoder"], cwd=REPO, timeout=120)
     assert_user_error(proc, "raises_on_decoder raised KeyError", "block decoder.0")
 
 

@@ -18,6 +18,7 @@ from training import costs, plan as P
 from training.plan_report import format_plan
 from training.args import parse_args
 from training.cluster import Host
+from tests.launch import run_python
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"
@@ -340,8 +341,8 @@ def test_world_and_hostfile_errors(tmp_path):
 # ------------------------------------------------------------------------------- the CLI: clean stdout, one error
 
 def run_plan(*args):
-    return subprocess.run([sys.executable, str(REPO / "run_scripts" / "plan.py"), *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return run_python([sys.executable, str(REPO / "run_scripts" / "plan.py"), *map(str, args)], cwd=REPO,
+                      timeout=120)
 
 
 def test_cli_json_and_text(tmp_path):

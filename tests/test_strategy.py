@@ -14,7 +14,7 @@ from model.strategy.graph import trace
 from model.strategy.layout import StrategyError
 from model.strategy.ops import MatMul, ReduceMean, ReLU, Sub, shard
 from model.strategy.propagate import layouts_for, propagate, redistribution_cost
-from tests.launch import REPO_ROOT, env
+from tests.launch import REPO_ROOT, env, run_python
 from training.sharded_mlp import MLPConfig, build, run_simulated, train_serial
 
 SEED_IR_RANK0 = {           # the seed's 18_execute IR on rank 0: inputs → output of each op, local shapes
@@ -133,8 +133,8 @@ def test_malformed_strategy_is_named():
 
 
 def test_bad_strategy_is_one_error_line_from_the_cli(assert_user_error):
-    proc = subprocess.run([sys.executable, "run_scripts/sharded_mlp.py", "--check", "--strategy", "((4, 4), (4, 1))"],
-                          cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120)
+    proc = run_python([sys.executable, "run_scripts/sharded_mlp.py", "--check", "--strategy", "((4, 4), (4, 1))"],
+                      env=env(), timeout=120)
     assert_user_error(proc, "_backbone.matmul (MatMul) strategy ((4, 4), (4, 1))", "(16, 32), (32, 16)")
 
 
