@@ -124,7 +124,8 @@ def main() -> int:
             pass
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
     mine = sorted(m for m, mod in list(sys.modules.items())
-                  if os.path.abspath(getattr(mod, "__file__", None) or "/").startswith(repo))
+                  if m not in ("__main__", "__mp_main__") and isinstance(getattr(mod, "__file__", None), str)
+                  and os.path.isabs(mod.__file__) and mod.__file__.startswith(repo))
     if mine:                                  # each child must import this repository's code afresh
         print(f"fork server: imported this repository's {mine}", file=sys.stderr, flush=True)
         return 1
