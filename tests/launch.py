@@ -14,15 +14,14 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO_ROOT / "run_scripts" / "train.py")
 TRAIN_MANY = str(REPO_ROOT / "tests" / "drivers" / "train_many.py")
 SPAWN = str(REPO_ROOT / "tests" / "drivers" / "spawn_ranks.py")
+FORK_SERVER = str(REPO_ROOT / "tests" / "drivers" / "fork_server.py")
 
 # Tiny but complete: 2 encoder + 2 decoder blocks, 4 heads, padded sentences, real Multi30k batches.
 TINY = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
         "--src_len", "12", "--tgt_len", "12", "--batch_size", "16", "--lr", "1e-3", "--seed", "7",
         "--dropout", "0", "--tensorboard", "0", "--log_interval", "5"]
 
-
-FORK_SERVER = str(REPO_ROOT / "tests" / "drivers" / "fork_server.py")
-_fork_server: dict = {}
+_fork_server: dict = {}                            # the session's server: its process, socket path, a start lock
 
 
 def _fork_server_socket():

@@ -417,8 +417,7 @@ def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_
     src = runs("tp2-drop")
 
     def run(name, *extra, tokenizer=bpe_tokenizer):
-        args = ["--file_path", multi30k_tsv, "--tokenizer", tokenizer, "--output_dir", tmp_path / name, *TINY,
-                "--steps", 1, *extra]
+        args = flags(multi30k_tsv, tokenizer, tmp_path / name, "--steps", 1, *extra)
         return lambda: run_python(launch_cmd(1) + [str(a) for a in args], env=env())
 
     no_ckpt, auto, model, batch, tokens, vocab = concurrently(   # each into its own folder, two at a time

@@ -26,6 +26,13 @@ import torch
 from tests.launch import REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, run_script, run_train, script_env
 
 
+@pytest.fixture(autouse=True)
+def real_interpreters(monkeypatch):
+    """Failure tests start every command as its own interpreter (not a fork of tests/drivers/fork_server.py):
+    how a process dies and what it leaves behind is their subject."""
+    monkeypatch.setenv("DSR_TEST_FORK", "0")
+
+
 def flags(tsv, tok, out, *extra):
     return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
 
@@ -383,13 +390,6 @@ def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- the CLI sweep
-@pytest.fixture(autouse=True)
-def real_interpreters(monkeypatch):
-    """Failure tests start every command as its own interpreter (not a fork of tests/drivers/fork_server.py):
-    how a process dies and what it leaves behind is their subject."""
-    monkeypatch.setenv("DSR_TEST_FORK", "0")
-
-
 @pytest.fixture
 def bad_inputs(tmp_path):
     d = tmp_path / "inputs"

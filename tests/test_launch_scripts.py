@@ -289,17 +289,20 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
     """tests/drivers/spawn_ranks.py (the numeric tests' multi-rank launches) starts each rank with the command-line
     flag and distributed environment DeepSpeed's per-node launcher gives it, and like it ends the job with a failing
     rank's exit code."""
-    from tests.launch import env, launch_cmd, run_python
+    from tests.launch import _fork_server, env, launch_cmd, run_python
     probe = tmp_path / "probe.py"
     probe.write_text("import json, os, sys\n"            # the whole environment but the (free) port
                      "env = {k: v for k, v in os.environ.items() if k != 'MASTER_PORT'}\n"
                      "with open(sys.argv[-1] + os.environ['RANK'], 'w') as f:\n"
-                     "    json.dump({'argv': sys.argv[1:-1], **env}, f)\n"
+                     "    json.dump({'argv': sys.argv[1:-1], 'parent': os.getppid(), **env}, f)\n"
                      "if 'fail' in sys.argv:\n"             # rank 1 fails while the others wait for it
                      "    sys.exit(3) if os.environ['RANK'] == '1' else __import__('time').sleep(600)\n")
+    parents = {}
+
     def ranks(out):
-        return [{k: v for k, v in json.loads(Path(f"{out}{r}").read_text()).items() if k != "DSR_FORK_SERVER"}
-                for r in range(3)]
+        seen = [json.loads(Path(f"{out}{r}").read_text()) for r in range(3)]
+        parents[out.name] = {r.pop("parent") for r in seen}
+        return [{k: v for k, v in r.items() if k != "DSR_FORK_SERVER"} for r in seen]
 
     seen = {}
     for launcher in ("spawn", "deepspeed"):
@@ -313,6 +316,8 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert own.returncode == 0, own.stderr[-2000:]
     assert seen["spawn"] == seen["deepspeed"] == ranks(tmp_path / "own")
+    server = _fork_server["proc"].pid                  # the spawner's ranks are forks of the server, or new processes
+    assert parents["spawn"] == {server} and server not in parents["own"] | parents["deepspeed"]
     assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["LOCAL_SIZE"]) for r in seen["spawn"]] == \
         [(str(r), str(r), "3", "3") for r in range(3)]
     assert [r["argv"] for r in seen["spawn"]] == [[f"--local_rank={r}", "x"] for r in range(3)]
@@ -325,7 +330,7 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["ok", "exit", "raise"])
-def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mode, tmp_path):
+def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mode, tmp_path, monkeypatch):
     """tests/drivers/fork_server.py (how the tests start single-process Python commands): argv, cwd, environment,
     sys.path, __name__, stdout/stderr, exit codes and an uncaught exception's report are the interpreter's."""
     from tests.launch import env, run_python
@@ -345,3 +350,10 @@ def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mo
     assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
     assert forked.returncode == {"ok": 0, "exit": 3, "raise": 1}[mode]
     assert json.loads(forked.stdout)["x"] == "42" and forked.stderr.startswith("to stderr")
+    if mode == "ok":      # a fork of the server; with DSR_TEST_FORK=0 (the failure tests) a new interpreter
+        from tests.launch import _fork_server
+        parent = "import os; print(os.getppid())"
+        (tmp_path / "parent.py").write_text(parent)
+        assert int(run_python([sys.executable, tmp_path / "parent.py"], env=e).stdout) == _fork_server["proc"].pid
+        monkeypatch.setenv("DSR_TEST_FORK", "0")
+        assert int(run_python([sys.executable, tmp_path / "parent.py"], env=e).stdout) == os.getpid()

@@ -54,8 +54,7 @@ def outcomes(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         start = time.time()
         # the 2-process case goes through DeepSpeed's own launcher: no rank may hang waiting for another
         proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out,
-                                 *TINY, *extra], check=False, timeout=120,
-                         launcher="deepspeed" if nproc > 1 else "spawn")
+                                 *TINY, *extra], check=False, timeout=120, launcher="deepspeed")
         return proc, time.time() - start, out
     results = concurrently(*[lambda k=k, n=n, e=e: one(k, n, e) for k, (n, e) in jobs.items()])
     return dict(zip(jobs, results))

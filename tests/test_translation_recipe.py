@@ -54,12 +54,20 @@ def test_translation_recipe_end_to_end(tmp_path):
     # saved every 2 steps and at the last one, so the average holds the final weights: steps 6 and 7
     assert [a["step"] for a in json.loads((out / "val.json").read_text())["averaged"]] == [6, 7]
     assert len(json.loads((out / "data" / "bpe" / "tokenizer.json").read_text())["model"]["vocab"]) <= 400
-    # token batches: the checkpoint holds the batching flags (a resume with others is refused) and the pairs trained
+    # token batches: the checkpoint holds the batching flags (a resume with others is refused) and the pairs
+    # trained on; both, and the logged pairs per step, against the schedule rebuilt from the run's data and flags
+    from preprocess.dataset import TranslationDataset
+    from training.data import batch_schedule
+    recipe = parse_args(["--recipe", str(REPO_ROOT / "recipes" / "multi30k-en-fr" / "multi30k-en-fr.json")])
+    data = TranslationDataset(out / "data" / "train.tsv", out / "data" / "bpe" / "tokenizer.json", recipe.src_len,
+                              recipe.tgt_len, cache_dir=tmp_path / "cache", progress=False)
+    schedule = batch_schedule(data, recipe.batch_size, recipe.seed, 1024, recipe.batch_multiple, recipe.pad_multiple)
+    sizes = [len(schedule.global_batch(step)) for step in range(7)]
     meta = json.loads((out / "train" / "checkpoints" / "step_00000007" / "meta.json").read_text())
-    assert {k: meta["data_order"][k] for k in ("batching", "max_tokens", "batch_multiple", "pad_multiple")} == \
-        {"batching": "tokens", "max_tokens": 1024, "batch_multiple": 16, "pad_multiple": 8}
-    assert len({r["pairs"] for r in records}) > 1                   # token batches: sizes vary...
-    assert meta["samples_seen"] == sum(r["pairs"] for r in records)  # ...and the count is theirs, not step × size
+    assert meta["data_order"] == {"batching": "tokens", "max_tokens": 1024, "batch_multiple": recipe.batch_multiple,
+                                  "pad_multiple": recipe.pad_multiple, "seed": recipe.seed}
+    assert [r["pairs"] for r in records] == sizes and len(set(sizes)) > 1     # token batches: sizes vary...
+    assert meta["samples_seen"] == sum(sizes)                  # ...and the count is theirs, not 7 × batch_size
     table = (out / "results.md").read_text()
     assert "the mean of the last 2 checkpoints, beam 2" in table and "nrefs:1|case:mixed" in table
     for name in TEST_SETS:

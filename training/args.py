@@ -160,7 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after K validations in a row without a new best (default 0 = never)")
 
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--save_checkpoint_steps", type=int, default=0, help="save every N steps and at the last step (default 0 = never)")
+    g.add_argument("--save_checkpoint_steps", type=int, default=0,
+                   help="save every N steps and at the last step (default 0 = never)")
     g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="auto|PATH",
                    help="continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the "
