@@ -563,3 +563,24 @@ def test_saved_pieces_follow_take_shard():
                 rows = [shards[t][a:b] for t, a, b in saved_pieces(lo, hi, saved_len, saved_tp)]
                 got = torch.cat(rows + [torch.zeros(pad, 1)])
                 assert torch.equal(got, take_shard(full, 0, r, tp, n)), (saved_tp, tp, r)
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_restored_adamw_step_counter_is_where_torchs_own_step_puts_it(fused):
+    """The fused (and capturable) AdamW kernels want the step counter on the parameter's device; the others keep
+    it on the CPU. A resume that put it on the CPU for a fused CUDA AdamW failed at its first step (seen on an
+    H100: 'state_steps is on cpu'). Here the parameter lives on the meta device, which stands in for the GPU: any
+    device other than the CPU tells the two rules apart without one."""
+    from types import SimpleNamespace
+
+    from training.grad_norm import ClippingAdamW
+    from training.optimizer_state import for_engine
+    p = torch.nn.Parameter(torch.empty(3, device="meta"))
+    opt = ClippingAdamW([p], max_norm=0.0, tp_rank=0, norm_group=None, lr=0.1)
+    opt.param_groups[0]["fused"] = fused          # torch refuses fused=True for meta tensors at construction
+    opt.state[p].update(exp_avg=torch.empty(3, device="meta"), exp_avg_sq=torch.empty(3, device="meta"))
+    view = for_engine(SimpleNamespace(ds=SimpleNamespace(optimizer=opt)))
+    view.set_step(7)
+    step = opt.state[p]["step"]
+    assert step.dtype == torch.float32 and step.shape == ()
+    assert step.device == (p.device if fused else torch.device("cpu"))

@@ -28,6 +28,8 @@ def test_translation_recipe_folder_is_complete(name):
     args = parse_args(["--recipe", str(folder / f"{name}.json")])
     batch = raw["training"]["_batch"]                      # the comment states the token budget the JSON sets
     assert f"up to {args.max_tokens} tokens" in batch and f"batch_multiple {args.batch_multiple}" in batch
+    assert f"dropout {args.dropout}" in raw["model"]["_why"]           # and the settings its comments explain
+    assert raw["training"]["_why"].startswith(f"{args.epochs} epochs")
     assert args.share_embeddings and args.valid_file is None          # run.sh supplies the data and validation
     vocab = re.search(r"VOCAB=\"\$\{VOCAB:-(\d+)\}\"", body).group(1)
     assert f"({int(vocab):,} tokens" in raw["_comment"] and f"--vocab_size {vocab}" in raw["_plan"]
@@ -88,3 +90,15 @@ def test_translation_recipe_refuses_bad_arguments(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "error: no data/multi30k/train.de.gz (languages: en, fr)"
     assert not (tmp_path / "x").exists()
+
+
+def test_the_val_sweep_refuses_a_variant_it_cannot_name(tmp_path):
+    """benchmarks/sweep_translation.py (how the recipe was tuned on val): a --variant without NAME: is one error line
+    naming the variant and the form, before anything trains."""
+    import subprocess
+    import sys
+    proc = subprocess.run([sys.executable, "benchmarks/sweep_translation.py", "--recipe", "x.json", "--data", "d",
+                           "--out", str(tmp_path / "sweep"), "--variant", "ok:--lr 1e-3", "--variant", "--dropout 0.1"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--variant '--dropout 0.1': expected NAME:FLAGS" in proc.stderr, proc.stderr
+    assert not (tmp_path / "sweep").exists()

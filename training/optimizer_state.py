@@ -51,6 +51,19 @@ def local_shape(p) -> tuple:
     return tuple(p.ds_shape if hasattr(p, "ds_shape") else p.shape)
 
 
+def adam_step_tensor(step: int, param: torch.Tensor, group: dict) -> torch.Tensor:
+    """AdamW's step counter as torch's own first step makes it: for the fused and capturable kernels a float32
+    tensor on the parameter's device (the CUDA fused kernel refuses a CPU one: a resumed GPU run failed so), else a
+    CPU scalar."""
+    if group.get("fused") or group.get("capturable"):
+        return torch.tensor(float(step), dtype=torch.float32, device=param.device)
+    return torch.tensor(float(step), dtype=torch.float32)
+
+
+def _groups_by_param(opt: torch.optim.Optimizer) -> dict:
+    return {id(p): group for group in opt.param_groups for p in group["params"]}
+
+
 class OptimizerState:
     """One optimizer's view: `get` / `set` a parameter's "param" (fp32 master), "exp_avg" or "exp_avg_sq" as a
     full (TP-local) fp32 tensor. `partitioned`: get/set are collectives over the data-parallel group (every DP rank
@@ -91,9 +104,11 @@ class OptimizerState:
         return 0
 
     def set_step(self, step: int) -> None:
-        for state in self._base().state.values():
+        base = self._base()
+        group_of = _groups_by_param(base)
+        for p, state in base.state.items():
             if "exp_avg" in state:
-                state["step"] = torch.tensor(float(step))
+                state["step"] = adam_step_tensor(step, p, group_of.get(id(p), {}))
 
     def scaler_state(self) -> Optional[dict]:
         scaler = getattr(self.opt, "loss_scaler", None)
@@ -129,12 +144,6 @@ class PlainAdamW(OptimizerState):
         else:
             self.opt.state.setdefault(p, {})[key] = value.to(device=p.device, dtype=torch.float32).clone()
 
-    def set_step(self, step):
-        for group in self.opt.param_groups:
-            for p in group["params"]:
-                if "exp_avg" in self.opt.state.get(p, {}):
-                    self.opt.state[p]["step"] = torch.tensor(float(step))
-
 
 class _Wrapped(OptimizerState):
     """DeepSpeed's fp32-master wrappers: AdamW steps flat fp32 partitions, and each model parameter maps to its
@@ -145,11 +154,12 @@ class _Wrapped(OptimizerState):
 
     def prepare(self):
         base = self._base()
+        group_of = _groups_by_param(base)
         for flat in self._flat_partitions():
             state = base.state[flat]
             if "exp_avg" not in state:                  # what torch AdamW's first step creates
-                state.update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(flat),
-                             exp_avg_sq=torch.zeros_like(flat))
+                state.update(step=adam_step_tensor(0, flat, group_of.get(id(flat), {})),
+                             exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
         self._link()
 
     def _link(self):
