@@ -1,16 +1,17 @@
-"""Tune the Multi30k recipe on val: train several variants of a recipe side by side, average each one's last
-checkpoints, beam-decode val, and print one table (val BLEU/chrF, steps, training wall-clock).
+"""Tune a Multi30k recipe on val: run it several times side by side with other train.py flags, each run decoding val
+only, and print one table (val BLEU/chrF, best valid_loss, steps, training wall-clock).
 
-Only val is decoded: the test sets are scored once, by the recipe's own run (run_scripts/translation_recipe.sh).
-Meant for a GPU machine, where the small recipe model leaves the GPU mostly idle and several runs fit at once; on
-CPU, run one at a time (--parallel 1).
+Each variant is run_scripts/translation_recipe.sh itself (training, averaging the last checkpoints, beam search) with
+SETS=val: the test sets are scored once, by the recipe's own run. Every variant starts from the same data folder
+(copied into its own), so they share the tokenizer. Meant for a GPU machine, where the small recipe model leaves the
+GPU mostly idle and several runs fit at once; on CPU, run one at a time (--parallel 1).
 
     python benchmarks/sweep_translation.py --recipe recipes/multi30k-en-fr/multi30k-en-fr.json \
         --data out/multi30k-en-fr/data --out out/sweep --parallel 4 \
         --variant 'base:' --variant 'lr2e-3:--lr 2e-3' --variant 'long:--epochs 40'
 
---data is a recipe's data folder (train.tsv, val.tsv, bpe/tokenizer.json: what translation_recipe.sh makes);
---variant NAME:FLAGS adds train.py flags over the recipe. Results: OUT/NAME/val.json and OUT/summary.md.
+--data is a recipe run's data folder (train.tsv, val.tsv, bpe/tokenizer.json); --variant NAME:FLAGS adds train.py
+flags over the recipe. Results: OUT/NAME/ (the recipe's own output folder, val.json in it) and OUT/summary.md.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -28,38 +30,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 def run_variant(name, flags, args):
     out = os.path.join(args.out, name)
-    os.makedirs(out, exist_ok=True)
-    log = open(os.path.join(out, "log.txt"), "a")
-    py = sys.executable
-    data = args.data
+    if not os.path.isdir(os.path.join(out, "data")):
+        shutil.copytree(args.data, os.path.join(out, "data"), ignore=shutil.ignore_patterns(".tokcache"))
+    env = dict(os.environ, SETS="val", PYTHON=os.environ.get("PYTHON", sys.executable), AVERAGE=str(args.average), BEAM=str(args.beam), LENPEN=str(args.lenpen))
     start = time.time()
-    train = [py, "run_scripts/train.py", "--recipe", args.recipe, "--file_path", f"{data}/train.tsv",
-             "--tokenizer", f"{data}/bpe/tokenizer.json", "--valid_file", f"{data}/val.tsv",
-             "--output_dir", f"{out}/train", "--resume", "auto", *shlex.split(flags)]
-    steps = [train,
-             [py, "run_scripts/average_checkpoints.py", f"{out}/train", "--last", str(args.average),
-              "--output", f"{out}/avg.pt"],
-             [py, "run_scripts/evaluate.py", "--ckpt_file", f"{out}/avg.pt", "--tokenizer",
-              f"{data}/bpe/tokenizer.json", "--src", f"data/multi30k/val.{args.src}.gz",
-              "--ref", f"data/multi30k/val.{args.tgt}.gz", "--beam", str(args.beam), "--lenpen", str(args.lenpen),
-              "--output", f"{out}/val.hyp", "--no_progress"]]
-    train_seconds = None
-    for i, cmd in enumerate(steps):
-        proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=log, text=True)
-        log.write(proc.stdout)
-        log.flush()
-        if proc.returncode:
-            return name, flags, {"error": f"{os.path.basename(cmd[1])} exited {proc.returncode} (see {out}/log.txt)"}
-        if i == 0:
-            train_seconds = time.time() - start
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    metrics = [json.loads(line) for line in open(f"{out}/train/metrics.jsonl")]
+    with open(os.path.join(out, "log.txt"), "a") as log:
+        proc = subprocess.run(["bash", "run_scripts/translation_recipe.sh", args.src, args.tgt, args.recipe, out,
+                               *shlex.split(flags)], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        return name, flags, {"error": f"the recipe exited {proc.returncode} (see {out}/log.txt)"}
+    result = json.load(open(os.path.join(out, "val.json")))
+    metrics = [json.loads(line) for line in open(os.path.join(out, "train", "metrics.jsonl"))]
     valid = [m["valid_loss"] for m in metrics if "valid_loss" in m]
-    result.update(train_seconds=round(train_seconds, 1), steps=metrics[-1]["step"],
-                  best_valid_loss=min(valid) if valid else None)
-    json.dump(result, open(f"{out}/val.json", "w"))
+    result.update(seconds=round(time.time() - start, 1), steps=metrics[-1]["step"],
+                  best_valid_loss=min(valid) if valid else float("nan"))
     print(f"{name}: val BLEU {result['bleu']:.2f} chrF {result['chrf']:.2f}, {result['steps']} steps, "
-          f"trained in {train_seconds:.0f} s", flush=True)  # partial results survive a run cut short
+          f"{result['seconds']:.0f} s", flush=True)  # partial results survive a sweep cut short
     return name, flags, result
 
 
@@ -84,16 +70,20 @@ def main():
         if not sep or not name or "/" in name:
             p.error(f"--variant {v!r}: expected NAME:FLAGS, e.g. 'lr2e-3:--lr 2e-3'")
         variants.append((name, flags))
+    missing = [f for f in ("train.tsv", "val.tsv", "bpe/tokenizer.json") if not os.path.isfile(os.path.join(args.data, f))]
+    if missing:
+        p.error(f"--data {args.data} lacks {', '.join(missing)}: pass the data folder of a recipe run "
+                f"(bash recipes/multi30k-en-fr/run.sh OUT makes OUT/data)")
     os.makedirs(args.out, exist_ok=True)
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda nv: run_variant(*nv, args), variants))
-    rows = ["| variant | flags | val BLEU | val chrF | best valid_loss | steps | train s |", "|---|---|---|---|---|---|---|"]
+    rows = ["| variant | flags | val BLEU | val chrF | best valid_loss | steps | recipe s |", "|---|---|---|---|---|---|---|"]
     for name, flags, r in results:
         if "error" in r:
             rows.append(f"| {name} | `{flags}` | {r['error']} | | | | |")
         else:
             rows.append(f"| {name} | `{flags}` | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['best_valid_loss']:.4f} | "
-                        f"{r['steps']} | {r['train_seconds']:.0f} |")
+                        f"{r['steps']} | {r['seconds']:.0f} |")
     table = "\n".join(rows)
     open(os.path.join(args.out, "summary.md"), "a").write(table + "\n\n")
     print(table)

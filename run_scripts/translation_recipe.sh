@@ -14,7 +14,8 @@
 #                                     val, test_2016_flickr and test_2017_flickr, with the decode time
 # Environment: VOCAB (8000), SPLIT_PUNCTUATION (1), AVERAGE (5), BEAM (5), LENPEN (1.0), NPROC (processes; default 1,
 # more go through the deepspeed launcher), OMP_NUM_THREADS (default: all cores for one process), PYTHON (python),
-# LIMIT (score only the first LIMIT sentences of each set: a quick check of the pipeline, not a result).
+# LIMIT (score only the first LIMIT sentences of each set: a quick check of the pipeline, not a result),
+# SETS (the sets to decode and score, default "val test_2016_flickr test_2017_flickr"; SETS=val while tuning).
 # On a GPU machine the same command trains and decodes on the GPU (DeepSpeed's accelerator).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +29,10 @@ for lang in "$SRC" "$TGT"; do
 done
 [ -f "$RECIPE" ] || { echo "error: recipe $RECIPE not found" >&2; exit 2; }
 VOCAB=${VOCAB:-8000} SPLIT_PUNCTUATION=${SPLIT_PUNCTUATION:-1} AVERAGE=${AVERAGE:-5} BEAM=${BEAM:-5}
-LENPEN=${LENPEN:-1.0} NPROC=${NPROC:-1}
+LENPEN=${LENPEN:-1.0} NPROC=${NPROC:-1} SETS=${SETS:-val test_2016_flickr test_2017_flickr}
+for set in $SETS; do
+    [ -f "data/multi30k/$set.$SRC.gz" ] || { echo "error: SETS names $set, but there is no data/multi30k/$set.$SRC.gz (sets: val test_2016_flickr test_2017_flickr)" >&2; exit 2; }
+done
 limit=(); [ -n "${LIMIT:-}" ] && limit=(--limit "$LIMIT")
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}
 DATA=$OUT/data
@@ -51,16 +55,16 @@ start=$(date +%s)
 echo "training wall-clock this time: $(( $(date +%s) - start )) s" | tee -a "$OUT/train_time.txt"
 
 $PY run_scripts/average_checkpoints.py "$OUT/train" --last "$AVERAGE" --output "$OUT/avg.pt"
-for set in val test_2016_flickr test_2017_flickr; do
+for set in $SETS; do
     $PY run_scripts/evaluate.py --ckpt_file "$OUT/avg.pt" --tokenizer "$DATA/bpe/tokenizer.json" \
         --src "data/multi30k/$set.$SRC.gz" --ref "data/multi30k/$set.$TGT.gz" --beam "$BEAM" --lenpen "$LENPEN" \
         --output "$OUT/$set.hyp.$TGT" --no_progress "${limit[@]}" | tail -1 > "$OUT/$set.json"
 done
-$PY - "$OUT" "$SRC" "$TGT" "$BEAM" "$AVERAGE" <<'EOF'
+$PY - "$OUT" "$SRC" "$TGT" "$BEAM" "$AVERAGE" $SETS <<'EOF'
 import json, sys
-out, src, tgt, beam, average = sys.argv[1:]
+out, src, tgt, beam, average, *sets = sys.argv[1:]
 rows = []
-for name in ("val", "test_2016_flickr", "test_2017_flickr"):
+for name in sets:
     r = json.load(open(f"{out}/{name}.json"))
     rows.append(f"| {name} | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['sentences']} | {r['decode_seconds']:.1f} s |")
     sig = r["bleu_signature"]

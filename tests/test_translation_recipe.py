@@ -5,11 +5,12 @@ with a tiny model and a few steps (the real recipe trains for hours; its figures
 import json
 import os
 import re
+import sys
 
 import pytest
 
 from training.args import load_recipe, parse_args
-from tests.launch import REPO_ROOT, run_script, script_env
+from tests.launch import REPO_ROOT, run_python, run_script, script_env
 
 TRANSLATION = {"multi30k-en-fr": ("en", "fr"), "multi30k-fr-en": ("fr", "en")}
 TEST_SETS = ("val", "test_2016_flickr", "test_2017_flickr")
@@ -83,6 +84,19 @@ def test_translation_recipe_end_to_end(tmp_path):
     assert "nothing to train" in again.stdout + again.stderr
     assert len((out / "train" / "metrics.jsonl").read_text().splitlines()) == 7
 
+    # benchmarks/sweep_translation.py runs this recipe per variant on val only: with the same flags and data it
+    # reproduces the recipe run's val score, and decodes no test set
+    sweep = run_python([sys.executable, "benchmarks/sweep_translation.py", "--recipe",
+                        "recipes/multi30k-en-fr/multi30k-en-fr.json", "--data", str(out / "data"), "--out",
+                        str(tmp_path / "sweep"), "--average", "2", "--beam", "2",
+                        "--variant", "same:" + " ".join(map(str, tiny))], env=env, timeout=600)
+    assert sweep.returncode == 0, sweep.stdout[-3000:] + sweep.stderr[-3000:]
+    ours, recipe_val = (json.loads((d / "val.json").read_text()) for d in (tmp_path / "sweep" / "same", out))
+    assert (ours["bleu"], ours["chrf"], ours["sentences"]) == (recipe_val["bleu"], recipe_val["chrf"], 24)
+    assert not list((tmp_path / "sweep" / "same").glob("test_*"))
+    assert f"| same | `{' '.join(map(str, tiny))}` | {ours['bleu']:.2f} | {ours['chrf']:.2f} |" in \
+        (tmp_path / "sweep" / "summary.md").read_text()
+
 
 def test_translation_recipe_refuses_bad_arguments(tmp_path):
     proc = run_script("run_scripts/translation_recipe.sh", ["en", "de", "recipes/multi30k-en-fr/multi30k-en-fr.json",
@@ -90,15 +104,23 @@ def test_translation_recipe_refuses_bad_arguments(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == \
         "error: no data/multi30k/train.de.gz (languages: en, fr)"
     assert not (tmp_path / "x").exists()
+    proc = run_script("run_scripts/translation_recipe.sh", ["en", "fr", "recipes/multi30k-en-fr/multi30k-en-fr.json",
+                                                            tmp_path / "x"], script_env(tmp_path, SETS="val test_2018"))
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: SETS names test_2018, but there is no " \
+        "data/multi30k/test_2018.en.gz (sets: val test_2016_flickr test_2017_flickr)"
+    assert not (tmp_path / "x").exists()
 
 
 def test_the_val_sweep_refuses_a_variant_it_cannot_name(tmp_path):
     """benchmarks/sweep_translation.py (how the recipe was tuned on val): a --variant without NAME: is one error line
     naming the variant and the form, before anything trains."""
     import subprocess
-    import sys
     proc = subprocess.run([sys.executable, "benchmarks/sweep_translation.py", "--recipe", "x.json", "--data", "d",
                            "--out", str(tmp_path / "sweep"), "--variant", "ok:--lr 1e-3", "--variant", "--dropout 0.1"],
                           cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and "--variant '--dropout 0.1': expected NAME:FLAGS" in proc.stderr, proc.stderr
+    proc = subprocess.run([sys.executable, "benchmarks/sweep_translation.py", "--recipe", "x.json", "--data",
+                           str(tmp_path), "--out", str(tmp_path / "sweep"), "--variant", "ok:"],
+                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"--data {tmp_path} lacks train.tsv, val.tsv, bpe/tokenizer.json" in proc.stderr
     assert not (tmp_path / "sweep").exists()
