@@ -29,9 +29,12 @@ for lang in "$SRC" "$TGT"; do
 done
 [ -f "$RECIPE" ] || { echo "error: recipe $RECIPE not found" >&2; exit 2; }
 VOCAB=${VOCAB:-8000} SPLIT_PUNCTUATION=${SPLIT_PUNCTUATION:-1} AVERAGE=${AVERAGE:-5} BEAM=${BEAM:-5}
-LENPEN=${LENPEN:-1.0} NPROC=${NPROC:-1} SETS=${SETS:-val test_2016_flickr test_2017_flickr}
+LENPEN=${LENPEN:-1.0} NPROC=${NPROC:-1}
+EVAL_SETS="val test_2016_flickr test_2017_flickr"
+SETS=${SETS:-$EVAL_SETS}
 for set in $SETS; do
-    [ -f "data/multi30k/$set.$SRC.gz" ] || { echo "error: SETS names $set, but there is no data/multi30k/$set.$SRC.gz (sets: val test_2016_flickr test_2017_flickr)" >&2; exit 2; }
+    [ -f "data/multi30k/$set.$SRC.gz" ] || {
+        echo "error: SETS names $set, but there is no data/multi30k/$set.$SRC.gz (sets: $EVAL_SETS)" >&2; exit 2; }
 done
 limit=(); [ -n "${LIMIT:-}" ] && limit=(--limit "$LIMIT")
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$(( $(nproc) / NPROC > 0 ? $(nproc) / NPROC : 1 ))}
