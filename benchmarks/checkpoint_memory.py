@@ -7,7 +7,7 @@
 
 Two launches of DeepSpeed's launcher on --nproc processes (default 4: tp2 × pp2) with a model of 142 M
 parameters (d_model 1024, ffn 4096, 4 + 4 blocks, vocab 8000): the first trains --steps steps and saves, the second
-loads that checkpoint (a resume with nothing left to train). Around training.checkpoint.save and .load each rank
+loads that checkpoint (a resume with nothing left to train). Around training.checkpoint.manager.save and .load each rank
 resets its high-water mark (/proc/self/clear_refs 5) and reads VmHWM after: the peak resident set during that call
 (anonymous memory plus mapped file pages), next to the resident set just before it (and, for the load, just after:
 a fresh engine has no AdamW moments until the load makes them, so peak − after is what loading needs beyond the
@@ -56,12 +56,12 @@ def _measured(fn, phase: str, report: str):
 
 def worker(repo: str, report: str, argv: list[str]) -> int:
     sys.path.insert(0, repo)
-    from training import checkpoint as ckpt
-    from training.args import parse_args
-    from training.run import run_training
-    ckpt.save = _measured(ckpt.save, "save", report)         # maybe_save / maybe_resume look them up here
-    ckpt.load = _measured(ckpt.load, "load", report)
-    return run_training(parse_args(argv))
+    from training.checkpoint import manager
+    from training.config.flags import parse_config
+    from training.trainer import run_training
+    manager.save = _measured(manager.save, "save", report)   # the CheckpointManager looks them up here
+    manager.load = _measured(manager.load, "load", report)
+    return run_training(parse_config(argv))
 
 
 def _serial_params(repo: str, run_dir: str) -> int:

@@ -1,7 +1,7 @@
 """What the benchmarks share: the benchmark model, and one training step of ours or of `transformers`' equivalent
 model on the same global batches.
 
-`build_ours(train.py flags)` is train.py's own path (parse_args → data → build_engine → training.loop.train_step) in
+`build_ours(train.py flags)` is train.py's own path (parse_config → data → build_engine → training.core.step.train_step) in
 this process; `build_hf(train.py flags)` builds `transformers`' Blenderbot with the same dimensions — the architecture
 run_scripts/export_hf.py exports ours to (pre-LN, learned positions, GELU; see model/hf_export.py) — trained with a
 plain torch AdamW loop (same betas, eps, weight decay groups) on the very same padded batches, with the mean
@@ -23,29 +23,30 @@ BENCH_MODEL = ["--d_model", "256", "--encoder_layer", "3", "--decoder_layer", "3
 
 
 class OursRunner:
-    def __init__(self, args):
-        from training.args import model_config, parallel_config
-        from training.data import BatchFeeder, batch_schedule, prepare_data
-        from training.engine import build_engine, device, init_distributed
-        from training.run import batch_unit_of
-        from training.schedule import lr_factor
-        world = init_distributed(args.distribute)
-        self.data = prepare_data(args.file_path, args.tokenizer, args.src_len, args.tgt_len, progress=False)
-        cfg = model_config(args, vocab_size=args.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)
-        parallel = parallel_config(args, world)
-        unit, name = batch_unit_of(args)
-        self.engine = build_engine(cfg, parallel, world_size=world, global_batch=unit, seed=args.seed,
-                                   lr=args.lr, weight_decay=args.weight_decay,
-                                   lr_schedule=lr_factor("constant", 0, 1, 0.0, 1.0), clip_grad=args.clip_grad,
-                                   precision=args.precision, ds_overrides=args.deepspeed_overrides,
-                                   dynamic_shapes=bool(args.max_tokens), batch_name=name)
-        schedule = batch_schedule(self.data, args.batch_size, args.seed, args.max_tokens, args.batch_multiple,
-                                  args.pad_multiple)
+    def __init__(self, cfg):
+        from model.config import validate_layout
+        from training.core.data import BatchFeeder, batch_schedule, prepare_data
+        from training.core.distributed import device, init_distributed
+        from training.core.engine import build_engine
+        from training.core.schedule import lr_factor
+        m, d, o = cfg.model, cfg.data, cfg.optimization
+        world = init_distributed(cfg.parallel.distribute)
+        self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False)
+        model_cfg = m.model_config(vocab_size=m.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)
+        parallel = cfg.parallel.parallel_config(world)
+        unit, name = d.batch_unit
+        validate_layout(parallel, model_cfg, world_size=world, global_batch=unit, batch_name=name)
+        self.engine = build_engine(model_cfg, parallel, world_size=world, global_batch=unit, seed=o.seed,
+                                   lr=o.lr, weight_decay=o.weight_decay,
+                                   lr_schedule=lr_factor("constant", 0, 1, 0.0, 1.0), clip_grad=o.clip_grad,
+                                   precision=cfg.parallel.precision, ds_overrides=cfg.parallel.deepspeed_overrides,
+                                   dynamic_shapes=bool(d.max_tokens))
+        schedule = batch_schedule(self.data, d.batch_size, d.seed, d.max_tokens, d.batch_multiple, d.pad_multiple)
         self.feeder = BatchFeeder(self.data, schedule, self.engine.ctx.dp_rank, self.engine.ctx.dp_size,
                                   parallel.micro_batch_num, device())
 
     def step(self, step: int) -> tuple[float, int]:
-        from training.loop import train_step
+        from training.core.step import train_step
         batches = self.feeder.step(step)
         return train_step(self.engine, batches), batches.global_tokens
 
@@ -54,16 +55,16 @@ class HFRunner:
     """`fused_adamw`: torch's fused AdamW kernel (what train.py uses) instead of torch's default per-tensor loop —
     to show how much of the difference is the optimizer."""
 
-    def __init__(self, args, fused_adamw: bool = False):
+    def __init__(self, config, fused_adamw: bool = False):
         import torch
         from model.hf_export import blenderbot_config
-        from training.args import model_config
-        from training.data import BatchFeeder, batch_schedule, prepare_data
-        from training.engine import weight_decay_groups
-        self.data = prepare_data(args.file_path, args.tokenizer, args.src_len, args.tgt_len, progress=False)
-        cfg = model_config(args, vocab_size=args.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)
-        torch.manual_seed(args.seed)
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.precision]
+        from training.core.data import BatchFeeder, batch_schedule, prepare_data
+        from training.core.engine import weight_decay_groups
+        m, d, o = config.model, config.data, config.optimization
+        self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False)
+        cfg = m.model_config(vocab_size=m.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)
+        torch.manual_seed(o.seed)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[config.parallel.precision]
         from transformers import BlenderbotForConditionalGeneration
         hf_cfg = blenderbot_config(cfg, self.data.bos_id, self.data.eos_id, self.data.pad_id)
         hf_cfg.use_cache = False
@@ -71,9 +72,9 @@ class HFRunner:
         self.model.train()
         # bf16: the weights stay fp32 and autocast runs the matrix products in bf16 (what a plain torch user does)
         self.autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == torch.bfloat16)
-        self.optimizer = torch.optim.AdamW(weight_decay_groups(self.model, args.weight_decay), lr=args.lr,
+        self.optimizer = torch.optim.AdamW(weight_decay_groups(self.model, o.weight_decay), lr=o.lr,
                                            betas=(0.9, 0.98), eps=1e-8, **({"fused": True} if fused_adamw else {}))
-        self.feeder = BatchFeeder(self.data, batch_schedule(self.data, args.batch_size, args.seed), 0, 1, 1,
+        self.feeder = BatchFeeder(self.data, batch_schedule(self.data, d.batch_size, d.seed), 0, 1, 1,
                                   torch.device("cpu"))
         self.pad = self.data.pad_id
 
@@ -93,8 +94,8 @@ class HFRunner:
 
 
 def _parse(flags: list[str]):
-    from training.args import parse_args
-    return parse_args([str(f) for f in flags])
+    from training.config.flags import parse_config
+    return parse_config([str(f) for f in flags])
 
 
 def build_ours(flags: list[str]) -> OursRunner:

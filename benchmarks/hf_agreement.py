@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.errors import run_cli  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 
 
 def _strip(rows, eos: int, pad: int) -> list[list[int]]:
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
 
     from preprocess.textio import read_lines
     from preprocess.tokenizer import encode_sources
-    from training.translator import Translator
+    from training.evaluation.translator import Translator
     lines = read_lines(args.src)[: args.limit]
     ours = Translator.load(args.ckpt_file, args.tokenizer, device="cpu")
     ids = ours.ids

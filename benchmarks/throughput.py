@@ -157,7 +157,7 @@ def write_report(saved: dict) -> None:
            "dropout 0.1, Multi30k fr→en. Target tokens/s counts the real (non-PAD) target tokens of each batch. The "
            "`transformers` model is Blenderbot — the architecture `run_scripts/export_hf.py` exports ours to — with "
            "our dimensions, trained with a plain torch AdamW loop on the very same batches. MFU needs the device's "
-           "peak FLOP/s and is not given for CPUs (training/costs.py); TFLOP/s is the model's FLOPs per second.", ""]
+           "peak FLOP/s and is not given for CPUs (model/costs.py); TFLOP/s is the model's FLOPs per second.", ""]
     for group, (title, base) in titles.items():
         if group not in saved:
             continue

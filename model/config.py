@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
-from preprocess.errors import UserError
+from common.errors import UserError
 
 
 class ConfigError(UserError):

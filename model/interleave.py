@@ -36,7 +36,7 @@ from typing import Callable, Generator, Optional
 
 import torch
 
-from model.mappings import GradAllReduce, await_tp_grad, copy_to_tp_async, reduce_from_tp_async
+from model.parallel.mappings import GradAllReduce, await_tp_grad, copy_to_tp_async, reduce_from_tp_async
 from model.packing import Packing
 
 Part = Generator[None, None, object]

@@ -21,14 +21,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import EmbeddingOpParallelConfig, ModelConfig, OpParallelConfig, ParallelConfig
-from model.cross_entropy import vocab_parallel_cross_entropy
+from model.parallel.cross_entropy import vocab_parallel_cross_entropy
 from model import interleave
-from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from model.mappings import copy_to_tp
+from model.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from model.parallel.mappings import copy_to_tp
 from model.packing import Packing
-from model.pipeline import BlockPlacement, in_one_process, place_blocks
-from model.random import RNG, block_generator, checkpoint
-from model.topology import ParallelContext
+from model.placement import BlockPlacement, in_one_process, place_blocks
+from model.parallel.random import RNG, block_generator, checkpoint
+from model.parallel.topology import ParallelContext
 
 
 def _key_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
@@ -313,7 +313,7 @@ class Head(nn.Module):
 
 class TokenLoss:
     """Σ of per-token cross-entropy over the non-PAD labels of a micro-batch, passed through `normalize` (the
-    training objective's rule, `training.objective.GlobalTokenMean.micro_loss`, which the engine installs).
+    training objective's rule, `training.core.objective.GlobalTokenMean.micro_loss`, which the engine installs).
     Used as DeepSpeed's pipeline `loss_fn` and by the non-pipelined loop. Takes the seed's
     `parallel_config.dp_mp_config`, as the seed's CrossEntropyLoss does: the logits' vocabulary is split over its
     `model_parallel` ranks (this rank's slice starts at `vocab_start`); its data-parallel share is the batch split,

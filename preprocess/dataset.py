@@ -36,7 +36,8 @@ from typing import Iterator, Sequence
 import numpy as np
 import torch
 
-from preprocess.errors import fail, run_cli
+from common.errors import fail, run_cli
+from common.hashing import file_sha256
 from preprocess.textio import check_readable, read_tsv_pairs
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 
@@ -47,16 +48,8 @@ _ARRAY_COLUMNS = ("src", "tgt_in", "labels")
 _LENGTH_COLUMNS = ("src_tokens", "tgt_tokens")  # untruncated token counts, for truncation statistics
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int) -> str:
-    parts = [_sha256(tsv_path), _sha256(tokenizer_path), str(src_len), str(tgt_len), f"v{FORMAT_VERSION}"]
+    parts = [file_sha256(tsv_path), file_sha256(tokenizer_path), str(src_len), str(tgt_len), f"v{FORMAT_VERSION}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 

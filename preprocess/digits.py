@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from preprocess.errors import UserError
+from common.errors import UserError
 
 MNIST_MEAN, MNIST_STD = 0.1307, 0.3081
 SIDE = 28

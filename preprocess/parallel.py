@@ -14,7 +14,7 @@ import argparse
 import itertools
 from pathlib import Path
 
-from preprocess.errors import fail, run_cli
+from common.errors import fail, run_cli
 from preprocess.textio import atomic_write, check_readable, iter_lines
 
 

@@ -19,7 +19,7 @@ import zlib
 from pathlib import Path
 from typing import IO, Iterable, Iterator
 
-from preprocess.errors import fail
+from common.errors import fail
 
 PathLike = str | os.PathLike
 

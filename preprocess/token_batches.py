@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from preprocess.errors import fail
+from common.errors import fail
 
 
 def padded_length(real: np.ndarray, multiple: int, cap: int) -> np.ndarray:

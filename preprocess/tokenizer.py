@@ -19,7 +19,6 @@ Load: `load_tokenizer(path)`, or transformers.PreTrainedTokenizerFast(tokenizer_
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections import Counter
@@ -29,7 +28,8 @@ from typing import Sequence
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from preprocess.errors import fail, run_cli
+from common.errors import fail, run_cli
+from common.hashing import file_sha256
 from preprocess.textio import atomic_write, iter_tsv_pairs
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -46,14 +46,6 @@ class SpecialIds:
     unk: int
     bos: int
     eos: int
-
-
-def _file_sha256(path: str | Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _read_sentences(tsv_paths: Sequence[str | Path]) -> list[str]:
@@ -138,7 +130,7 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         "min_frequency": min_frequency,
         "split_punctuation": split_punctuation,
         "special_tokens": {token: i for i, token in enumerate(specials)},
-        "inputs": [{"path": str(p), "sha256": _file_sha256(p)} for p in tsv_paths],
+        "inputs": [{"path": str(p), "sha256": file_sha256(p)} for p in tsv_paths],
     }
     tokenizer_path = output_dir / TOKENIZER_FILE
     with atomic_write(tokenizer_path) as handle:

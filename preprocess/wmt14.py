@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from preprocess.errors import fail, run_cli
+from common.errors import fail, run_cli
 from preprocess.textio import atomic_write, check_readable, decode_lines
 
 EN_NAME = "newstest2014-fren-ref.en.sgm"

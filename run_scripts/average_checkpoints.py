@@ -20,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.errors import UserError, run_cli  # noqa: E402
+from common.errors import UserError, run_cli  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -31,12 +31,12 @@ def main(argv=None) -> int:
     p.add_argument("--last", type=int, default=None, help="average the K newest checkpoints of the run")
     p.add_argument("--output", "-o", required=True, help="where to write the averaged .pt file")
     args = p.parse_args(argv)
-    from training import consolidated
+    from training.checkpoint import consolidated, folder
     if args.last is not None:
         if len(args.inputs) != 1:
             raise UserError(f"--last {args.last} takes one run folder, got {len(args.inputs)}: "
                             f"{' '.join(args.inputs)}")
-        paths = consolidated.last_checkpoints(args.inputs[0], args.last)
+        paths = folder.last_checkpoints(args.inputs[0], args.last)
     else:
         paths = args.inputs
     averaged = consolidated.average(paths)

@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.errors import run_cli  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,7 +26,7 @@ def main(argv=None) -> int:
     p.add_argument("old", help="a format-1 step_* folder, or a run's output_dir / checkpoints/ folder (→ latest)")
     p.add_argument("new", help="the folder to write the converted checkpoint to (must not exist)")
     args = p.parse_args(argv)
-    from training.checkpoint_convert import convert_format_1
+    from training.checkpoint.convert import convert_format_1
     meta = convert_format_1(args.old, args.new)
     print(f"wrote {args.new}: step {meta['step']}, {len(meta['shards'])} shard(s), {len(meta['rng'])} RNG file(s), "
           f"format {meta['format_version']}")

@@ -7,7 +7,7 @@ sacreBLEU (BLEU and chrF).
 
 --ckpt_file is a step_* folder, a checkpoints/ folder or a run's output_dir (→ its latest checkpoint), saved under
 any parallel layout, or a .pt written by merge_checkpoint.py / average_checkpoints.py; it is decoded as the serial
-model on one device (training/translator.py, model/inference.py: KV cache, batched). Sources are encoded as the
+model on one device (training/evaluation/translator.py, model/inference.py: KV cache, batched). Sources are encoded as the
 training data is (tokens, then EOS); one longer than the model's src_len positions is cut to src_len-1 tokens + EOS,
 with a warning, and counted ("truncated_sources"). Translations are up to tgt_len tokens, detokenized with the
 tokenizer's decoder; --beam N uses beam search with score = sum of log-probs / length ** --lenpen (fairseq's and
@@ -26,7 +26,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.errors import UserError, run_cli  # noqa: E402
+from common.errors import UserError, run_cli  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     if args.limit is not None:
         sources, references = sources[: args.limit], references[: args.limit]
 
-    from training.translator import Translator
+    from training.evaluation.translator import Translator
     translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, args.device)
     load_seconds = time.perf_counter() - start
     result = translator.translate(sources, args.beam, args.lenpen, args.batch_size, use_cache=not args.no_cache,

@@ -26,7 +26,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from preprocess.errors import UserError, run_cli  # noqa: E402
+from common.errors import UserError, run_cli  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     if os.path.isdir(output) and os.listdir(output) and not args.overwrite:     # fail before loading anything
         raise UserError(f"--output {output} is not empty; pass --overwrite to replace it, or choose a new folder")
 
-    from training.translator import Translator
+    from training.evaluation.translator import Translator
     translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, device="cpu")
     path = translator.export_transformers(output, args.overwrite, args.beam, args.lenpen)
     cfg = translator.cfg

@@ -8,7 +8,7 @@ bytes, an activation estimate and the communication per step. No process group, 
     python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
 
 Flags as train.py (they override the recipe), plus --world_size / --hostfile / --gpus_per_node / --json / --check.
-The computation lives in training/plan.py; `--help` lists every flag.
+The computation lives in training/plan/planner.py; `--help` lists every flag.
 """
 from __future__ import annotations
 
@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 # "unable to detect" warning on stdout, which would also break --json.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from preprocess.errors import run_cli  # noqa: E402
-from training.plan import main  # noqa: E402
+from common.errors import run_cli  # noqa: E402
+from training.plan.planner import main  # noqa: E402
 
 if __name__ == "__main__":
     run_cli(lambda: main(sys.argv[1:]))

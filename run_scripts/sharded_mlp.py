@@ -7,7 +7,7 @@
     python run_scripts/sharded_mlp.py --simulate --mesh 8,8 --strategy "((8, 8), (8, 1))"   # plan 64 ranks
     python run_scripts/sharded_mlp.py --check --strategy "((2, 4), (4, 1))"           # strategies only
 
-recipes/sharded-mlp/run.sh wraps the launches. The work is in training/sharded_mlp.py and model/strategy/.
+recipes/sharded-mlp/run.sh wraps the launches. The work is in demos/sharded_mlp/train.py and demos/strategy/.
 """
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 os.environ.setdefault("DS_ACCELERATOR", "cpu")      # DTensor on CPU/gloo here; nothing in it needs a GPU
 
-from preprocess.errors import run_cli  # noqa: E402
-from training.sharded_mlp import main  # noqa: E402
+from common.errors import run_cli  # noqa: E402
+from demos.sharded_mlp.train import main  # noqa: E402
 
 if __name__ == "__main__":
     run_cli(lambda: main(sys.argv[1:]))

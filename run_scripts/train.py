@@ -19,17 +19,17 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from preprocess.errors import run_cli  # noqa: E402
-from training.rank_failures import reported_collective_failures, supervise_rank  # noqa: E402
+from common.errors import run_cli  # noqa: E402
+from training.faults.rank_supervisor import reported_collective_failures, supervise_rank  # noqa: E402
 
 
 def main(argv=None) -> int:
     supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
-    from training.args import parse_args
-    args = parse_args(argv)
-    from training.run import run_training
-    with reported_collective_failures(args.comm_timeout):     # a peer died or hung: one line, not a traceback
-        rc = run_training(args)
+    from training.config.flags import parse_config
+    config = parse_config(argv)
+    from training.trainer import run_training
+    with reported_collective_failures(config.faults.comm_timeout):   # a peer died or hung: one line, no traceback
+        rc = run_training(config)
         # Leave together: a rank that tears its process group down while a peer still talks to it can abort the
         # peer ("terminate called without an active exception"). On an error we skip this and let the launcher
         # stop the other ranks.

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from preprocess.errors import run_cli  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from training.mlp import train_digits
+    from demos.interleaved_mlp.train import train_digits
     train_digits(args)
     import torch.distributed as dist
     if dist.is_available() and dist.is_initialized():

@@ -1,9 +1,9 @@
-"""Checkpoint averaging (run_scripts/average_checkpoints.py, training/consolidated.py).
+"""Checkpoint averaging (run_scripts/average_checkpoints.py, training/checkpoint/consolidated.py).
 
 One run saved under two layouts: 4 steps in one process (checkpoints at steps 2 and 4), continued from step 4 on
 2 tensor-parallel processes to step 6. Then:
 - `--last 2` of the first run equals the elementwise mean of the two checkpoints' fp32 weights, computed here from
-  training.checkpoint's full tensors;
+  training.checkpoint.manager's full tensors;
 - averaging step 4 (1 process) with step 6 (tp2 shards) works and equals the mean too; evaluate.py and
   export_hf.py take the averaged file as --ckpt_file;
 - bad input (more checkpoints asked than kept, checkpoints of different models): one `error:` line, nothing written.
@@ -25,7 +25,7 @@ def run(script: str, *args) -> subprocess.CompletedProcess:
 
 
 def full_weights(step_dir) -> dict:
-    from training.checkpoint import load_full_state, read_meta
+    from training.checkpoint.format import load_full_state, read_meta
     return {name: v["param"] for name, v in load_full_state(str(step_dir), read_meta(str(step_dir))).items()}
 
 

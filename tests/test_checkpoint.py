@@ -305,9 +305,9 @@ def test_shards_are_safetensors_with_format_and_identity(runs):
 def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path):
     """tp4 → tp2: TP rank 0 of the new layout needs saved ranks 0 and 1 only. With the other two shards' tensors
     overwritten by NaN (headers intact), rank 0 still gets exactly take_shard of the merged tensors."""
-    from model.sharding import take_shard
-    from training.checkpoint import ShardIndex, load_full_state, read_meta
-    from training.shard_io import read_header
+    from model.parallel.sharding import take_shard
+    from training.checkpoint.format import ShardIndex, load_full_state, read_meta
+    from training.checkpoint.shard_io import read_header
     ckpt = tmp_path / "ckpt"
     shutil.copytree(step_dir(runs("tp4")), ckpt)
     meta = read_meta(str(ckpt))
@@ -362,8 +362,9 @@ def _expect_error(proc, *needles):
 
 def test_bad_checkpoints_are_refused_with_the_reason(ckpt_copy, tmp_path):
     """Missing, partial, truncated, corrupt, other model size, other vocabulary."""
-    from training.checkpoint import check_compatible, read_meta, resolve, load_full_state
-    from preprocess.errors import UserError
+    from training.checkpoint.folder import resolve
+    from training.checkpoint.format import check_compatible, read_meta, load_full_state
+    from common.errors import UserError
     from model.config import ModelConfig
 
     with pytest.raises(UserError, match="not found"):
@@ -394,8 +395,8 @@ def test_bad_checkpoints_are_refused_with_the_reason(ckpt_copy, tmp_path):
 def test_a_shard_from_another_checkpoint_is_refused(runs, ckpt_copy, tmp_path, multi30k_tsv, bpe_tokenizer):
     """A shard copied in from another step of the same run, or from another run of the same layout: refused by its
     identity (the shapes alone would load it silently)."""
-    from training.checkpoint import load_full_state, read_meta
-    from preprocess.errors import UserError
+    from training.checkpoint.format import load_full_state, read_meta
+    from common.errors import UserError
     meta = read_meta(str(ckpt_copy))
     own = (ckpt_copy / "shard_pp0_tp1.safetensors").read_bytes()
     shutil.copy(step_dir(runs("tp2-drop"), 3) / "shard_pp0_tp1.safetensors", ckpt_copy)
@@ -437,8 +438,8 @@ def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_
 def _write_format_1(src, dst):
     """The checkpoint at `src` in format 1, as the code before safetensors wrote it: torch.save'd dicts per shard
     {name: {"param", "exp_avg", "exp_avg_sq", "partition_dim", "full_size"}}, rng_rank{R}.pt, meta.json v1."""
-    from training.checkpoint import read_shard
-    from training.shard_io import read_all
+    from training.checkpoint.format import read_shard
+    from training.checkpoint.shard_io import read_all
     meta = json.loads((src / "meta.json").read_text())
     dst.mkdir()
     for p in range(meta["parallel"]["pipeline_stage"]):
@@ -454,9 +455,9 @@ def _write_format_1(src, dst):
 
 
 def test_format_1_checkpoint_gets_the_convert_command_and_converts_exactly(runs, tmp_path):
-    from preprocess.errors import UserError
-    from training.checkpoint import read_meta
-    from training.shard_io import read_all
+    from common.errors import UserError
+    from training.checkpoint.format import read_meta
+    from training.checkpoint.shard_io import read_all
     src = step_dir(runs("tp2-drop"))
     old, new = tmp_path / "old" / "step_00000002", tmp_path / "old" / "v2-step_00000002"
     old.parent.mkdir()
@@ -491,9 +492,9 @@ def test_an_optimizer_the_checkpoint_code_does_not_know_is_refused():
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
     from model.config import ParallelConfig
-    from preprocess.errors import UserError
-    from training.engine import deepspeed_config
-    from training.optimizer_state import UnsupportedOptimizer, for_engine
+    from common.errors import UserError
+    from training.core.engine import deepspeed_config
+    from training.checkpoint.optimizer_state import UnsupportedOptimizer, for_engine
     sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     with pytest.raises(UnsupportedOptimizer, match=r"cannot checkpoint DeepSpeed's torch.optim.sgd.SGD: the "
                                                    r"checkpoint code knows .* only for torch AdamW at ZeRO 0"):
@@ -512,10 +513,10 @@ def test_merge_drops_vocab_padding_of_any_tp_size(tmp_path):
     """Shards of a tp-4 model with vocab 51 (padded to 52) merge back to exactly the serial model's weights:
     each rank's shards are built directly (no process group) and written in the checkpoint's shard format."""
     from model.config import ModelConfig, ParallelConfig
-    from model.sharding import partition_dim
-    from model.topology import ParallelContext
+    from model.parallel.sharding import partition_dim
+    from model.parallel.topology import ParallelContext
     from model.transformer import Seq2SeqTransformer
-    from training.checkpoint import canonical_name, load_full_state, write_shard_file
+    from training.checkpoint.format import canonical_name, load_full_state, write_shard_file
 
     cfg = ModelConfig(vocab_size=51, d_model=16, num_heads=4, ffn_size=24, encoder_layers=1, decoder_layers=1,
                       src_len=6, tgt_len=6)
@@ -534,8 +535,8 @@ def test_merge_drops_vocab_padding_of_any_tp_size(tmp_path):
         assert torch.equal(full[name]["param"], p.data), name
         assert torch.equal(full[name]["exp_avg"], p.data * 2), name
     # and read lazily onto the last rank of tp 2 (rows 26-50 + one zero row) and of tp 8 (rows 49-50 + 5 zero rows)
-    from model.sharding import take_shard
-    from training.checkpoint import ShardIndex
+    from model.parallel.sharding import take_shard
+    from training.checkpoint.format import ShardIndex
     index = ShardIndex(str(tmp_path), meta)
     for tp in (2, 8):
         shard = dict(Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=tp, vocab_emb_dp=False),
@@ -548,9 +549,9 @@ def test_merge_drops_vocab_padding_of_any_tp_size(tmp_path):
 
 
 def test_saved_pieces_follow_take_shard():
-    """The rows a rank reads (model.sharding.shard_rows + saved_pieces) are take_shard(merge_shards(...)), for
+    """The rows a rank reads (model.parallel.sharding.shard_rows + saved_pieces) are take_shard(merge_shards(...)), for
     every saved/new TP size pair up to 4 and a length that needs padding."""
-    from model.sharding import merge_shards, saved_pieces, shard_rows, take_shard
+    from model.parallel.sharding import merge_shards, saved_pieces, shard_rows, take_shard
     full = torch.arange(51.0).reshape(51, 1)
     for saved_tp in (1, 2, 3, 4):
         saved_len = -(-51 // saved_tp)
@@ -573,8 +574,8 @@ def test_a_restored_adamw_step_counter_is_where_torchs_own_step_puts_it(fused):
     device other than the CPU tells the two rules apart without one."""
     from types import SimpleNamespace
 
-    from training.grad_norm import ClippingAdamW
-    from training.optimizer_state import for_engine
+    from training.core.grad_norm import ClippingAdamW
+    from training.checkpoint.optimizer_state import for_engine
     p = torch.nn.Parameter(torch.empty(3, device="meta"))
     opt = ClippingAdamW([p], max_norm=0.0, tp_rank=0, norm_group=None, lr=0.1)
     opt.param_groups[0]["fused"] = fused          # torch refuses fused=True for meta tensors at construction

@@ -9,7 +9,7 @@ import torch
 
 from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
                                 micro_slices, seed_fields)
-from preprocess.errors import UserError
+from common.errors import UserError
 from preprocess.parallel import make_tsv
 from preprocess.textio import read_tsv_pairs
 from preprocess.tokenizer import load_tokenizer, train_tokenizer

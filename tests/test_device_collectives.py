@@ -23,14 +23,14 @@ def _host_reduction_is_caught(rank, world):
     try:
         model = torch.nn.Linear(3, 1).to("cpu")                        # engine-side: moved to the device
         loss = model(torch.ones(2, 3).to("cpu")).sum()
-        # the old training/loop.py:_dp_mean, verbatim in spirit: a host float64 accumulator, all-reduced
+        # the old training/core/step.py:_dp_mean, verbatim in spirit: a host float64 accumulator, all-reduced
         total = torch.zeros((), dtype=torch.float64)
         total += loss.detach().double().cpu()
         value = (total / 1).to(torch.float64)
         with pytest.raises(HostTensorInCollective, match="all_reduce was given a host tensor"):
             dist.all_reduce(value)
-        # today's rule (training.objective.GlobalTokenMean.reported) keeps the reduction on the engine's device
-        from training.objective import GlobalTokenMean
+        # today's rule (training.core.objective.GlobalTokenMean.reported) keeps the reduction on the engine's device
+        from training.core.objective import GlobalTokenMean
         return GlobalTokenMean(dp_size=world, micro_batches=1).reported([loss], None), checker.checked
     finally:
         checker.uninstall()

@@ -179,9 +179,9 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
     steps = [r["step"] for r in strict_metrics(out)]
     assert steps == list(range(1, len(steps) + 1))                          # nothing written twice
 
-    from preprocess.errors import UserError
-    from training.args import parse_args
-    from training.output_dir import claim_output_dir
+    from common.errors import UserError
+    from training.config.flags import parse_args
+    from training.faults.output_lock import claim_output_dir
 
     base = args[:-6]                                         # without --steps / --save_checkpoint_steps / --keep
 
@@ -213,8 +213,8 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     one_error(proc, f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file")
     assert "layout:" not in proc.stdout and time.time() - start < 60               # no model was built
 
-    from preprocess.errors import UserError
-    from training.output_dir import check_writable_folder
+    from common.errors import UserError
+    from training.faults.output_lock import check_writable_folder
     with pytest.raises(UserError, match="is a file; choose a folder"):
         check_writable_folder(str(a_file))
     (tmp_path / "d1" / "checkpoints").parent.mkdir()
@@ -225,7 +225,7 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     with pytest.raises(UserError, match="metrics.jsonl is a folder, but train.py writes a file there"):
         check_writable_folder(str(tmp_path / "d2"))
     with _read_only_folder(tmp_path / "ro") as ro:
-        from training.output_dir import OutputDirLock
+        from training.faults.output_lock import OutputDirLock
         with pytest.raises(UserError, match=r"cannot be (written|created) \((Read-only file system|Permission "
                                             r"denied)"):
             OutputDirLock(check_writable_folder(str(ro / "run")), str(ro / "run"))
@@ -431,14 +431,14 @@ SWEEP = [  # (CLI, arguments with {d} = the inputs folder, what the one line mus
 @pytest.mark.parametrize("cli,argv,needle", SWEEP, ids=[f"{c} {' '.join(a)}" for c, a, _ in SWEEP])
 def test_cli_mistakes_are_one_line(cli, argv, needle, bad_inputs, tmp_path):
     """Each CLI's main on the mistake, in-process: a UserError (run_cli prints it as the one `error:` line)."""
-    from preprocess.errors import UserError
+    from common.errors import UserError
     argv = [a.format(d=bad_inputs) for a in argv]
     sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
     if cli == "train":
-        from training.args import parse_args
+        from training.config.flags import parse_args
         call = lambda: parse_args(argv + ["--output_dir", str(tmp_path / "out")])     # noqa: E731
     elif cli == "plan":
-        from training.plan import main as call_plan
+        from training.plan.planner import main as call_plan
         call = lambda: call_plan(argv)                                                 # noqa: E731
     elif cli == "merge":
         from merge_checkpoint import main as call_merge
@@ -468,7 +468,7 @@ def test_launch_script_mistakes_are_one_line(script, args, needle, bad_inputs, t
 def test_a_full_disk_anywhere_is_one_line(capsys):
     """Any write that runs out of room (here /dev/full: the kernel's ENOSPC) ends a CLI with one line, however the
     writer reports it — torch.save turns it into `RuntimeError: ... unexpected pos`."""
-    from preprocess.errors import run_cli
+    from common.errors import run_cli
 
     def save_to_full_disk():
         with open("/dev/full", "wb") as f:

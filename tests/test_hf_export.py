@@ -134,7 +134,7 @@ def test_export_cli_loads_in_transformers_and_translates_as_we_do(trained_shared
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from preprocess.tokenizer import encode_sources
-    from training.translator import Translator
+    from training.evaluation.translator import Translator
     out = tmp_path / "hf"
     proc = export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model import mappings
+from model.parallel import mappings
 from model.config import ConfigError, ModelConfig, ParallelConfig, validate_layout
-from model.mappings import CommLog
+from model.parallel.mappings import CommLog
 from model.transformer import Seq2SeqTransformer
 from tests.multiproc import run_ranks
 from tests.test_tp_layers import tp_context
@@ -79,7 +79,7 @@ def _stage_split_case(rank, world, n):
     """1 encoder + 3 decoder layers placed as a 2-stage pipeline would place them — decoder 0 last on stage 0 (drops
     memory_tp), decoder 1 first on stage 1 (the memory enters the TP region again), recomputed — run block after
     block in one process: what each stage runs, without the send/receive."""
-    from model.pipeline import BlockPlacement
+    from model.placement import BlockPlacement
     from model.transformer import TokenLoss, block_specs
     ctx = tp_context(world)
     cfg = tiny(enc=1, dec=3)
@@ -108,12 +108,12 @@ def test_stage_boundary_between_decoder_layers():
 
 
 def test_recipe_key_and_flag_reach_the_parallel_config(tmp_path):
-    from training.args import parallel_config, parse_args
+    from training.config.flags import parse_config
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"parallel": {"model_parallel": 2, "interleave_num": 4}}))
-    assert parallel_config(parse_args(["--recipe", str(recipe)]), 2).interleave_num == 4
-    assert parallel_config(parse_args(["--recipe", str(recipe), "--interleave_num", "2"]), 2).interleave_num == 2
-    assert parallel_config(parse_args([]), 1).interleave_num == 1
+    assert parse_config(["--recipe", str(recipe)]).parallel.parallel_config(2).interleave_num == 4
+    assert parse_config(["--recipe", str(recipe), "--interleave_num", "2"]).parallel.parallel_config(2).interleave_num == 2
+    assert parse_config([]).parallel.parallel_config(1).interleave_num == 1
 
 
 def test_same_collectives_n_times_at_one_nth_the_size():
@@ -216,7 +216,7 @@ def test_communication_is_in_flight_during_the_other_parts_compute():
 
 
 def _dropout_case(rank, world, recompute, n=2):
-    from model.random import RNG
+    from model.parallel.random import RNG
     ctx = tp_context(world)
     model = Seq2SeqTransformer(tiny(dropout=0.2), ParallelConfig(model_parallel=world, interleave_num=n,
                                                                  recompute=recompute), ctx, seed=3)

@@ -5,10 +5,10 @@ import re
 
 import pytest
 
-from model.mappings import CommLog
-from model.mlp import MLPClassifier
-from model.sharding import partition_dim, take_shard
-from model.topology import ParallelContext
+from model.parallel.mappings import CommLog
+from demos.interleaved_mlp.network import MLPClassifier
+from model.parallel.sharding import partition_dim, take_shard
+from model.parallel.topology import ParallelContext
 from preprocess.digits import load_digits_28x28
 from tests.launch import read_metrics, run_script, script_env
 from tests.multiproc import run_ranks

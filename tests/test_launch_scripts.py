@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from preprocess.errors import UserError
-from training.cluster import (Host, format_hostfile, hosts_to_rank_table, parse_hostfile_text, rank_nodes,
+from common.errors import UserError
+from training.plan.cluster import (Host, format_hostfile, hosts_to_rank_table, parse_hostfile_text, rank_nodes,
                               rank_table_to_hosts, read_hostfile)
 from tests.launch import REPO_ROOT, only_run_dir, read_metrics, run_script, script_env
 
@@ -186,7 +186,7 @@ def test_openmpi_launch_runs_with_mpirun_environment(multi30k_tsv, bpe_tokenizer
 
 
 def test_adopt_mpi_env():
-    from training.engine import adopt_mpi_env
+    from training.core.distributed import adopt_mpi_env
     env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
            "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
     assert adopt_mpi_env(env)

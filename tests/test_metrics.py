@@ -6,7 +6,7 @@ from model.config import ModelConfig
 from preprocess.dataset import TranslationDataset
 from preprocess.token_batches import TokenBatchSchedule
 from tests.launch import TINY, read_metrics, run_train
-from training.costs import model_flops
+from model.costs import model_flops
 
 
 def test_step_metrics_padding_flops_memory(multi30k_tsv, bpe_tokenizer, tmp_path):

@@ -241,7 +241,8 @@ def test_half_precision_references_track_fp32(serial):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [c[0] for c in DROPOUT_TP])
 def test_dropout_keeps_replicated_parameters_identical_on_tp_ranks(name, runs):
-    from training.checkpoint import read_shard, resolve
+    from training.checkpoint.folder import resolve
+    from training.checkpoint.format import read_shard
     ckpt = resolve(str(runs(name)))
     nproc, flags = CASES[name]
     pp = int(flags[flags.index("--pipeline_stage") + 1]) if "--pipeline_stage" in flags else 1
@@ -265,11 +266,12 @@ def test_plan_predicts_the_optimizer_state_deepspeed_allocates(name, world, runs
     """plan.py's memory model against DeepSpeed's real allocations: the optimizer state (fp32 master partition +
     AdamW moments) rank 0 holds after training under ZeRO-1, as the engine reports it (run.json), within 5% of
     what plan.py predicts for the same flags and world (DeepSpeed pads partitions for alignment)."""
-    from training import plan as P
-    from training.args import parse_args
+    from training.config.flags import parse_args
+    from training.config.sections import TrainConfig
+    from training.plan import planner as P
     got = json.loads((runs(name) / "run.json").read_text())["optimizer_state_bytes_rank0"]
     flags = ["--tokenizer", bpe_tokenizer, *TINY, *CASES[name][1], "--vocab_size", "8000"]
-    want = P.make_plan(parse_args([str(f) for f in flags], parser=P.build_plan_parser()), world)["ranks"][0]
+    want = P.make_plan(TrainConfig.from_flags(parse_args([str(f) for f in flags], parser=P.build_plan_parser())), world)["ranks"][0]
     print(f"PLAN {name}: DeepSpeed holds {got:,} B of optimizer state on rank 0, plan.py predicts "
           f"{want['optimizer_bytes']:,} B ({got / want['optimizer_bytes'] - 1:+.2%})")
     assert abs(got / want["optimizer_bytes"] - 1) <= 0.05

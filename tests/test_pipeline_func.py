@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from model.config import ConfigError, ModelConfig, ParallelConfig
-from model.pipeline import assign_stages, load_pipeline_func, place_blocks
-from model.random import RNG
+from model.placement import assign_stages, load_pipeline_func, place_blocks
+from model.parallel.random import RNG
 from model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
 from tests import pipeline_funcs
 from tests.launch import run_python
@@ -100,7 +100,7 @@ def test_recompute_only_the_blocks_it_is_called_on_and_exactly():
 
 def test_pipelined_stage_modules_carry_the_functions_recompute():
     """The blocks a pipeline rank builds (block_specs, as build_pipeline_module) recompute as the function said."""
-    from training.plan import build_stage_modules
+    from training.plan.planner import build_stage_modules
     m = tiny(enc=2, dec=2)
     par = ParallelConfig(pipeline_stage=2, recompute=True)
     mods = [mod for stage in (0, 1) for _, mod in build_stage_modules(m, par, stage, 0, pipeline_funcs.seed_tutorial)]
@@ -141,7 +141,7 @@ def test_plan_prints_the_split_and_each_blocks_stage():
     """plan.py names the function and lists stage, recompute and fusion id of every block."""
     flags = ["--recipe", R16, "--encoder_layer", "2", "--decoder_layer", "2", "--pipeline_stage", "3",
              "--mp", "1", "--micro_batch_num", "3", "--batch_size", "12"]
-    from training.plan_report import format_plan
+    from training.plan.report import format_plan
     for name, stages in (("seed", [0, 1, 2, 2]), ("even", [0, 0, 1, 2])):
         plan = plan_for(3, *flags, "--pipeline_func", name)
         assert plan["layout"]["pipeline_func"] == name

@@ -10,14 +10,16 @@ import pytest
 import torch
 
 from model.config import ModelConfig, ParallelConfig
-from model.pipeline import layer_stages, place_blocks
-from model.topology import ParallelContext, rank_map
+from model.placement import layer_stages, place_blocks
+from model.parallel.topology import ParallelContext, rank_map
 from model.transformer import Embeddings, EncoderLayer, DecoderLayer, Head, block_specs
-from preprocess.errors import UserError
-from training import costs, plan as P
-from training.plan_report import format_plan
-from training.args import parse_args
-from training.cluster import Host
+from common.errors import UserError
+from model import costs
+from training.plan import planner as P
+from training.plan.report import format_plan
+from training.config.flags import parse_args
+from training.config.sections import TrainConfig
+from training.plan.cluster import Host
 from tests.launch import run_python
 
 REPO = Path(__file__).resolve().parent.parent
@@ -26,7 +28,7 @@ R16 = str(RECIPES / "16pcs" / "16pcs.json")
 
 
 def args_for(*argv):
-    return parse_args([str(a) for a in argv], parser=P.build_plan_parser())
+    return TrainConfig.from_flags(parse_args([str(a) for a in argv], parser=P.build_plan_parser()))
 
 
 def plan_for(world, *argv, hosts=None):
@@ -145,7 +147,7 @@ B, S, T = 3, 7, 6
 
 
 def _commlog_case(rank, world, cfg, vocab_emb_dp, recompute):
-    from model.mappings import CommLog
+    from model.parallel.mappings import CommLog
     from model.transformer import Seq2SeqTransformer
     from tests.test_tp_layers import tp_context
     ctx = tp_context(world)
@@ -187,7 +189,7 @@ def run_ranks_cached(cfg, vocab_emb_dp, recompute):
 def test_16pcs_every_rank_builds_its_stage_and_shards():
     """All 16 ranks of the seed's cluster run, each built as that rank builds it (ParallelContext(tp_size=8,
     tp_rank=r), no process group), with the shapes a 8-way split must give."""
-    args = args_for("--recipe", R16)
+    args = parse_args(["--recipe", R16], parser=P.build_plan_parser())
     world = 16
     model = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
                         encoder_layers=args.encoder_layer, decoder_layers=args.decoder_layer,
@@ -362,7 +364,7 @@ def test_deepspeed_buckets_follow_the_fusion_groups_up_to_a_cap():
     """gradient_aggregation_group (the seed's fusion groups) splits the gradients into that many buckets, but no
     bucket exceeds BUCKET_CAP_BYTES: a 1.3 B-parameter model does not get 1.3 GB buckets (DeepSpeed's default would
     be 2 GB)."""
-    from training.engine import BUCKET_CAP_BYTES, bucket_elements, deepspeed_config
+    from training.core.engine import BUCKET_CAP_BYTES, bucket_elements, deepspeed_config
     assert bucket_elements(1_000_000, 4) == 250_000
     assert bucket_elements(1_000_001, 4) == 250_001
     assert bucket_elements(1_300_000_000, 4) * 4 == BUCKET_CAP_BYTES == 100 * 2 ** 20
@@ -375,7 +377,7 @@ def test_deepspeed_buckets_follow_the_fusion_groups_up_to_a_cap():
 
 @pytest.mark.parametrize("padded", [False, True])
 def test_flops_model_equals_torch_flop_counter(padded):
-    """training.costs.model_flops (forward + backward of a step) equals what torch's FlopCounterMode counts on the
+    """model.costs.model_flops (forward + backward of a step) equals what torch's FlopCounterMode counts on the
     model itself — every matrix product, attention included (the math SDPA backend, whose products it sees) — with
     and without padding (projections on real tokens only, attention on the padded layout)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -5,7 +5,7 @@ import gzip
 
 import pytest
 
-from preprocess.errors import UserError
+from common.errors import UserError
 from preprocess.textio import atomic_write, count_lines, decode_lines, iter_lines, read_lines, read_tsv_pairs
 
 

@@ -7,7 +7,7 @@ import unicodedata
 import pytest
 from tokenizers import Tokenizer
 
-from preprocess.errors import UserError
+from common.errors import UserError
 from preprocess.parallel import make_tsv
 from preprocess.textio import read_lines
 from preprocess.tokenizer import SpecialIds, load_tokenizer, special_ids, train_tokenizer

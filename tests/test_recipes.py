@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from training.args import load_recipe, parse_args
-from training.plan import build_plan_parser, configs
+from training.config.flags import load_recipe, parse_args
+from training.config.sections import TrainConfig
+from training.plan.planner import build_plan_parser, configs
 from tests.launch import REPO_ROOT, losses, only_run_dir, read_metrics, run_script, script_env
 
 RECIPES = {"2pcs": 2, "8pcs": 8, "8pcs-dp2-mp4": 8, "16pcs": 16, "cpu-tiny": 2}
@@ -42,7 +43,7 @@ def test_batch_comment_matches_the_layout(name):
     assert m, raw["training"]["_batch"]
     micro, accum, dp, total = map(int, m.groups())
     args = parse_args(["--recipe", str(recipe_path(name)), "--vocab_size", "20000"], parser=build_plan_parser())
-    _, parallel = configs(args, world)
+    _, parallel = configs(TrainConfig.from_flags(args), world)
     assert (parallel.data_parallel, parallel.micro_batch_num, args.batch_size) == (dp, accum, total)
     assert micro * accum * dp == total == args.batch_size
 
@@ -54,7 +55,7 @@ def test_seed_settings():
         assert args.mp == mp and args.ffn_size == 0 and args.epochs == 1
     args = parse_args(["--recipe", str(recipe_path("16pcs"))])
     assert (args.pipeline_stage, args.micro_batch_num, args.enable_parallel_optimizer) == (2, 2, True)
-    _, parallel = configs(args, 16)
+    _, parallel = configs(TrainConfig.from_flags(args), 16)
     assert parallel.data_parallel == 1 and parallel.effective_zero_stage == 1
     for name in ("2pcs", "8pcs"):
         args = parse_args(["--recipe", str(recipe_path(name))])

@@ -4,9 +4,9 @@ import math
 import pytest
 import torch
 
-from preprocess.errors import UserError
+from common.errors import UserError
 from tests.launch import TINY, read_metrics, run_many
-from training.schedule import lr_factor
+from training.core.schedule import lr_factor
 
 
 def torch_factors(scheduler_cls, steps, **kw):

@@ -1,4 +1,4 @@
-"""Op-level strategies (model/strategy/): the seed's ((2, 4), (4, 1)) as DTensor placements, the propagation giving
+"""Op-level strategies (demos/strategy/): the seed's ((2, 4), (4, 1)) as DTensor placements, the propagation giving
 the seed's ReLU ((2, 4),) and MatMul ((2, 4), (4, 1)), bad strategies as one error naming op, strategy and shapes,
 and the seed's network simulated in one process at 8 and 64 ranks: the serial loss at every step, the seed's
 per-rank shapes, the collectives counted. The runs in real processes are in tests/test_sharded_mlp.py."""
@@ -9,13 +9,13 @@ import pytest
 import torch
 from torch import nn
 
-from model.sharded_mlp import network_with_loss
-from model.strategy.graph import trace
-from model.strategy.layout import StrategyError
-from model.strategy.ops import MatMul, ReduceMean, ReLU, Sub, shard
-from model.strategy.propagate import layouts_for, propagate, redistribution_cost
+from demos.sharded_mlp.network import network_with_loss
+from demos.strategy.graph import trace
+from demos.strategy.layout import StrategyError
+from demos.strategy.ops import MatMul, ReduceMean, ReLU, Sub, shard
+from demos.strategy.propagate import layouts_for, propagate, redistribution_cost
 from tests.launch import REPO_ROOT, env, run_python
-from training.sharded_mlp import MLPConfig, build, run_simulated, train_serial
+from demos.sharded_mlp.train import MLPConfig, build, run_simulated, train_serial
 
 SEED_IR_RANK0 = {           # the seed's 18_execute IR on rank 0: inputs → output of each op, local shapes
     "_backbone.matmul": ([(8, 8), (8, 16)], (8, 16)),
@@ -185,8 +185,8 @@ def test_dtensors_own_rule_would_choose_differently():
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.debug import CommDebugMode
 
-    from model.strategy.execute import counted, make_mesh
-    from model.strategy.simulation import simulated_world
+    from demos.strategy.execute import counted, make_mesh
+    from demos.strategy.simulation import simulated_world
     cfg = MLPConfig()
     module, plan = build(cfg)
     p = plan.ops["_backbone.matmul"]

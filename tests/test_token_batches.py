@@ -3,7 +3,7 @@ Parity of token batches under dp, tp and pp (dynamic shapes) against one process
 import numpy as np
 import pytest
 
-from preprocess.errors import UserError
+from common.errors import UserError
 from preprocess.token_batches import TokenBatchSchedule, padded_length
 from tests.launch import TINY, run_train
 
@@ -79,11 +79,11 @@ def test_bad_token_batch_flags_fail_fast(flags, nproc, needle, multi30k_tsv, bpe
 
 
 def test_a_resume_with_other_batching_flags_is_refused_naming_the_saved_ones():
-    """The checkpoint's data_order against the resuming run's (training.data): any batching flag or the seed
+    """The checkpoint's data_order against the resuming run's (training.core.data): any batching flag or the seed
     differing is refused with the flags to pass; the end-to-end refusal: tests/test_checkpoint.py."""
     from argparse import Namespace
 
-    from training.data import check_data_order, data_order, legacy_data_order
+    from training.core.data import check_data_order, data_order, legacy_data_order
 
     def order(**kw):
         flags = dict(max_tokens=2048, batch_multiple=16, pad_multiple=8, seed=1, batch_size=128)

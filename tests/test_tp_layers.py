@@ -4,11 +4,11 @@ import torch
 import torch.nn.functional as F
 
 from model.config import ModelConfig, ParallelConfig
-from model.cross_entropy import vocab_parallel_cross_entropy
-from model.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
-from model.mappings import CommLog
-from model.sharding import partition_dim, take_shard
-from model.topology import ParallelContext, build_context
+from model.parallel.cross_entropy import vocab_parallel_cross_entropy
+from model.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
+from model.parallel.mappings import CommLog
+from model.parallel.sharding import partition_dim, take_shard
+from model.parallel.topology import ParallelContext, build_context
 from tests.multiproc import run_ranks
 
 TOL = 1e-6
@@ -19,7 +19,7 @@ def rel(a, b):
 
 
 def tp_context(tp):
-    from model.topology import init_deepspeed_comm
+    from model.parallel.topology import init_deepspeed_comm
     init_deepspeed_comm("gloo")
     return build_context(ParallelConfig(model_parallel=tp))
 

@@ -3,8 +3,8 @@ import pytest
 import torch
 
 from model.config import ModelConfig, ParallelConfig
-from model.mappings import CommLog
-from model.sharding import partition_dim, take_shard
+from model.parallel.mappings import CommLog
+from model.parallel.sharding import partition_dim, take_shard
 from model.transformer import Seq2SeqTransformer
 from tests.test_tp_layers import TOL, rel, tp_context
 from tests.multiproc import run_ranks
@@ -110,7 +110,7 @@ def test_collectives_are_the_minimum(enc, dec):
 
 def _dropout_recompute_case(rank, world, recompute):
     ctx = tp_context(world)
-    from model.random import RNG
+    from model.parallel.random import RNG
     cfg = tiny(dropout=0.2)
     par = Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=world, recompute=recompute), ctx, seed=3)
     par.train()

@@ -95,8 +95,8 @@ def test_half_precision_the_accelerator_lacks_is_refused(monkeypatch):
     import torch
     from deepspeed.accelerator import get_accelerator
 
-    from preprocess.errors import UserError
-    from training.engine import check_precision
+    from common.errors import UserError
+    from training.core.engine import check_precision
     acc = get_accelerator()
     monkeypatch.setattr(acc, "supported_dtypes", lambda: [torch.float32, torch.bfloat16])
     check_precision("bf16")

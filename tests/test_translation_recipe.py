@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from training.args import load_recipe, parse_args
+from training.config.flags import load_recipe, parse_args
 from tests.launch import REPO_ROOT, run_python, run_script, script_env
 
 TRANSLATION = {"multi30k-en-fr": ("en", "fr"), "multi30k-fr-en": ("fr", "en")}
@@ -60,7 +60,7 @@ def test_translation_recipe_end_to_end(tmp_path):
     # token batches: the checkpoint holds the batching flags (a resume with others is refused) and the pairs
     # trained on; both, and the logged pairs per step, against the schedule rebuilt from the run's data and flags
     from preprocess.dataset import TranslationDataset
-    from training.data import batch_schedule
+    from training.core.data import batch_schedule
     recipe = parse_args(["--recipe", str(REPO_ROOT / "recipes" / "multi30k-en-fr" / "multi30k-en-fr.json")])
     data = TranslationDataset(out / "data" / "train.tsv", out / "data" / "bpe" / "tokenizer.json", recipe.src_len,
                               recipe.tgt_len, cache_dir=tmp_path / "cache", progress=False)

@@ -48,7 +48,7 @@ def independent_bleu(ckpt, tok, small_valid):
     import sacrebleu
 
     from preprocess.textio import read_tsv_pairs
-    from training.translator import Translator
+    from training.evaluation.translator import Translator
     sources, refs = read_tsv_pairs(small_valid)
     hyps = Translator.load(str(ckpt), str(tok), device="cpu").translate(sources).hypotheses
     return sacrebleu.corpus_bleu(hyps, [refs]).score

@@ -1,1 +1,2 @@
-"""Reusable training code: DeepSpeed engine setup, the step loop, metrics and checkpoints (train.py stays thin)."""
+"""Training on DeepSpeed: the trainer (load → step → validate → save) and one sub-package per concern — config,
+core, checkpoint, faults, evaluation, plan. run_scripts/train.py stays thin."""

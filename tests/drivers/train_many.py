@@ -4,7 +4,7 @@
     deepspeed --num_gpus N tests/drivers/train_many.py RUNS.json [--check_devices]
 
 RUNS.json is a list of train.py argument lists. Each run is exactly `run_scripts/train.py ARGS` — the same
-`parse_args` and `run_training`, the same DeepSpeed engine — only the processes, the DeepSpeed import and the
+`parse_config` and `run_training`, the same DeepSpeed engine — only the processes, the DeepSpeed import and the
 rendezvous are shared, which is most of a small test run's cost on a CPU. Every run seeds everything it uses
 (weights per block, dropout streams, data order), so runs do not see each other's state; the parity tests' single-
 process reference would disagree with any run that did.
@@ -24,14 +24,14 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from preprocess.errors import run_cli  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 
 
 def main() -> int:
     import torch.distributed as dist
 
-    from training.args import parse_args
-    from training.run import run_training
+    from training.config.flags import parse_config
+    from training.trainer import run_training
     # the deepspeed launcher adds --local_rank=N
     runs_file, *flags = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     with open(runs_file, encoding="utf-8") as f:
@@ -43,9 +43,9 @@ def main() -> int:
     for entry in runs:
         if isinstance(entry, dict):
             from tests.drivers.load_and_save import load_and_save
-            load_and_save(parse_args([str(a) for a in entry["load_and_save"]]))
+            load_and_save(parse_config([str(a) for a in entry["load_and_save"]]))
         else:
-            run_training(parse_args([str(a) for a in entry]))
+            run_training(parse_config([str(a) for a in entry]))
         dist.barrier()
     if checker is not None:
         checker.uninstall()

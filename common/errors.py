@@ -1,0 +1,82 @@
+"""User-facing errors: one line, no traceback, non-zero exit.
+
+Every command-line entry point of the repository (preprocess tools, run_scripts) wraps its `main` with
+`run_cli`, so a user mistake (bad file, bad flag combination, bad parallel layout) prints
+`error: <what is wrong and how to fix it>` and exits with status 2, while a genuine bug still shows its traceback.
+A full disk (or a file-size limit) met while writing is reported the same way, naming the file.
+
+In a job of several processes every rank usually meets the same mistake at the same moment. Rank 0 reports it at
+once; the others wait a little first (`UserError.report_delay`, default `OTHER_RANKS_DELAY` seconds), because the
+launcher stops the whole job as soon as one rank exits — so the user reads one line, not one per rank. A rank that
+alone meets an error still reports it, a few seconds late.
+"""
+from __future__ import annotations
+
+import errno
+import sys
+import time
+from typing import Callable, NoReturn, Optional
+
+from common.ranks import world_and_rank_from_env
+
+OTHER_RANKS_DELAY = 3.0
+# errors of a write that ran out of room: disk full, quota, and the file-size limit (ulimit -f)
+NO_ROOM = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+           errno.EFBIG: "file too large (the file-size limit, ulimit -f, or the filesystem's maximum)"}
+
+
+class UserError(Exception):
+    """A mistake in the user's input or configuration; the message must name the bad value and the fix.
+
+    `report_delay`: seconds this process waits before printing (None: the default for its rank, see above)."""
+
+    def __init__(self, message: str, report_delay: Optional[float] = None):
+        super().__init__(message)
+        self.report_delay = report_delay
+
+
+def _launched_rank() -> Optional[int]:
+    """This process's global rank in a launched job of several processes, else None."""
+    size, rank = world_and_rank_from_env()
+    return rank if size > 1 else None
+
+
+def no_room_error(exc: BaseException) -> Optional[OSError]:
+    """The OSError saying a write ran out of room, if `exc` is one or was caused by one (torch's writer turns it
+    into `RuntimeError: ... unexpected pos`, keeping the OSError as its context)."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno in NO_ROOM:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def fail(message: str) -> NoReturn:
+    raise UserError(message)
+
+
+def run_cli(main: Callable[[], object]) -> NoReturn:
+    try:
+        result = main()
+    except UserError as exc:
+        delay = exc.report_delay
+        if delay is None:
+            delay = OTHER_RANKS_DELAY if _launched_rank() not in (None, 0) else 0.0
+        if delay > 0:
+            time.sleep(delay)
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    except Exception as exc:  # noqa: BLE001 - only a write that ran out of room is turned into a line
+        full = no_room_error(exc)
+        if full is None:
+            raise
+        where = f" writing {full.filename}" if full.filename else ""
+        print(f"error: {NO_ROOM[full.errno]}{where}: free space (or raise the limit), or write to another disk",
+              file=sys.stderr, flush=True)
+        sys.exit(2)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr, flush=True)
+        sys.exit(130)
+    sys.exit(int(result or 0))

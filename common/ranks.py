@@ -1,0 +1,51 @@
+"""Which process this is: its global and local rank, from the launcher's environment or the process group.
+
+Known before torch.distributed exists (the launcher's RANK / LOCAL_RANK, or OpenMPI's OMPI_COMM_WORLD_* under
+mpirun) and after it (torch.distributed's own numbers). One home, so every caller agrees on what rank 0 is.
+"""
+from __future__ import annotations
+
+import os
+
+ENV_KEYS = (("WORLD_SIZE", "RANK"), ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK"))
+
+
+def _env_int(key: str) -> int | None:
+    value = os.environ.get(key, "").strip()
+    return int(value) if value.isdigit() else None
+
+
+def global_rank_from_env() -> int:
+    """The global rank a launcher gave this process (0 for a plain `python train.py`); known before the process
+    group exists."""
+    for key in ("RANK", "OMPI_COMM_WORLD_RANK"):
+        rank = _env_int(key)
+        if rank is not None:
+            return rank
+    return 0
+
+
+def world_and_rank_from_env() -> tuple[int, int]:
+    """(world size, global rank) as the launcher set them; (1, 0) when no launcher did."""
+    for size_key, rank_key in ENV_KEYS:
+        size, rank = _env_int(size_key), _env_int(rank_key)
+        if size is not None and rank is not None:
+            return size, rank
+    return 1, 0
+
+
+def local_rank_from_env() -> int:
+    """This process's rank on its node (0 for one process)."""
+    for key in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):
+        rank = _env_int(key)
+        if rank is not None:
+            return rank
+    return 0
+
+
+def global_rank() -> int:
+    """torch.distributed's rank once the process group exists, the launcher's before."""
+    import torch.distributed as dist          # torch is heavy; the env readers above are used before it loads
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
+    return global_rank_from_env()

@@ -1,0 +1,248 @@
+"""The one cost model: FLOPs, memory and communication of a step, as pure functions of the model, the layout and the
+batch. plan.py (training/plan/planner.py) sizes a run with it before it starts, train.py reports achieved FLOP/s and MFU
+with it (training/core/metrics.py), and the benchmarks (benchmarks/) count work with it. Nothing here touches a process
+group or a device.
+
+FLOPs (multiply-add = 2) of what a step executes, forward; h = d_model, f = FFN size, V = vocab, b pairs padded
+to s/t source/target positions. The projections, the MLP and the head run on the real tokens only
+(`model.packing`), attention on the padded layout (every position attends to every key):
+           encoder layer   per real source token   8h² + 4hf  (QKV 6h², output 2h², MLP 4hf)
+                           attention                4·b·s·s·h
+           decoder layer   per real target token   12h² + 4hf (self QKV + out 8h², cross Q + out 4h², MLP)
+                           per real source token   4h² (cross-attention K/V)
+                           attention                4·b·t·t·h + 4·b·t·s·h
+           head            per real target token   2hV
+           A training step is 3× the forward (backward = 2×); recomputed blocks add their forward once more, which
+           `model_flops` leaves out (MFU counts the model's work, not the recomputation). tests/test_plan.py checks
+           this count against torch's FlopCounterMode on the model itself.
+
+What is counted (per rank; b = micro-batch size, s/t = source/target length, h = d_model, f = FFN size,
+a = heads, tp = model_parallel, V' = vocab padded to a multiple of tp, n = the rank's parameter count):
+
+memory     fp32: params 4n, grads 4n, AdamW exp_avg + exp_avg_sq 8n, and with ZeRO >= 1 DeepSpeed's fp32 master
+           copy 4n more; fp16/bf16: 2n, 2n and 12n (fp32 master copy + 2 states). ZeRO >= 1 divides the optimizer
+           state by dp, ZeRO >= 2 the grads, ZeRO 3 the params (⌈n/dp⌉; DeepSpeed's bucket alignment padding is
+           ignored).
+activations  tensors saved for backward per micro-batch, in elements of the training precision (4 bytes in fp32;
+           dropout masks 1 byte each when dropout > 0):
+           encoder layer  b·s·(4h + 4h/tp + 2f/tp) + k·b·(a/tp)·s²            (+ b·s·h for the final LayerNorm)
+           decoder layer  b·t·(6h + 6h/tp + 2f/tp) + 2·b·s·h/tp + k·b·(a/tp)·(t² + t·s)
+           per stage with decoder layers  + b·s·h (the encoder memory, input of every cross-attention K/V)
+           head           2·b·t·h + 2·b·t·V'/tp (logits shard and the loss's exp)
+           k = 2 with attention dropout (probabilities and their dropped copy), else 1. With recompute a block keeps
+           only its input (b·s·h or b·t·h) plus the carried tensor once, and one block's full set is live while it
+           is recomputed. Peak ≈ micro-batches in flight × per-micro-batch (+ that one block): in flight =
+           min(pp - stage, micro_batch_num) under DeepSpeed's 1F1B schedule, 1 without pipelining.
+The memory and communication figures are for batches padded to s/t (the most a step can hold): the blocks compute
+on real tokens only (`model.packing`), so their activations and tensor-parallel all-reduces scale with the real
+tokens of the batch — b·s below is then the batch's source tokens — while pipeline stages exchange padded tensors.
+
+tensor parallel  all-reduces of b·s·h (encoder) or b·t·h (decoder) elements: per encoder layer 2 forward + 2
+           backward, per decoder layer 3 + 3; per stage holding decoder layers 1 backward (the memory's gradient);
+           the head's input 1 backward; the loss 3 small forward ones (b·t, b·t, 2·b·t); split embeddings
+           (vocab_emb_dp false) 2 forward (b·s·h, b·t·h); recompute repeats the blocks' forward ones in backward.
+           These are exactly the calls `model.parallel.mappings.CommLog` records (tests/test_tp_model.py, tests/test_plan.py).
+           A ring all-reduce of P bytes over tp ranks sends 2·(tp-1)/tp·P per rank.
+pipeline   per micro-batch across each stage boundary: after an encoder block or a non-last decoder block the tuple
+           (two floats [b,s,h] and [b,t,h], src_ids [b,s] and tgt_ids [b,t] int64), backward the two float
+           gradients; after the last decoder block only [b,t,h] and its gradient. Every TP rank sends its own copy.
+data parallel  ring volume sent per rank, G = grad bytes, P = param bytes of the rank, r = (dp-1)/dp:
+           ZeRO 0 all-reduce 2r·G per step; ZeRO 1 reduce-scatter r·G + all-gather r·P per step; ZeRO 2 reduce-scatter
+           r·G every micro-batch + all-gather r·P per step; ZeRO 3 per micro-batch all-gather 2r·P (forward and
+           backward) + reduce-scatter r·G.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+from model.config import ModelConfig, ParallelConfig
+
+INT64 = 8
+
+
+# ----------------------------------------------------------------------------------------------------------- FLOPs
+
+def forward_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
+    """Forward FLOPs of the whole model for `pairs` sentence pairs with `src_tokens` / `tgt_tokens` real tokens,
+    padded to `src_len` / `tgt_len` (formula in the module docstring)."""
+    h, f, v, b, s, t = m.d_model, m.ffn, m.vocab_size, pairs, src_len, tgt_len
+    enc = src_tokens * (8 * h * h + 4 * h * f) + 4 * b * s * s * h
+    dec = tgt_tokens * (12 * h * h + 4 * h * f) + src_tokens * 4 * h * h + 4 * b * t * (t + s) * h
+    return m.encoder_layers * enc + m.decoder_layers * dec + tgt_tokens * 2 * h * v
+
+
+def model_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
+    """FLOPs of one training step's forward and backward over a global batch (3× forward; no recompute)."""
+    return 3 * forward_flops(m, src_tokens, tgt_tokens, pairs, src_len, tgt_len)
+
+
+# dense peak FLOP/s per GPU by (name fragment, precision), from the vendors' data sheets (no sparsity). fp32 is the
+# non-tensor-core rate: torch runs fp32 matrix products in true fp32 unless TF32 is switched on. A device not listed
+# here (every CPU) has no MFU: its peak is not guessed.
+PEAK_FLOPS = [
+    ("H100 PCIe", {"bf16": 756e12, "fp16": 756e12, "fp32": 51e12}),
+    ("H100", {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12}),
+    ("H200", {"bf16": 989.4e12, "fp16": 989.4e12, "fp32": 66.9e12}),
+    ("A100", {"bf16": 312e12, "fp16": 312e12, "fp32": 19.5e12}),
+]
+
+
+def peak_flops(device_name: str, precision: str) -> Optional[float]:
+    """Peak dense FLOP/s of one device of that name in `precision`, or None when unknown."""
+    for fragment, peaks in PEAK_FLOPS:
+        if fragment in device_name:
+            return peaks.get(precision)
+    return None
+
+
+
+def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> dict[str, int]:
+    """Per-rank bytes of parameters, gradients and AdamW state for n_params parameters (see module docstring).
+    The optimizer state is AdamW's two fp32 moments, plus — wherever DeepSpeed wraps the optimizer (every ZeRO
+    stage >= 1, and every half-precision run) — the fp32 master copy of the parameters it steps, which DeepSpeed
+    keeps even in fp32 (measured against its allocations in tests/test_plan.py)."""
+    half = precision in ("fp16", "bf16")
+    p_b, g_b = (2, 2) if half else (4, 4)
+    o_b = 12 if half or zero >= 1 else 8
+    part = -(-n_params // dp)           # ZeRO partition: ⌈n/dp⌉ elements
+
+    def n(stage_needed: int) -> int:
+        return part if zero >= stage_needed else n_params
+
+    out = {"param_bytes": n(3) * p_b, "grad_bytes": n(2) * g_b, "optimizer_bytes": n(1) * o_b}
+    out["total_bytes"] = sum(out.values())
+    return out
+
+
+def _encoder_elems(m: ModelConfig, tp: int, b: int, last: bool) -> tuple[int, int]:
+    """(float elements, mask bytes) saved by one encoder layer for one micro-batch."""
+    s, h, f, a = m.src_len, m.d_model, m.ffn, m.num_heads // tp
+    k = 2 if m.attention_dropout > 0 else 1
+    elems = b * s * (4 * h + 4 * h // tp + 2 * f // tp) + k * b * a * s * s + (b * s * h if last else 0)
+    masks = (2 * b * s * h if m.dropout > 0 else 0) + (b * a * s * s if m.attention_dropout > 0 else 0)
+    return elems, masks
+
+
+def _decoder_elems(m: ModelConfig, tp: int, b: int) -> tuple[int, int]:
+    s, t, h, f, a = m.src_len, m.tgt_len, m.d_model, m.ffn, m.num_heads // tp
+    k = 2 if m.attention_dropout > 0 else 1
+    elems = b * t * (6 * h + 6 * h // tp + 2 * f // tp) + 2 * b * s * h // tp + k * b * a * (t * t + t * s)
+    masks = (3 * b * t * h if m.dropout > 0 else 0) + (b * a * (t * t + t * s) if m.attention_dropout > 0 else 0)
+    return elems, masks
+
+
+def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
+                     precision: str = "fp32", recomputed: Optional[Sequence[str]] = None) -> dict[str, int]:
+    """Activation estimate of one stage holding the layers `names` (formula in the module docstring);
+    `recomputed`: the blocks pipeline_func recomputes (default: every block when p.recompute)."""
+    tp, b, s, t, h = p.model_parallel, micro, m.src_len, m.tgt_len, m.d_model
+    el = 2 if precision in ("fp16", "bf16") else 4
+    recomputed = _recomputed(p, names, recomputed)
+    kept = other = carried = 0
+    largest = 0
+    for name in names:
+        if name == "embeddings":
+            other += b * (s + t) * h if m.dropout > 0 else 0                  # dropout masks
+        elif name.startswith(("encoder.", "decoder.")):
+            if name.startswith("encoder."):
+                e, k = _encoder_elems(m, tp, b, last=name == f"encoder.{m.encoder_layers - 1}")
+                block_input = b * s * h * el
+                carried = max(carried, b * t * h * el) if name in recomputed else carried    # tgt_h rides along
+            else:
+                e, k = _decoder_elems(m, tp, b)
+                block_input = b * t * h * el
+                carried = b * s * h * el if name in recomputed else carried                  # the encoder memory
+            if name in recomputed:
+                kept, largest = kept + block_input, max(largest, e * el + k)
+            else:
+                kept += e * el + k
+        elif name == "head":
+            other += (2 * b * t * h + 2 * b * t * m.padded_vocab(tp) // tp) * el
+    decoders = [n for n in names if n.startswith("decoder.")]
+    # the memory, input of every cross-attention K/V: counted once per stage unless only carried (all recomputed)
+    memory = b * s * h * el if decoders and not all(n in recomputed for n in decoders) else 0
+    if memory:
+        carried = 0
+    return {"per_micro_batch": other + kept + carried + memory, "recompute_transient": largest}
+
+
+def _recomputed(p: ParallelConfig, names: Sequence[str], recomputed: Optional[Sequence[str]]) -> set[str]:
+    """The blocks among `names` whose forward is recomputed in backward."""
+    blocks = {n for n in names if n.startswith(("encoder.", "decoder."))}
+    if recomputed is None:
+        return blocks if p.recompute else set()
+    return blocks & set(recomputed)
+
+
+def in_flight(p: ParallelConfig, stage: int) -> int:
+    """Micro-batches whose activations a stage holds at once (DeepSpeed 1F1B; gradient accumulation: 1)."""
+    if p.pipeline_stage == 1:
+        return 1
+    return min(p.pipeline_stage - stage, p.micro_batch_num)
+
+
+# ---------------------------------------------------------------------------------------------------- communication
+
+def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
+                  recomputed: Optional[Sequence[str]] = None) -> dict[str, list[int]]:
+    """Element counts of every TP all-reduce one rank of this stage issues per micro-batch: "forward" and
+    "backward" (activations and their gradients, `CommLog` op "all_reduce") and "loss" (the vocab-parallel loss's
+    statistics, fp32, op "loss_all_reduce"). `recomputed` as in activation_bytes."""
+    fwd: list[int] = []
+    bwd: list[int] = []
+    loss: list[int] = []
+    if p.model_parallel > 1:
+        b, s, t, h = micro, m.src_len, m.tgt_len, m.d_model
+        n_enc = sum(1 for n in names if n.startswith("encoder."))
+        n_dec = sum(1 for n in names if n.startswith("decoder."))
+        fwd += [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
+        bwd += [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
+        if "embeddings" in names and not p.vocab_emb_dp:
+            fwd += [b * s * h, b * t * h]               # split word tables: partial lookups summed
+        if n_dec:
+            bwd.append(b * s * h)                       # the memory's gradient, once per stage
+        if "head" in names:
+            bwd.append(b * t * h)                       # the head's input gradient
+            loss += [b * t, b * t, 2 * b * t]           # max, sum-exp, (target logit, logit sum)
+        rc = _recomputed(p, names, recomputed)          # the recomputed blocks' forward, again inside backward
+        bwd += [b * s * h] * (2 * sum(1 for n in rc if n.startswith("encoder.")))
+        bwd += [b * t * h] * (3 * sum(1 for n in rc if n.startswith("decoder.")))
+    return {"forward": fwd, "backward": bwd, "loss": loss}
+
+
+def boundary_tensors(m: ModelConfig, last_layer: str, micro: int) -> list[dict]:
+    """What crosses a stage boundary after `last_layer`, per micro-batch."""
+    b, s, t, h = micro, m.src_len, m.tgt_len, m.d_model
+    if last_layer == f"decoder.{m.decoder_layers - 1}":
+        return [{"name": "tgt_h", "shape": [b, t, h], "float": True}]
+    if last_layer.startswith("decoder.") or last_layer == f"encoder.{m.encoder_layers - 1}":
+        first = [{"name": "tgt_h", "shape": [b, t, h], "float": True},
+                 {"name": "memory", "shape": [b, s, h], "float": True}]
+    else:                                           # embeddings or a non-last encoder block
+        first = [{"name": "src_h", "shape": [b, s, h], "float": True},
+                 {"name": "tgt_h", "shape": [b, t, h], "float": True}]
+    return first + [{"name": "src_ids", "shape": [b, s], "float": False},
+                    {"name": "tgt_ids", "shape": [b, t], "float": False}]
+
+
+def dp_bytes(grad_bytes_full: int, param_bytes_full: int, p: ParallelConfig) -> dict:
+    """Bytes one rank sends per step for data-parallel gradient sync (ring volumes; see module docstring)."""
+    dp, zero, mb = p.data_parallel, p.effective_zero_stage, p.micro_batch_num
+    if dp == 1:
+        return {"bytes_per_step": 0, "how": "dp = 1: no data-parallel communication"}
+    r = (dp - 1) / dp
+    G, P = grad_bytes_full, param_bytes_full
+    if zero == 0:
+        total, how = 2 * r * G, "all-reduce of the gradients once per step: 2·(dp-1)/dp × grads"
+    elif zero == 1:
+        total, how = r * G + r * P, ("reduce-scatter of the gradients + all-gather of the updated parameters once "
+                                     "per step: (dp-1)/dp × (grads + params)")
+    elif zero == 2:
+        total, how = mb * r * G + r * P, ("reduce-scatter of the gradients every micro-batch + all-gather of the "
+                                          "parameters per step")
+    else:
+        total, how = mb * (2 * r * P + r * G), ("per micro-batch: all-gather of the parameters in forward and "
+                                               "backward + reduce-scatter of the gradients")
+    return {"bytes_per_step": int(round(total)), "how": how}
+
+

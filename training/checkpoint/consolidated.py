@@ -1,0 +1,93 @@
+"""One fp32 state dict of the serial model, from training checkpoints: merged from any layout, or averaged.
+
+The consolidated form is a dict {"model": {name: fp32 tensor}, "model_config": {...}, "step": N, "saved_layout":
+{...}, "tokenizer_sha256": ..., and for an average "averaged": [{"checkpoint", "step"}, ...]}.
+run_scripts/merge_checkpoint.py and run_scripts/average_checkpoints.py write it with torch.save; evaluate.py and
+export_hf.py take such a file wherever they take a checkpoint folder (`load`). Checkpoint folders are read only
+through training.checkpoint.manager's public functions (resolve, read_meta, load_full_state, check_compatible).
+"""
+from __future__ import annotations
+
+import os
+from typing import Sequence
+
+import torch
+
+from model.config import ModelConfig
+from common.errors import UserError
+from training.checkpoint.folder import resolve
+from training.checkpoint.format import check_compatible, load_full_state, read_meta
+
+KEYS = ("model", "model_config", "step")
+
+
+def merge(path: str, with_optimizer: bool = False) -> dict:
+    """The checkpoint at `path` (a step folder, or a run's / checkpoints/ folder → its latest) as one serial state
+    dict, whatever layout saved it."""
+    path = resolve(path)
+    meta = read_meta(path)
+    full = load_full_state(path, meta)
+    out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
+           "step": meta["step"], "saved_layout": meta["parallel"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
+           "checkpoint": path}
+    if with_optimizer:
+        out["optimizer"] = {name: {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"]}
+                            for name, v in sorted(full.items())}
+        out["optimizer_step"] = meta["optimizer_step"]
+    return out
+
+
+def load(path: str) -> dict:
+    """A consolidated .pt file (merge_checkpoint.py, average_checkpoints.py), or a checkpoint folder merged now."""
+    if not os.path.isfile(path):
+        return merge(path)
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any unpickling failure means it is not our file
+        raise UserError(f"{path} is not a consolidated checkpoint (.pt from merge_checkpoint.py or "
+                        f"average_checkpoints.py): {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+    missing = [k for k in KEYS if k not in obj] if isinstance(obj, dict) else list(KEYS)
+    if missing:
+        raise UserError(f"{path} is not a consolidated checkpoint (merge_checkpoint.py / average_checkpoints.py): "
+                        f"it lacks {', '.join(missing)}")
+    obj.setdefault("checkpoint", path)
+    return obj
+
+
+def average(paths: Sequence[str]) -> dict:
+    """The elementwise mean of the fp32 weights of several checkpoints (folders of any layout, or consolidated
+    files) of the same model; summed in float64, stored in fp32. Step and config are the last checkpoint's."""
+    if not paths:
+        raise UserError("no checkpoints to average")
+    if len(set(map(os.path.realpath, paths))) != len(paths):
+        raise UserError(f"a checkpoint is given twice in {', '.join(paths)}")
+    total, first, last, sources = None, None, None, []
+    for path in paths:
+        state = load(path)
+        if first is None:
+            first = state
+            total = {name: t.double() for name, t in state["model"].items()}
+        else:
+            check_compatible({"model": state["model_config"]}, ModelConfig(**first["model_config"]), path)
+            a, b = first.get("tokenizer_sha256"), state.get("tokenizer_sha256")
+            if a and b and a != b:
+                raise UserError(f"{path} was trained with another tokenizer than {first['checkpoint']}; "
+                                f"only checkpoints of one run (one vocabulary) can be averaged")
+            if set(state["model"]) != set(total):
+                raise UserError(f"{path} has other parameters than {first['checkpoint']}")
+            for name, t in state["model"].items():
+                total[name] += t.double()
+        sources.append({"checkpoint": state["checkpoint"], "step": state["step"]})
+        last = state
+    model = {name: (t / len(paths)).float() for name, t in total.items()}
+    return {"model": model, "model_config": last["model_config"], "step": last["step"],
+            "saved_layout": last.get("saved_layout"), "tokenizer_sha256": last.get("tokenizer_sha256"),
+            "averaged": sources}
+
+
+def save(obj: dict, path: str) -> None:
+    """torch.save to path atomically (a .part file renamed into place)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".part"
+    torch.save(obj, tmp)
+    os.replace(tmp, path)

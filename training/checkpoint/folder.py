@@ -1,0 +1,136 @@
+"""The checkpoints/ folder of a run: step names, `latest`, listing, pruning, partial saves, and resolving a path.
+
+    OUTPUT_DIR/checkpoints/
+        step_00000020/   a complete checkpoint (training.checkpoint.format); step_N.tmp/ while it is written
+        best/            the best validation checkpoint, outside the rotation
+        latest           the name of the newest complete step_* checkpoint
+
+Atomicity: files go into `step_N.tmp/`; after every rank has written, rank 0 writes meta.json, renames the folder to
+`step_N`, then moves `latest` (write + rename), and only then prunes old checkpoints. A crash at any moment leaves
+either the previous complete checkpoint or a `.tmp` folder / `.part` file, which `remove_partial_saves` clears at
+the next start (under the output folder's lock, nobody else is writing them). Multi-node runs need OUTPUT_DIR on a
+shared filesystem.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from typing import Optional
+
+from common.errors import UserError
+from training.checkpoint.format import read_meta
+from training.faults.disk_full import checkpoint_file_guard
+
+
+# ----------------------------------------------------------------------------------------------- paths
+def checkpoints_dir(output_dir: str) -> str:
+    return os.path.join(output_dir, "checkpoints")
+
+
+def step_dirname(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def latest_checkpoint(ckpt_root: str) -> Optional[str]:
+    pointer = os.path.join(ckpt_root, "latest")
+    if not os.path.isfile(pointer):
+        return None
+    with open(pointer, encoding="utf-8") as f:
+        name = f.read().strip()
+    path = os.path.join(ckpt_root, name)
+    if not os.path.isdir(path):
+        raise UserError(f"{pointer} names {name}, which does not exist: the checkpoint folder was damaged; point "
+                        f"--ckpt_file at one of the step_* folders in {ckpt_root}")
+    return path
+
+
+def resolve(path: str) -> str:
+    """--ckpt_file: a step folder, or a checkpoints/ or output folder (→ its latest)."""
+    if not os.path.exists(path):
+        raise UserError(f"checkpoint {path} not found")
+    if not os.path.isdir(path):
+        raise UserError(f"checkpoint {path} is a file: give a step_* folder, a checkpoints/ folder or a run's "
+                        f"output_dir (a .pt from merge_checkpoint.py is already merged, for evaluate.py/export_hf.py)")
+    if os.path.isfile(os.path.join(path, "meta.json")):
+        return path
+    for root in (path, checkpoints_dir(path)):
+        found = latest_checkpoint(root) if os.path.isdir(root) else None
+        if found:
+            return found
+    if path.endswith(".tmp") or any(n.endswith(".tmp") for n in os.listdir(path)):
+        raise UserError(f"{path} holds only a partial checkpoint (a save was interrupted); use an earlier one")
+    raise UserError(f"{path} is not a checkpoint: no meta.json and no 'latest' pointer in it")
+
+
+def write_atomic(path: str, write) -> None:
+    tmp = path + ".part"
+    with checkpoint_file_guard(tmp):        # out of room: one line, the partial save removed (training.faults.disk_full)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def prune(root: str, keep: int) -> None:
+    if keep <= 0:
+        return
+    done = sorted(n for n in os.listdir(root) if n.startswith("step_") and not n.endswith(".tmp"))
+    for name in done[:-keep]:
+        shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+    for name in os.listdir(root):                              # partial saves left by a crash
+        if name.endswith(".tmp"):
+            shutil.rmtree(os.path.join(root, name), ignore_errors=True)
+
+
+def step_of(path: str) -> Optional[int]:
+    match = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(path)))
+    if match:
+        return int(match.group(1))
+    try:
+        with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+            return int(json.load(f)["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def saved_checkpoints(output_dir: str) -> list[str]:
+    """The complete checkpoints (folders with meta.json) in OUTPUT_DIR/checkpoints, by name."""
+    root = checkpoints_dir(output_dir)
+    if not os.path.isdir(root):
+        return []
+    return sorted(n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n, "meta.json")))
+
+
+def remove_partial_saves(folder: str) -> None:
+    """checkpoints/*.tmp folders and *.part files are saves a crash or a full disk interrupted: never loadable,
+    and (the lock is held) nobody is writing them."""
+    root = os.path.join(folder, "checkpoints")
+    if not os.path.isdir(root):
+        return
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.endswith(".tmp") and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
+        elif name.endswith(".part") and os.path.isfile(path):
+            os.remove(path)
+
+
+def last_checkpoints(run_dir: str, k: int) -> list[str]:
+    """The last k complete step_* checkpoints of a run (its output_dir or its checkpoints/ folder), oldest first."""
+    if k < 1:
+        raise UserError(f"--last {k} must be >= 1")
+    root = checkpoints_dir(run_dir) if os.path.isdir(checkpoints_dir(run_dir)) else run_dir
+    if not os.path.isdir(root):
+        raise UserError(f"{run_dir} not found")
+    found = []
+    for name in os.listdir(root):
+        path = os.path.join(root, name)
+        if name.startswith("step_") and not name.endswith(".tmp") and os.path.isfile(os.path.join(path, "meta.json")):
+            found.append((read_meta(path)["step"], path))
+    if len(found) < k:
+        raise UserError(f"--last {k}: {root} holds {len(found)} complete checkpoint(s); average at most "
+                        f"{len(found)}, or keep more with train.py --keep_checkpoint_max")
+    return [path for _, path in sorted(found)[-k:]]

@@ -1,0 +1,233 @@
+"""A checkpoint on disk (format 2): the names of its files, meta.json, and reading its shards slice by slice.
+
+    step_00000020/
+        meta.json                 step, configs (model, the saving layout), the batching flags and seed
+                                  (`data_order`: a resume with others is refused), the pairs trained on
+                                  (`samples_seen`), the optimizer step and which optimizer saved it, LR schedule,
+                                  tokenizer hash, the checkpoint's and run's identities, and the list of files below
+        shard_pp{P}_tp{T}.safetensors
+                                  for every parameter of pipeline stage P, TP rank T: its fp32 master weight
+                                  `param/<name>` and AdamW moments `exp_avg/<name>`, `exp_avg_sq/<name>`, gathered
+                                  over the DP (ZeRO) ranks; the header's metadata holds each parameter's TP partition
+                                  dim and full size, the format version and the checkpoint identity
+        rng_rank{R}.safetensors   every RNG stream of global rank R (exact dropout on a same-layout resume)
+
+Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in the serial model and the pipeline).
+`ShardIndex` reads, for any TP slice a loading rank needs, only the rows of the saved TP shards that overlap it
+(`model.parallel.sharding.shard_rows` / `saved_pieces`: safetensors slices of a mapped file). Every file carries the
+checkpoint's identity, so a file copied in from another checkpoint is refused. Format 1 (torch .pt shards) is
+converted by run_scripts/convert_checkpoint.py (training.checkpoint.convert).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import torch
+
+from common.errors import UserError
+from model.config import ModelConfig
+from model.parallel.sharding import saved_pieces, shard_rows
+from training.checkpoint.optimizer_state import KEYS
+from training.checkpoint.shard_io import read_all, read_header, read_slice, write_tensors
+
+
+FORMAT_VERSION = 2
+
+
+SHARD_FORMAT = "ds-transformer-recipes checkpoint shard"
+
+
+# model sizes that must match for a checkpoint to load (dropout, smoothing etc. may change on resume)
+SHAPE_FIELDS = ("vocab_size", "d_model", "num_heads", "ffn", "encoder_layers", "decoder_layers", "src_len",
+                "tgt_len", "pad_id", "share_embeddings")
+
+
+# ----------------------------------------------------------------------------------------------- names & files
+def canonical_name(name: str) -> str:
+    """'blocks.3.attn.qkv.weight' (serial) and '3.attn.qkv.weight' (PipelineModule) → 'blocks.3.attn.qkv.weight'."""
+    return name if name.startswith("blocks.") else "blocks." + name
+
+
+def shard_file(pp_rank: int, tp_rank: int) -> str:
+    return f"shard_pp{pp_rank}_tp{tp_rank}.safetensors"
+
+
+def rng_file(rank: int) -> str:
+    return f"rng_rank{rank}.safetensors"
+
+
+def tensor_name(key: str, name: str) -> str:
+    """The safetensors name of a parameter's "param" / "exp_avg" / "exp_avg_sq"."""
+    return f"{key}/{name}"
+
+
+def write_shard_file(path: str, entries: dict, metadata: dict) -> None:
+    """A whole shard at once from {name: {"param", "exp_avg", "exp_avg_sq", "partition_dim", "full_size"}}
+    (the converter and tests; save() streams instead)."""
+    params = {n: {"partition_dim": e["partition_dim"], "full_size": e["full_size"]} for n, e in entries.items()}
+    write_tensors(path, {tensor_name(k, n): e[k].float().contiguous() for n, e in entries.items() for k in KEYS},
+                  {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
+                   "params": json.dumps(params)})
+
+
+def rng_tensors(state: dict, prefix: str = "") -> dict:
+    """RNG.get_state() as flat {"default/cpu": tensor, "tp/cpu": ..., ...} for a safetensors file."""
+    out = {}
+    for key, value in state.items():
+        if isinstance(value, dict):
+            out.update(rng_tensors(value, f"{prefix}{key}/"))
+        elif value is not None:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def rng_state(flat: dict) -> dict:
+    state: dict = {"default": {}, "tp": None}          # RNG.get_state(): {"default": {device: state}, "tp": ...}
+    for key, value in flat.items():
+        group, device = key.split("/", 1)
+        if state.get(group) is None:
+            state[group] = {}
+        state[group][device] = value
+    return state
+
+
+# ----------------------------------------------------------------------------------------------- load
+def convert_command(path: str) -> str:
+    new = os.path.join(os.path.dirname(os.path.abspath(path)), "v2-" + os.path.basename(os.path.abspath(path)))
+    return f"python run_scripts/convert_checkpoint.py {path} {new}"
+
+
+def read_meta(path: str) -> dict:
+    meta_path = os.path.join(path, "meta.json")
+    if not os.path.isfile(meta_path):
+        raise UserError(f"{path} is not a complete checkpoint: meta.json is missing")
+    try:
+        with open(meta_path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{meta_path} is corrupt ({exc})")
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if version == 1:
+        raise UserError(f"{path} is a format-1 checkpoint (torch .pt shards) and this version reads format "
+                        f"{FORMAT_VERSION} (safetensors); convert it once with `{convert_command(path)}` and load "
+                        f"the converted folder")
+    if version != FORMAT_VERSION:
+        raise UserError(f"{path}: checkpoint format {version} is not {FORMAT_VERSION}: it was written by another "
+                        f"version of this code; load it with that version")
+    missing = [n for n in meta["shards"] + meta["rng"] if not os.path.isfile(os.path.join(path, n))]
+    if missing:
+        raise UserError(f"{path} is incomplete: missing {', '.join(missing[:4])}"
+                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+    return meta
+
+
+def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
+    saved = ModelConfig(**meta["model"])
+    diffs = [f"{f}: checkpoint {getattr(saved, f)} vs now {getattr(model_cfg, f)}" for f in SHAPE_FIELDS
+             if getattr(saved, f) != getattr(model_cfg, f)]
+    if diffs:
+        raise UserError(f"checkpoint {path} was trained with a different model — " + "; ".join(diffs)
+                        + ". Use the same model flags/recipe (layouts may differ)")
+
+
+def check_identity(path: str, fname: str, got: dict, meta: dict) -> None:
+    """A file of this checkpoint carries meta.json's checkpoint id; anything else was copied in."""
+    if got.get("checkpoint_id") == meta.get("checkpoint_id"):
+        return
+    if got.get("run_id") == meta.get("run_id"):
+        origin = f"step {got.get('step')} of the same run"
+    else:
+        origin = f"another run (run {got.get('run_id')}, step {got.get('step')})"
+    raise UserError(f"checkpoint {path}: {fname} belongs to {origin}, not to this checkpoint (run "
+                    f"{meta.get('run_id')}, step {meta.get('step')}): a file was copied in from another checkpoint; "
+                    f"use the checkpoint's own files or an earlier complete checkpoint")
+
+
+class ShardIndex:
+    """The saved shards of a checkpoint, by parameter: which stage saved it, its TP partition and shapes, from the
+    files' headers only (every file's identity checked). Values are read on demand, slice by slice."""
+
+    def __init__(self, path: str, meta: dict):
+        self.path, self.meta = path, meta
+        self.saved_tp = meta["parallel"]["model_parallel"]
+        self.entries: dict = {}
+        for pp in range(meta["parallel"]["pipeline_stage"]):
+            for tp in range(self.saved_tp):
+                header, info = read_header(self.file(pp, tp))
+                if info.get("format") != SHARD_FORMAT or info.get("format_version") != str(FORMAT_VERSION):
+                    raise UserError(f"checkpoint {path}: {shard_file(pp, tp)} is not a format-{FORMAT_VERSION} "
+                                    f"checkpoint shard")
+                check_identity(path, shard_file(pp, tp), info, meta)
+                if tp:
+                    continue
+                for name, e in json.loads(info["params"]).items():
+                    self.entries[name] = {**e, "stage": pp, "shape": header[tensor_name("param", name)]["shape"]}
+
+    def file(self, pp: int, tp: int) -> str:
+        return os.path.join(self.path, shard_file(pp, tp))
+
+    def names(self) -> list:
+        return list(self.entries)
+
+    def _entry(self, name: str) -> dict:
+        if name not in self.entries:
+            raise UserError(f"checkpoint {self.path} has no parameter {name}")
+        return self.entries[name]
+
+    def full_len(self, name: str, dim: int) -> int:
+        e = self._entry(name)
+        if e["partition_dim"] == dim:
+            return e["full_size"] or e["shape"][dim] * self.saved_tp
+        return e["shape"][dim]
+
+    def read_rows(self, name: str, key: str, dim: Optional[int], lo: int = 0, hi: Optional[int] = None):
+        """Rows [lo, hi) along `dim` of the full (serial, unpadded) tensor — dim None: all of it — reading only the
+        saved shards that hold them."""
+        e, tname = self._entry(name), tensor_name(key, name)
+        saved_dim = e["partition_dim"]
+        if dim is None and saved_dim is not None:
+            dim, lo, hi = saved_dim, 0, None
+        if dim is None or saved_dim is None:          # replicated when saved: TP rank 0's copy has it all
+            return read_slice(self.file(e["stage"], 0), tname, dim, lo, hi)
+        hi = self.full_len(name, dim) if hi is None else hi
+        if saved_dim != dim:                          # split along another dim when saved: whole, then narrow
+            return self.read_rows(name, key, saved_dim).narrow(dim, lo, hi - lo)
+        parts = [read_slice(self.file(e["stage"], t), tname, dim, a, b)
+                 for t, a, b in saved_pieces(lo, hi, e["shape"][dim], self.saved_tp)]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+    def read_local(self, name: str, key: str, dim: Optional[int], tp_rank: int, shape: tuple) -> torch.Tensor:
+        """TP rank `tp_rank`'s slice, of `shape`, by take_shard's rule (zero rows past the end: TP padding)."""
+        if dim is None:
+            value = self.read_rows(name, key, None)
+        else:
+            lo, hi, pad = shard_rows(self.full_len(name, dim), tp_rank, shape[dim])
+            parts = [self.read_rows(name, key, dim, lo, hi)] if hi > lo else []
+            if pad:
+                pad_shape = list(shape)
+                pad_shape[dim] = pad
+                parts.append(torch.zeros(pad_shape, dtype=torch.float32))
+            value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+        if tuple(value.shape) != tuple(shape):
+            raise UserError(f"checkpoint {self.path}: {name} has shape {tuple(value.shape)} here, the model needs "
+                            f"{tuple(shape)}")
+        return value
+
+
+def read_shard(path: str, pp_rank: int, tp_rank: int) -> dict:
+    """What (stage pp_rank, TP rank tp_rank) saved: {canonical name: {"param", "exp_avg", "exp_avg_sq",
+    "partition_dim", "full_size"}} (the local shard, gathered over ZeRO partitions)."""
+    file = os.path.join(path, shard_file(pp_rank, tp_rank))
+    _, info = read_header(file)
+    tensors = read_all(file)
+    return {name: {**{k: tensors[tensor_name(k, name)] for k in KEYS}, **e}
+            for name, e in json.loads(info["params"]).items()}
+
+
+def load_full_state(path: str, meta: dict, names: Optional[set] = None) -> dict:
+    """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
+    index = ShardIndex(path, meta)
+    return {name: {k: index.read_rows(name, k, None) for k in KEYS}
+            for name in index.names() if names is None or name in names}

@@ -1,0 +1,73 @@
+"""Where a run starts: which checkpoint `--resume` / `--ckpt_file` name, and refusing starts that would mix two
+histories in one output folder.
+
+`resume_source(section)` is what train.py loads: `--resume` (the folder's latest), `--resume auto` (the latest, or
+`--ckpt_file`, or nothing), `--resume PATH` (that checkpoint), `--ckpt_file PATH`. `check_start_point` refuses a
+fresh run into a folder that already holds checkpoints (its saves would replace them and `latest` would jump between
+two histories), a run from a checkpoint elsewhere, and one from an older checkpoint of this folder while newer ones
+exist. It runs on global rank 0 under the output folder's lock (training.faults.output_lock.claim_output_dir).
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from common.errors import UserError
+from training.checkpoint.folder import checkpoints_dir, latest_checkpoint, resolve, saved_checkpoints, step_of
+from training.config.sections import CheckpointSection
+
+
+AUTO = "auto"
+
+
+LATEST = "latest"                                 # --resume without a value
+
+
+def resume_source(section: CheckpointSection) -> Optional[str]:
+    """The checkpoint folder this run starts from, or None for a fresh start (UserError when there is none where
+    the flags say there must be one)."""
+    resume, ckpt_file = section.resume, section.ckpt_file
+    if resume not in (None, AUTO, LATEST):                     # --resume PATH
+        if ckpt_file:
+            raise UserError(f"--resume {resume} and --ckpt_file {ckpt_file} both name a checkpoint; give one")
+        return resolve(resume)
+    if resume is not None:
+        root = checkpoints_dir(section.output_dir)
+        found = latest_checkpoint(root) if os.path.isdir(root) else None
+        if found:
+            return found
+        if ckpt_file:
+            return resolve(ckpt_file)
+        if resume != AUTO:
+            raise UserError(f"--resume: no checkpoint in {root}; use --resume auto to start fresh when there "
+                            f"is none, or --ckpt_file PATH")
+        return None
+    return resolve(ckpt_file) if ckpt_file else None
+
+
+def check_start_point(section: CheckpointSection, source: Optional[str]) -> None:
+    """Refuse a start that would mix two histories in OUTPUT_DIR's checkpoints (see the module docstring)."""
+    saved = saved_checkpoints(section.output_dir)
+    if not section.train or not saved:
+        return
+    root = os.path.realpath(checkpoints_dir(section.output_dir))
+    steps = [(step_of(n), n) for n in saved if n.startswith("step_")]                         # not best/
+    newest = max(((s, n) for s, n in steps if s is not None), default=None)
+    what = f"checkpoints up to {newest[1]}" if newest else f"checkpoints ({', '.join(saved[:3])})"
+    if source is None:
+        raise UserError(f"--output_dir {section.output_dir} already holds {what} and this run starts fresh: its saves "
+                        f"would replace them. Continue that run with --resume (or --resume auto), or choose "
+                        f"another --output_dir")
+    source_real = os.path.realpath(source)
+    own_latest = latest_checkpoint(root)
+    if own_latest and os.path.realpath(own_latest) == source_real:
+        return                                                 # the folder's own run continues
+    if os.path.dirname(source_real) != root:
+        raise UserError(f"--output_dir {section.output_dir} already holds {what} of its own; continuing {source} "
+                        f"there would mix two runs. Choose another --output_dir (or pass --resume alone to "
+                        f"continue {section.output_dir}'s own run)")
+    step = step_of(source_real)
+    if newest is not None and step is not None and step < newest[0]:
+        raise UserError(f"{source} is step {step}, but {section.output_dir} also holds later checkpoints (up to "
+                        f"{newest[1]}) that this run would overwrite one by one. Start from it in another "
+                        f"--output_dir, or move the later checkpoints away first")

@@ -1,0 +1,263 @@
+"""train.py's flags (the seed's names kept) and recipe files, parsed into a Namespace and then into typed sections
+(training.config.sections.TrainConfig).
+
+Precedence: built-in defaults < recipe JSON (`--recipe`) < command-line flags. A recipe is JSON with sections
+{"model", "parallel", "training", "deepspeed"}; keys starting with "_" are comments (recipes explain their batch
+arithmetic in them). Parallel keys use the seed's `TransformerOpParallelConfig` names.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Optional
+
+from common.errors import UserError
+from preprocess.textio import read_json
+from training.config.deepspeed_check import check_deepspeed_config, strip_comments
+from training.config.sections import TrainConfig
+from training.core.schedule import SCHEDULES
+
+# recipe "parallel" key (seed name) → flag dest
+PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "micro_batch_num": "micro_batch_num",
+                 "optimizer_shard": "enable_parallel_optimizer", "gradient_aggregation_group":
+                 "gradient_aggregation_group", "recompute": "recompute", "vocab_emb_dp": "vocab_emb_dp",
+                 "zero_stage": "zero_stage", "pipeline_func": "pipeline_func", "data_parallel": "data_parallel",
+                 "interleave_num": "interleave_num"}
+
+EXAMPLES = """\
+examples (CPU, bundled Multi30k; see README):
+  python run_scripts/train.py --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
+  deepspeed --num_gpus 2 run_scripts/train.py --distribute true --file_path out/data/train.fr_en.tsv \\
+      --mp 2 --steps 20 --output_dir out/tp2
+  deepspeed --num_gpus 8 run_scripts/train.py --recipe recipes/8pcs/8pcs.json --file_path DATA.tsv
+  deepspeed --hostfile hostfile run_scripts/train.py --recipe recipes/16pcs/16pcs.json --file_path DATA.tsv
+
+The data-parallel size is derived as world_size // mp // pipeline_stage, as in the seed.
+"""
+
+
+def _bool(v) -> bool:
+    if isinstance(v, bool):
+        return v
+    s = str(v).strip().lower()
+    if s in ("1", "true", "yes", "on"):
+        return True
+    if s in ("0", "false", "no", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true/false or 1/0, got {v!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="train.py", description="Train the encoder-decoder Transformer with tensor (mp), pipeline and data "
+        "parallelism on DeepSpeed. Launch with `deepspeed --num_gpus N`, `deepspeed --hostfile H`, torchrun, or "
+        "plain python for one process.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_argument_group("the seed's flags")
+    g.add_argument("--distribute", default="auto", choices=["true", "false", "auto"],
+                   help="true: join the launcher's process group; false: one process; auto (default): true when "
+                        "started by a launcher (WORLD_SIZE set)")
+    g.add_argument("--file_path", help="training data: a TSV of 'source<TAB>target' pairs (preprocess.parallel)")
+    g.add_argument("--mp", type=int, default=1, help="model (tensor) parallel size (default 1)")
+    g.add_argument("--pipeline_stage", type=int, default=1, help="number of pipeline stages (default 1)")
+    g.add_argument("--micro_batch_num", type=int, default=1,
+                   help="micro-batches per step = gradient accumulation steps (default 1)")
+    g.add_argument("--batch_size", type=int, default=32, help="GLOBAL batch size in sentence pairs (default 32)")
+    g.add_argument("--src_len", type=int, default=10, help="source length in tokens (default 10, the seed's)")
+    g.add_argument("--tgt_len", type=int, default=10, help="target length in tokens (default 10, the seed's)")
+    g.add_argument("--vocab_size", type=int, default=None,
+                   help="model vocabulary (default: the tokenizer's size; must be >= it)")
+    g.add_argument("--d_model", type=int, default=128, help="hidden size (default 128)")
+    g.add_argument("--encoder_layer", type=int, default=1, help="encoder blocks (default 1)")
+    g.add_argument("--decoder_layer", type=int, default=1, help="decoder blocks (default 1)")
+    g.add_argument("--lr", type=float, default=1e-4, help="peak learning rate (default 1e-4)")
+    g.add_argument("--enable_parallel_optimizer", type=_bool, default=False,
+                   help="0/1: shard optimizer state over data-parallel ranks (ZeRO stage 1)")
+    g.add_argument("--ckpt_file", default=None, help="checkpoint directory to resume from (or to evaluate)")
+    g.add_argument("--train", type=_bool, default=True, help="1: train (default); 0: only evaluate the loss")
+
+    g = p.add_argument_group("model")
+    g.add_argument("--num_heads", type=int, default=8, help="attention heads (default 8, the seed's)")
+    g.add_argument("--ffn_size", type=int, default=0, help="FFN hidden size (default 0 = d_model, the seed's)")
+    g.add_argument("--dropout", type=float, default=0.1, help="hidden dropout (default 0.1)")
+    g.add_argument("--attention_dropout", type=float, default=None, help="attention dropout (default = --dropout)")
+    g.add_argument("--label_smoothing", type=float, default=0.0, help="label smoothing (default 0)")
+    g.add_argument("--share_embeddings", type=_bool, default=False,
+                   help="0/1: one table for source words, target words and the output projection (a joint "
+                        "vocabulary, as the BPE tokenizer builds); with --mp > 1 it needs --vocab_emb_dp 0")
+    g.add_argument("--tokenizer", default=None,
+                   help="tokenizer.json; without it a BPE tokenizer is trained on --file_path and cached")
+    g.add_argument("--tokenizer_vocab_size", type=int, default=8000,
+                   help="vocabulary of the auto-built BPE tokenizer (default 8000)")
+
+    g = p.add_argument_group("parallelism and memory")
+    g.add_argument("--data_parallel", type=int, default=None,
+                   help="optional check: the dp size you expect (derived from the world size otherwise)")
+    g.add_argument("--zero_stage", type=int, default=None, choices=[0, 1, 2, 3],
+                   help="ZeRO stage (default: 1 with --enable_parallel_optimizer 1, else 0; 2/3 need "
+                        "pipeline_stage 1)")
+    g.add_argument("--gradient_aggregation_group", type=int, default=4,
+                   help="gradient reduction buckets per step: bucket = gradient bytes / groups (default 4)")
+    g.add_argument("--recompute", type=_bool, default=False, help="0/1: activation checkpointing of every block (what the built-in "
+                        "pipeline_funcs do with it; a custom pipeline_func calls recompute() on the blocks it picks)")
+    g.add_argument("--vocab_emb_dp", type=_bool, default=True,
+                   help="1 (default): replicate the embedding tables; 0: split their rows over mp ranks")
+    g.add_argument("--interleave_num", type=int, default=1,
+                   help="the seed's MicroBatchInterleaved: run each micro-batch as N batch parts so that one part's "
+                        "tensor-parallel all-reduces overlap another part's compute (default 1 = off; N must "
+                        "divide the per-rank micro-batch; useful with --mp > 1)")
+    g.add_argument("--pipeline_func", default=None,
+                   help="how blocks are placed on stages, recomputed and fusion-tagged: seed (default: MindSpore's "
+                        "split, min(i // max(blocks // pp, 1), pp - 1)), even (i · pp // blocks), or "
+                        "'package.module:function' with the seed's signature (model/pipeline.py)")
+    g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
+                   help="fp32 (default), or mixed precision with fp32 master weights, moments and gradient "
+                        "accumulation: bf16 (DeepSpeed's BF16_Optimizer) or fp16 (ZeRO optimizer with dynamic loss "
+                        "scaling). Half precision runs ZeRO stage >= 1 (see training/core/engine.py). Works on CPU "
+                        "where the CPU supports it (avx512_bf16 / avx512_fp16)")
+    g.add_argument("--deepspeed_config", default=None,
+                   help="a DeepSpeed JSON merged over the generated one (batch keys must agree)")
+
+    g = p.add_argument_group("token batches (fairseq's --max-tokens)")
+    g.add_argument("--max_tokens", type=int, default=0,
+                   help="instead of --batch_size pairs padded to src_len/tgt_len: global batches of pairs of similar "
+                        "length, each padded only to its own longest pair, pairs × padded length <= N on each side "
+                        "(default 0 = off; preprocess/token_batches.py). Layout-free like fixed batches")
+    g.add_argument("--batch_multiple", type=int, default=16,
+                   help="with --max_tokens: pairs per batch are a multiple of this (default 16); "
+                        "data_parallel × micro_batch_num (× interleave_num) must divide it")
+    g.add_argument("--pad_multiple", type=int, default=8,
+                   help="with --max_tokens: batch lengths are rounded up to a multiple of this (default 8: few shapes)")
+
+    g = p.add_argument_group("schedule and logging")
+    g.add_argument("--steps", type=int, default=None, help="optimizer steps (default: --epochs worth)")
+    g.add_argument("--epochs", type=int, default=1, help="epochs when --steps is not given (default 1)")
+    g.add_argument("--seed", type=int, default=1234, help="seed for weights, data order and dropout")
+    g.add_argument("--weight_decay", type=float, default=0.1, help="AdamW weight decay (not on LayerNorm/bias)")
+    g.add_argument("--lr_schedule", default="constant", choices=list(SCHEDULES),
+                   help="learning rate after warmup (training/core/schedule.py): constant (default), inverse_sqrt "
+                        "(fairseq), cosine or polynomial (the seed's family) decay to --min_lr_ratio × --lr at the "
+                        "last step")
+    g.add_argument("--warmup_steps", type=int, default=0, help="linear learning-rate warmup steps (default 0)")
+    g.add_argument("--min_lr_ratio", type=float, default=0.0,
+                   help="cosine/polynomial: final learning rate as a fraction of --lr (default 0)")
+    g.add_argument("--lr_power", type=float, default=1.0, help="polynomial decay power (default 1: linear)")
+    g.add_argument("--clip_grad", type=float, default=0.0,
+                   help="clip the global gradient norm (the serial model's, under any layout) to this value "
+                        "(default 0 = off); the pre-clip norm is logged as grad_norm")
+    g.add_argument("--output_dir", default="out/train", help="metrics.jsonl, TensorBoard, checkpoints")
+    g.add_argument("--log_interval", type=int, default=1, help="print a loss line every N steps (default 1)")
+    g.add_argument("--tensorboard", type=_bool, default=True, help="0/1: write TensorBoard events")
+
+    g = p.add_argument_group("validation")
+    g.add_argument("--valid_file", default=None,
+                   help="validation TSV (source<TAB>target, same tokenizer): valid_loss is logged every "
+                        "--valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best")
+    g.add_argument("--valid_interval", type=int, default=0,
+                   help="steps between validations (default 0 = once per epoch); also after the last step")
+    g.add_argument("--valid_bleu", type=_bool, default=False,
+                   help="0/1: also translate --valid_file greedily at each validation and log its sacreBLEU "
+                        "(valid_bleu; the best checkpoint is still chosen by valid_loss)")
+    g.add_argument("--early_stop_patience", type=int, default=0,
+                   help="stop after K validations in a row without a new best (default 0 = never)")
+
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save_checkpoint_steps", type=int, default=0,
+                   help="save every N steps and at the last step (default 0 = never)")
+    g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")
+    g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="auto|PATH",
+                   help="continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the "
+                        "folder has none); 'auto': the same, or a fresh start when there is neither; PATH: from that "
+                        "checkpoint (a step_* folder or a run's output_dir). A run without --resume is refused when "
+                        "--output_dir already holds checkpoints")
+
+    g = p.add_argument_group("failures")
+    g.add_argument("--nan_policy", default="stop", choices=["stop", "skip"],
+                   help="a step whose loss or gradient is not finite never updates the weights; stop (default): "
+                        "the run then ends with an error naming the step; skip: it goes on, counting such steps as "
+                        "skipped_steps in metrics.jsonl (the fp16 loss scaler's overflow steps are counted there too)")
+    g.add_argument("--nan_skip_limit", type=int, default=10,
+                   help="with --nan_policy skip: stop after this many non-finite steps in a row (default 10)")
+    g.add_argument("--comm_timeout", type=float, default=1800.0,
+                   help="seconds a collective waits for the other ranks before the job is ended with a message "
+                        "(default 1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of "
+                        "hanging it. Raise it if a step, a save or data preparation legitimately takes longer")
+
+    p.add_argument("--recipe", default=None, help="JSON recipe (recipes/*/*.json); flags given here override it")
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)
+    return p
+
+
+def _recipe_value(action: argparse.Action, value, where: str):
+    """A recipe value checked like the flag it stands for (JSON gives types argparse would not check)."""
+    if value is None:
+        return None
+    kind = action.type
+    try:
+        if kind is int:
+            if isinstance(value, bool) or not isinstance(value, (int, str)):
+                raise ValueError
+            value = int(value)
+        elif kind is float:
+            if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+                raise ValueError
+            value = float(value)
+        elif kind is _bool:
+            value = _bool(value)
+        elif not isinstance(value, str):           # paths, names, choices: strings
+            raise ValueError
+    except (ValueError, argparse.ArgumentTypeError):
+        want = {int: "an integer", float: "a number", _bool: "true or false"}.get(kind, "a string")
+        raise UserError(f"{where} is {json.dumps(value)}; it must be {want}") from None
+    if action.choices is not None and value not in action.choices:
+        raise UserError(f"{where} is {json.dumps(value)}; it must be one of {list(action.choices)}")
+    return value
+
+
+def load_recipe(path: str) -> dict:
+    """Flatten a recipe's sections into flag defaults; the 'deepspeed' section is kept as a dict."""
+    data = read_json(path, "recipe")
+    if not isinstance(data, dict):
+        raise UserError(f"recipe {path}: expected a JSON object with sections model, parallel, training, deepspeed")
+    flat: dict = {}
+    actions = {a.dest: a for a in build_parser()._actions}
+    for section, values in data.items():
+        if section.startswith("_"):
+            continue
+        if section not in ("model", "parallel", "training", "deepspeed"):
+            raise UserError(f"recipe {path}: unknown section {section!r} (model, parallel, training, deepspeed)")
+        if not isinstance(values, dict):
+            raise UserError(f"recipe {path}: section {section!r} must be a JSON object of settings")
+        if section == "deepspeed":
+            flat["deepspeed_overrides"] = strip_comments(values)        # "_" keys are comments at any depth
+            continue
+        for key, value in values.items():
+            if key.startswith("_"):
+                continue
+            dest = PARALLEL_KEYS.get(key, key) if section == "parallel" else key
+            if dest not in actions or dest in ("recipe", "local_rank", "help"):
+                raise UserError(f"recipe {path}: unknown key {section}.{key}")
+            flat[dest] = _recipe_value(actions[dest], value, f"recipe {path}: {section}.{key}")
+    return flat
+
+
+def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+    """Flags over recipe over defaults. `parser`: build_parser() with extra arguments (plan.py adds its own)."""
+    parser = parser or build_parser()
+    first, _ = parser.parse_known_args(argv)
+    recipe = load_recipe(first.recipe) if first.recipe else {}
+    overrides = recipe.pop("deepspeed_overrides", {})
+    parser.set_defaults(**recipe)
+    args = parser.parse_args(argv)
+    args.deepspeed_overrides = overrides
+    # DeepSpeed settings of the wrong type fail here, in seconds, not after the model is built
+    if overrides:
+        check_deepspeed_config(overrides, f"recipe {first.recipe}: deepspeed", args.precision)
+    if args.deepspeed_config:
+        check_deepspeed_config(read_json(args.deepspeed_config, "--deepspeed_config"),
+                               f"--deepspeed_config {args.deepspeed_config}", args.precision)
+    return args
+
+
+def parse_config(argv: Optional[list] = None) -> TrainConfig:
+    """train.py's command line → the typed, checked configuration the trainer runs."""
+    return TrainConfig.from_flags(parse_args(argv))

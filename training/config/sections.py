@@ -1,0 +1,240 @@
+"""train.py's settings as typed, frozen sections, each checked once when it is built.
+
+The flags (training.config.flags: defaults < recipe < command line) end here: `TrainConfig.from_flags(namespace)`
+turns the parsed Namespace into one section per concern, and library code takes the section it needs — the
+checkpoint code `CheckpointSection`, the data code `DataSection`, the failure handling `FaultsSection` — never the
+Namespace. A field keeps its flag's name (`--batch_size` → `DataSection.batch_size`), so a flag, a recipe key and a
+field are one thing under one name; the seed's `--enable_parallel_optimizer` is `ParallelSection.optimizer_shard`,
+the recipe key it already had.
+
+What a section checks is what can be checked from the settings alone, before any process group, data or model
+exists; checks that need more (the world size: `model.config.validate_layout`; the accelerator: the precision it
+supports) run once in training.trainer.Trainer.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from common.errors import UserError
+from model.config import ModelConfig, ParallelConfig
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    d_model: int = 128
+    num_heads: int = 8
+    ffn_size: int = 0
+    encoder_layer: int = 1
+    decoder_layer: int = 1
+    src_len: int = 10
+    tgt_len: int = 10
+    vocab_size: Optional[int] = None          # None: the tokenizer's
+    dropout: float = 0.1
+    attention_dropout: Optional[float] = None  # None: = dropout
+    label_smoothing: float = 0.0
+    share_embeddings: bool = False
+    tokenizer: Optional[str] = None
+    tokenizer_vocab_size: int = 8000
+
+    def __post_init__(self):
+        if self.attention_dropout is None:
+            object.__setattr__(self, "attention_dropout", self.dropout)     # frozen: set once, here
+        # the dimensions and dropout ranges are checked with the layout (model.config.validate_layout)
+
+    def model_config(self, vocab_size: int, pad_id: int) -> ModelConfig:
+        return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads,
+                           ffn_size=self.ffn_size, encoder_layers=self.encoder_layer,
+                           decoder_layers=self.decoder_layer, src_len=self.src_len, tgt_len=self.tgt_len,
+                           dropout=self.dropout, attention_dropout=self.attention_dropout,
+                           label_smoothing=self.label_smoothing, pad_id=pad_id,
+                           share_embeddings=self.share_embeddings)
+
+    def probe(self) -> ModelConfig:
+        """The model's shape before the tokenizer is known (layout checks need only the dimensions)."""
+        return self.model_config(vocab_size=max(self.vocab_size or 1, 1), pad_id=0)
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    distribute: str = "auto"                  # true | false | auto
+    mp: int = 1
+    pipeline_stage: int = 1
+    micro_batch_num: int = 1
+    data_parallel: Optional[int] = None       # an optional check of the derived dp size
+    optimizer_shard: bool = False             # the seed's --enable_parallel_optimizer
+    zero_stage: Optional[int] = None
+    gradient_aggregation_group: int = 4
+    recompute: bool = False
+    vocab_emb_dp: bool = True
+    interleave_num: int = 1
+    pipeline_func: Optional[str] = None
+    precision: str = "fp32"
+    deepspeed_config: Optional[str] = None    # a DeepSpeed JSON file merged over the generated config
+    deepspeed_overrides: dict = field(default_factory=dict)   # a recipe's "deepspeed" section
+
+    def parallel_config(self, world_size: int) -> ParallelConfig:
+        """The layout at this world size (dp derived as world // mp // pipeline_stage, as in the seed)."""
+        cfg = ParallelConfig.for_world(world_size, model_parallel=self.mp, pipeline_stage=self.pipeline_stage,
+                                       micro_batch_num=self.micro_batch_num, optimizer_shard=self.optimizer_shard,
+                                       gradient_aggregation_group=self.gradient_aggregation_group,
+                                       recompute=self.recompute, vocab_emb_dp=self.vocab_emb_dp,
+                                       zero_stage=self.zero_stage, interleave_num=self.interleave_num)
+        if self.data_parallel is not None and self.data_parallel != cfg.data_parallel:
+            raise UserError(f"data_parallel={self.data_parallel} was asked for but world_size {world_size} // mp "
+                            f"{self.mp} // pipeline_stage {self.pipeline_stage} = {cfg.data_parallel}")
+        return cfg
+
+
+@dataclass(frozen=True)
+class OptimizationSection:
+    lr: float = 1e-4
+    weight_decay: float = 0.1
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    min_lr_ratio: float = 0.0
+    lr_power: float = 1.0
+    clip_grad: float = 0.0
+    steps: Optional[int] = None               # None: epochs worth
+    epochs: int = 1
+    seed: int = 1234                          # weights and dropout (the data order's seed is DataSection.seed)
+    train: bool = True                        # False: only evaluate the loss
+
+    def __post_init__(self):
+        if not self.lr >= 0:            # 0 is allowed: frozen weights (tests use it)
+            raise UserError(f"--lr {self.lr:g} must be >= 0 (the peak learning rate)")
+        if self.clip_grad < 0:
+            raise UserError(f"--clip_grad {self.clip_grad} must be >= 0 (0 turns clipping off)")
+        if self.steps is not None and self.steps < 0:
+            raise UserError(f"--steps {self.steps} must be >= 0")
+        if self.epochs < 1:
+            raise UserError(f"--epochs {self.epochs} must be >= 1")
+
+
+@dataclass(frozen=True)
+class DataSection:
+    file_path: Optional[str] = None
+    batch_size: int = 32                      # global, in pairs
+    max_tokens: int = 0                       # > 0: token batches
+    batch_multiple: int = 16
+    pad_multiple: int = 8
+    seed: int = 1234
+
+    def __post_init__(self):
+        # batch_size against the layout: model.config.validate_layout (it names the sizes that would fit)
+        if self.max_tokens < 0:
+            raise UserError(f"--max_tokens {self.max_tokens} must be >= 0 (0: fixed batches of --batch_size)")
+
+    @property
+    def batch_unit(self) -> tuple[int, str]:
+        """What the layout must divide: the global batch_size, or with token batches the batch_multiple every
+        batch's size is a multiple of (also the batch DeepSpeed's config counts)."""
+        return (self.batch_multiple, "batch_multiple") if self.max_tokens else (self.batch_size, "batch_size")
+
+    @property
+    def valid_batch_size(self) -> int:
+        """Validation runs fixed batches; with token batches, batch_size rounded to a multiple of batch_multiple."""
+        if not self.max_tokens:
+            return self.batch_size
+        return max(self.batch_multiple, self.batch_size // self.batch_multiple * self.batch_multiple)
+
+
+@dataclass(frozen=True)
+class CheckpointSection:
+    output_dir: str = "out/train"
+    save_checkpoint_steps: int = 0
+    keep_checkpoint_max: int = 4
+    resume: Optional[str] = None              # None | "latest" | "auto" | PATH
+    ckpt_file: Optional[str] = None
+    train: bool = True                        # an evaluation-only run never writes checkpoints
+
+    def __post_init__(self):
+        if self.save_checkpoint_steps < 0:
+            raise UserError(f"--save_checkpoint_steps {self.save_checkpoint_steps} must be >= 0 (0: never)")
+
+    @property
+    def will_touch_checkpoints(self) -> bool:
+        return bool(self.save_checkpoint_steps or self.resume or self.ckpt_file)
+
+
+@dataclass(frozen=True)
+class ValidationSection:
+    valid_file: Optional[str] = None
+    valid_interval: int = 0                   # 0: once per epoch
+    valid_bleu: bool = False
+    early_stop_patience: int = 0
+
+    def __post_init__(self):
+        if self.valid_interval < 0:
+            raise UserError(f"--valid_interval {self.valid_interval} must be >= 0 (0: once per epoch)")
+        if self.early_stop_patience < 0:
+            raise UserError(f"--early_stop_patience {self.early_stop_patience} must be >= 0 (0: never)")
+
+
+@dataclass(frozen=True)
+class FaultsSection:
+    nan_policy: str = "stop"
+    nan_skip_limit: int = 10
+    comm_timeout: float = 1800.0
+
+    def __post_init__(self):
+        if not self.comm_timeout > 0:
+            raise UserError(f"--comm_timeout {self.comm_timeout:g} must be > 0 seconds")
+        if self.nan_skip_limit < 1:
+            raise UserError(f"--nan_skip_limit {self.nan_skip_limit} must be >= 1")
+
+
+@dataclass(frozen=True)
+class LoggingSection:
+    log_interval: int = 1
+    tensorboard: bool = True
+
+    def __post_init__(self):
+        if self.log_interval < 1:
+            raise UserError(f"--log_interval {self.log_interval} must be >= 1")
+
+
+# flag dest → (section, field) where the two names differ
+RENAMED = {"enable_parallel_optimizer": ("parallel", "optimizer_shard")}
+# flags read by more than one section (each gets its own copy)
+SHARED = {"seed": ("optimization", "data"), "train": ("optimization", "checkpoint")}
+SECTIONS = {"model": ModelSection, "parallel": ParallelSection, "optimization": OptimizationSection,
+            "data": DataSection, "checkpoint": CheckpointSection, "validation": ValidationSection,
+            "faults": FaultsSection, "logging": LoggingSection}
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    model: ModelSection = field(default_factory=ModelSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    optimization: OptimizationSection = field(default_factory=OptimizationSection)
+    data: DataSection = field(default_factory=DataSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    validation: ValidationSection = field(default_factory=ValidationSection)
+    faults: FaultsSection = field(default_factory=FaultsSection)
+    logging: LoggingSection = field(default_factory=LoggingSection)
+    recipe: Optional[str] = None
+
+    @classmethod
+    def from_flags(cls, args: argparse.Namespace) -> "TrainConfig":
+        """Every train.py flag lands in exactly one section (two in SHARED); a flag no section knows is a bug."""
+        values = {name: {} for name in SECTIONS}
+        owners = {f.name: name for name, kind in SECTIONS.items() for f in dataclasses.fields(kind)}
+        for dest, value in vars(args).items():
+            if dest in ("recipe", "local_rank"):
+                continue
+            if dest in SHARED:
+                for name in SHARED[dest]:
+                    values[name][dest] = value
+                continue
+            section, name = RENAMED.get(dest, (owners.get(dest), dest))
+            if section is None:
+                continue                         # a caller's own extra flags (plan.py's --world_size ...)
+            values[section][name] = value
+        return cls(**{name: SECTIONS[name](**kw) for name, kw in values.items()}, recipe=getattr(args, "recipe", None))
+
+    def to_dict(self) -> dict:
+        """Every resolved setting, by section (run.json)."""
+        return dataclasses.asdict(self)

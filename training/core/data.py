@@ -1,0 +1,172 @@
+"""From --file_path/--tokenizer to the micro-batches one rank feeds its engine.
+
+Tokenizer training and tokenization run once per node (local rank 0) while the other ranks wait at a barrier and
+then read the cache. Which samples make global batch `step` is `GlobalBatchSchedule.global_batch(step)`, layout-free;
+a rank takes its data-parallel slice and cuts it into micro-batches. Each step also carries the global batch's
+non-PAD target-token count, which the training objective divides by (`training.core.objective`).
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
+                                micro_slices)
+from common.errors import UserError
+from common.hashing import file_sha256
+from common.ranks import local_rank_from_env
+from preprocess.token_batches import TokenBatchSchedule
+
+
+def _barrier() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def auto_tokenizer_path(tsv_path: str, vocab_size: int) -> str:
+    """Where the BPE tokenizer built for a TSV (when --tokenizer is not given) is cached."""
+    digest = file_sha256(tsv_path)[:16]
+    return os.path.join(os.path.dirname(os.path.abspath(tsv_path)), ".tokcache",
+                        f"bpe{vocab_size}-{digest}", "tokenizer.json")
+
+
+def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: int, tgt_len: int,
+                 tokenizer_vocab_size: int = 8000, progress: bool = True,
+                 flag: str = "--file_path") -> TranslationDataset:
+    if not file_path:
+        raise UserError(f"{flag} is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
+                        "`python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt "
+                        "data/multi30k/train.en.gz --output out/data/train.fr_en.tsv`")
+    if not os.path.isfile(file_path):
+        raise UserError(f"{flag} {file_path} not found (make it with python -m preprocess.parallel)")
+    if tokenizer and not os.path.isfile(tokenizer):
+        raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
+                        f"leave --tokenizer out to build one from --file_path)")
+    tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size)
+    if local_rank_from_env() == 0:
+        if not tokenizer and not os.path.isfile(tok_path):
+            from preprocess.tokenizer import train_tokenizer
+            print(f"building a BPE tokenizer ({tokenizer_vocab_size}) from {file_path} → {tok_path}", flush=True)
+            train_tokenizer([file_path], os.path.dirname(tok_path), type="bpe", vocab_size=tokenizer_vocab_size)
+        data = TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=progress)
+        _barrier()
+        return data
+    _barrier()
+    return TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=False)
+
+
+@dataclass
+class StepBatches:
+    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them).
+    A negative sample index is a filler row (the last batch of a validation pass): real inputs, PAD labels, so it
+    adds no loss and no tokens. `shape`: the (source, target) length the batch is padded to (token batches; None:
+    the dataset's). `src_tokens`: the global batch's real source tokens (global_tokens: its target tokens, the
+    loss's denominator); `padding`: the fraction of its source and target positions that are PAD; `pairs`: its
+    sentence pairs."""
+    data: TranslationDataset
+    micro: list
+    global_tokens: int
+    device: torch.device
+    shape: Optional[tuple] = None
+    src_tokens: int = 0
+    padding: float = 0.0
+    pairs: int = 0
+
+    @property
+    def lengths(self) -> tuple[int, int]:
+        """The (source, target) length every sequence of this batch is padded to."""
+        return self.shape if self.shape is not None else (self.data.src_len, self.data.tgt_len)
+
+    def __iter__(self) -> Iterator[tuple]:
+        for idx in self.micro:
+            b = self.data.batch(idx, self.shape)
+            if (idx < 0).any():
+                b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
+            src, tgt, labels = (b[k].to(self.device) for k in ("src_ids", "tgt_ids", "labels"))
+            yield (src, tgt), labels
+
+
+def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int, dp_size: int,
+                       micro_batch_num: int, device: torch.device) -> Iterator[StepBatches]:
+    """The whole validation set in file order, in global batches the layout can run (the training batch shape);
+    the last one is filled up with filler rows."""
+    for start in range(0, data.num_samples, global_batch):
+        idx = np.arange(start, start + global_batch, dtype=np.int64)
+        idx[idx >= data.num_samples] = -1
+        tokens = count_target_tokens(data.labels[idx[idx >= 0]], data.pad_id)
+        yield StepBatches(data, micro_slices(dp_slice(idx, dp_rank, dp_size), micro_batch_num), tokens, device)
+
+
+def batch_schedule(data: TranslationDataset, global_batch: int, seed: int, max_tokens: int = 0,
+                   batch_multiple: int = 16, pad_multiple: int = 8):
+    """Fixed-size global batches of `global_batch` pairs padded to the dataset's lengths, or with `max_tokens`
+    token batches (`preprocess.token_batches`); both layout-free."""
+    if max_tokens:
+        src_real, tgt_real = data.real_lengths()
+        return TokenBatchSchedule(src_real, tgt_real, max_tokens, batch_multiple, seed, data.src_len, data.tgt_len,
+                                  pad_multiple)
+    return GlobalBatchSchedule(data.num_samples, global_batch, seed)
+
+
+class BatchFeeder:
+    """Step k's global batch (from `schedule`: `batch_schedule`'s fixed or token batches), cut for this rank."""
+
+    def __init__(self, data: TranslationDataset, schedule, dp_rank: int, dp_size: int, micro_batch_num: int,
+                 device: torch.device):
+        self.data, self.schedule = data, schedule
+        self.dp_rank, self.dp_size, self.gas, self.device = dp_rank, dp_size, micro_batch_num, device
+
+    def step(self, step: int) -> StepBatches:
+        idx = self.schedule.global_batch(step)
+        shape = self.schedule.shape(step)
+        s, t = shape if shape is not None else (self.data.src_len, self.data.tgt_len)
+        tokens = count_target_tokens(self.data.labels[idx], self.data.pad_id)
+        src_tokens = int(np.count_nonzero(self.data.src[idx, :s] != self.data.pad_id))
+        mine = dp_slice(idx, self.dp_rank, self.dp_size)
+        return StepBatches(self.data, micro_slices(mine, self.gas), tokens, self.device, shape, src_tokens,
+                           1.0 - (src_tokens + tokens) / (len(idx) * (s + t)), len(idx))
+
+    def epoch_of(self, step: int) -> int:
+        return self.schedule.epoch_of(step)
+
+
+# ------------------------------------------------------------------------------------------ the data position
+def data_order(args) -> dict:
+    """What decides which pairs form step k's batch (besides the data itself): a checkpoint stores it, and a resume
+    with different values would train on another sequence of batches than the uninterrupted run."""
+    if args.max_tokens:
+        return {"batching": "tokens", "max_tokens": args.max_tokens, "batch_multiple": args.batch_multiple,
+                "pad_multiple": args.pad_multiple, "seed": args.seed}
+    return {"batching": "fixed", "batch_size": args.batch_size, "seed": args.seed}
+
+
+def _describe(order: dict) -> str:
+    kind = "token batches" if order["batching"] == "tokens" else "fixed batches"
+    return kind + " " + " ".join(f"{k}={v}" for k, v in order.items() if k != "batching")
+
+
+def _flags(order: dict) -> str:
+    flags = " ".join(f"--{k} {v}" for k, v in order.items() if k != "batching")
+    return flags if order["batching"] == "tokens" else flags + " (and no --max_tokens)"
+
+
+def check_data_order(saved: dict, now: dict, path: str) -> None:
+    """Refuse a resume whose batching flags differ from the checkpoint's: the run would go on silently with other
+    batches (a different data order, other batch sizes) than the one it continues."""
+    if saved == now:
+        return
+    raise UserError(f"checkpoint {path} was trained with {_describe(saved)}; resuming with {_describe(now)} would "
+                    f"change the data order. Pass {_flags(saved)}")
+
+
+def legacy_data_order(meta: dict, now: dict) -> dict:
+    """Checkpoints written before `data_order` was stored hold only batch_size and seed: with token batches now,
+    the batch_size is not part of the order, so only the seed can be checked."""
+    if now["batching"] == "tokens":
+        return {**now, "seed": meta["seed"]}
+    return {"batching": "fixed", "batch_size": meta["batch_size"], "seed": meta["seed"]}

@@ -1,0 +1,131 @@
+"""What one rank (global rank 0) reports per optimizer step: the seed's loss line, a progress bar, TensorBoard,
+and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch, loss, lr, grad_norm (global, before clipping;
+training only), loss_scale and skipped_steps (fp16), pairs (the global batch's sentence pairs: with token batches
+they vary), tokens (the global batch's target tokens), tokens_per_sec,
+step_time, padding (PAD share of the batch's positions), tflops (the model's FLOPs per second, all ranks), mfu
+(where the device's peak is known), peak_mem_mib; see training/core/speed.py)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from typing import Optional
+
+from tqdm import tqdm
+
+
+
+def _fmt(value) -> str:
+    return "nan" if value is None else f"{value:.4f}"
+
+
+class MetricsWriter:
+    def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
+                 log_interval: int = 1, tensorboard: bool = True):
+        self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
+        self._jsonl = self._tb = self._bar = None
+        if not enabled:
+            return
+        os.makedirs(output_dir, exist_ok=True)
+        # append: a resumed run continues the same file (its steps carry on from the checkpoint's), after dropping
+        # the records of the steps it replays; TensorBoard hides those events itself (purge_step)
+        path = os.path.join(output_dir, "metrics.jsonl")
+        dropped = drop_records_after(path, start_step)
+        if dropped:
+            print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps again)",
+                  flush=True)
+        self._jsonl = open(path, "a", encoding="utf-8")
+        if tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1)
+        self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                         disable=None if sys.stderr.isatty() else True)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        # strict JSON: a non-finite value (an fp16 overflow's grad norm) is written as null
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
+        self._jsonl.flush()
+        step = record["step"]
+        if self._tb is not None:
+            for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops",
+                        "mfu", "peak_mem_mib"):
+                if record.get(key) is not None:
+                    self._tb.add_scalar(f"train/{key}", record[key], step)
+            for key in ("valid_loss", "valid_bleu"):
+                if record.get(key) is not None:
+                    self._tb.add_scalar(f"valid/{key[len('valid_'):]}", record[key], step)
+            self._tb.flush()          # as metrics.jsonl: a crash loses no logged step (a resume purges replays)
+        if self._bar is not None:
+            self._bar.update(1)
+            self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
+        if step % self.log_interval == 0 or "valid_loss" in record:
+            # the seed's LossMonitor/TimeMonitor line, plus throughput (and every validation, whatever the interval)
+            line = f"epoch: {record['epoch'] + 1} step: {step}, loss is {_fmt(record['loss'])}"
+            if "grad_norm" in record:
+                line += f", grad norm: {_fmt(record['grad_norm'])}"
+            if "valid_loss" in record:
+                line += (f", valid loss: {_fmt(record['valid_loss'])} (best {_fmt(record['best_valid_loss'])} "
+                         f"at step {record['best_step']})")
+            if "valid_bleu" in record:
+                line += f", valid BLEU: {record['valid_bleu']:.2f}"
+            if record.get("loss_scale") is not None:
+                line += f", loss scale: {record['loss_scale']:g} (skipped steps: {record['skipped_steps']})"
+            line += (f", step time: {record['step_time'] * 1000:.1f} ms, "
+                     f"tokens/s: {record['tokens_per_sec']:.0f}")
+            if record.get("mfu") is not None:
+                line += f", MFU: {100 * record['mfu']:.1f}%"
+            (self._bar.write if self._bar is not None and not self._bar.disable else print)(line)
+            sys.stdout.flush()
+
+    def run_info(self, info: dict) -> None:
+        """OUTPUT_DIR/run.json: what this run is (layout, precision, optimizer DeepSpeed built, steps)."""
+        if self.enabled:
+            tmp = os.path.join(self.output_dir, "run.json.part")
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(info, f, indent=1)
+            os.replace(tmp, os.path.join(self.output_dir, "run.json"))
+
+    def message(self, text: str) -> None:
+        if self.enabled:
+            print(text, flush=True)
+
+    def close(self, summary: Optional[dict] = None) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.close()
+        if summary:
+            summary = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in summary.items()}
+            print("summary: " + json.dumps(summary), flush=True)
+        self._jsonl.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+# ------------------------------------------------------------------------------------------------ metrics log
+def drop_records_after(path: str, step: int) -> int:
+    """Remove the records of steps after `step` (and any torn last line) from a metrics.jsonl; returns how many
+    lines went. The file is rewritten atomically, so a crash now leaves the old or the new file."""
+    if not os.path.isfile(path):
+        return 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.readlines()
+    keep = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+            if isinstance(record, dict) and int(record.get("step", 0)) <= step:
+                keep.append(line if line.endswith("\n") else line + "\n")
+        except (ValueError, TypeError):
+            pass                                   # a line a crash cut short
+    dropped = len(lines) - len(keep)
+    if dropped:
+        tmp = path + ".part"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(keep)
+        os.replace(tmp, path)
+    return dropped

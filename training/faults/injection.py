@@ -1,0 +1,53 @@
+"""Fault injection for the failure tests, kept out of the modules it tests: each hook does nothing unless its
+environment variable is set.
+
+- DSR_CRASH_AT=save:7 or train:7 SIGKILLs global rank 0 in the middle of step 7's save, or right after step 7;
+- DSR_NAN_AT=3,5 multiplies the loss of (1-based) steps 3 and 5 by nan on every rank, so the gradients are nan too
+  — the real engine then meets a real non-finite step;
+- DSR_INF_WEIGHT_AT=6 sets one weight of global rank 0 to inf after step 6 (as memory corruption or an optimizer
+  without checks would), so the save that follows meets a rank whose weights are not finite while the others' are.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch.distributed as dist
+
+
+def crash_point(where: str, step: int) -> None:
+    spec = os.environ.get("DSR_CRASH_AT")
+    if spec and spec == f"{where}:{step}" and dist.get_rank() == 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def arm(engine) -> None:
+    """Once, after the engine is built: DSR_NAN_AT's steps get a nan loss."""
+    steps = _steps("DSR_NAN_AT")
+    if not steps:
+        return
+    loss_fn = engine.module.loss_fn
+    normalize = loss_fn.normalize
+
+    def poisoned(loss_sum):
+        out = normalize(loss_sum)
+        return out * float("nan") if engine.ds.global_steps + 1 in steps else out
+    loss_fn.normalize = poisoned
+
+
+def _corrupt_one_weight(engine) -> None:
+    for p in engine.module.parameters():
+        local = p.ds_tensor if hasattr(p, "ds_tensor") else p.data
+        if local.numel():
+            local.view(-1)[0] = float("inf")
+            return
+
+
+def after_step(engine, step: int) -> None:
+    """After every step: DSR_INF_WEIGHT_AT's steps leave an inf weight on global rank 0."""
+    if step in _steps("DSR_INF_WEIGHT_AT") and dist.get_rank() == 0:
+        _corrupt_one_weight(engine)
+
+
+def _steps(variable: str) -> set:
+    return {int(x) for x in os.environ.get(variable, "").split(",") if x.strip()}

@@ -1,0 +1,118 @@
+"""OUTPUT_DIR belongs to one run at a time.
+
+`claim_output_dir(section)` runs on global rank 0 before anything else (before the process group, the data and the
+model), so every mistake here costs seconds and prints one line:
+
+- the folder must be a folder that can be written, and what train.py writes inside it (checkpoints/, tensorboard/,
+  metrics.jsonl, run.json) must not be the wrong kind (a file where a folder goes, or the reverse);
+- a lock: `OUTPUT_DIR/.train.lock`, held with flock(2) by rank 0 for the whole run. The kernel drops it when the
+  process ends, however it ends, so a crash never leaves a stale lock. A second run into the same folder is refused
+  with the holder's pid and host, before it has touched anything;
+- the start point (training.checkpoint.resume.check_start_point), checked under the lock;
+- partial saves a crash or a full disk left (`checkpoints/*.tmp`, `*.part`) are removed: with the lock held,
+  nobody else can be writing them.
+"""
+from __future__ import annotations
+
+import datetime
+import fcntl
+import os
+import socket
+from typing import Optional
+
+from common.errors import UserError
+from common.ranks import global_rank_from_env
+from training.checkpoint.folder import remove_partial_saves
+from training.checkpoint.resume import check_start_point, resume_source
+from training.config.sections import CheckpointSection
+
+
+LOCK_NAME = ".train.lock"
+
+
+FOLDERS = ("checkpoints", "tensorboard")          # what train.py writes inside OUTPUT_DIR, by kind
+
+
+FILES = ("metrics.jsonl", "run.json")
+
+
+# ------------------------------------------------------------------------------------------- the folder itself
+def check_writable_folder(output_dir: str) -> str:
+    """Create OUTPUT_DIR if needed; UserError when it, or a folder above it, is a file, or it cannot be written."""
+    path = os.path.abspath(output_dir)
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        where = "is a file" if existing == path else f"cannot be created: {existing} is a file, not a folder"
+        raise UserError(f"--output_dir {output_dir} {where}; choose a folder for the run's checkpoints and logs")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--output_dir {output_dir} cannot be created ({exc.strerror}); choose a folder you can "
+                        f"write to")
+    for name in FOLDERS:
+        inside = os.path.join(path, name)
+        if os.path.exists(inside) and not os.path.isdir(inside):
+            raise UserError(f"--output_dir {output_dir}: {inside} is a file, but train.py writes a folder there; "
+                            f"move it away or choose another --output_dir")
+    for name in FILES:
+        inside = os.path.join(path, name)
+        if os.path.isdir(inside):
+            raise UserError(f"--output_dir {output_dir}: {inside} is a folder, but train.py writes a file there; "
+                            f"move it away or choose another --output_dir")
+    return path
+
+
+# ------------------------------------------------------------------------------------------------------ lock
+class OutputDirLock:
+    """flock(2) on OUTPUT_DIR/.train.lock; the file says who holds it (pid, host, since)."""
+
+    def __init__(self, folder: str, output_dir: str):
+        self.path = os.path.join(folder, LOCK_NAME)
+        try:
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise UserError(f"--output_dir {output_dir} cannot be written ({exc.strerror} creating {LOCK_NAME}); "
+                            f"choose a folder you can write to")
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = self._holder()
+            os.close(self._fd)
+            raise UserError(f"--output_dir {output_dir} is in use by another training run ({holder}); wait for it "
+                            f"to finish or stop it, or choose another --output_dir") from None
+        except OSError as exc:       # a filesystem without flock (some network mounts): run unlocked, say so
+            print(f"warning: cannot lock {self.path} ({exc.strerror}); make sure no other run writes to "
+                  f"{output_dir}", flush=True)
+        since = datetime.datetime.now().isoformat(timespec="seconds")
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, f"pid {os.getpid()} on {socket.gethostname()} since {since}\n".encode(), 0)
+
+    def _holder(self) -> str:
+        try:
+            with open(self.path, encoding="utf-8") as f:
+                return f.read().strip() or "pid unknown"
+        except OSError:
+            return "pid unknown"
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)                     # closing the descriptor drops the lock
+            self._fd = None
+
+
+def claim_output_dir(section: CheckpointSection) -> Optional[OutputDirLock]:
+    """On global rank 0: the folder, the lock, the start point — before any other work. Other ranks: None (rank 0
+    decides for the job; if it refuses, the launcher stops the others)."""
+    if global_rank_from_env() != 0:
+        return None
+    folder = check_writable_folder(section.output_dir)
+    lock = OutputDirLock(folder, section.output_dir)
+    try:
+        check_start_point(section, resume_source(section))
+    except BaseException:
+        lock.release()
+        raise
+    remove_partial_saves(folder)
+    return lock

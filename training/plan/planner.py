@@ -1,0 +1,256 @@
+"""Plan a run without starting it: layout, where every rank runs, what each stage holds, memory and communication.
+
+`run_scripts/plan.py --recipe R.json (--world_size N | --hostfile H) [train.py flags]` calls `main` here. Nothing
+below creates a process group, calls deepspeed.initialize or reads data: the layout goes through the same
+`validate_layout` / `assign_stages` that training uses, and every distinct (stage, TP rank) builds its real blocks
+(`model.transformer.block_specs` with `ParallelContext(tp_size, tp_rank)`, no group) on torch's `meta` device —
+shapes without storage — so parameter counts are those of the run, for 16 or 64 ranks in a second or two.
+
+The figures come from the cost model, `model.costs` (its docstring has every formula); the text report is
+`training.plan.report`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from typing import Optional, Sequence
+
+from model.config import ModelConfig, ParallelConfig, validate_layout
+from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
+from common.errors import UserError
+from training.config.flags import build_parser, parse_args
+from training.config.sections import TrainConfig
+from training.plan.cluster import Host, rank_nodes, read_hostfile
+from model.costs import (INT64, activation_bytes, boundary_tensors, dp_bytes, in_flight, state_bytes,
+                            tp_allreduces)
+from training.plan.report import compact_layers, format_plan
+
+
+# ---------------------------------------------------------------------------------------------------------- layout
+
+def layer_names(model: ModelConfig) -> list[str]:
+    """Names of the pipeline layers in order: embeddings, encoder.i, decoder.i, head."""
+    return (["embeddings"] + [f"encoder.{i}" for i in range(model.encoder_layers)]
+            + [f"decoder.{i}" for i in range(model.decoder_layers)] + ["head"])
+
+
+def stage_layers(model: ModelConfig, parallel: ParallelConfig, pipeline_func=None) -> list[list[int]]:
+    """Indices (into layer_names) of the layers each stage holds, from the recipe's pipeline_func."""
+    stages = layer_stages(model, parallel, assign_stages(model, parallel, pipeline_func))
+    return [[i for i, s in enumerate(stages) if s == k] for k in range(parallel.pipeline_stage)]
+
+
+def build_stage_modules(model: ModelConfig, parallel: ParallelConfig, stage: int, tp_rank: int,
+                        pipeline_func=None, seed: int = 0, device: str = "meta") -> list[tuple[str, object]]:
+    """The modules one rank of (stage, tp_rank) builds, with a ParallelContext and no process group.
+
+    `device="meta"` gives real shapes without allocating or initialising weights."""
+    import torch
+
+    from model.parallel.topology import ParallelContext
+    from model.transformer import block_specs
+    placements = place_blocks(model, parallel, pipeline_func)
+    stages = layer_stages(model, parallel, [p.pipeline_stage for p in placements])
+    ctx = ParallelContext(tp_size=parallel.model_parallel, tp_rank=tp_rank, tp_group=None,
+                          pp_size=parallel.pipeline_stage, pp_rank=stage)
+    specs = block_specs(model, parallel, ctx, seed, placements)
+    names = layer_names(model)
+    out = []
+    with torch.device(device):
+        for i, (cls, kw) in enumerate(specs):
+            if stages[i] == stage:
+                out.append((names[i], cls(**kw)))
+    return out
+
+
+def count_params(modules: Sequence[tuple[str, object]]) -> dict[str, int]:
+    return {name: sum(p.numel() for p in m.parameters()) for name, m in modules}
+
+
+# ------------------------------------------------------------------------------------------------------------ plan
+
+def resolve_world(world_size: Optional[int], hostfile: Optional[str]) -> tuple[int, Optional[list[Host]]]:
+    hosts = read_hostfile(hostfile) if hostfile else None
+    if hosts is not None:
+        slots = sum(h.slots for h in hosts)
+        if world_size is not None and world_size != slots:
+            raise UserError(f"--world_size {world_size} but the hostfile {hostfile} has {slots} slots; give one")
+        return slots, hosts
+    if world_size is None:
+        raise UserError("give the world to plan for: --world_size N (processes) or --hostfile H (DeepSpeed hostfile)")
+    if world_size < 1:
+        raise UserError(f"--world_size {world_size} must be >= 1")
+    return world_size, None
+
+
+def configs(cfg: TrainConfig, world_size: int, need_vocab: bool = True) -> tuple[ModelConfig, ParallelConfig]:
+    """The ModelConfig / ParallelConfig train.py would build, validated by validate_layout (as train.py does)."""
+    parallel = cfg.parallel.parallel_config(world_size)
+    if cfg.model.vocab_size is None and need_vocab:
+        raise UserError("vocab_size is needed to size the embeddings and the head: set \"vocab_size\" in the "
+                        "recipe's \"model\" section or pass --vocab_size N (train.py otherwise uses the tokenizer's "
+                        f"size: --tokenizer_vocab_size, {cfg.model.tokenizer_vocab_size} for the auto-built BPE one)")
+    model = cfg.model.probe()
+    validate_layout(parallel, model, world_size=world_size, global_batch=cfg.data.batch_size)
+    return model, parallel
+
+
+def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = None, ranks_per_node: int = 8) -> dict:
+    """Everything plan.py prints, as a JSON-serialisable dict."""
+    from model.parallel.topology import rank_map            # imports DeepSpeed: kept out of the fast --check path
+    model, parallel = configs(cfg, world_size)
+    func = load_pipeline_func(cfg.parallel.pipeline_func)
+    names = layer_names(model)
+    per_stage = stage_layers(model, parallel, func)
+    placements = place_blocks(model, parallel, func)
+    recomputed = [p.name for p in placements if p.recomputed]
+    micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
+    zero, prec = parallel.effective_zero_stage, cfg.parallel.precision
+    tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
+    el = 2 if prec in ("fp16", "bf16") else 4
+
+    # every distinct (stage, tp rank) builds its own blocks and counts their parameters
+    counts: dict[tuple[int, int], dict[str, int]] = {}
+    for k in range(pp):
+        for r in range(tp):
+            counts[(k, r)] = count_params(build_stage_modules(model, parallel, k, r, func, seed=cfg.optimization.seed))
+
+    from training.core.engine import deepspeed_config  # the DeepSpeed config train.py would use: checks the overrides
+    ds_cfg = deepspeed_config(parallel, cfg.data.batch_size, prec, cfg.optimization.clip_grad,
+                              sum(counts[(0, 0)].values()),          # rank 0's gradient elements, as train.py
+                              cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config)
+
+    nodes = rank_nodes(world_size, hosts, ranks_per_node)
+    ranks = []
+    for c in rank_map(parallel):
+        n = sum(counts[(c.pp, c.tp)].values())
+        node, host, local = nodes[c.rank]
+        ranks.append({"rank": c.rank, "node": node, "host": host, "local_rank": local, "pp": c.pp, "dp": c.dp,
+                      "tp": c.tp, "params": n, **state_bytes(n, dp, zero, prec)})
+
+    def group_spans_nodes(key) -> int:
+        groups: dict = {}
+        for r in ranks:
+            groups.setdefault(key(r), set()).add(r["node"])
+        return sum(1 for v in groups.values() if len(v) > 1)
+
+    stages = []
+    for k, idx in enumerate(per_stage):
+        layer_list = [names[i] for i in idx]
+        stage_ranks = [r["rank"] for r in ranks if r["pp"] == k]
+        ar = tp_allreduces(model, parallel, layer_list, micro, recomputed)
+        bytes_per_micro = (sum(ar["forward"]) + sum(ar["backward"])) * el + sum(ar["loss"]) * 4
+        acts = activation_bytes(model, parallel, layer_list, micro, prec, recomputed)
+        fl = in_flight(parallel, k)
+        n0 = sum(counts[(k, 0)].values())
+        stage = {
+            "stage": k, "layers": layer_list, "ranks": [min(stage_ranks), max(stage_ranks)],
+            "params_per_rank": n0, "params_by_layer": counts[(k, 0)],
+            "activations": {**acts, "in_flight": fl, "peak": acts["per_micro_batch"] * fl
+                            + acts["recompute_transient"]},
+            "tp_allreduce": {"forward_elements": ar["forward"], "backward_elements": ar["backward"],
+                             "loss_elements": ar["loss"],
+                             "calls_per_micro_batch": sum(len(v) for v in ar.values()),
+                             "bytes_per_micro_batch": bytes_per_micro,
+                             "bytes_per_step": bytes_per_micro * parallel.micro_batch_num,
+                             "sent_per_rank_per_step": int(round(2 * (tp - 1) / tp * bytes_per_micro
+                                                                 * parallel.micro_batch_num))},
+            "dp": dp_bytes(n0 * el, n0 * el, parallel),
+        }
+        if k < pp - 1:
+            tensors = boundary_tensors(model, layer_list[-1], micro)
+            for tsr in tensors:
+                tsr["bytes"] = math.prod(tsr["shape"]) * (el if tsr["float"] else INT64)
+            fwd = sum(tsr["bytes"] for tsr in tensors)
+            bwd = sum(tsr["bytes"] for tsr in tensors if tsr["float"])
+            stage["send_next"] = {"tensors": tensors, "forward_bytes_per_micro_batch": fwd,
+                                  "backward_bytes_per_micro_batch": bwd,
+                                  "bytes_per_step": (fwd + bwd) * parallel.micro_batch_num}
+        stages.append(stage)
+
+    return {
+        "recipe": cfg.recipe, "world_size": world_size,
+        "nodes": ([{"host": h.name, "slots": h.slots} for h in hosts] if hosts is not None
+                  else {"ranks_per_node": ranks_per_node, "count": -(-world_size // ranks_per_node)}),
+        "layout": {"data_parallel": dp, "model_parallel": tp, "pipeline_stage": pp,
+                   "micro_batch_num": parallel.micro_batch_num, "zero_stage": zero,
+                   "optimizer_shard": parallel.optimizer_shard, "recompute": parallel.recompute,
+                   "vocab_emb_dp": parallel.vocab_emb_dp, "pipeline_func": pipeline_func_name(func),
+                   "global_batch": cfg.data.batch_size, "micro_batch": micro,
+                   "tp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["dp"])),
+                   "dp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["tp"]))},
+        "model": {"vocab_size": model.vocab_size, "padded_vocab": model.padded_vocab(tp), "d_model": model.d_model,
+                  "num_heads": model.num_heads, "ffn_size": model.ffn, "encoder_layers": model.encoder_layers,
+                  "decoder_layers": model.decoder_layers, "src_len": model.src_len, "tgt_len": model.tgt_len,
+                  "precision": prec},
+        "deepspeed": {"train_batch_size": ds_cfg["train_batch_size"],
+                      "train_micro_batch_size_per_gpu": ds_cfg["train_micro_batch_size_per_gpu"],
+                      "gradient_accumulation_steps": ds_cfg["gradient_accumulation_steps"],
+                      "zero_optimization": ds_cfg["zero_optimization"]},
+        "blocks": [{"block": p.name, "stage": p.pipeline_stage, "recompute": p.recomputed,
+                    "comm_fusion": p.comm_fusion} for p in placements],
+        "stages": stages, "ranks": ranks,
+    }
+
+
+# ------------------------------------------------------------------------------------------------------- the check
+
+def check_line(cfg: TrainConfig, world_size: int, hosts=None) -> str:
+    model, parallel = configs(cfg, world_size, need_vocab=False)
+    func = load_pipeline_func(cfg.parallel.pipeline_func)
+    per = stage_layers(model, parallel, func)
+    names = layer_names(model)
+    micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
+    stages = " | ".join(f"stage {k}: {compact_layers([names[i] for i in idx])}" for k, idx in enumerate(per))
+    stages = f"pipeline_func {pipeline_func_name(func)}: {stages}"
+    return (f"layout ok: {world_size} ranks = dp {parallel.data_parallel} × mp {parallel.model_parallel} × pp "
+            f"{parallel.pipeline_stage}; global batch {cfg.data.batch_size} = micro {micro} × micro_batch_num "
+            f"{parallel.micro_batch_num} × dp {parallel.data_parallel}; ZeRO {parallel.effective_zero_stage}; "
+            f"{stages}")
+
+
+# --------------------------------------------------------------------------------------------------------- the CLI
+
+EPILOG = """\
+examples:
+  python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --world_size 16
+  python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --hostfile run_scripts/hostfiles/hostfile_2nodes
+  python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
+  python run_scripts/plan.py --recipe recipes/cpu-tiny/cpu-tiny.json --world_size 2 --vocab_size 2000
+
+Any train.py flag overrides the recipe, as in training. A layout that cannot run exits with status 2 and one
+`error:` line listing the layouts that would fit.
+"""
+
+
+def build_plan_parser() -> argparse.ArgumentParser:
+    p = build_parser()
+    p.prog = "plan.py"
+    p.description = ("Check a recipe against a world size or hostfile and show its layout, rank placement, stage "
+                     "contents, per-rank memory and communication — without starting training.")
+    p.epilog = EPILOG
+    g = p.add_argument_group("plan.py")
+    g.add_argument("--world_size", type=int, default=None, help="processes to plan for")
+    g.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: world = its slots, nodes = its hosts")
+    g.add_argument("--gpus_per_node", type=int, default=8,
+                   help="ranks per node when no hostfile is given (default 8)")
+    g.add_argument("--json", action="store_true", help="print the plan as JSON")
+    g.add_argument("--check", action="store_true",
+                   help="only validate the layout and print one line (no vocab_size needed); the launch scripts "
+                        "run this before starting the ranks")
+    return p
+
+
+def main(argv: Optional[list] = None) -> int:
+    args = parse_args(argv, parser=build_plan_parser())
+    cfg = TrainConfig.from_flags(args)
+    world, hosts = resolve_world(args.world_size, args.hostfile)
+    if args.check:
+        print(check_line(cfg, world, hosts))
+        return 0
+    plan = make_plan(cfg, world, hosts, args.gpus_per_node)
+    print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
+    sys.stdout.flush()
+    return 0

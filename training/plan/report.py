@@ -1,0 +1,150 @@
+"""plan.py's text report: the dict `training.plan.planner.make_plan` builds, as a person reads it."""
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+
+def human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def compact_layers(layers: Sequence[str]) -> str:
+    """['embeddings', 'encoder.0', 'encoder.1', 'encoder.2'] → 'embeddings, encoder.0-2'."""
+    out: list[str] = []
+    run: list[str] = []
+
+    def flush():
+        if run:
+            kind = run[0].split(".")[0]
+            out.append(run[0] if len(run) == 1 else f"{kind}.{run[0].split('.')[1]}-{run[-1].split('.')[1]}")
+            run.clear()
+
+    for name in layers:
+        if "." in name and run and name.split(".")[0] == run[-1].split(".")[0]:
+            run.append(name)
+            continue
+        flush()
+        if "." in name:
+            run.append(name)
+        else:
+            out.append(name)
+    flush()
+    return ", ".join(out)
+
+
+SPLITS = {"seed": "default: block i on stage min(i // max(blocks // pp, 1), pp - 1)",
+          "even": "block i on stage i · pp // blocks"}
+
+
+def format_plan(plan: dict) -> str:
+    L, M, S = plan["layout"], plan["model"], plan["stages"]
+    out = []
+    world = plan["world_size"]
+    if isinstance(plan["nodes"], list):
+        where = (f"{len(plan['nodes'])} node(s) from the hostfile: "
+                 + ", ".join(f"{n['host']} ×{n['slots']}" for n in plan["nodes"]))
+    else:
+        where = (f"{plan['nodes']['count']} node(s) of {plan['nodes']['ranks_per_node']} ranks "
+                 f"(--gpus_per_node)")
+    out.append(f"plan: {plan['recipe'] or '(flags only)'} on {world} ranks, {where}")
+    zero_why = {0: "off", 1: "optimizer state sharded over dp", 2: "optimizer state + gradients sharded over dp",
+                3: "optimizer state + gradients + parameters sharded over dp"}[L["zero_stage"]]
+    out.append(f"  layout     dp {L['data_parallel']} × mp {L['model_parallel']} × pp {L['pipeline_stage']} = "
+               f"{world}; ZeRO {L['zero_stage']} ({zero_why}); recompute {'on' if L['recompute'] else 'off'}; "
+               f"embeddings {'replicated (vocab_emb_dp)' if L['vocab_emb_dp'] else 'split over mp'}")
+    out.append(f"  batch      global {L['global_batch']} = micro {L['micro_batch']} × micro_batch_num "
+               f"{L['micro_batch_num']} × dp {L['data_parallel']}")
+    out.append(f"  model      vocab {M['vocab_size']} (head rows {M['padded_vocab']} = {L['model_parallel']} × "
+               f"{M['padded_vocab'] // L['model_parallel']}), d_model {M['d_model']}, {M['num_heads']} heads "
+               f"({M['num_heads'] // L['model_parallel']} per TP rank), ffn {M['ffn_size']}, "
+               f"{M['encoder_layers']} encoder + {M['decoder_layers']} decoder layer(s), src_len {M['src_len']}, "
+               f"tgt_len {M['tgt_len']}, {M['precision']}")
+    notes = []
+    if L["tp_groups_spanning_nodes"]:
+        notes.append(f"{L['tp_groups_spanning_nodes']} TP group(s) span nodes: their all-reduces cross the network "
+                     f"(keep model_parallel <= GPUs per node)")
+    else:
+        notes.append("every TP group sits inside one node")
+    if L["data_parallel"] > 1:
+        notes.append(f"{L['dp_groups_spanning_nodes']} DP group(s) span nodes (gradient sync crosses the network)"
+                     if L["dp_groups_spanning_nodes"] else "every DP group sits inside one node")
+    elif L["zero_stage"] > 0:
+        notes.append(f"ZeRO {L['zero_stage']} with dp = 1 shards nothing (it pays off from dp = 2)")
+    out.append(f"  placement  {'; '.join(notes)}")
+    out.append(f"  pipeline   pipeline_func: {L['pipeline_func']}"
+               + (f" ({SPLITS[L['pipeline_func']]})" if L["pipeline_func"] in SPLITS else ""))
+    for st in S:
+        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} ranks {st['ranks'][0]}-{st['ranks'][1]}")
+    out.append(f"    {'block':<12} {'stage':>5}  {'recompute':<9}  comm_fusion (reported, not used: model/pipeline.py)")
+    for b in plan["blocks"]:
+        out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")
+    out.append("")
+    out.append("ranks (rank = pp·dp·mp + dp·mp + tp: TP fastest, then DP, then PP); bytes per rank")
+    hdr = (f"{'rank':>5} {'node':>4} {'host':<14} {'local':>5} {'pp':>3} {'dp':>3} {'tp':>3} {'params':>12} "
+           f"{'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}")
+    out.append(hdr)
+    for r in plan["ranks"]:
+        out.append(f"{r['rank']:>5} {r['node']:>4} {r['host'][:14]:<14} {r['local_rank']:>5} {r['pp']:>3} "
+                   f"{r['dp']:>3} {r['tp']:>3} {r['params']:>12,} {human(r['param_bytes']):>10} "
+                   f"{human(r['grad_bytes']):>10} {human(r['optimizer_bytes']):>10} {human(r['total_bytes']):>10}")
+    half = M["precision"] != "fp32"
+    if half:
+        per_param = "fp16/bf16 params 2 B + grads 2 B + fp32 master and AdamW states 12 B"
+    elif L["zero_stage"]:
+        per_param = "fp32 params 4 B + grads 4 B + DeepSpeed's fp32 master copy and AdamW exp_avg/exp_avg_sq 12 B"
+    else:
+        per_param = "fp32 params 4 B + grads 4 B + AdamW exp_avg/exp_avg_sq 8 B"
+    out.append(f"  {per_param}"
+               f" per parameter; ZeRO {L['zero_stage']} divides "
+               + {0: "nothing", 1: "the optimizer state", 2: "optimizer state and grads",
+                  3: "optimizer state, grads and params"}[L["zero_stage"]] + f" by dp = {L['data_parallel']}")
+    out.append("")
+    out.append("activations per rank (estimate, formula in model/costs.py)")
+    out.append(f"{'stage':>5}  {'params/rank':>12}  {'per micro-batch':>15}  {'in flight':>9}  {'peak':>10}")
+    for st in S:
+        a = st["activations"]
+        out.append(f"{st['stage']:>5}  {st['params_per_rank']:>12,}  {human(a['per_micro_batch']):>15}  "
+                   f"{a['in_flight']:>9}  {human(a['peak']):>10}")
+    out.append("")
+    mb = L["micro_batch_num"]
+    out.append(f"communication per optimizer step ({mb} micro-batch{'es' if mb > 1 else ''} of {L['micro_batch']}), "
+               f"per rank")
+    tpn = L["model_parallel"]
+    if tpn == 1:
+        out.append("  tensor parallel: mp = 1, none")
+    for st in S if tpn > 1 else []:
+        t = st["tp_allreduce"]
+        loss = f" + {len(t['loss_elements'])} loss" if t["loss_elements"] else ""
+        out.append(f"  tensor parallel, stage {st['stage']}: {len(t['forward_elements'])} forward + "
+                   f"{len(t['backward_elements'])} backward{loss} all-reduces per micro-batch = "
+                   f"{human(t['bytes_per_micro_batch'])}; per step {human(t['bytes_per_step'])} payload, "
+                   f"ring sends {human(t['sent_per_rank_per_step'])} (2·(mp-1)/mp × payload)")
+    for st in S:
+        if "send_next" not in st:
+            continue
+        nx = st["send_next"]
+        desc = ", ".join(f"{t['name']} [{','.join(map(str, t['shape']))}]" for t in nx["tensors"])
+        out.append(f"  pipeline, stage {st['stage']} → {st['stage'] + 1}: forward {desc} = "
+                   f"{human(nx['forward_bytes_per_micro_batch'])}, backward gradients "
+                   f"{human(nx['backward_bytes_per_micro_batch'])} per micro-batch; per step "
+                   f"{human(nx['bytes_per_step'])} (each TP rank sends its own copy)")
+    if L["pipeline_stage"] == 1:
+        out.append("  pipeline: pp = 1, none")
+    for st in S:
+        d = st["dp"]
+        if L["data_parallel"] == 1:
+            out.append(f"  data parallel: {d['how']}")
+            break
+        out.append(f"  data parallel, stage {st['stage']}: {human(d['bytes_per_step'])} sent per rank per step "
+                   f"({d['how']})")
+    ds = plan["deepspeed"]
+    out.append("")
+    out.append(f"DeepSpeed config (rank 0): train_batch_size {ds['train_batch_size']}, train_micro_batch_size_per_gpu "
+               f"{ds['train_micro_batch_size_per_gpu']}, gradient_accumulation_steps "
+               f"{ds['gradient_accumulation_steps']}, zero_optimization {json.dumps(ds['zero_optimization'])}")
+    return "\n".join(out)

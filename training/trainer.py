@@ -1,0 +1,207 @@
+"""train.py's body: set up, then step → validate → log → save until the last step.
+
+    Trainer(config).train()        config: training.config.sections.TrainConfig (flags.parse_config(argv))
+
+`setup()` does everything that can fail on a user's mistake before any step, cheapest first: the output folder and
+its lock (rank 0, before the process group), the process group, the layout against the world size, the accelerator's
+precision, the data, the engine, and the checkpoint to start from. `train()` then runs the loop; checkpoints,
+validation, non-finite steps and metrics each live in their own module and are driven from here.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import torch.distributed as dist
+
+from common.errors import UserError
+from model.config import validate_layout
+from training.checkpoint.manager import CheckpointManager
+from training.config.sections import TrainConfig
+from training.core.data import BatchFeeder, batch_schedule, prepare_data
+from training.core.distributed import device, init_distributed
+from training.core.engine import build_engine, check_precision
+from training.core.metrics import MetricsWriter
+from training.core.schedule import lr_factor
+from training.core.speed import SpeedMeter
+from training.core.step import StepTimer, current_lr, eval_step, train_step
+from training.evaluation.validation import BEST, BestTracker, Validator
+from training.faults import injection
+from training.faults.nonfinite import NonFiniteSteps
+from training.faults.output_lock import claim_output_dir
+
+LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
+
+
+class Trainer:
+    def __init__(self, config: TrainConfig):
+        self.cfg = config
+        self.lock = None
+        self.validator: Optional[Validator] = None
+        self.tracker: Optional[BestTracker] = None
+
+    # ------------------------------------------------------------------------------------------------ setup
+    def setup(self) -> None:
+        cfg = self.cfg
+        self.lock = claim_output_dir(cfg.checkpoint)      # rank 0: the folder, its lock and the start point, first
+        self.world = init_distributed(cfg.parallel.distribute, cfg.faults.comm_timeout)
+        self.rank = dist.get_rank()
+        self.parallel = cfg.parallel.parallel_config(self.world)
+        # the layout before touching data (cheap, and the error users need first)
+        batch_unit, batch_name = cfg.data.batch_unit
+        validate_layout(self.parallel, cfg.model.probe(), world_size=self.world, global_batch=batch_unit,
+                        batch_name=batch_name)
+        check_precision(cfg.parallel.precision)
+
+        self.data = prepare_data(cfg.data.file_path, cfg.model.tokenizer, cfg.model.src_len, cfg.model.tgt_len,
+                                 cfg.model.tokenizer_vocab_size, progress=self.rank == 0)
+        self.vocab = cfg.model.vocab_size or self.data.vocab_size
+        if self.vocab < self.data.vocab_size:
+            raise UserError(f"--vocab_size {self.vocab} is smaller than the tokenizer's vocabulary "
+                            f"({self.data.vocab_size}); use --vocab_size {self.data.vocab_size} or more, or leave it "
+                            f"out")
+        if not cfg.data.max_tokens and cfg.data.batch_size > self.data.num_samples:
+            raise UserError(f"--batch_size {cfg.data.batch_size} is larger than the dataset "
+                            f"({self.data.num_samples} pairs)")
+        self.model_cfg = cfg.model.model_config(vocab_size=self.vocab, pad_id=self.data.pad_id)
+        schedule = batch_schedule(self.data, cfg.data.batch_size, cfg.data.seed, cfg.data.max_tokens,
+                                  cfg.data.batch_multiple, cfg.data.pad_multiple)
+        opt = cfg.optimization
+        self.total_steps = opt.steps if opt.steps is not None else opt.epochs * schedule.batches_per_epoch
+        lr_schedule = lr_factor(opt.lr_schedule, opt.warmup_steps, self.total_steps, opt.min_lr_ratio, opt.lr_power)
+
+        self.engine = build_engine(self.model_cfg, self.parallel, world_size=self.world, global_batch=batch_unit,
+                                   seed=opt.seed, lr=opt.lr, weight_decay=opt.weight_decay, lr_schedule=lr_schedule,
+                                   clip_grad=opt.clip_grad, precision=cfg.parallel.precision,
+                                   pipeline_func=cfg.parallel.pipeline_func,
+                                   ds_overrides=cfg.parallel.deepspeed_overrides,
+                                   ds_config_file=cfg.parallel.deepspeed_config,
+                                   dynamic_shapes=bool(cfg.data.max_tokens))
+        self.feeder = BatchFeeder(self.data, schedule, self.engine.ctx.dp_rank, self.engine.ctx.dp_size,
+                                  self.parallel.micro_batch_num, device())
+        self.checkpoints = CheckpointManager(self.engine, cfg.checkpoint, cfg.data, opt.seed, self.model_cfg,
+                                             self.parallel, self.data.tokenizer_path,
+                                             validating=bool(cfg.validation.valid_file))
+
+    def load(self) -> int:
+        """The checkpoint to start from (if any), then validation's state, which depends on the start step."""
+        self.start_step = self.checkpoints.resume()
+        val = self.cfg.validation
+        if val.valid_file and self.cfg.optimization.train:
+            bleu_model = (lambda step: self.checkpoints.save(step, name=".valid_bleu")) if val.valid_bleu else None
+            self.validator = Validator(val.valid_file, str(self.data.tokenizer_path), self.cfg.model.src_len,
+                                       self.cfg.model.tgt_len, self.cfg.data.valid_batch_size, self.engine.ctx,
+                                       self.parallel.micro_batch_num, device(), progress=self.rank == 0,
+                                       bleu=bleu_model)
+            self.valid_every = val.valid_interval or self.feeder.schedule.batches_per_epoch
+            self.tracker = BestTracker(self.checkpoints.root, val.early_stop_patience, self.start_step,
+                                       self.valid_every)
+        return self.start_step
+
+    def _describe(self) -> dict:
+        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())   # ZeRO-3: full
+        return {**self.engine.describe(), "vocab": self.vocab, "params_rank0": n_params,
+                "start_step": self.start_step, "total_steps": self.total_steps, "config": self.cfg.to_dict()}
+
+    def start_logging(self) -> None:
+        log = self.cfg.logging
+        self.writer = MetricsWriter(self.cfg.checkpoint.output_dir, enabled=self.rank == 0,
+                                    total_steps=self.total_steps, start_step=self.start_step,
+                                    log_interval=log.log_interval, tensorboard=log.tensorboard)
+        info = self.info = self._describe()
+        self.writer.run_info(info)
+        self.writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in LAYOUT_KEYS]
+                                     + [f"zero={info['zero_stage']}", f"recompute={info['recompute']}",
+                                        f"precision={info['precision']}", f"optimizer={info['optimizer']}",
+                                        f"grad_accum={info['grad_accum_dtype']}", f"backend={info['backend']}",
+                                        f"device={info['device']}"])
+                            + f" | vocab={self.vocab} params on rank 0={info['params_rank0']:,} | steps "
+                              f"{self.start_step}→{self.total_steps}")
+        if self.start_step >= self.total_steps:
+            self.writer.message(f"nothing to train: the checkpoint is at step {self.start_step} and --steps is "
+                                f"{self.total_steps}; raise --steps to continue")
+
+    # ------------------------------------------------------------------------------------------------ the loop
+    def train(self) -> int:
+        self.setup()
+        self.load()
+        self.start_logging()
+        opt, faults = self.cfg.optimization, self.cfg.faults
+        speed = SpeedMeter(self.model_cfg, self.world, self.cfg.parallel.precision, device())
+        nonfinite = NonFiniteSteps(self.engine, faults.nan_policy, faults.nan_skip_limit, opt.lr,
+                                   self.checkpoints.latest)
+        injection.arm(self.engine)
+        losses = []
+        for step in range(self.start_step, self.total_steps):
+            record = self.step(step, speed)
+            losses.append(record["loss"])
+            done = step + 1
+            if opt.train:
+                injection.after_step(self.engine, done)
+                stop = nonfinite.after_step(done, record["loss"], record)
+                if stop:                           # logged (loss null), then ended before validating or saving
+                    self.writer.log(record)
+                    self.writer.close()
+                    raise UserError(stop)
+            improved = self.validate(done, record)
+            self.writer.log(record)
+            early_stop = self.tracker is not None and self.tracker.should_stop
+            self.save(done, improved, last=done == self.total_steps or early_stop)
+            if early_stop:
+                best = self.tracker.best
+                self.writer.message(f"early stop after step {done}: valid_loss has not improved for "
+                                    f"{self.tracker.since_best} validations (best {best['valid_loss']:.4f} at step "
+                                    f"{best['step']}, kept in {self.checkpoints.root}/{BEST})")
+                break
+        return self.finish(losses)
+
+    def step(self, step: int, speed: SpeedMeter) -> dict:
+        """One optimizer step (or, with --train 0, one loss evaluation) and its metrics record."""
+        batches = self.feeder.step(step)
+        lr = current_lr(self.engine)                  # the rate this step uses (the scheduler moves after it)
+        with StepTimer() as t:
+            loss = (train_step if self.cfg.optimization.train else eval_step)(self.engine, batches)
+        record = {"step": step + 1, "epoch": self.feeder.epoch_of(step), "loss": loss, "lr": lr}
+        if self.cfg.optimization.train:
+            record["grad_norm"] = self.engine.grad_norm()
+            if self.engine.precision == "fp16":
+                record.update(loss_scale=self.engine.loss_scale(), skipped_steps=self.engine.ds.skipped_steps)
+        record.update(pairs=batches.pairs, tokens=batches.global_tokens,
+                      tokens_per_sec=batches.global_tokens / max(t.seconds, 1e-9), step_time=t.seconds,
+                      padding=round(batches.padding, 4),
+                      **speed.figures(batches.src_tokens, batches.global_tokens, batches.pairs, batches.lengths,
+                                      t.seconds))
+        return record
+
+    def validate(self, step: int, record: dict) -> bool:
+        """Every --valid_interval steps and after the last: the figures go into the step's record; True when this
+        validation is the best so far."""
+        if self.validator is None or (step % self.valid_every and step != self.total_steps):
+            return False
+        figures = self.validator.evaluate(self.engine, step)
+        improved = self.tracker.update(step, figures)
+        record.update(figures, best_valid_loss=self.tracker.best["valid_loss"], best_step=self.tracker.best["step"])
+        return improved
+
+    def save(self, step: int, improved: bool, last: bool) -> None:
+        if self.cfg.optimization.train:
+            self.checkpoints.after_step(step, last=last)
+        if improved:
+            self.checkpoints.save(step, name=BEST, validation=self.tracker.best)
+
+    def finish(self, losses: list) -> int:
+        summary = {"steps": self.start_step + len(losses), "final_loss": losses[-1] if losses else None,
+                   "output_dir": os.path.abspath(self.cfg.checkpoint.output_dir)}
+        if self.tracker is not None:
+            summary["best_validation"] = self.tracker.best
+        # what this rank's optimizer holds now, next to the run's description (plan.py predicts it:
+        # tests/test_parity.py)
+        self.writer.run_info({**self._describe(), "optimizer_state_bytes_rank0": self.engine.optimizer_state_bytes()})
+        self.writer.close(summary)
+        if self.lock is not None:
+            self.lock.release()
+        return 0
+
+
+def run_training(config: TrainConfig) -> int:
+    return Trainer(config).train()
