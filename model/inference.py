@@ -39,33 +39,55 @@ from model.transformer import DecoderLayer, Embeddings, EncoderLayer, Head, Seq2
 
 class KVCache:
     """Keys and values of one attention, [rows, heads, positions, head_dim] each. Self-attention appends the new
-    positions every step; cross-attention fills it once with the projected encoder memory."""
+    positions every step; cross-attention fills it once with the projected encoder memory.
 
-    def __init__(self):
+    With a `capacity` (the most positions it will hold: the decode length), the buffers are allocated once, at the
+    first append, and each step writes its positions in place — `keys`/`values` are views of the filled part —
+    instead of concatenating everything so far into new tensors every step."""
+
+    def __init__(self, capacity: Optional[int] = None):
+        self.capacity = capacity
         self.keys: Optional[torch.Tensor] = None
         self.values: Optional[torch.Tensor] = None
+        self._k = self._v = None
+        self._length = 0
 
     @property
     def length(self) -> int:
-        return 0 if self.keys is None else self.keys.shape[2]
+        return self._length
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.keys is None:
-            self.keys, self.values = k, v
+        new = k.shape[2]
+        if self.capacity is None or self._length + new > self.capacity:
+            if self.keys is None:
+                self.keys, self.values = k, v
+            else:
+                self.keys, self.values = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
         else:
-            self.keys, self.values = torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2)
+            if self._k is None:
+                rows, heads, _, dim = k.shape
+                self._k = k.new_empty(rows, heads, self.capacity, dim)
+                self._v = v.new_empty(rows, heads, self.capacity, v.shape[3])
+            self._k[:, :, self._length:self._length + new] = k
+            self._v[:, :, self._length:self._length + new] = v
+            self.keys = self._k[:, :, :self._length + new]
+            self.values = self._v[:, :, :self._length + new]
+        self._length += new
         return self.keys, self.values
 
     def select(self, rows: torch.Tensor) -> None:
-        if self.keys is not None:
+        if self._k is not None:
+            self._k, self._v = self._k[rows], self._v[rows]
+            self.keys, self.values = self._k[:, :, :self._length], self._v[:, :, :self._length]
+        elif self.keys is not None:
             self.keys, self.values = self.keys[rows], self.values[rows]
 
 
 class LayerCache:
     """What one decoder layer keeps between steps: its self-attention and cross-attention caches."""
 
-    def __init__(self):
-        self.self_attn, self.cross_attn = KVCache(), KVCache()
+    def __init__(self, max_len: Optional[int] = None):
+        self.self_attn, self.cross_attn = KVCache(max_len), KVCache()
 
     def select(self, rows: torch.Tensor, same_sources: bool = False) -> None:
         self.self_attn.select(rows)
@@ -93,7 +115,8 @@ class DecoderState:
     layer, and `next_logits(prefix)` for the token after each row's prefix. `select(rows)` keeps (and reorders)
     rows: finished rows leave, beams follow their parents."""
 
-    def __init__(self, model: Seq2SeqTransformer, src_ids: torch.Tensor, use_cache: bool = True):
+    def __init__(self, model: Seq2SeqTransformer, src_ids: torch.Tensor, use_cache: bool = True,
+                 max_len: Optional[int] = None):
         self.emb, enc, self.dec, self.head = serial_parts(model)
         self.vocab_size = model.cfg.vocab_size
         self.src_ids = src_ids
@@ -101,7 +124,7 @@ class DecoderState:
         for layer in enc:                      # the last encoder layer hands over (tgt_h, memory, src_ids, tgt_ids)
             x = layer(x)
         self.memory = x[1]
-        self.caches = [LayerCache() for _ in self.dec] if use_cache else None
+        self.caches = [LayerCache(max_len) for _ in self.dec] if use_cache else None
 
     def next_logits(self, prefix: torch.Tensor) -> torch.Tensor:
         """prefix [rows, t] (BOS, then the tokens so far) → logits [rows, V] of token t+1. With the cache, only the
@@ -121,6 +144,9 @@ class DecoderState:
             self.src_ids, self.memory = self.src_ids[rows], self.memory[rows]
         for cache in self.caches or ():
             cache.select(rows, same_sources)
+
+
+SYNC_EVERY = 8         # greedy decoding reads the batch's state on the host once per this many tokens
 
 
 @contextmanager
@@ -163,24 +189,35 @@ def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int,
     src_ids, pad_id, banned = _prepare(model, src_ids, max_len, pad_id, vocab_limit)
     bsz, device = src_ids.shape[0], src_ids.device
     with _eval_mode(model):
-        state = DecoderState(model, src_ids, use_cache)
+        state = DecoderState(model, src_ids, use_cache, max_len)
         out = torch.full((bsz, max_len), pad_id, dtype=torch.long, device=device)
-        prefix = torch.full((bsz, 1), bos_id, dtype=torch.long, device=device)
+        prefix = torch.full((bsz, max_len), bos_id, dtype=torch.long, device=device)   # filled step by step
         rows = torch.arange(bsz, device=device)                 # the output row of each row still decoding
-        length = 0
+        done = torch.zeros(bsz, dtype=torch.bool, device=device)
+        steps = max_len
         for step in range(max_len):
-            nxt = state.next_logits(prefix).index_fill_(1, banned, float("-inf")).argmax(dim=-1)
+            nxt = state.next_logits(prefix[:, : step + 1]).index_fill_(1, banned, float("-inf")).argmax(dim=-1)
+            nxt = nxt.masked_fill(done, pad_id)                # a finished row writes PAD until it leaves
             out[rows, step] = nxt
-            length = step + 1
-            going = nxt != eos_id
-            if not bool(going.any()):
+            done = done | (nxt == eos_id)
+            if step + 1 < max_len:
+                prefix[:, step + 1] = nxt
+            # the host looks at the batch only every SYNC_EVERY tokens (a read is a GPU sync): to stop, or to drop
+            # the finished rows
+            if (step + 1) % SYNC_EVERY and step + 1 < max_len:
+                continue
+            if bool(done.all()):
+                steps = step + 1
                 break
-            if not bool(going.all()):
-                keep = going.nonzero().squeeze(1)
-                rows, prefix, nxt = rows[keep], prefix[keep], nxt[keep]
+            keep = (~done).nonzero().squeeze(1)
+            if keep.numel() < rows.numel():
+                rows, prefix, done = rows[keep], prefix[keep], done[keep]
                 state.select(keep)
-            prefix = torch.cat([prefix, nxt[:, None]], dim=1)
-        return out[:, :length].cpu()
+        out = out[:, :steps].cpu()
+        # as long as the longest translation: up to its EOS, or every step when one never ended
+        ended = out == eos_id
+        length = steps if not bool(ended.any(dim=1).all()) else int(ended.int().argmax(dim=1).max()) + 1
+        return out[:, :length]
 
 
 @torch.inference_mode()

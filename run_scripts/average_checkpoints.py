@@ -30,6 +30,9 @@ def main(argv=None) -> int:
                                              "the checkpoints to average (step folders or consolidated .pt files)")
     p.add_argument("--last", type=int, default=None, help="average the K newest checkpoints of the run")
     p.add_argument("--output", "-o", required=True, help="where to write the averaged .pt file")
+    p.add_argument("--no_verify", action="store_true",
+                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
+                        "(default: checked; a damaged file is refused naming it)")
     args = p.parse_args(argv)
     from training.checkpoint import consolidated, folder
     if args.last is not None:
@@ -39,7 +42,7 @@ def main(argv=None) -> int:
         paths = folder.last_checkpoints(args.inputs[0], args.last)
     else:
         paths = args.inputs
-    averaged = consolidated.average(paths)
+    averaged = consolidated.average(paths, verify=not args.no_verify)
     consolidated.save(averaged, args.output)
     steps = ", ".join(str(s["step"]) for s in averaged["averaged"])
     print(f"wrote {args.output}: the mean of {len(paths)} checkpoints (steps {steps}), "

@@ -54,6 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--ignore_tokenizer_hash", action="store_true",
                    help="decode even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no_verify", action="store_true",
+                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
+                        "(default: checked; a damaged file is refused naming it)")
     return p.parse_args(argv)
 
 
@@ -78,7 +81,8 @@ def main(argv=None) -> int:
         sources, references = sources[: args.limit], references[: args.limit]
 
     from training.evaluation.translator import Translator
-    translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, args.device)
+    translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, args.device,
+                                 verify=not args.no_verify)
     load_seconds = time.perf_counter() - start
     result = translator.translate(sources, args.beam, args.lenpen, args.batch_size, use_cache=not args.no_cache,
                                   progress=not args.no_progress)

@@ -39,6 +39,9 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder at --output")
     p.add_argument("--beam", type=int, default=5, help="generate()'s default num_beams (default 5; 1 = greedy)")
     p.add_argument("--lenpen", type=float, default=1.0, help="generate()'s default length_penalty (default 1.0)")
+    p.add_argument("--no_verify", action="store_true",
+                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
+                        "(default: checked; a damaged file is refused naming it)")
     p.add_argument("--ignore_tokenizer_hash", action="store_true",
                    help="export even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
     args = p.parse_args(argv)
@@ -49,7 +52,8 @@ def main(argv=None) -> int:
         raise UserError(f"--output {output} is not empty; pass --overwrite to replace it, or choose a new folder")
 
     from training.evaluation.translator import Translator
-    translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, device="cpu")
+    translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, device="cpu",
+                                 verify=not args.no_verify)
     path = translator.export_transformers(output, args.overwrite, args.beam, args.lenpen)
     cfg = translator.cfg
     print(f"wrote {path}: BlenderbotForConditionalGeneration (d_model {cfg.d_model}, {cfg.encoder_layers}+"

@@ -28,10 +28,13 @@ def main(argv=None) -> int:
     p.add_argument("checkpoint", help="a step_* folder, a checkpoints/ folder or a run's output_dir (→ latest)")
     p.add_argument("--output", "-o", required=True, help="where to write the consolidated .pt file")
     p.add_argument("--with_optimizer", action="store_true", help="include AdamW moments")
+    p.add_argument("--no_verify", action="store_true",
+                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
+                        "(default: checked; a damaged file is refused naming it)")
     args = p.parse_args(argv)
     from preprocess.textio import check_output_file
     check_output_file(args.output, "--output")                 # before the (long) merge
-    merged = merge(args.checkpoint, args.with_optimizer)
+    merged = merge(args.checkpoint, args.with_optimizer, verify=not args.no_verify)
     save(merged, args.output)
     n = sum(t.numel() for t in merged["model"].values())
     print(f"wrote {args.output}: {len(merged['model'])} tensors, {n:,} parameters, step {merged['step']}, "

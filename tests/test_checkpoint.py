@@ -338,8 +338,12 @@ def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path)
             checked += dim is not None
     assert checked >= 10
     name = next(n for n, e in index.entries.items() if e["partition_dim"] is not None)
-    dim, want = rank_shape(name, 1)                     # rank 1's rows are in the overwritten shards: read them
-    assert index.read_local(name, "param", dim, 1, tuple(want.shape)).isnan().any()
+    dim, want = rank_shape(name, 1)                     # rank 1's rows are in the overwritten shards: read them,
+    from common.errors import UserError                 # and the damage is found (their checksums, then the NaNs)
+    with pytest.raises(UserError, match=r"shard_pp0_tp2.safetensors does not match the checksum saved with it"):
+        index.read_local(name, "param", dim, 1, tuple(want.shape))
+    with pytest.raises(UserError, match=rf"{name} holds \d+ non-finite value"):
+        ShardIndex(str(ckpt), meta, verify=False).read_local(name, "param", dim, 1, tuple(want.shape))
 
 
 # --------------------------------------------------------------------------------------------- bad checkpoints

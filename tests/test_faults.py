@@ -155,6 +155,21 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
     assert sorted(p.name for p in (out / "checkpoints").iterdir()) == ["latest", "step_00000004", "step_00000006"]
 
 
+def test_a_save_refuses_tied_copies_that_differ(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """pp2 with shared embeddings keeps the table on stage 0 and a replica on stage 1 that DeepSpeed's tied-gradient
+    sum keeps identical; a checkpoint stores only the owner's copy. The step-2 save checks them (they are equal:
+    parity tests check the same in fp32 and bf16); after step 3 the replica is nudged (DSR_UNTIE_AT, as an
+    optimizer that skipped the sum would leave it) and the step-4 save is refused on both ranks in one line."""
+    out = tmp_path / "run"
+    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 4, "--save_checkpoint_steps", 2, "--share_embeddings",
+                 1, "--pipeline_stage", 2, "--micro_batch_num", 2)
+    proc = subprocess.run(launch_cmd(2) + [str(a) for a in args], cwd=REPO_ROOT, env=dict(env(), DSR_UNTIE_AT="3"),
+                          capture_output=True, text=True, timeout=300)
+    one_error(proc, "step 4: the two copies of the shared embedding table (stage 0's and the last stage's) differ",
+              f"{step_dir(out, 2)} stays the latest")
+    assert latest(out) == "step_00000002"
+
+
 # ------------------------------------------------------------------------------------------- the output folder
 def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer, tmp_path):
     """While run 1 trains, the same command again is refused at once, naming run 1's pid; run 1 goes on

@@ -67,3 +67,29 @@ def test_two_gpu_layouts_match_one_gpu(flags, data, fp32_run, tmp_path):
     got = read_metrics(tmp_path)
     worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(got, fp32_run))
     assert worst <= 1e-5
+
+
+def test_greedy_decoding_reads_the_gpu_once_per_eight_tokens():
+    """Greedy decoding looks at the batch on the host once per SYNC_EVERY tokens (to stop or drop finished rows),
+    not twice per token; counted with torch's sync debug mode, which warns at every synchronizing CUDA call."""
+    import warnings
+
+    from model.config import ModelConfig
+    from model.inference import SYNC_EVERY, greedy_decode
+    from model.transformer import Seq2SeqTransformer
+    cfg = ModelConfig(vocab_size=50, d_model=32, num_heads=4, ffn_size=64, encoder_layers=1, decoder_layers=1,
+                      src_len=12, tgt_len=32, dropout=0.0, attention_dropout=0.0)
+    model = Seq2SeqTransformer(cfg, seed=3).cuda()
+    src = torch.randint(4, 50, (6, 12), device="cuda")
+    greedy_decode(model, src, bos_id=2, eos_id=3, max_len=32)                  # warm-up: kernels, allocator
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            greedy_decode(model, src, bos_id=2, eos_id=3, max_len=32)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    print(f"greedy decode of 32 tokens: {len(syncs)} synchronizing calls")
+    assert len(syncs) <= 2 * (32 // SYNC_EVERY) + 4, [str(w.message) for w in syncs]

@@ -366,11 +366,61 @@ def test_deepspeed_buckets_follow_the_fusion_groups_up_to_a_cap():
     be 2 GB)."""
     from training.core.engine import BUCKET_CAP_BYTES, bucket_elements, deepspeed_config
     assert bucket_elements(1_000_000, 4) == 250_000
-    assert bucket_elements(1_000_001, 4) == 250_001
+    assert bucket_elements(1_000_001, 4) == 250_002          # 250,001 rounded up to DeepSpeed's alignment (2)
     assert bucket_elements(1_300_000_000, 4) * 4 == BUCKET_CAP_BYTES == 100 * 2 ** 20
     cfg = deepspeed_config(ParallelConfig(data_parallel=2, optimizer_shard=True), 32, "fp32", 0.0, 1_300_000_000)
     assert cfg["zero_optimization"]["reduce_bucket_size"] == BUCKET_CAP_BYTES // 4
     assert cfg["zero_optimization"]["allgather_bucket_size"] == BUCKET_CAP_BYTES // 4
+
+
+def test_zero_overlap_defaults_follow_the_device():
+    """GPUs get what DeepSpeed recommends (communication overlapped with the backward pass, contiguous gradients),
+    CPUs what measured fastest there (both off); a recipe's "deepspeed" section still decides."""
+    from training.core.engine import deepspeed_config
+    zero1 = ParallelConfig(data_parallel=2, optimizer_shard=True)
+    for device, on in (("cuda", True), ("cpu", False)):
+        z = deepspeed_config(zero1, 32, "fp32", 0.0, 1000, device_type=device)["zero_optimization"]
+        assert z["overlap_comm"] is on and z["contiguous_gradients"] is on, (device, z)
+    mine = deepspeed_config(zero1, 32, "fp32", 0.0, 1000, {"zero_optimization": {"overlap_comm": False}},
+                            device_type="cuda")
+    assert mine["zero_optimization"]["overlap_comm"] is False
+
+
+def test_buckets_are_even_for_every_parameter_count_and_group_number():
+    """DeepSpeed's ZeRO 1/2 optimizer asserts allgather_bucket_size % 2 == 0; ceil(params / groups) is often odd
+    (d_model 100, 4 heads, vocab 20,001 gave one), which failed fp32 ZeRO-1/2 and every fp16 run at start. Every
+    bucket is even, covers its share of the gradients, and exceeds it by at most the alignment."""
+    from training.core.engine import BUCKET_ALIGNMENT, BUCKET_CAP_BYTES, GRAD_BYTES, bucket_elements
+    cap = BUCKET_CAP_BYTES // GRAD_BYTES
+    for n in [1, 2, 3, 5, 7, 99, 1001, 20_001 * 100 + 7, 3_366_301, 2 ** 31 + 1]:
+        for groups in range(1, 17):
+            size = bucket_elements(n, groups)
+            share = min(-(-n // groups), cap)
+            assert size % BUCKET_ALIGNMENT == 0 and share <= size < share + BUCKET_ALIGNMENT, (n, groups, size)
+
+
+def _zero1_with_an_odd_share(rank, world):
+    """Real DeepSpeed ZeRO-1 (fp32) over a model whose gradient count / groups is odd (7 / 1)."""
+    import deepspeed
+
+    from training.core.engine import deepspeed_config
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1, bias=True)
+    model.extra = torch.nn.Parameter(torch.zeros(3))          # 4 + 3 = 7 gradient elements
+    parallel = ParallelConfig(data_parallel=world, optimizer_shard=True, gradient_aggregation_group=1)
+    cfg = deepspeed_config(parallel, 2 * world, "fp32", 0.0, 7)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.AdamW(model.parameters()),
+                                           config=cfg)
+    loss = engine(torch.ones(2, 3)).sum() + engine.module.extra.sum()
+    engine.backward(loss)
+    engine.step()
+    return type(engine.optimizer).__name__, cfg["zero_optimization"]["allgather_bucket_size"]
+
+
+def test_zero1_starts_when_the_gradient_share_is_odd():
+    from tests.multiproc import run_ranks
+    for name, bucket in run_ranks(2, _zero1_with_an_odd_share):
+        assert name == "DeepSpeedZeroOptimizer" and bucket == 8
 
 
 # ------------------------------------------------------------------- FLOPs: the cost model vs torch's own count

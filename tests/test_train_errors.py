@@ -23,6 +23,10 @@ CASES = [
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
     (["--clip_grad", "-1"], 1, ["--clip_grad -1.0 must be >= 0"]),
+    (["--lr", "-1"], 1, ["--lr -1 must be >= 0"]),
+    # refused on every machine, before the precision check (DeepSpeed would not sum the tied gradients: issue 23)
+    (["--precision", "fp16", "--pipeline_stage", "2", "--share_embeddings", "1"], 1,
+     ["--precision fp16 with --pipeline_stage 2 and --share_embeddings 1", "use --precision bf16 or fp32"]),
     (["--interleave_num", "3"], 1, ["interleave_num=3 does not divide the micro-batch of 16 samples per rank",
                                     "use interleave_num 1, 2, 4 or 8"]),
 ]

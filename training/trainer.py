@@ -88,7 +88,9 @@ class Trainer:
         self.start_step = self.checkpoints.resume()
         val = self.cfg.validation
         if val.valid_file and self.cfg.optimization.train:
-            bleu_model = (lambda step: self.checkpoints.save(step, name=".valid_bleu")) if val.valid_bleu else None
+            # the weights alone (no moments, no RNG): what decoding needs, a third of a checkpoint's bytes
+            bleu_model = ((lambda step: self.checkpoints.save(step, name=".valid_bleu", weights_only=True))
+                          if val.valid_bleu else None)
             self.validator = Validator(val.valid_file, str(self.data.tokenizer_path), self.cfg.model.src_len,
                                        self.cfg.model.tgt_len, self.cfg.data.valid_batch_size, self.engine.ctx,
                                        self.parallel.micro_batch_num, device(), progress=self.rank == 0,

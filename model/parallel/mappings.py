@@ -107,7 +107,14 @@ class _CopyToTP(torch.autograd.Function):
 class _ReduceFromTP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group):
-        return _all_reduce(x.clone(), group)
+        if _world(group) == 1:
+            return x.view_as(x)
+        if not x.is_contiguous():
+            return _all_reduce(x.contiguous(), group)       # contiguous() made a copy: reduce that
+        # in place, without a copy: x is the row-parallel product, made for this sum. mark_dirty bumps its version,
+        # so autograd refuses (instead of silently using the sum) if anything had saved x for its backward
+        ctx.mark_dirty(x)
+        return _all_reduce(x, group)
 
     @staticmethod
     def backward(ctx, g):

@@ -16,31 +16,35 @@ import torch
 from model.config import ModelConfig
 from common.errors import UserError
 from training.checkpoint.folder import resolve
-from training.checkpoint.format import check_compatible, load_full_state, read_meta
+from training.checkpoint.format import check_compatible, load_full_state, read_meta, refuse_non_finite
 
 KEYS = ("model", "model_config", "step")
 
 
-def merge(path: str, with_optimizer: bool = False) -> dict:
+def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
     """The checkpoint at `path` (a step folder, or a run's / checkpoints/ folder → its latest) as one serial state
-    dict, whatever layout saved it."""
+    dict, whatever layout saved it (its files checked against their sha256 unless `verify` is False; non-finite
+    weights refused)."""
     path = resolve(path)
     meta = read_meta(path)
-    full = load_full_state(path, meta)
+    full = load_full_state(path, meta, verify=verify)
     out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
            "step": meta["step"], "saved_layout": meta["parallel"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
            "checkpoint": path}
     if with_optimizer:
+        if meta.get("weights_only"):
+            raise UserError(f"{path} holds weights only (no AdamW moments); merge it without --with_optimizer")
         out["optimizer"] = {name: {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"]}
                             for name, v in sorted(full.items())}
         out["optimizer_step"] = meta["optimizer_step"]
     return out
 
 
-def load(path: str) -> dict:
-    """A consolidated .pt file (merge_checkpoint.py, average_checkpoints.py), or a checkpoint folder merged now."""
+def load(path: str, verify: bool = True) -> dict:
+    """A consolidated .pt file (merge_checkpoint.py, average_checkpoints.py), or a checkpoint folder merged now.
+    Weights that are not finite are refused either way, naming the tensor."""
     if not os.path.isfile(path):
-        return merge(path)
+        return merge(path, verify=verify)
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means it is not our file
@@ -51,10 +55,14 @@ def load(path: str) -> dict:
         raise UserError(f"{path} is not a consolidated checkpoint (merge_checkpoint.py / average_checkpoints.py): "
                         f"it lacks {', '.join(missing)}")
     obj.setdefault("checkpoint", path)
+    if not isinstance(obj["model"], dict) or not all(isinstance(t, torch.Tensor) for t in obj["model"].values()):
+        raise UserError(f"{path} is not a consolidated checkpoint: its 'model' is not a dict of tensors")
+    for name, tensor in obj["model"].items():
+        refuse_non_finite(name, tensor, path)
     return obj
 
 
-def average(paths: Sequence[str]) -> dict:
+def average(paths: Sequence[str], verify: bool = True) -> dict:
     """The elementwise mean of the fp32 weights of several checkpoints (folders of any layout, or consolidated
     files) of the same model; summed in float64, stored in fp32. Step and config are the last checkpoint's."""
     if not paths:
@@ -63,7 +71,7 @@ def average(paths: Sequence[str]) -> dict:
         raise UserError(f"a checkpoint is given twice in {', '.join(paths)}")
     total, first, last, sources = None, None, None, []
     for path in paths:
-        state = load(path)
+        state = load(path, verify=verify)
         if first is None:
             first = state
             total = {name: t.double() for name, t in state["model"].items()}

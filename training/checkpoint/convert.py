@@ -46,18 +46,19 @@ def convert_format_1(old: str, new: str) -> dict:
     ids = {"checkpoint_id": f"{secrets.randbits(62):016x}", "run_id": f"{secrets.randbits(62):016x}",
            "step": meta["step"]}
     parallel = meta["parallel"]
-    shards, rngs = [], []
+    shards, rngs, sums = [], [], {}
     for p in range(parallel["pipeline_stage"]):
         for t in range(parallel["model_parallel"]):
             entries = _load_pt(os.path.join(old, f"shard_pp{p}_tp{t}.pt"))
             shards.append(shard_file(p, t))
-            write_shard_file(os.path.join(tmp, shards[-1]), entries, {**ids, "pp_rank": p, "tp_rank": t})
+            sums[shards[-1]] = write_shard_file(os.path.join(tmp, shards[-1]), entries,
+                                                {**ids, "pp_rank": p, "tp_rank": t})
     for r in range(meta["world_size"]):
         state = _load_pt(os.path.join(old, f"rng_rank{r}.pt"))
         rngs.append(rng_file(r))
-        write_tensors(os.path.join(tmp, rngs[-1]), rng_tensors(state), {**ids, "rank": r})
+        sums[rngs[-1]] = write_tensors(os.path.join(tmp, rngs[-1]), rng_tensors(state), {**ids, "rank": r})
     out = {**{k: v for k, v in meta.items() if k not in ("shards", "rng")}, **ids,
-           "format_version": FORMAT_VERSION, "skipped_steps": 0, "shards": shards, "rng": rngs,
+           "format_version": FORMAT_VERSION, "skipped_steps": 0, "shards": shards, "rng": rngs, "sha256": sums,
            "optimizer": {"class": "unknown (converted from format 1)", "kind": "", "precision": "unknown",
                          "zero_stage": "unknown"}, "converted_from": os.path.abspath(old)}
     with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:

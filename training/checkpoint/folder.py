@@ -33,7 +33,9 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def latest_checkpoint(ckpt_root: str) -> Optional[str]:
+def latest_checkpoint(ckpt_root: str, strict: bool = True) -> Optional[str]:
+    """The checkpoint `latest` names, or None when there is none. A `latest` naming a missing folder is a UserError
+    (strict) or None (for messages that only mention it)."""
     pointer = os.path.join(ckpt_root, "latest")
     if not os.path.isfile(pointer):
         return None
@@ -41,8 +43,11 @@ def latest_checkpoint(ckpt_root: str) -> Optional[str]:
         name = f.read().strip()
     path = os.path.join(ckpt_root, name)
     if not os.path.isdir(path):
-        raise UserError(f"{pointer} names {name}, which does not exist: the checkpoint folder was damaged; point "
-                        f"--ckpt_file at one of the step_* folders in {ckpt_root}")
+        if not strict:
+            return None
+        raise UserError(f"{pointer} names {name}, which does not exist (the checkpoint folder was damaged): resume "
+                        f"from the newest intact checkpoint with --resume auto, or name one with --resume "
+                        f"{ckpt_root}/step_N")
     return path
 
 
@@ -94,6 +99,17 @@ def step_of(path: str) -> Optional[int]:
             return int(json.load(f)["step"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
+
+
+def step_checkpoints(ckpt_root: str) -> list[str]:
+    """The step_* checkpoints in a checkpoints/ folder that have a meta.json, newest first (by step)."""
+    if not os.path.isdir(ckpt_root):
+        return []
+    found = [(step_of(os.path.join(ckpt_root, n)), n) for n in os.listdir(ckpt_root)
+             if n.startswith("step_") and not n.endswith(".tmp")
+             and os.path.isfile(os.path.join(ckpt_root, n, "meta.json"))]
+    return [os.path.join(ckpt_root, n) for s, n in sorted(found, key=lambda x: (x[0] is not None, x[0], x[1]),
+                                                           reverse=True)]
 
 
 def saved_checkpoints(output_dir: str) -> list[str]:

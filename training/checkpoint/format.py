@@ -15,7 +15,13 @@
 Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in the serial model and the pipeline).
 `ShardIndex` reads, for any TP slice a loading rank needs, only the rows of the saved TP shards that overlap it
 (`model.parallel.sharding.shard_rows` / `saved_pieces`: safetensors slices of a mapped file). Every file carries the
-checkpoint's identity, so a file copied in from another checkpoint is refused. Format 1 (torch .pt shards) is
+checkpoint's identity, so a file copied in from another checkpoint is refused.
+
+Integrity: meta.json's "sha256" holds every file's digest, computed by its writer as it wrote it. A load verifies
+each file it reads data from against it (`verify=False` skips that: `--verify 0`), so bytes changed on disk after
+the save — a flipped bit in a shard — are refused with the file's name instead of trained on. Weights that are not
+finite are refused at every load (resume, evaluate, export, averaging) naming the tensor; saves already refuse to
+write them (training.faults.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1 (torch .pt shards) is
 converted by run_scripts/convert_checkpoint.py (training.checkpoint.convert).
 """
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Optional
 import torch
 
 from common.errors import UserError
+from common.hashing import file_sha256
 from model.config import ModelConfig
 from model.parallel.sharding import saved_pieces, shard_rows
 from training.checkpoint.optimizer_state import KEYS
@@ -63,11 +70,11 @@ def tensor_name(key: str, name: str) -> str:
     return f"{key}/{name}"
 
 
-def write_shard_file(path: str, entries: dict, metadata: dict) -> None:
+def write_shard_file(path: str, entries: dict, metadata: dict) -> str:
     """A whole shard at once from {name: {"param", "exp_avg", "exp_avg_sq", "partition_dim", "full_size"}}
     (the converter and tests; save() streams instead)."""
     params = {n: {"partition_dim": e["partition_dim"], "full_size": e["full_size"]} for n, e in entries.items()}
-    write_tensors(path, {tensor_name(k, n): e[k].float().contiguous() for n, e in entries.items() for k in KEYS},
+    return write_tensors(path, {tensor_name(k, n): e[k].float().contiguous() for n, e in entries.items() for k in KEYS},
                   {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
                    "params": json.dumps(params)})
 
@@ -116,11 +123,80 @@ def read_meta(path: str) -> dict:
     if version != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {version} is not {FORMAT_VERSION}: it was written by another "
                         f"version of this code; load it with that version")
+    _check_meta_fields(meta, meta_path)
     missing = [n for n in meta["shards"] + meta["rng"] if not os.path.isfile(os.path.join(path, n))]
     if missing:
         raise UserError(f"{path} is incomplete: missing {', '.join(missing[:4])}"
                         + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
     return meta
+
+
+# meta.json's fields that loading reads, with the JSON types they must have: a hand-edited or damaged meta.json is
+# one line naming the field, not a traceback
+META_FIELDS = {"format_version": int, "step": int, "shards": list, "rng": list, "model": dict, "parallel": dict,
+               "world_size": int, "optimizer_step": int, "samples_seen": int, "skipped_steps": int,
+               "lr_scheduler": dict, "run_id": str, "checkpoint_id": str}
+TYPE_NAMES = {int: "an integer", list: "a list", dict: "an object", str: "a string"}
+
+
+def _check_meta_fields(meta: dict, meta_path: str) -> None:
+    for key, kind in META_FIELDS.items():
+        value = meta.get(key)
+        if value is None or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            what = "missing" if key not in meta else f"{json.dumps(value)[:40]}, not {TYPE_NAMES[kind]}"
+            raise UserError(f"{meta_path}: field {key!r} is {what}; the file was edited or damaged — use another "
+                            f"checkpoint")
+    files = meta["shards"] + meta["rng"]
+    if not all(isinstance(n, str) and n and os.path.basename(n) == n for n in files):
+        raise UserError(f"{meta_path}: 'shards' and 'rng' must list file names inside the checkpoint folder")
+    sums = meta.get("sha256", {})
+    if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
+        raise UserError(f"{meta_path}: field 'sha256' must map file names to hex digests")
+
+
+def write_digest(path: str, digest: str) -> None:
+    """The writer's sha256 of `path`, beside it until rank 0 puts every file's into meta.json."""
+    with open(path + ".sha256", "w", encoding="utf-8") as f:
+        f.write(digest)
+
+
+def collect_digests(folder: str, names: list) -> dict:
+    """{file name: sha256} from the digests the writers left in `folder` (removed once read)."""
+    sums = {}
+    for name in names:
+        side = os.path.join(folder, name + ".sha256")
+        with open(side, encoding="utf-8") as f:
+            sums[name] = f.read().strip()
+        os.remove(side)
+    return sums
+
+
+def verify_file(path: str, name: str, meta: dict) -> None:
+    """UserError when file `name` of checkpoint `path` is not what its writer wrote (sha256 in meta.json)."""
+    want = meta.get("sha256", {}).get(name)
+    if want is None:
+        return                                    # written before checksums were stored
+    got = file_sha256(os.path.join(path, name))
+    if got != want:
+        raise UserError(f"checkpoint {path}: {name} does not match the checksum saved with it (sha256 {got[:12]}… "
+                        f"instead of {want[:12]}…): the file changed after it was written (a damaged disk or copy); "
+                        f"use an earlier checkpoint (train.py --resume auto picks the newest intact one), or load it "
+                        f"unchecked (train.py --verify 0; the other scripts --no_verify)")
+
+
+def verify_checkpoint(path: str) -> dict:
+    """meta.json complete and every file as written; returns the meta (UserError naming the first problem)."""
+    meta = read_meta(path)
+    for name in meta["shards"] + meta["rng"]:
+        verify_file(path, name, meta)
+    return meta
+
+
+def refuse_non_finite(name: str, tensor: torch.Tensor, where: str) -> None:
+    if not bool(torch.isfinite(tensor).all()):
+        bad = int((~torch.isfinite(tensor)).sum())
+        raise UserError(f"{where}: {name} holds {bad} non-finite value(s) (nan or inf); such weights cannot be "
+                        f"trained on, evaluated, exported or averaged — use an earlier checkpoint")
 
 
 def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
@@ -147,10 +223,13 @@ def check_identity(path: str, fname: str, got: dict, meta: dict) -> None:
 
 class ShardIndex:
     """The saved shards of a checkpoint, by parameter: which stage saved it, its TP partition and shapes, from the
-    files' headers only (every file's identity checked). Values are read on demand, slice by slice."""
+    files' headers only (every file's identity checked). Values are read on demand, slice by slice; with `verify`,
+    each file is checked against its saved sha256 before its first value is read. Weights ("param") that are not
+    finite are refused."""
 
-    def __init__(self, path: str, meta: dict):
-        self.path, self.meta = path, meta
+    def __init__(self, path: str, meta: dict, verify: bool = True):
+        self.path, self.meta, self.verify = path, meta, verify
+        self._verified: set = set()
         self.saved_tp = meta["parallel"]["model_parallel"]
         self.entries: dict = {}
         for pp in range(meta["parallel"]["pipeline_stage"]):
@@ -182,19 +261,33 @@ class ShardIndex:
             return e["full_size"] or e["shape"][dim] * self.saved_tp
         return e["shape"][dim]
 
+    def _read(self, pp: int, tp: int, tname: str, dim: Optional[int], lo: int, hi: Optional[int]) -> torch.Tensor:
+        fname = shard_file(pp, tp)
+        empty = dim is not None and hi is not None and hi <= lo           # no bytes of this file are read
+        if self.verify and not empty and fname not in self._verified:
+            verify_file(self.path, fname, self.meta)
+            self._verified.add(fname)
+        return read_slice(self.file(pp, tp), tname, dim, lo, hi)
+
     def read_rows(self, name: str, key: str, dim: Optional[int], lo: int = 0, hi: Optional[int] = None):
         """Rows [lo, hi) along `dim` of the full (serial, unpadded) tensor — dim None: all of it — reading only the
         saved shards that hold them."""
+        value = self._rows(name, key, dim, lo, hi)
+        if key == "param":
+            refuse_non_finite(name, value, f"checkpoint {self.path}")
+        return value
+
+    def _rows(self, name: str, key: str, dim: Optional[int], lo: int = 0, hi: Optional[int] = None):
         e, tname = self._entry(name), tensor_name(key, name)
         saved_dim = e["partition_dim"]
         if dim is None and saved_dim is not None:
             dim, lo, hi = saved_dim, 0, None
         if dim is None or saved_dim is None:          # replicated when saved: TP rank 0's copy has it all
-            return read_slice(self.file(e["stage"], 0), tname, dim, lo, hi)
+            return self._read(e["stage"], 0, tname, dim, lo, hi)
         hi = self.full_len(name, dim) if hi is None else hi
         if saved_dim != dim:                          # split along another dim when saved: whole, then narrow
-            return self.read_rows(name, key, saved_dim).narrow(dim, lo, hi - lo)
-        parts = [read_slice(self.file(e["stage"], t), tname, dim, a, b)
+            return self._rows(name, key, saved_dim).narrow(dim, lo, hi - lo)
+        parts = [self._read(e["stage"], t, tname, dim, a, b)
                  for t, a, b in saved_pieces(lo, hi, e["shape"][dim], self.saved_tp)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
@@ -226,8 +319,9 @@ def read_shard(path: str, pp_rank: int, tp_rank: int) -> dict:
             for name, e in json.loads(info["params"]).items()}
 
 
-def load_full_state(path: str, meta: dict, names: Optional[set] = None) -> dict:
+def load_full_state(path: str, meta: dict, names: Optional[set] = None, verify: bool = True) -> dict:
     """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
-    index = ShardIndex(path, meta)
-    return {name: {k: index.read_rows(name, k, None) for k in KEYS}
+    index = ShardIndex(path, meta, verify=verify)
+    keys = ("param",) if meta.get("weights_only") else KEYS
+    return {name: {k: index.read_rows(name, k, None) for k in keys}
             for name in index.names() if names is None or name in names}

@@ -28,18 +28,20 @@ from model.config import ModelConfig, ParallelConfig
 from model.parallel.random import RNG
 from model.parallel.sharding import partition_dim
 from training.checkpoint import optimizer_state
-from training.checkpoint.folder import checkpoints_dir, latest_checkpoint, prune, step_dirname, write_atomic
+from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, prune, step_checkpoints, step_dirname,
+                                        write_atomic)
 from training.checkpoint.format import (FORMAT_VERSION, SHARD_FORMAT, ShardIndex, canonical_name, check_compatible,
-                                        check_identity, read_meta, rng_file, rng_state, rng_tensors, shard_file,
-                                        tensor_name)
+                                        check_identity, collect_digests, read_meta, rng_file, rng_state, rng_tensors,
+                                        shard_file, tensor_name, verify_file, write_digest)
 from training.checkpoint.optimizer_state import KEYS, local_shape
-from training.checkpoint.resume import resume_source
+from training.checkpoint.resume import AUTO, resume_source
 from training.checkpoint.shard_io import ShardWriter, read_all, read_header, write_tensors
 from training.config.sections import CheckpointSection, DataSection
 from training.core.data import check_data_order, data_order, legacy_data_order
 from training.faults import injection
 from training.faults.disk_full import checkpoint_file_guard
 from training.faults.nonfinite import refuse_non_finite_weights
+from training.faults.tied_copies import refuse_drifted_tied_copies
 
 
 def _tokenizer_sha256(path: Optional[str]) -> Optional[str]:
@@ -66,14 +68,18 @@ def _ids(engine) -> tuple[str, str]:
 # ----------------------------------------------------------------------------------------------- save
 def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
          tokenizer_path: Optional[str], keep: int, name: Optional[str] = None,
-         validation: Optional[dict] = None) -> str:
+         validation: Optional[dict] = None, weights_only: bool = False) -> str:
     """Save step `step` as checkpoints/step_N (moving `latest`, pruning to `keep`), or as checkpoints/<name>
-    (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json."""
+    (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json. `weights_only`: the
+    fp32 weights alone — no AdamW moments, no RNG states — for decoding (the validation BLEU model), a third of the
+    bytes; such a checkpoint is not resumable."""
     ctx, rank = engine.ctx, dist.get_rank()
     state = optimizer_state.for_engine(engine)        # an optimizer it does not know: refused before any file
     run_id, checkpoint_id = _ids(engine)
     root = checkpoints_dir(output_dir)
-    refuse_non_finite_weights(engine, step, latest_checkpoint(root) if os.path.isdir(root) else None)  # collective
+    latest = latest_checkpoint(root, strict=False) if os.path.isdir(root) else None
+    refuse_non_finite_weights(engine, step, latest)                  # collectives: every rank, same point
+    refuse_drifted_tied_copies(engine, step, latest)
     final = os.path.join(root, name or step_dirname(step))
     tmp = final + ".tmp"
     if rank == 0:
@@ -88,12 +94,17 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     params = [(canonical_name(n), p) for n, p in engine.module.named_parameters()
               if not getattr(p, "ds_pipe_replicated", False)]
     writes = ctx.dp_rank == 0                       # one writer per (stage, TP rank)
+    keys = ("param",) if weights_only else KEYS
     if writes or state.partitioned:                 # under ZeRO the gathers are collectives over DP
-        _save_shard(os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None, state, params,
-                    {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank})
-    rng_path = os.path.join(tmp, rng_file(rank))
-    with checkpoint_file_guard(rng_path + ".part"):
-        write_tensors(rng_path, rng_tensors(RNG.get_state()), {**ids, "rank": rank})
+        shard_path = os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None
+        digest = _save_shard(shard_path, state, params, {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank},
+                             keys)
+        if shard_path is not None:
+            write_digest(shard_path, digest)
+    if not weights_only:
+        rng_path = os.path.join(tmp, rng_file(rank))
+        with checkpoint_file_guard(rng_path + ".part"):
+            write_digest(rng_path, write_tensors(rng_path, rng_tensors(RNG.get_state()), {**ids, "rank": rank}))
     injection.crash_point("save", step)
     dist.barrier()
     if rank == 0:
@@ -108,8 +119,11 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
             "tokenizer_sha256": _tokenizer_sha256(tokenizer_path),
             "shards": [shard_file(p, t) for p in range(parallel.pipeline_stage)
                        for t in range(parallel.model_parallel)],
-            "rng": [rng_file(r) for r in range(dist.get_world_size())],
+            "rng": [] if weights_only else [rng_file(r) for r in range(dist.get_world_size())],
         }
+        if weights_only:
+            meta["weights_only"] = True
+        meta["sha256"] = collect_digests(tmp, meta["shards"] + meta["rng"])     # each writer's, as it wrote
         scaler = state.scaler_state()
         if scaler is not None:
             meta["loss_scaler"] = scaler
@@ -126,27 +140,27 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     return final
 
 
-def _save_shard(path: Optional[str], state, params: list, metadata: dict) -> None:
+def _save_shard(path: Optional[str], state, params: list, metadata: dict, keys=KEYS) -> Optional[str]:
     """Gather every parameter's master weight and moments one tensor at a time; the writer (path not None) streams
-    each into the shard and drops it, the other DP ranks only take part in the gathers."""
+    each into the shard and drops it, the other DP ranks only take part in the gathers. Returns the file's sha256
+    (the writer's), else None."""
     if path is None:
-        _gather_shard(None, state, params, metadata)
-        return
+        return _gather_shard(None, state, params, metadata, keys)
     with checkpoint_file_guard(path + ".part"):     # out of room: one line, the partial save removed
-        _gather_shard(path, state, params, metadata)
+        return _gather_shard(path, state, params, metadata, keys)
 
 
-def _gather_shard(path: Optional[str], state, params: list, metadata: dict) -> None:
+def _gather_shard(path: Optional[str], state, params: list, metadata: dict, keys=KEYS) -> Optional[str]:
     writer = None
     if path is not None:
         info = {n: {"partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
                 for n, p in params}                     # full_size: serial length along dim (drops vocab padding)
-        specs = [(tensor_name(k, n), local_shape(p), torch.float32) for n, p in params for k in KEYS]
+        specs = [(tensor_name(k, n), local_shape(p), torch.float32) for n, p in params for k in keys]
         writer = ShardWriter(path, specs, {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
                                            "params": json.dumps(info)})
     try:
         for n, p in params:                             # the same order on every DP rank
-            for k in KEYS:
+            for k in keys:
                 value = state.get(p, k)
                 if writer is not None:
                     writer.write(tensor_name(k, n), value)
@@ -157,13 +171,17 @@ def _gather_shard(path: Optional[str], state, params: list, metadata: dict) -> N
         if writer is not None:
             writer.abort()
         raise
+    return writer.sha256 if writer is not None else None
 
 
 def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection, seed: int,
-         tokenizer_path: Optional[str] = None) -> int:
+         tokenizer_path: Optional[str] = None, verify: bool = True) -> int:
     """Load checkpoint `path` into the engine, whatever layout saved it; returns its step. `seed`: the run's seed
     (dropout streams restart from it when the layout differs from the saving one)."""
     meta = read_meta(path)
+    if meta.get("weights_only"):
+        raise UserError(f"{path} holds weights only (no optimizer state: a decoding copy), so training cannot "
+                        f"continue from it; resume from a step_* checkpoint")
     now = _tokenizer_sha256(tokenizer_path)
     if meta.get("tokenizer_sha256") and now and meta["tokenizer_sha256"] != now:
         raise UserError(f"checkpoint {path} was trained with a different tokenizer (vocabulary) than {tokenizer_path}"
@@ -172,7 +190,7 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, da
     now_order = data_order(data)
     check_data_order(meta.get("data_order") or legacy_data_order(meta, now_order), now_order, path)
     state = optimizer_state.for_engine(engine)
-    index = ShardIndex(path, meta)
+    index = ShardIndex(path, meta, verify=verify)
     ctx = engine.ctx
     state.prepare()
     state.begin_load()
@@ -198,6 +216,8 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, da
     same_layout = meta["parallel"] == dataclasses.asdict(parallel) and meta["world_size"] == dist.get_world_size()
     if same_layout:
         fname = rng_file(dist.get_rank())
+        if verify:
+            verify_file(path, fname, meta)
         _, info = read_header(os.path.join(path, fname))
         check_identity(path, fname, info, meta)
         RNG.set_state(rng_state(read_all(os.path.join(path, fname))))
@@ -224,15 +244,38 @@ class CheckpointManager:
 
     def resume(self) -> int:
         """Load the checkpoint --resume / --ckpt_file name (training.checkpoint.resume); the step to start at."""
-        path = resume_source(self.section)
+        if self.section.resume == AUTO:
+            path, verified = self._agreed_auto_source()
+        else:
+            path, verified = resume_source(self.section), False
         if path is None:
             return 0
-        step = load(self.engine, path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path)
+        step = load(self.engine, path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
+                    verify=self.section.verify and not verified)
         if dist.get_rank() == 0:
             saved = read_meta(path)["optimizer"]
             print(f"resumed from {path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "
                   f"{saved['zero_stage']})", flush=True)
         return step
+
+    def _agreed_auto_source(self) -> tuple[Optional[str], bool]:
+        """--resume auto: rank 0 checks the candidates' checksums (once, not on every rank) and says which one it
+        chose by its place among the folder's checkpoints, so every rank loads the same. (path, verified here)."""
+        rank = dist.get_rank()
+        candidates = step_checkpoints(self.root)
+        choice = None
+        if rank == 0:
+            choice = resume_source(self.section, verify=self.section.verify,
+                                   report=lambda line: print(line, flush=True))
+        index = torch.tensor([candidates.index(choice) if choice in candidates else -1], dtype=torch.int64,
+                             device=self.engine.device)
+        if dist.get_world_size() > 1:
+            dist.broadcast(index, src=0)
+        k = int(index)
+        if k >= 0:
+            return candidates[k], rank == 0 and self.section.verify
+        # not one of the folder's own: --ckpt_file, or a fresh start (the same answer on every rank)
+        return (choice if rank == 0 else resume_source(self.section)), False
 
     def after_step(self, step: int, last: bool = False) -> None:
         """Every --save_checkpoint_steps steps, and at the run's last step (its end or an early stop), so the final
@@ -243,12 +286,12 @@ class CheckpointManager:
             self.save(step)
 
     def save(self, step: int, name: Optional[str] = None, validation: Optional[dict] = None,
-             keep: Optional[int] = None) -> str:
+             keep: Optional[int] = None, weights_only: bool = False) -> str:
         """step_N in the rotation (name None), or a named checkpoint outside it (e.g. "best")."""
         if keep is None:
             keep = self.section.keep_checkpoint_max if name is None else 0
         return save(self.engine, self.section.output_dir, step, self.model_cfg, self.parallel, self.data,
-                    self.tokenizer_path, keep, name=name, validation=validation)
+                    self.tokenizer_path, keep, name=name, validation=validation, weights_only=weights_only)
 
     def latest(self) -> Optional[str]:
-        return latest_checkpoint(self.root) if os.path.isdir(self.root) else None
+        return latest_checkpoint(self.root, strict=False) if os.path.isdir(self.root) else None

@@ -1,8 +1,9 @@
 """Where a run starts: which checkpoint `--resume` / `--ckpt_file` name, and refusing starts that would mix two
 histories in one output folder.
 
-`resume_source(section)` is what train.py loads: `--resume` (the folder's latest), `--resume auto` (the latest, or
-`--ckpt_file`, or nothing), `--resume PATH` (that checkpoint), `--ckpt_file PATH`. `check_start_point` refuses a
+`resume_source(section)` is what train.py loads: `--resume` (the folder's latest), `--resume auto` (the newest
+checkpoint of the folder that verifies — complete, and every file matching the sha256 stored at save — skipping and
+naming the others; else `--ckpt_file`, else nothing), `--resume PATH` (that checkpoint), `--ckpt_file PATH`. `check_start_point` refuses a
 fresh run into a folder that already holds checkpoints (its saves would replace them and `latest` would jump between
 two histories), a run from a checkpoint elsewhere, and one from an older checkpoint of this folder while newer ones
 exist. It runs on global rank 0 under the output folder's lock (training.faults.output_lock.claim_output_dir).
@@ -13,7 +14,9 @@ import os
 from typing import Optional
 
 from common.errors import UserError
-from training.checkpoint.folder import checkpoints_dir, latest_checkpoint, resolve, saved_checkpoints, step_of
+from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, resolve, saved_checkpoints, step_checkpoints,
+                                        step_of)
+from training.checkpoint.format import read_meta, verify_checkpoint
 from training.config.sections import CheckpointSection
 
 
@@ -23,14 +26,41 @@ AUTO = "auto"
 LATEST = "latest"                                 # --resume without a value
 
 
-def resume_source(section: CheckpointSection) -> Optional[str]:
+def newest_intact(root: str, verify: bool = True) -> tuple[Optional[str], list[str]]:
+    """(the newest step_* checkpoint of `root` that verifies, or None; "step_N: why" for each newer one skipped).
+    verify=False checks completeness only (meta.json and the files it lists), not the checksums."""
+    skipped = []
+    for path in step_checkpoints(root):
+        try:
+            verify_checkpoint(path) if verify else read_meta(path)
+            return path, skipped
+        except UserError as exc:
+            skipped.append(f"{os.path.basename(path)}: {exc}")
+    return None, skipped
+
+
+def resume_source(section: CheckpointSection, verify: bool = False, report=None) -> Optional[str]:
     """The checkpoint folder this run starts from, or None for a fresh start (UserError when there is none where
-    the flags say there must be one)."""
+    the flags say there must be one). `verify`: with --resume auto, check the candidates' checksums too (rank 0
+    does; see CheckpointManager.resume); `report(line)` is told which ones were skipped."""
     resume, ckpt_file = section.resume, section.ckpt_file
     if resume not in (None, AUTO, LATEST):                     # --resume PATH
         if ckpt_file:
             raise UserError(f"--resume {resume} and --ckpt_file {ckpt_file} both name a checkpoint; give one")
         return resolve(resume)
+    if resume == AUTO:
+        root = checkpoints_dir(section.output_dir)
+        found, skipped = newest_intact(root, verify)
+        for line in skipped:
+            if report is not None:
+                report(f"--resume auto: skipping {line}")
+        if found:
+            return found
+        if skipped:
+            raise UserError(f"--resume auto: no intact checkpoint in {root} (skipped: "
+                            + "; ".join(s.split(":", 1)[0] for s in skipped) + "); move the damaged ones away to "
+                            "start fresh, or name a checkpoint with --resume PATH")
+        return resolve(ckpt_file) if ckpt_file else None
     if resume is not None:
         root = checkpoints_dir(section.output_dir)
         found = latest_checkpoint(root) if os.path.isdir(root) else None
@@ -59,9 +89,11 @@ def check_start_point(section: CheckpointSection, source: Optional[str]) -> None
                         f"would replace them. Continue that run with --resume (or --resume auto), or choose "
                         f"another --output_dir")
     source_real = os.path.realpath(source)
-    own_latest = latest_checkpoint(root)
+    own_latest = latest_checkpoint(root, strict=False)        # `latest` naming a missing step: not the source
     if own_latest and os.path.realpath(own_latest) == source_real:
         return                                                 # the folder's own run continues
+    if section.resume == AUTO and os.path.dirname(source_real) == root:
+        return                        # the newest intact one: later ones were skipped as damaged (and said so)
     if os.path.dirname(source_real) != root:
         raise UserError(f"--output_dir {section.output_dir} already holds {what} of its own; continuing {source} "
                         f"there would mix two runs. Choose another --output_dir (or pass --resume alone to "

@@ -8,12 +8,16 @@ file is an ordinary safetensors file (`safetensors.safe_open`, `load_file`, any 
 Reading goes through `safetensors.safe_open`, which maps the file: `read_slice` copies out only the rows/columns
 asked for and closes the mapping again, so a rank touches only the bytes of the slices it needs.
 
+Integrity: the writer hashes every byte it writes (sha256, the header included) as it writes it, so the digest of the
+finished file costs no second read; `file_sha256` (common.hashing) recomputes it at load (training.checkpoint.format).
+
 Format (https://github.com/huggingface/safetensors): 8-byte little-endian header length N, N bytes of JSON
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}} padded with spaces to a
 multiple of 8, then the tensors' bytes back to back in the order of their offsets.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
@@ -30,7 +34,8 @@ MAX_HEADER = 100 * 1024 * 1024          # safetensors' own limit
 
 class ShardWriter:
     """Write tensors `specs` = [(name, shape, dtype), ...] in that order to `path` (via `path.part`, renamed on
-    `close`, fsynced). `metadata` goes into the header's __metadata__ (string values)."""
+    `close`, fsynced). `metadata` goes into the header's __metadata__ (string values). After `close`, `sha256` is
+    the hex digest of the whole file."""
 
     def __init__(self, path: str, specs: Sequence[tuple], metadata: Optional[dict] = None):
         self.path, self.tmp = path, path + ".part"
@@ -46,9 +51,15 @@ class ShardWriter:
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
         self._file = open(self.tmp, "wb")
-        self._file.write(struct.pack("<Q", len(raw)))
-        self._file.write(raw)
+        self._digest = hashlib.sha256()
+        self.sha256: Optional[str] = None
+        self._put(struct.pack("<Q", len(raw)))
+        self._put(raw)
         self._next = 0
+
+    def _put(self, data) -> None:
+        self._file.write(data)
+        self._digest.update(data)
 
     def write(self, name: str, tensor: torch.Tensor) -> None:
         want_name, want_shape, want_dtype = self._expected[self._next]
@@ -56,7 +67,7 @@ class ShardWriter:
             raise RuntimeError(f"{self.path}: tensor {self._next} should be {want_name} {want_shape} {want_dtype}, "
                                f"got {name} {tuple(tensor.shape)} {tensor.dtype}")
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
-        self._file.write(memoryview(data.numpy()))
+        self._put(memoryview(data.numpy()))
         self._next += 1
 
     def close(self) -> None:
@@ -66,6 +77,7 @@ class ShardWriter:
         os.fsync(self._file.fileno())
         self._file.close()
         os.replace(self.tmp, self.path)
+        self.sha256 = self._digest.hexdigest()
 
     def abort(self) -> None:
         self._file.close()
@@ -73,8 +85,8 @@ class ShardWriter:
             os.remove(self.tmp)
 
 
-def write_tensors(path: str, tensors: dict, metadata: Optional[dict] = None) -> None:
-    """A whole dict {name: tensor} at once (small files: RNG states, tests)."""
+def write_tensors(path: str, tensors: dict, metadata: Optional[dict] = None) -> str:
+    """A whole dict {name: tensor} at once (small files: RNG states, tests); returns the file's sha256."""
     writer = ShardWriter(path, [(n, tuple(t.shape), t.dtype) for n, t in tensors.items()], metadata)
     try:
         for name, t in tensors.items():
@@ -83,6 +95,7 @@ def write_tensors(path: str, tensors: dict, metadata: Optional[dict] = None) -> 
     except BaseException:
         writer.abort()
         raise
+    return writer.sha256
 
 
 def _numel(shape) -> int:

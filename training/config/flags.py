@@ -164,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--save_checkpoint_steps", type=int, default=0,
                    help="save every N steps and at the last step (default 0 = never)")
     g.add_argument("--keep_checkpoint_max", type=int, default=4, help="keep the newest K checkpoints (default 4)")
+    g.add_argument("--verify", type=_bool, default=True,
+                   help="1 (default): check every checkpoint file a resume reads against the sha256 its writer "
+                        "stored in meta.json, and refuse a damaged one naming the file; 0: load without checking")
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="auto|PATH",
                    help="continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the "
                         "folder has none); 'auto': the same, or a fresh start when there is neither; PATH: from that "

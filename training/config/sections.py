@@ -148,6 +148,7 @@ class CheckpointSection:
     keep_checkpoint_max: int = 4
     resume: Optional[str] = None              # None | "latest" | "auto" | PATH
     ckpt_file: Optional[str] = None
+    verify: bool = True                       # check a loaded checkpoint's files against their saved sha256
     train: bool = True                        # an evaluation-only run never writes checkpoints
 
     def __post_init__(self):
@@ -216,6 +217,19 @@ class TrainConfig:
     faults: FaultsSection = field(default_factory=FaultsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     recipe: Optional[str] = None
+
+    def __post_init__(self):
+        """Checks across sections (each section checked itself when it was built)."""
+        p = self.parallel
+        if p.precision == "fp16" and p.pipeline_stage > 1 and self.model.share_embeddings:
+            # DeepSpeed 0.19.8's PipelineEngine._exec_reduce_tied_grads sums the tied table's gradient from
+            # `param.grad` (`_hp_grad` under BF16_Optimizer), but fp16 runs ZeRO-1 with fp32 gradient accumulation,
+            # which keeps it in `param.grad_accum` and sets `param.grad = None`: the sum is skipped and stage 0's
+            # table and the last stage's replica drift apart without an error
+            raise UserError(f"--precision fp16 with --pipeline_stage {p.pipeline_stage} and --share_embeddings 1 "
+                            f"would train the two copies of the shared table apart (DeepSpeed does not sum their "
+                            f"gradients under its fp16 optimizer); use --precision bf16 or fp32, or "
+                            f"--share_embeddings 0")
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> "TrainConfig":

@@ -60,6 +60,15 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
     return TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=False)
 
 
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host batch tensor on the training device. To a CUDA device it goes through page-locked memory, so the copy
+    is a DMA that does not wait for the host (pageable memory is first staged by the driver, synchronously); on the
+    CPU it is the tensor itself."""
+    if device.type == "cuda":
+        return host.pin_memory().to(device, non_blocking=True)
+    return host.to(device)
+
+
 @dataclass
 class StepBatches:
     """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them).
@@ -87,8 +96,8 @@ class StepBatches:
             b = self.data.batch(idx, self.shape)
             if (idx < 0).any():
                 b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
-            src, tgt, labels = (b[k].to(self.device) for k in ("src_ids", "tgt_ids", "labels"))
-            yield (src, tgt), labels
+            yield tuple(to_device(b[k], self.device) for k in ("src_ids", "tgt_ids")), to_device(b["labels"],
+                                                                                                 self.device)
 
 
 def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int, dp_size: int,

@@ -19,6 +19,7 @@ from model.parallel.random import RNG
 from model.parallel.topology import ParallelContext, build_grid
 from model.transformer import Seq2SeqTransformer
 from common.errors import UserError
+from training.core.distributed import device
 from training.core.grad_norm import ClippingAdamW
 from training.core.objective import GlobalTokenMean
 
@@ -79,16 +80,33 @@ BUCKET_CAP_BYTES = 100 * 2 ** 20
 GRAD_BYTES = 4          # gradients are reduced in fp32 (grad_accum_dtype fp32 for half precision too)
 
 
+# DeepSpeed's ZeRO 1/2 optimizer asserts that the all-gather bucket is a multiple of 2 elements (4-byte alignment
+# of fp16 data: `nccl_start_alignment_factor` in stage_1_and_2.py); an odd bucket failed every such run at start
+BUCKET_ALIGNMENT = 2
+
+
 def bucket_elements(num_grad_elements: int, groups: int) -> int:
     """DeepSpeed's reduce/allgather bucket size in elements: the seed's `gradient_aggregation_group` fusion groups
-    (gradient bytes / groups), capped at BUCKET_CAP_BYTES. A recipe's "deepspeed" section may set other sizes."""
+    (gradient bytes / groups), capped at BUCKET_CAP_BYTES, rounded up to BUCKET_ALIGNMENT. A recipe's "deepspeed"
+    section may set other sizes."""
     per_group = -(-num_grad_elements // max(groups, 1))
-    return max(1, min(per_group, BUCKET_CAP_BYTES // GRAD_BYTES))
+    size = max(1, min(per_group, BUCKET_CAP_BYTES // GRAD_BYTES))
+    return -(-size // BUCKET_ALIGNMENT) * BUCKET_ALIGNMENT
+
+
+# ZeRO's communication overlap, by device: on GPUs what DeepSpeed recommends (its ZeRO-3 default, and the ZeRO-1/2
+# settings of its tutorials: gradient reduction overlapped with the backward pass, gradients copied into one
+# contiguous buffer); on CPUs/gloo off, as measured (no faster, slightly slower: BENCHMARKS.md). A recipe's
+# "deepspeed" section overrides either.
+ZERO_OVERLAP = {"cuda": {"overlap_comm": True, "contiguous_gradients": True},
+                "cpu": {"overlap_comm": False, "contiguous_gradients": False}}
 
 
 def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
                      num_grad_elements: int, overrides: Optional[dict] = None,
-                     user_file: Optional[str] = None) -> dict:
+                     user_file: Optional[str] = None, device_type: str = "cpu") -> dict:
+    """The DeepSpeed config for a layout; `device_type`: the accelerator's ("cuda", "cpu"), which picks the ZeRO
+    overlap defaults (ZERO_OVERLAP)."""
     micro = global_batch // (parallel.data_parallel * parallel.micro_batch_num)
     bucket = bucket_elements(num_grad_elements, parallel.gradient_aggregation_group)
     zero_stage = optimizer_zero_stage(parallel, precision)
@@ -101,11 +119,8 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         "steps_per_print": 10 ** 9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
-        # overlap_comm / contiguous_gradients: measured on CPU/gloo (dp2, ZeRO-1 and -2) no faster, slightly
-        # slower (BENCHMARKS.md); not measured on GPUs here — a recipe's "deepspeed" section can turn them on
-        "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": bucket,
-                              "allgather_bucket_size": bucket, "overlap_comm": False,
-                              "contiguous_gradients": False},
+        "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
+                              **ZERO_OVERLAP.get(device_type, ZERO_OVERLAP["cuda"])},
         "fp16": {"enabled": precision == "fp16"},
         "bf16": {"enabled": precision == "bf16"},
         # DeepSpeed can split the one grad-carrying activation over TP ranks on the wire; our stages pass two
@@ -224,7 +239,8 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
     # dropout streams: same default stream on the TP ranks of a stage, one extra stream per TP rank
     RNG.seed(seed, tp_rank=ctx.tp_rank, pp_rank=ctx.pp_rank)
     n_grad = sum(p.numel() for p in model.parameters())
-    ds_cfg = deepspeed_config(parallel, global_batch, precision, clip_grad, n_grad, ds_overrides, ds_config_file)
+    ds_cfg = deepspeed_config(parallel, global_batch, precision, clip_grad, n_grad, ds_overrides, ds_config_file,
+                              device_type=device().type)
     groups = weight_decay_groups(model, weight_decay)
     # fused: one kernel over all parameters instead of ~10 elementwise passes per tensor (on this repository's
     # CPU benchmark 2.5 s → 0.14 s per step for 13 M parameters; CUDA has a fused AdamW too). Elementwise, so every

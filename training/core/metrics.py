@@ -14,6 +14,8 @@ from typing import Optional
 
 from tqdm import tqdm
 
+from common.errors import UserError, no_room_error
+
 
 
 def _fmt(value) -> str:
@@ -31,11 +33,18 @@ class MetricsWriter:
         # append: a resumed run continues the same file (its steps carry on from the checkpoint's), after dropping
         # the records of the steps it replays; TensorBoard hides those events itself (purge_step)
         path = os.path.join(output_dir, "metrics.jsonl")
-        dropped = drop_records_after(path, start_step)
-        if dropped:
-            print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps again)",
-                  flush=True)
-        self._jsonl = open(path, "a", encoding="utf-8")
+        if start_step == 0:
+            kept = keep_earlier_records(path)
+            if kept:
+                print(f"{path} held the records of an earlier run with no checkpoint to continue; kept as {kept}",
+                      flush=True)
+        else:
+            dropped = drop_records_after(path, start_step)
+            if dropped:
+                print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps "
+                      f"again)", flush=True)
+        self._path = path
+        self._jsonl = open(path, "ab", buffering=0)     # one whole line per write call: see _append
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1)
@@ -47,9 +56,8 @@ class MetricsWriter:
             return
         # strict JSON: a non-finite value (an fp16 overflow's grad norm) is written as null
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self._jsonl.write(json.dumps(record, allow_nan=False) + "\n")
-        self._jsonl.flush()
         step = record["step"]
+        self._append(json.dumps(record, allow_nan=False) + "\n", step)
         if self._tb is not None:
             for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops",
                         "mfu", "peak_mem_mib"):
@@ -81,6 +89,22 @@ class MetricsWriter:
             (self._bar.write if self._bar is not None and not self._bar.disable else print)(line)
             sys.stdout.flush()
 
+    def _append(self, line: str, step: int) -> None:
+        """Append one record whole or not at all: a write that runs out of room (a full disk, a quota, a file-size
+        limit) is cut back to the end of the previous record, so the file never ends in half a line."""
+        data = memoryview(line.encode())
+        start = self._jsonl.seek(0, os.SEEK_END)
+        try:
+            while data:
+                data = data[self._jsonl.write(data):]
+        except OSError as exc:
+            self._jsonl.truncate(start)
+            if no_room_error(exc) is None:
+                raise
+            raise UserError(f"writing {self._path} failed at step {step} ({exc.strerror}): the file ends with "
+                            f"step {step - 1}'s record, whole. Free space (or raise the file-size limit) and "
+                            f"continue with --resume from the last checkpoint") from None
+
     def run_info(self, info: dict) -> None:
         """OUTPUT_DIR/run.json: what this run is (layout, precision, optimizer DeepSpeed built, steps)."""
         if self.enabled:
@@ -107,6 +131,18 @@ class MetricsWriter:
 
 
 # ------------------------------------------------------------------------------------------------ metrics log
+def keep_earlier_records(path: str) -> Optional[str]:
+    """A fresh start (step 0) into a folder whose metrics.jsonl holds records (a run that saved no checkpoint):
+    move them beside as metrics.<n>.jsonl instead of deleting them; returns the new name, or None."""
+    if not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return None
+    root, n = path[: -len(".jsonl")], 1
+    while os.path.exists(f"{root}.{n}.jsonl"):
+        n += 1
+    os.replace(path, f"{root}.{n}.jsonl")
+    return f"{root}.{n}.jsonl"
+
+
 def drop_records_after(path: str, step: int) -> int:
     """Remove the records of steps after `step` (and any torn last line) from a metrics.jsonl; returns how many
     lines went. The file is rewritten atomically, so a crash now leaves the old or the new file."""

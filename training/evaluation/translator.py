@@ -49,13 +49,13 @@ class Translator:
 
     @classmethod
     def load(cls, ckpt: str, tokenizer_path: str, ignore_tokenizer_hash: bool = False,
-             device: Optional[str] = None) -> "Translator":
+             device: Optional[str] = None, verify: bool = True) -> "Translator":
         """`ckpt`: a step_* folder, a run's output_dir or checkpoints/ folder (→ latest), or a consolidated .pt.
         Refuses (UserError) a tokenizer that is not the checkpoint's."""
         if os.path.isdir(tokenizer_path):
             tokenizer_path = os.path.join(tokenizer_path, TOKENIZER_FILE)
         tokenizer = load_tokenizer(tokenizer_path)
-        state = consolidated.load(ckpt)
+        state = consolidated.load(ckpt, verify=verify)
         cls._check_tokenizer(state, tokenizer, tokenizer_path, ignore_tokenizer_hash)
         model = Seq2SeqTransformer(ModelConfig(**state["model_config"]))
         model.load_state_dict(state["model"], strict=True)

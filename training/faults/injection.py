@@ -5,7 +5,9 @@ environment variable is set.
 - DSR_NAN_AT=3,5 multiplies the loss of (1-based) steps 3 and 5 by nan on every rank, so the gradients are nan too
   — the real engine then meets a real non-finite step;
 - DSR_INF_WEIGHT_AT=6 sets one weight of global rank 0 to inf after step 6 (as memory corruption or an optimizer
-  without checks would), so the save that follows meets a rank whose weights are not finite while the others' are.
+  without checks would), so the save that follows meets a rank whose weights are not finite while the others' are;
+- DSR_UNTIE_AT=4 nudges the last pipeline stage's replica of the shared embedding table after step 4 (as an
+  optimizer that skipped the tied-gradient sum would), so the save that follows meets copies that differ.
 """
 from __future__ import annotations
 
@@ -44,9 +46,14 @@ def _corrupt_one_weight(engine) -> None:
 
 
 def after_step(engine, step: int) -> None:
-    """After every step: DSR_INF_WEIGHT_AT's steps leave an inf weight on global rank 0."""
+    """After every step: DSR_INF_WEIGHT_AT's steps leave an inf weight on global rank 0, DSR_UNTIE_AT's a replica
+    of the shared table that differs from its owner."""
     if step in _steps("DSR_INF_WEIGHT_AT") and dist.get_rank() == 0:
         _corrupt_one_weight(engine)
+    if step in _steps("DSR_UNTIE_AT"):
+        for p in engine.module.parameters():
+            if getattr(p, "tied_to", None):            # the replica (the owner has no tied_to)
+                p.data.view(-1)[0] += 1e-3
 
 
 def _steps(variable: str) -> set:

@@ -69,18 +69,18 @@ class NonFiniteSteps:
 def refuse_non_finite_weights(engine, step: int, latest: Optional[str]) -> None:
     """UserError on every rank when any rank holds a non-finite weight. Collective over the whole job: every rank
     calls it at the same point of save(); the flag is on the engine's device."""
-    bad = torch.zeros((), device=engine.device)
-    first = None
+    names, found = [], []
     for name, p in engine.module.named_parameters():
         local = p.ds_tensor if hasattr(p, "ds_tensor") else p.data     # ZeRO-3 keeps this rank's partition
         if local.numel():
-            found = (~torch.isfinite(local)).any()
-            bad = torch.maximum(bad, found.to(bad.dtype))
-            if first is None and bool(found):
-                first = name
+            names.append(name)
+            found.append((~torch.isfinite(local)).any())
+    # one flag for the rank, read once (a read per parameter was a host sync per parameter on a GPU)
+    bad = torch.stack(found).any().float() if found else torch.zeros((), device=engine.device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(bad, op=dist.ReduceOp.MAX)
     if bool(bad):
+        first = next((n for n, f in zip(names, found) if bool(f)), None)      # the failure path only
         where = f" ({first} on rank {dist.get_rank()})" if first else " (on another rank)"
         keep = f"{latest} stays the latest" if latest else "there is no earlier checkpoint"
         raise UserError(f"step {step}: the weights are not finite{where}, so the checkpoint was not written and "

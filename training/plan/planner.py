@@ -120,7 +120,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
     from training.core.engine import deepspeed_config  # the DeepSpeed config train.py would use: checks the overrides
     ds_cfg = deepspeed_config(parallel, cfg.data.batch_size, prec, cfg.optimization.clip_grad,
                               sum(counts[(0, 0)].values()),          # rank 0's gradient elements, as train.py
-                              cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config)
+                              cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config,
+                              device_type="cuda")         # plans are for GPU clusters
 
     nodes = rank_nodes(world_size, hosts, ranks_per_node)
     ranks = []

@@ -1,0 +1,194 @@
+"""Damaged checkpoints are refused, by name, wherever they are loaded — and a run can go on from the newest intact one.
+
+One real 1-process run saves steps 2 and 4 (module fixture); each test damages a copy of its output folder the way a
+disk, a copy or an older version would, then runs the real commands on it: train.py --resume, evaluate.py,
+export_hf.py, average_checkpoints.py. Damage made here: bytes flipped inside a shard (its meta.json checksum no
+longer matches), a NaN written into a weight with the checksum updated to match (what a version without the
+non-finite checks could have saved), `latest` naming a step that is gone, a field of meta.json of the wrong type.
+"""
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from common.hashing import file_sha256
+from tests.launch import REPO_ROOT, TINY, env, launch_cmd, run_python, run_train
+
+STEPS = ["--steps", "4", "--save_checkpoint_steps", "2"]
+
+
+def flags(tsv, tok, out, *extra):
+    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", str(out), *TINY, *extra]
+
+
+def step_dir(out, step) -> Path:
+    return Path(out) / "checkpoints" / f"step_{step:08d}"
+
+
+def one_error(proc, *needles) -> str:
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0, text[-3000:]
+    assert "Traceback" not in text, text[-4000:]
+    lines = [line for line in text.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1, text[-4000:]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+@pytest.fixture(scope="module")
+def saved_run(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("integrity") / "run"
+    run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS))
+    return out
+
+
+@pytest.fixture
+def run_copy(saved_run, tmp_path):
+    out = tmp_path / "run"
+    shutil.copytree(saved_run, out)
+    (out / ".train.lock").unlink(missing_ok=True)
+    return out
+
+
+def tensor_span(shard: Path, name: str) -> tuple[int, int]:
+    """Byte range of tensor `name` in a safetensors file."""
+    with open(shard, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+    begin, end = header[name]["data_offsets"]
+    return 8 + n + begin, 8 + n + end
+
+
+def write_float(shard: Path, name: str, value: float, index: int = 0) -> None:
+    start, _ = tensor_span(shard, name)
+    with open(shard, "r+b") as f:
+        f.seek(start + 4 * index)
+        f.write(struct.pack("<f", value))
+
+
+def restamp(ckpt: Path, fname: str) -> None:
+    """Store the file's current sha256 in meta.json, as a save of these bytes would have."""
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["sha256"][fname] = file_sha256(ckpt / fname)
+    (ckpt / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+SHARD = "shard_pp0_tp0.safetensors"
+WEIGHT = "param/blocks.0.src_word.weight"
+
+
+def test_every_file_carries_the_sha256_its_writer_computed(saved_run):
+    for step in (2, 4):
+        ckpt = step_dir(saved_run, step)
+        meta = json.loads((ckpt / "meta.json").read_text())
+        assert set(meta["sha256"]) == set(meta["shards"] + meta["rng"])
+        assert all(meta["sha256"][n] == file_sha256(ckpt / n) for n in meta["sha256"])
+        assert not list(ckpt.glob("*.sha256"))                         # the writers' notes were folded in
+
+
+def test_flipped_bytes_are_refused_and_resume_auto_takes_the_newest_intact(run_copy, multi30k_tsv, bpe_tokenizer):
+    """A weight of step 4 becomes 1.98e34 on disk (a finite value: only the checksum can tell). --resume names the
+    file; --resume auto skips step 4, saying why, and continues from step 2 to the end; --verify 0 loads it."""
+    write_float(step_dir(run_copy, 4) / SHARD, WEIGHT, 1.98e34)
+    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    proc = run_train(1, base + ["--resume"], check=False)
+    one_error(proc, f"checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match the checksum saved with it",
+              "--resume auto picks the newest intact one")
+    unchecked = run_train(1, base + ["--resume", "--verify", "0", "--steps", "4"], check=False)
+    assert unchecked.returncode == 0 and "nothing to train" in unchecked.stdout, unchecked.stderr[-2000:]
+    auto = run_train(1, base + ["--resume", "auto"], check=False)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert f"--resume auto: skipping step_00000004: checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match" \
+        in auto.stdout
+    assert f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout
+    meta = json.loads((step_dir(run_copy, 4) / "meta.json").read_text())      # step 4 saved again, intact
+    assert meta["sha256"][SHARD] == file_sha256(step_dir(run_copy, 4) / SHARD)
+
+
+def test_a_damaged_checkpoint_is_refused_by_evaluate_export_and_averaging(run_copy, bpe_tokenizer, tmp_path):
+    write_float(step_dir(run_copy, 4) / SHARD, WEIGHT, 1.98e34)
+    src = tmp_path / "src.txt"
+    src.write_text("un chien .\n")
+    want = f"{SHARD} does not match the checksum saved with it"
+    scripts = REPO_ROOT / "run_scripts"
+    tok = bpe_tokenizer
+    for cmd in ([scripts / "evaluate.py", "--ckpt_file", run_copy, "--tokenizer", tok, "--src", src, "--ref", src],
+                [scripts / "export_hf.py", "--ckpt_file", run_copy, "--tokenizer", tok, "--output", tmp_path / "hf"],
+                [scripts / "average_checkpoints.py", run_copy, "--last", "2", "--output", tmp_path / "avg.pt"]):
+        one_error(run_python([sys.executable, *map(str, cmd)], env=env()), want)
+    ok = run_python([sys.executable, str(scripts / "average_checkpoints.py"), str(run_copy), "--last", "2",
+                     "--output", str(tmp_path / "avg.pt"), "--no_verify"], env=env())
+    assert ok.returncode == 0, ok.stderr[-2000:]
+
+
+def test_non_finite_weights_are_refused_at_every_load(run_copy, multi30k_tsv, bpe_tokenizer, tmp_path):
+    """A NaN in a weight whose checksum matches (as a version without the save-time check could have written):
+    resume, evaluate, export and averaging each refuse it in one line naming the tensor."""
+    write_float(step_dir(run_copy, 4) / SHARD, WEIGHT, float("nan"), index=3)
+    restamp(step_dir(run_copy, 4), SHARD)
+    want = "blocks.0.src_word.weight holds 1 non-finite value(s)"
+    one_error(run_train(1, flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False), want)
+    scripts = REPO_ROOT / "run_scripts"
+    src = tmp_path / "src.txt"
+    src.write_text("un chien .\n")
+    for cmd in ([scripts / "evaluate.py", "--ckpt_file", run_copy, "--tokenizer", bpe_tokenizer, "--src", src,
+                 "--ref", src],
+                [scripts / "export_hf.py", "--ckpt_file", run_copy, "--tokenizer", bpe_tokenizer, "--output",
+                 tmp_path / "hf"],
+                [scripts / "average_checkpoints.py", run_copy, "--last", "2", "--output", tmp_path / "avg.pt"]):
+        one_error(run_python([sys.executable, *map(str, cmd)], env=env()), want)
+
+
+def test_latest_naming_a_missing_step_gives_advice_that_works(run_copy, multi30k_tsv, bpe_tokenizer):
+    shutil.rmtree(step_dir(run_copy, 4))
+    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    line = one_error(run_train(1, base + ["--resume"], check=False), "names step_00000004, which does not exist")
+    assert "--resume auto" in line
+    auto = run_train(1, base + ["--resume", "auto"], check=False)                      # the advice, followed
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
+        auto.stderr[-3000:]
+    named = run_train(1, base + ["--resume", str(step_dir(run_copy, 4)), "--steps", "6"], check=False)
+    assert named.returncode == 0 and "at step 4" in named.stdout, named.stderr[-3000:]   # and the other advice
+
+
+def test_a_meta_json_field_of_the_wrong_type_is_one_line(run_copy, multi30k_tsv, bpe_tokenizer):
+    meta_path = step_dir(run_copy, 4) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["optimizer_step"] = "four"
+    meta_path.write_text(json.dumps(meta))
+    one_error(run_train(1, flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False),
+              f"{meta_path}: field 'optimizer_step' is \"four\", not an integer")
+
+
+def test_a_fresh_run_keeps_the_records_of_an_earlier_one_without_checkpoints(multi30k_tsv, bpe_tokenizer, tmp_path):
+    out = tmp_path / "run"
+    run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "2"))
+    first = (out / "metrics.jsonl").read_text()
+    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "3"))
+    assert f"kept as {out / 'metrics.1.jsonl'}" in proc.stdout
+    assert (out / "metrics.1.jsonl").read_text() == first
+    assert [json.loads(r)["step"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
+
+
+def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """metrics.jsonl under a 6 KiB file-size limit (EFBIG, as a full disk's ENOSPC): the run stops in one line
+    naming the step, and the file ends with the previous step's record, whole."""
+    out = tmp_path / "run"
+    limit = 6 << 10
+    proc = subprocess.run(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "60")],
+                          cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=300,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    line = one_error(proc, f"writing {out / 'metrics.jsonl'} failed at step ", "continue with --resume")
+    failed = int(line.split("failed at step ")[1].split()[0])
+    text = (out / "metrics.jsonl").read_text()
+    assert text.endswith("\n") and os.path.getsize(out / "metrics.jsonl") <= limit
+    assert [json.loads(r)["step"] for r in text.splitlines()] == list(range(1, failed))
