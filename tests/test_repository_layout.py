@@ -1,0 +1,160 @@
+"""The shape of the code: one home per concern, no import circles, packages layered, every module named in the
+README's "What is where", every recipe loads into the typed configuration.
+
+Imports are read with `ast` from the source (nothing is imported), function-level imports included: a circle hidden
+inside a function is still a circle.
+"""
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.launch import REPO_ROOT
+
+PACKAGES = ("common", "preprocess", "model", "training", "demos")
+# which first-party packages each may import (the layers, bottom up); demos sit on top, nothing imports them
+ALLOWED = {"common": set(), "preprocess": {"common"}, "model": {"common"},
+           "training": {"common", "preprocess", "model"}, "demos": {"common", "preprocess", "model", "training"}}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            rel = path.relative_to(REPO_ROOT).with_suffix("")
+            parts = rel.parts[:-1] if rel.name == "__init__" else rel.parts
+            found[".".join(parts)] = path
+    return found
+
+
+def imports_of(name: str, path: Path, known: dict) -> set[str]:
+    """First-party modules `name` imports anywhere in its file (packages count as their __init__)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        out |= {t for t in targets if t in known and t != name}
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports_of(name, path, known) for name, path in known.items()}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, found, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle():
+    """The check below can fail: a two-module and a three-module circle are found, a chain is not."""
+    assert cycles({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_import_circles():
+    found = cycles(graph())
+    assert not found, f"import circles: {found}"
+
+
+def test_packages_import_only_the_layers_below():
+    bad = [(m, d) for m, deps in graph().items() for d in deps
+           if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+    assert not bad, f"imports against the layering {ALLOWED}: {bad}"
+
+
+def what_is_where() -> dict[str, str]:
+    """README's "What is where" code block as {package folder: the text of its entry}."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## What is where", 1)[1]
+    block = re.search(r"```[a-z]*\n(.*?)```", section, re.S).group(1)
+    entries, current = {}, None
+    for line in block.splitlines():
+        head = re.match(r"\s*((?:[a-z_]+/)+)(\s|$)", line)
+        if head:
+            current = head.group(1)
+            entries[current] = entries.get(current, "") + line[head.end():] + "\n"
+        elif current is not None:
+            entries[current] += line + "\n"
+    return entries
+
+
+def test_every_module_is_named_in_what_is_where():
+    entries = what_is_where()
+    missing = []
+    for name, path in modules().items():
+        if path.name == "__init__.py":
+            continue
+        folder = path.parent.relative_to(REPO_ROOT).as_posix() + "/"
+        text = entries.get(folder, "")
+        if not re.search(rf"(?<![\w/]){re.escape(path.stem)}(\.py)?(?!\w)", text):
+            missing.append(f"{folder}{path.name}")
+    assert not missing, f"README's What is where does not name: {missing}"
+
+
+def test_what_is_where_names_only_folders_that_exist():
+    stale = [folder for folder in what_is_where() if not (REPO_ROOT / folder).is_dir()]
+    assert not stale, stale
+
+
+@pytest.mark.parametrize("recipe", sorted(p.relative_to(REPO_ROOT).as_posix()
+                                          for p in (REPO_ROOT / "recipes").glob("*/*.json")))
+def test_every_recipe_loads_into_the_typed_configuration(recipe):
+    """Flags and recipe keys keep their meaning: each recipe becomes a TrainConfig whose sections hold its values."""
+    import json
+
+    from training.config.flags import PARALLEL_KEYS, parse_config
+    from training.config.sections import RENAMED
+
+    config = parse_config(["--recipe", str(REPO_ROOT / recipe)])
+    raw = json.loads((REPO_ROOT / recipe).read_text())
+    sections = config.to_dict()
+    for section in ("model", "parallel", "training"):
+        for key, value in raw.get(section, {}).items():
+            if key.startswith("_"):
+                continue
+            dest = PARALLEL_KEYS.get(key, key) if section == "parallel" else key
+            home, field = RENAMED.get(dest, (None, dest))
+            held = [s[field] for name, s in sections.items() if isinstance(s, dict) and field in s
+                    and (home is None or name == home)]
+            assert held and all(v == value for v in held), (recipe, section, key, value, held)
+    assert config.parallel.deepspeed_overrides == {k: v for k, v in raw.get("deepspeed", {}).items()
+                                                   if not k.startswith("_")}
