@@ -28,11 +28,14 @@ NO_ROOM = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quot
 class UserError(Exception):
     """A mistake in the user's input or configuration; the message must name the bad value and the fix.
 
-    `report_delay`: seconds this process waits before printing (None: the default for its rank, see above)."""
+    `report_delay`: seconds this process waits before printing (None: the default for its rank, see above).
+    `exit_status`: the process's exit status (2; training.faults.job_watch.ABORTED for a rank that stops only
+    because another one failed, which is then not reported to the job as a failure of its own)."""
 
-    def __init__(self, message: str, report_delay: Optional[float] = None):
+    def __init__(self, message: str, report_delay: Optional[float] = None, exit_status: int = 2):
         super().__init__(message)
         self.report_delay = report_delay
+        self.exit_status = exit_status
 
 
 def _launched_rank() -> Optional[int]:
@@ -67,7 +70,7 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
         if delay > 0:
             time.sleep(delay)
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.exit(exc.exit_status)
     except Exception as exc:  # noqa: BLE001 - only a write that ran out of room is turned into a line
         full = no_room_error(exc)
         if full is None:

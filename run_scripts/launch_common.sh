@@ -11,7 +11,8 @@
 #                              runner does not pass signals on to a local launch, so its ranks would go on alone)
 #
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
-# MASTER_PORT (29500), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+# MASTER_PORT (29500), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, EXPORT_VARS (run_cluster.sh: variables
+# every rank gets, besides OMP_NUM_THREADS), DRY_RUN=1, QUIET=1.
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -60,6 +61,21 @@ parse_extras() {
         openmpi|OpenMPI|mpirun) LAUNCHER=openmpi ;;
         *) die "unknown launcher '$LAUNCHER': use openmpi, or leave it out for DeepSpeed's own (pdsh across nodes)" ;;
     esac
+}
+
+require_plain_path() {  # PATH WHAT: refuse a path the remote shell would re-read (it is sent unquoted)
+    [[ "$1" =~ ^[A-Za-z0-9_./@%+=:,-]+$ ]] || die "$2 ($1) holds characters a remote shell would re-read (spaces, quotes, \$, backticks...): DeepSpeed sends it unquoted to every node, so clone or move it to a plain path (letters, digits, _ . / - + @ % = : ,)"
+}
+
+launch_payload() {  # LOG_DIR ARG...: train.py's arguments, this folder, the log folder and OMP_NUM_THREADS (plus
+    # the variables named in EXPORT_VARS) as one shell-safe token (common/launch_payload.py)
+    local log_dir="$1" var
+    shift
+    local env_args=()
+    for var in OMP_NUM_THREADS ${EXPORT_VARS:-}; do
+        [ -n "${!var+x}" ] && env_args+=(--env "$var=${!var}")
+    done
+    "$PYTHON" "$REPO_ROOT/common/launch_payload.py" encode --cwd "$PWD" --log_dir "$log_dir" "${env_args[@]}" -- "$@"
 }
 
 preflight() {  # plan.py --check with the same recipe and flags train.py will get: one clear error, before launching
@@ -149,6 +165,7 @@ launch() {
         echo "$LAYOUT"
         printf '%q ' "${cmd[@]}"
         echo
+        [ -z "${TRAIN_LINE:-}" ] || echo "$TRAIN_LINE"
         exit 0
     fi
     {
@@ -159,6 +176,7 @@ launch() {
         for var in $(compgen -e | grep -E '^(OMP_NUM_THREADS|CUDA_VISIBLE_DEVICES|NCCL_[A-Z_]+|MASTER_ADDR)$'); do
             echo "export $var=$(printf '%q' "${!var}")"
         done
+        [ -z "${TRAIN_LINE:-}" ] || echo "# each rank runs (sent as --launch_payload): $TRAIN_LINE"
         printf '%q ' "${cmd[@]}"
         echo
     } > "$RUN_DIR/command.sh"

@@ -55,30 +55,43 @@ fi
 RECIPE=$(abspath "$RECIPE")
 parse_extras "$@"
 
-# plan.py reads the hostfile (world size = its slots) and rejects one DeepSpeed would reject
-preflight --hostfile "$HOSTFILE" --recipe "$RECIPE" "${EXTRA[@]}"
-HOSTS=($(awk '!/^[[:space:]]*(#|$)/ {print $1}' "$HOSTFILE"))
+# plan.py reads the hostfile (world size = its slots) and rejects one DeepSpeed would reject; it writes the copy the
+# launchers read (a byte-order mark, CRLF, tabs and comments dropped)
+CLEAN_HOSTFILE=$(mktemp)
+preflight --hostfile "$HOSTFILE" --write_hostfile "$CLEAN_HOSTFILE" --recipe "$RECIPE" "${EXTRA[@]}"
+HOSTS=($(awk '{print $1}' "$CLEAN_HOSTFILE"))
 MASTER_ADDR="${MASTER_ADDR:-${HOSTS[0]}}"
 make_run_dir "$(basename "$RECIPE" .json)"
-[ -n "${DRY_RUN:-}" ] || cp "$HOSTFILE" "$RUN_DIR/hostfile"
+LAUNCH_HOSTFILE="$HOSTFILE"
+if [ -z "${DRY_RUN:-}" ]; then
+    LAUNCH_HOSTFILE="$RUN_DIR/hostfile"
+    mv "$CLEAN_HOSTFILE" "$LAUNCH_HOSTFILE"
+else
+    rm -f "$CLEAN_HOSTFILE"
+fi
 
-TRAIN=("$REPO_ROOT/run_scripts/train.py" --distribute true --file_path "$DATA_PATH" --recipe "$RECIPE"
-       --output_dir "$OUTPUT_DIR" "${EXTRA[@]}")
-COMMON=(--hostfile "$HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
+# Across nodes the launchers hand the rank's command to each node's shell, which would re-read any `$(...)`,
+# backtick or quote in a path: train.py's arguments, this folder and the log folder travel as one token instead
+# (common/launch_payload.py), and the launcher runs from the repository, whose path must be plain.
+require_plain_path "$REPO_ROOT" "the repository's path"
+TRAIN_ARGS=(--distribute true --file_path "$DATA_PATH" --recipe "$RECIPE" --output_dir "$OUTPUT_DIR" "${EXTRA[@]}")
+PAYLOAD=$(launch_payload "$LOG_DIR" "${TRAIN_ARGS[@]}") || die "could not encode the launch payload"
+TRAIN=("$REPO_ROOT/run_scripts/train.py" --launch_payload "$PAYLOAD")
+TRAIN_LINE="train.py $(printf '%q ' "${TRAIN_ARGS[@]}")(cwd $(printf '%q' "$PWD"); logs $(printf '%q' "$LOG_DIR"))"
+COMMON=(--hostfile "$LAUNCH_HOSTFILE" --master_addr "$MASTER_ADDR" --master_port "$MASTER_PORT")
 if [ "${#HOSTS[@]}" -eq 1 ]; then
     COMMON+=(--no_ssh_check)                 # one host: DeepSpeed launches locally
 fi
 if [ "$LAUNCHER" = openmpi ]; then
     CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --force_multi --launcher openmpi
-         --launcher_args "--output-filename $LOG_DIR -x MASTER_ADDR=$MASTER_ADDR -x MASTER_PORT=$MASTER_PORT ${LAUNCHER_ARGS:-}"
+         --launcher_args "-x MASTER_ADDR=$MASTER_ADDR -x MASTER_PORT=$MASTER_PORT ${LAUNCHER_ARGS:-}"
          "${TRAIN[@]}")
-    RANK0="$LOG_DIR/*/rank.0/stdout"          # mpirun --output-filename: DIR/1/rank.N/stdout
 else
-    CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --enable_each_rank_log "$LOG_DIR" "${TRAIN[@]}")
+    CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" "${TRAIN[@]}")
     if [ -n "${LAUNCHER_ARGS:-}" ]; then
-        CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --launcher_args "$LAUNCHER_ARGS" --enable_each_rank_log "$LOG_DIR"
-             "${TRAIN[@]}")
+        CMD=("${DS_LAUNCHER[@]}" "${COMMON[@]}" --launcher_args "$LAUNCHER_ARGS" "${TRAIN[@]}")
     fi
-    RANK0="$LOG_DIR/*_rank0.log"
 fi
+RANK0="$LOG_DIR/*_rank0.log"                 # every rank writes LOG_DIR/HOST_rankR.log (the payload says where)
+cd "$REPO_ROOT" || die "cannot enter $REPO_ROOT"
 launch "$RANK0" "${CMD[@]}"

@@ -1,8 +1,10 @@
 """run_scripts/run.sh and run_cluster.sh (usage, layout pre-check, the commands they build, the OpenMPI path),
 the rank-table → hostfile converter, hostfile parsing, and train.py's adoption of mpirun's environment."""
 import json
+import re
 import os
 import shlex
+import socket
 import subprocess
 import sys
 import time
@@ -10,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from common import launch_payload
 from common.errors import UserError
 from training.plan.cluster import (Host, format_hostfile, hosts_to_rank_table, parse_hostfile_text, rank_nodes,
                               rank_table_to_hosts, read_hostfile)
@@ -132,18 +135,55 @@ def test_run_sh_commands(tsv, tmp_path):
     assert "--launcher" not in cmd[cmd.index(str(REPO_ROOT / "run_scripts/train.py")):]   # not passed to train.py
 
 
+def cluster_dry_run(args, tmp_path, **env):
+    """run_cluster.sh's dry run: (launcher command, the payload every rank gets, the layout line)."""
+    proc = run_script(CLUSTER, args, script_env(tmp_path / "runs", DRY_RUN=1, **env))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    assert lines[1].startswith("layout ok: ") and lines[-1].startswith("train.py ")
+    cmd = shlex.split(lines[-2])
+    assert cmd[-2] == "--launch_payload" and cmd[-3] == str(REPO_ROOT / "run_scripts/train.py")
+    return cmd, launch_payload.decode(cmd[-1]), lines[1]
+
+
 def test_run_cluster_commands(tsv, tmp_path):
-    cmd, layout = dry_run(CLUSTER, [tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, MASTER_PORT=29777)
+    cmd, payload, layout = cluster_dry_run([tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, MASTER_PORT=29777)
     assert flag(cmd, "--hostfile") == str(HOSTFILES / "hostfile_2nodes")
     assert flag(cmd, "--master_addr") == "192.0.2.10" and flag(cmd, "--master_port") == "29777"
-    assert flag(cmd, "--recipe") == str(REPO_ROOT / "recipes/16pcs/16pcs.json")      # the default recipe
-    assert "--enable_each_rank_log" in cmd and "--no_ssh_check" not in cmd and "--launcher" not in cmd
+    argv = payload["argv"]
+    assert flag(argv, "--recipe") == str(REPO_ROOT / "recipes/16pcs/16pcs.json")      # the default recipe
+    assert flag(argv, "--file_path") == str(tsv) and flag(argv, "--distribute") == "true"
+    run_dir = Path(flag(argv, "--output_dir")).parent
+    assert payload["log_dir"] == str(run_dir / "logs") and payload["cwd"] == str(REPO_ROOT)   # run_script runs there
+    # the ranks write their own logs (the payload says where): no log path crosses the remote shell
+    assert "--enable_each_rank_log" not in cmd and "--no_ssh_check" not in cmd and "--launcher" not in cmd
     assert "16 ranks = dp 1 × mp 8 × pp 2" in layout
-    cmd, _ = dry_run(CLUSTER, [tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, LAUNCHER="openmpi",
-                     LAUNCHER_ARGS="--allow-run-as-root", MASTER_ADDR="10.0.0.1")
+    cmd, payload, _ = cluster_dry_run([tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, LAUNCHER="openmpi",
+                                      LAUNCHER_ARGS="--allow-run-as-root", MASTER_ADDR="10.0.0.1",
+                                      OMP_NUM_THREADS="1")
     assert flag(cmd, "--launcher") == "openmpi" and flag(cmd, "--master_addr") == "10.0.0.1"
     mpi = flag(cmd, "--launcher_args").split()
     assert "-x" in mpi and "MASTER_ADDR=10.0.0.1" in mpi and mpi[-1] == "--allow-run-as-root"
+    assert "--output-filename" not in mpi and payload["env"] == {"OMP_NUM_THREADS": "1"}
+
+
+def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):
+    """What DeepSpeed's pdsh runner does to a command (joins it into one string that the remote shell parses)
+    cannot touch the token: the shell hands train.py back exactly the arguments it was given, and runs nothing."""
+    marker = tmp_path / "ran"
+    nasty = [f"a $(touch {marker}) b", f"`touch {marker}`", "it's", 'say "hi"', "$HOME", "tab\there", "ünï",
+             "--flag=x y"]
+    token = launch_payload.encode(nasty, env={"OMP_NUM_THREADS": "1"}, log_dir=str(tmp_path / "log s"),
+                                  cwd=str(tmp_path))
+    assert re.fullmatch(r"[A-Za-z0-9_-]+", token)
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); from common import launch_payload; "
+              "print(repr(launch_payload.apply(sys.argv[2:])), flush=True)")
+    line = f"{sys.executable} -c {shlex.quote(script)} {REPO_ROOT} --local_rank=0 --launch_payload {token}"
+    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, RANK="3"))
+    assert proc.returncode == 0 and not marker.exists(), proc.stderr
+    logs = list((tmp_path / "log s").glob("*_rank3.log"))        # stdout went to the rank's log
+    assert len(logs) == 1 and logs[0].read_text().strip() == repr(["--local_rank=0"] + nasty)
 
 
 def test_failed_run_reports_rank_errors(tsv, tmp_path):
@@ -179,9 +219,10 @@ def test_openmpi_launch_runs_with_mpirun_environment(multi30k_tsv, bpe_tokenizer
     assert mpirun[:2] == ["-n", "2"] and "MASTER_ADDR=localhost" in mpirun
     run_dir = only_run_dir(tmp_path / "runs")
     assert [r["step"] for r in read_metrics(run_dir / "output")] == [1, 2]
-    rank0 = (run_dir / "logs/1/rank.0/stdout").read_text()
+    host = socket.gethostname()          # each rank writes its own log (the launch payload says where)
+    rank0 = (run_dir / f"logs/{host}_rank0.log").read_text()
     assert "layout: world=2 dp=1 mp=2 pp=1" in rank0
-    assert (run_dir / "logs/1/rank.1/stdout").exists() and (run_dir / "hostfile").exists()
+    assert (run_dir / f"logs/{host}_rank1.log").exists() and (run_dir / "hostfile").exists()
     assert f"per-rank logs: {run_dir / 'logs'}" in proc.stdout
 
 
@@ -278,11 +319,40 @@ def test_hostfile_parsing():
                          ("a slots=0\n", "has slots=0"), ("# nothing\n", "lists no hosts")]:
         with pytest.raises(UserError, match=needle):
             parse_hostfile_text(text)
+    # what editors and people write: a byte-order mark, CRLF, tabs, comments after an entry — read as meant
+    messy = "\ufeff# nodes\r\nworker-0\tslots=8  # the first\r\n\t\r\nworker-1 slots=4\r\n"
+    assert parse_hostfile_text(messy) == [Host("worker-0", 8), Host("worker-1", 4)]
+    for text, needle in [("a\u200b slots=2\n", r"line 1: host 'a\\u200b' holds characters a terminal does not "
+                                                  r"show \(U\+200B\)"),
+                         ("a;touch${IFS}x slots=2\n", "holds characters other than letters"),
+                         ("x slots=1\na slots=2\n\na slots=2\n", "line 4: host a is listed twice \\(first on line 2\\)")]:
+        with pytest.raises(UserError, match=needle):
+            parse_hostfile_text(text)
     nodes = rank_nodes(12, [Host("a", 8), Host("b", 4)])
     assert nodes[7] == (0, "a", 7) and nodes[8] == (1, "b", 0)
     assert rank_nodes(10, ranks_per_node=4)[9] == (2, "node2", 1)
     with pytest.raises(UserError, match="has 12 slots"):
         rank_nodes(16, [Host("a", 8), Host("b", 4)])
+
+
+def test_run_cluster_hands_the_launcher_a_clean_hostfile(tsv, tmp_path):
+    """A hostfile with a byte-order mark and CRLF (written on Windows) launches with a clean copy in the run folder
+    (DeepSpeed would otherwise take the BOM into the first host's name and retry that address until a timeout); a
+    duplicate host is one line, nothing started."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_bytes("\ufeff127.0.0.1 slots=2\r\n# end\r\n".encode("utf-8"))
+    runs = tmp_path / "runs"
+    echo = tmp_path / "ds.py"                   # stands in for the deepspeed command: shows what it was given
+    echo.write_text("import sys\nprint(sys.argv[1:])\n")
+    env = script_env(runs, DEEPSPEED=f"{sys.executable} {echo}")
+    proc = run_script(CLUSTER, [tsv, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"], env)
+    assert proc.returncode == 0, proc.stderr
+    run_dir = only_run_dir(runs)
+    assert (run_dir / "hostfile").read_text() == "127.0.0.1 slots=2\n"
+    assert f"'--hostfile', '{run_dir / 'hostfile'}'" in proc.stdout and "'--master_addr', '127.0.0.1'" in proc.stdout
+    hostfile.write_text("127.0.0.1 slots=1\n127.0.0.1 slots=1\n")
+    proc = run_script(CLUSTER, [tsv, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"], env)
+    assert proc.returncode == 2 and proc.stderr.startswith("error: hostfile") and "listed twice" in proc.stderr
 
 
 def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):

@@ -10,6 +10,7 @@ validation, non-finite steps and metrics each live in their own module and are d
 from __future__ import annotations
 
 import os
+import sys
 from typing import Optional
 
 import torch.distributed as dist
@@ -29,6 +30,7 @@ from training.evaluation.validation import BEST, BestTracker, Validator
 from training.faults import injection
 from training.faults.nonfinite import NonFiniteSteps
 from training.faults.output_lock import claim_output_dir
+from training.faults.stop_request import StopRequest
 
 LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
 
@@ -125,6 +127,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> int:
+        request = StopRequest().install()     # SIGTERM / SIGUSR1 / the launcher's end: finish the step, save, stop
         self.setup()
         self.load()
         self.start_logging()
@@ -149,6 +152,9 @@ class Trainer:
             self.writer.log(record)
             early_stop = self.tracker is not None and self.tracker.should_stop
             self.save(done, improved, last=done == self.total_steps or early_stop)
+            code = request.agreed(device(), self.world)       # every rank, every step: the same answer
+            if code:
+                return self.stop_on_request(done, code, request, losses)
             if early_stop:
                 best = self.tracker.best
                 self.writer.message(f"early stop after step {done}: valid_loss has not improved for "
@@ -191,9 +197,31 @@ class Trainer:
         if improved:
             self.checkpoints.save(step, name=BEST, validation=self.tracker.best)
 
-    def finish(self, losses: list) -> int:
+    def stop_on_request(self, step: int, code: int, stop: StopRequest, losses: list) -> int:
+        """A stop request agreed after `step`: save that step (--save_on_signal), say so, exit non-zero."""
+        stop.close()
+        why = StopRequest.describe(code, stop.launcher)
+        if not self.cfg.optimization.train:
+            outcome = "an evaluation run: nothing to save"
+        elif self.cfg.faults.save_on_signal:
+            latest = self.checkpoints.latest()
+            if latest is None or os.path.basename(latest) != f"step_{step}":
+                self.checkpoints.save(step)
+            outcome = f"checkpoint step_{step} saved; resume with --resume"
+        else:
+            latest = self.checkpoints.latest()
+            outcome = ("no checkpoint saved (--save_on_signal 0); " +
+                       (f"resume with --resume from {os.path.basename(latest)}" if latest else "nothing to resume"))
+        self.finish(losses, stopped=f"stopped by {why} at step {step}")
+        if self.rank == 0:
+            print(f"stopped by {why} at step {step}; {outcome}", file=sys.stderr, flush=True)
+        return StopRequest.exit_status(code)
+
+    def finish(self, losses: list, stopped: Optional[str] = None) -> int:
         summary = {"steps": self.start_step + len(losses), "final_loss": losses[-1] if losses else None,
                    "output_dir": os.path.abspath(self.cfg.checkpoint.output_dir)}
+        if stopped:
+            summary["stopped"] = stopped
         if self.tracker is not None:
             summary["best_validation"] = self.tracker.best
         # what this rank's optimizer holds now, next to the run's description (plan.py predicts it:

@@ -73,8 +73,9 @@ def init_deepspeed_comm(backend: str = "gloo", timeout_s: Optional[float] = None
     That buffer serves only `inference_all_reduce`, which training never calls, so we do not build it.
 
     `timeout_s`: how long any collective waits for its peers. The default group gets it from init_process_group;
-    the groups DeepSpeed's grid creates later call `new_group` without a timeout, which takes torch's module default
-    `torch.distributed.distributed_c10d.default_pg_timeout` (torch 2.13) — so that is set too.
+    the groups DeepSpeed's grid creates later call `new_group` without a timeout, which takes torch's module
+    defaults — `default_pg_timeout` for gloo and the others, `default_pg_nccl_timeout` for NCCL (10 minutes in
+    torch 2.13; `distributed_c10d._get_default_timeout` picks one by backend) — so both are set.
     """
     import importlib
     from datetime import timedelta
@@ -88,7 +89,10 @@ def init_deepspeed_comm(backend: str = "gloo", timeout_s: Optional[float] = None
     kwargs = {}
     if timeout_s is not None:
         kwargs["timeout"] = timedelta(seconds=timeout_s)
-        importlib.import_module("torch.distributed.distributed_c10d").default_pg_timeout = kwargs["timeout"]
+        c10d = importlib.import_module("torch.distributed.distributed_c10d")
+        c10d.default_pg_timeout = kwargs["timeout"]
+        if getattr(c10d, "default_pg_nccl_timeout", None) is not None:      # None: a torch built without NCCL
+            c10d.default_pg_nccl_timeout = kwargs["timeout"]
     deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
 
 

@@ -1,23 +1,33 @@
-"""When one rank of a job dies or stops answering: one line that says which and how, and no hang.
+"""When one rank of a job dies or stops answering: one line that says which and how, and no hang — on any node.
 
 A launcher sees its children die but cannot say it well: DeepSpeed's launch.py stops the job when any rank exits
 non-zero and then prints the command line of the *last rank it started*, whichever died, while each survivor
-prints gloo's "Connection reset by peer" traceback. So:
+prints gloo's "Connection reset by peer" traceback; and it sees only its own node. So:
 
 - `supervise_rank()` (first thing in train.py, in a launched job of several processes) forks. The child trains;
-  the parent — a small process without torch — waits for it. Only a parent learns how its child ended: if the
+  the parent — a small process without torch — waits for it, relaying the child's stderr (so it knows the child's
+  last `error:` line and whether NCCL's watchdog aborted it). Only a parent learns how its child ended: if the
   child is killed by a signal nobody sent to the job as a whole (`kill -9` of one rank, the out-of-memory killer,
   a segfault), the parent prints `error: rank R (pid P on HOST) was killed by SIGKILL ...` and then dies by the same
-  signal, so the launcher sees exactly what it saw before. SIGTERM and SIGHUP sent to the parent (how launchers
-  stop a job) are forwarded to the child — with SIGCONT, so a stopped child ends too — and reported by nobody. The
-  child dies with the parent (PR_SET_PDEATHSIG). Ctrl-C reaches both through the terminal's process group.
+  signal, so the launcher sees exactly what it saw before. SIGTERM, SIGHUP and SIGUSR1 sent to the parent (how
+  launchers and schedulers stop a job) are forwarded to the child — with SIGCONT, so a stopped child ends too — and
+  reported by nobody (the child saves and says so: training.faults.stop_request). The child dies with the parent
+  (PR_SET_PDEATHSIG). Ctrl-C reaches both through the terminal's process group.
+- Every other node hears of it through the job's store (training.faults.job_watch): the parent of a rank that was
+  killed, or that exited with an error, writes what happened there, and every rank's watcher ends its process
+  within a second or two (status job_watch.ABORTED), so each node's launcher ends too. A child that ended because
+  of another rank's failure (that status) or because the job was told to stop is not news.
+- NCCL's watchdog ends a rank whose collective waited longer than its timeout with SIGABRT; the parent recognises
+  the watchdog's message in the relayed stderr and reports a communication timeout naming the collective, its
+  process group and the ranks known to be paused, instead of "an abort in native code".
 - Survivors (`reported_collective_failures`): a collective that fails because a peer closed its connection
   becomes a UserError printed only after `PEER_LOST_DELAY` seconds — the launcher, which has seen the dead rank
   exit, normally ends the survivor before that, so the dead rank's line is the one the user reads.
 - A rank that stops answering (paused with SIGSTOP, hung, its node gone) makes every collective that waits for it
   fail after `--comm_timeout` seconds (set on every process group: model.parallel.topology.init_deepspeed_comm). Rank 0
   reports it at once, other ranks a few seconds per rank later, so the lowest surviving rank speaks and the launcher
-  ends the rest. The stopped rank's parent adds that its child was stopped, and since when.
+  ends the rest; the report names the ranks whose parents recorded them as stopped (on any node). The stopped
+  rank's parent adds that its child was stopped, and since when.
 
 Only a failure inside torch.distributed's collectives is converted; any other exception keeps its traceback.
 """
@@ -25,26 +35,34 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import socket
 import sys
+import threading
 import time
 from typing import Iterator, Optional
 
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
+from training.faults import job_watch
 
 PEER_LOST_DELAY = 5.0        # > DeepSpeed's launcher poll (1 s) + its SIGTERM to every rank
 TIMEOUT_DELAY_PER_RANK = 2.0
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
              "Socket closed", "NCCL communicator was aborted")
 TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
-FORWARDED = (signal.SIGTERM, signal.SIGHUP)
+FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
 HINTS = {signal.SIGKILL: "kill -9, or the kernel's out-of-memory killer: see `dmesg`",
          signal.SIGSEGV: "a crash in native code", signal.SIGBUS: "a crash in native code",
          signal.SIGABRT: "an abort in native code (its log may say why)",
          signal.SIGTERM: "a stop request sent to this rank alone",
          signal.SIGINT: "an interrupt sent to this rank alone"}
+# torch's NCCL watchdog, before it aborts the process: "... Watchdog caught collective operation timeout:
+# WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for 60007 milliseconds ..."
+WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: (WorkNCCL\((?P<work>[^)]*)\))"
+                      r"(?: ran for (?P<ms>\d+) milliseconds)?")
+PG_NAME = re.compile(r"\[PG ID (?P<id>\d+) PG GUID (?P<guid>[^\]]*?)(?:\((?P<desc>[^)]*)\))?")
 
 
 def _signal_name(signum: int) -> str:
@@ -65,11 +83,16 @@ def supervise_rank() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     parent = os.getpid()
+    read_end, write_end = os.pipe()
     child = os.fork()
     if child == 0:
+        os.close(read_end)
+        os.dup2(write_end, 2)                  # the child's stderr goes through the parent (StderrRelay)
+        os.close(write_end)
         _die_with_parent(parent)
         return
-    _watch(child, rank)
+    os.close(write_end)
+    _watch(child, rank, world, StderrRelay(read_end))
 
 
 def _prctl(option: int, arg) -> None:
@@ -90,7 +113,67 @@ def _die_with_parent(parent: int) -> None:
         os._exit(1)
 
 
-def _watch(child: int, rank: int) -> None:
+class StderrRelay:
+    """Copies the child's stderr to the parent's, byte for byte, remembering its last `error:` line and NCCL's
+    watchdog message."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.last_error: Optional[str] = None
+        self.watchdog: Optional[str] = None
+        self._partial = b""
+        self._thread = threading.Thread(target=self._run, name="stderr-relay", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            view = memoryview(chunk)
+            while view:
+                try:
+                    view = view[os.write(2, view):]
+                except OSError:
+                    break
+            lines = (self._partial + chunk).split(b"\n")
+            self._partial = lines.pop()[-4096:]
+            for line in lines:
+                self._note(line.decode("utf-8", "replace"))
+
+    def _note(self, line: str) -> None:
+        if line.startswith("error: "):
+            self.last_error = line[len("error: "):].strip()
+        elif "Watchdog caught collective operation timeout" in line:
+            self.watchdog = line.strip()
+
+    def finish(self) -> None:
+        """Wait for the child's last words (not for long: a grandchild may hold the pipe open)."""
+        self._thread.join(timeout=2.0)
+        if self._partial:
+            self._note(self._partial.decode("utf-8", "replace"))
+
+
+def watchdog_report(line: str, comm_timeout_hint: str = "--comm_timeout") -> str:
+    """NCCL's watchdog line → what timed out, in words (the collective, its sequence number, its group)."""
+    m = WATCHDOG.search(line)
+    if not m:
+        return "a collective timed out"
+    fields = dict(kv.split("=", 1) for kv in m.group("work").replace(" ", "").split(",") if "=" in kv)
+    what = fields.get("OpType", "a collective")
+    seq = f" #{fields['SeqNum']}" if "SeqNum" in fields else ""
+    group = ""
+    pg = PG_NAME.search(line)
+    if pg:
+        group = f" on process group {pg.group('id')}" + (f" ({pg.group('desc')})" if pg.group("desc") else "")
+    waited = f" after {int(m.group('ms')) / 1000:.0f} s" if m.group("ms") else ""
+    return f"{what}{seq}{group} timed out{waited} ({comm_timeout_hint})"
+
+
+def _watch(child: int, rank: int, world: int, relay: StderrRelay) -> None:
     told: list[int] = []
 
     def forward(signum, _frame):
@@ -105,32 +188,61 @@ def _watch(child: int, rank: int) -> None:
     signal.signal(signal.SIGINT, lambda *_: told.append(signal.SIGINT))    # the terminal sent it to the child too
     stopped_since: Optional[float] = None
     stop_signal = signal.SIGSTOP
+    where = f"rank {rank} (pid {child} on {socket.gethostname()})"
     while True:
         _, status = os.waitpid(child, os.WUNTRACED | os.WCONTINUED)
         if os.WIFSTOPPED(status):
             stopped_since, stop_signal = time.time(), os.WSTOPSIG(status)
+            text = f"{where} was stopped by {_signal_name(stop_signal)} at {time.strftime('%H:%M:%S')}"
+            threading.Thread(target=job_watch.publish_stopped, args=(rank, text), daemon=True).start()
         elif os.WIFCONTINUED(status):
             if not told:                                        # (not the SIGCONT we sent to end it)
                 stopped_since = None
         else:
             break
-    where = f"rank {rank} (pid {child} on {socket.gethostname()})"
+    relay.finish()
     if stopped_since is not None:
         print(f"error: {where} had been stopped by {_signal_name(stop_signal)} for {time.time() - stopped_since:.0f}"
               f" s when the job was ended: it could not answer the other ranks", file=sys.stderr, flush=True)
     if os.WIFEXITED(status):
-        os._exit(os.WEXITSTATUS(status))
+        code = os.WEXITSTATUS(status)
+        if code not in (0, job_watch.ABORTED) and not told:    # news for the other nodes: this rank failed
+            detail = relay.last_error or f"it exited with status {code}; its log says why"
+            job_watch.publish_abort(f"{where} failed: {detail}", rank, world)
+        os._exit(code)
     signum = os.WTERMSIG(status)
     if signum in FORWARDED + (signal.SIGINT,) and not told:
         time.sleep(0.5)               # a stop request to the whole job reaches the child a moment before us
     if not told and stopped_since is None:
-        hint = HINTS.get(signum)
-        print(f"error: {where} was killed by {_signal_name(signum)}{f' ({hint})' if hint else ''}; the job stops",
-              file=sys.stderr, flush=True)
+        if signum == signal.SIGABRT and relay.watchdog:
+            line = (f"error: {where} was ended by NCCL's watchdog: {watchdog_report(relay.watchdog)}; "
+                    f"a rank did not join it")
+            paused = _paused_ranks(rank)
+            line += f" ({'; '.join(paused)})" if paused else " (paused, hung, or its node is down)"
+        else:
+            hint = HINTS.get(signum)
+            line = f"error: {where} was killed by {_signal_name(signum)}{f' ({hint})' if hint else ''}; the job stops"
+        print(line, file=sys.stderr, flush=True)
+        job_watch.publish_abort(line[len("error: "):], rank, world)
     for s in FORWARDED + (signal.SIGINT,):
         signal.signal(s, signal.SIG_DFL)
     os.kill(os.getpid(), signum)      # end as the child did, so the launcher sees the same status
     os._exit(128 + signum)
+
+
+def _paused_ranks(rank: int) -> list[str]:
+    """What the job's store says about paused ranks, read by a parent (its child is gone)."""
+    addr = job_watch._address()
+    store = job_watch._connect(addr, 2.0) if addr else None
+    if store is None:
+        return []
+    world, _ = world_and_rank_from_env()
+    out = []
+    for r in range(world):
+        with contextlib.suppress(Exception):
+            if store.check([f"{job_watch.STOPPED}{r}"]):
+                out.append(store.get(f"{job_watch.STOPPED}{r}").decode())
+    return out
 
 
 # ------------------------------------------------------------------------------------------------ survivors
@@ -161,8 +273,12 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if kind == "lost":
             raise UserError(f"rank {rank}: another rank closed its connection ({first[:160]}); it ended first, "
-                            f"and its own line or log says why", report_delay=PEER_LOST_DELAY) from None
+                            f"and its own line or log says why", report_delay=PEER_LOST_DELAY,
+                            exit_status=job_watch.ABORTED) from None
+        watch = job_watch.JobWatch.current
+        paused = watch.stopped_ranks() if watch is not None else []
+        who = "; ".join(paused) if paused else "a rank stopped responding (paused, hung, or its node is down)"
         raise UserError(f"rank {rank}: no answer from the other ranks within --comm_timeout {comm_timeout:g} s: "
-                        f"a rank stopped responding (paused, hung, or its node is down), so the job stops. Raise "
+                        f"{who}, so the job stops. Raise "
                         f"--comm_timeout if a step, a save or data preparation legitimately takes longer",
                         report_delay=min(TIMEOUT_DELAY_PER_RANK * rank, 60.0)) from None

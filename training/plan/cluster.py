@@ -26,6 +26,9 @@ from typing import Optional, Sequence
 from common.errors import UserError
 
 _LINE = re.compile(r"^(\S+)\s+slots=(\d+)(\s.*)?$")   # DeepSpeed's pattern (extra MPI keys allowed)
+# what a host name may hold: it travels unquoted through pdsh, ssh and the remote shell (and into MASTER_ADDR)
+_HOST_NAME = re.compile(r"^[A-Za-z0-9_.:@\[\]-]+$")
+BOM = "\ufeff"
 
 
 @dataclass(frozen=True)
@@ -34,24 +37,39 @@ class Host:
     slots: int
 
 
+def _invisible(text: str) -> str:
+    """The characters of `text` a terminal does not show (or shows as something else), named."""
+    odd = sorted({c for c in text if not c.isprintable() or c in (BOM, "\u00a0", "\u200b")})
+    return ", ".join(f"U+{ord(c):04X}" for c in odd)
+
+
 def parse_hostfile_text(text: str, source: str = "hostfile") -> list[Host]:
-    """Hosts of a DeepSpeed hostfile, in order; a line DeepSpeed would reject raises UserError naming it."""
+    """Hosts of a DeepSpeed hostfile, in order. Tolerated as DeepSpeed and MPI tolerate them: a byte-order mark,
+    CRLF line ends, tabs, blank lines, `#` comments (whole-line or after the entry). Refused with one line naming
+    the line: anything else that DeepSpeed would reject or that would reach ssh garbled — a duplicate host, a
+    host name with characters a remote shell would re-read or a terminal would not show."""
     hosts: list[Host] = []
-    seen: set[str] = set()
+    seen: dict[str, int] = {}
     for lineno, raw in enumerate(text.splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
+        line = raw.replace(BOM, "").split("#", 1)[0].strip()
+        if not line:
             continue
         m = _LINE.match(line)
         if not m:
             raise UserError(f"{source} line {lineno}: {line!r} is not 'HOST slots=N' (DeepSpeed hostfile format, "
                             f"e.g. 'worker-0 slots=8')")
         name, slots = m.group(1), int(m.group(2))
+        if not _HOST_NAME.match(name):
+            hidden = _invisible(name)
+            what = f"holds characters a terminal does not show ({hidden})" if hidden else \
+                "holds characters other than letters, digits and . _ - : @ [ ]"
+            raise UserError(f"{source} line {lineno}: host {name!r} {what}; write the plain host name or address")
         if slots < 1:
             raise UserError(f"{source} line {lineno}: {name} has slots={slots}; every host needs slots >= 1")
         if name in seen:
-            raise UserError(f"{source} line {lineno}: host {name} is listed twice (DeepSpeed refuses duplicate hosts)")
-        seen.add(name)
+            raise UserError(f"{source} line {lineno}: host {name} is listed twice (first on line {seen[name]}); "
+                            f"list each node once, with all its slots (DeepSpeed refuses duplicate hosts)")
+        seen[name] = lineno
         hosts.append(Host(name, slots))
     if not hosts:
         raise UserError(f"{source} lists no hosts: write one 'HOST slots=N' line per node")
@@ -65,7 +83,7 @@ def read_hostfile(path: str) -> list[Host]:
         raise UserError(f"hostfile {path} not found (one 'HOST slots=N' line per node, see "
                         f"run_scripts/hostfiles/hostfile_2nodes)")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8-sig") as f:      # -sig: a byte-order mark (Windows editors) is dropped
             text = f.read()
     except UnicodeDecodeError as exc:
         raise UserError(f"hostfile {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); it needs one "

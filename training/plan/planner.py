@@ -22,7 +22,7 @@ from model.placement import assign_stages, layer_stages, load_pipeline_func, pip
 from common.errors import UserError
 from training.config.flags import build_parser, parse_args
 from training.config.sections import TrainConfig
-from training.plan.cluster import Host, rank_nodes, read_hostfile
+from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
 from model.costs import (INT64, activation_bytes, boundary_tensors, dp_bytes, in_flight, state_bytes,
                             tp_allreduces)
 from training.plan.report import compact_layers, format_plan
@@ -241,6 +241,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
     g.add_argument("--check", action="store_true",
                    help="only validate the layout and print one line (no vocab_size needed); the launch scripts "
                         "run this before starting the ranks")
+    g.add_argument("--write_hostfile", default=None, metavar="PATH",
+                   help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
+                        "comments dropped; run_cluster.sh passes this copy to DeepSpeed and mpirun)")
     return p
 
 
@@ -248,6 +251,11 @@ def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv, parser=build_plan_parser())
     cfg = TrainConfig.from_flags(args)
     world, hosts = resolve_world(args.world_size, args.hostfile)
+    if args.write_hostfile:
+        if hosts is None:
+            raise UserError("--write_hostfile needs --hostfile")
+        with open(args.write_hostfile, "w", encoding="utf-8") as f:
+            f.write(format_hostfile(hosts))
     if args.check:
         print(check_line(cfg, world, hosts))
         return 0

@@ -1,0 +1,193 @@
+"""Every rank of a job hears within seconds that another rank failed — on any node — through the key-value store
+all ranks already share: torch's TCPStore at MASTER_ADDR:MASTER_PORT, served by rank 0's process.
+
+A launcher sees only its own node: DeepSpeed's launch.py ends its local ranks when one of them fails, but the ranks
+of the other nodes wait in their next collective until --comm_timeout (NCCL does not notice a dead peer at all), and
+if rank 0 refuses to start (a busy output folder) before it has served the store, the others wait in the
+rendezvous. So:
+
+- **Ranks** (`JobWatch.start`, from training.core.distributed before the process group) run a daemon thread with a
+  client connection of its own (it probes with a plain socket first, so an absent store costs no log noise). It
+  polls ABORT; when another rank's failure is written there it prints `rank R (HOST): stopping: <what happened>` and
+  ends the process with status ABORTED. If the store disappears after it was reached — rank 0's process ended — it
+  ends the same way. `close()` stops the thread before a job's normal end (train.py: before the last barrier, so
+  rank 0 leaves, taking the store with it, only after every watcher has stopped).
+- **Writers** (`publish_abort`): the rank supervisor (training.faults.rank_supervisor) when its rank ended
+  abnormally — killed by a signal, or exited with an error — with the rank's own `error:` line. The first failure
+  written is kept. When no store answers and the failed rank is rank 0 (it refused before serving one), its
+  supervisor serves one itself for up to HOLD seconds, until every other rank has read the news.
+- **Status** (`publish_stopped`, `stopped_ranks`): a rank paused with SIGSTOP is recorded by its supervisor, so the
+  rank whose collective times out can name it.
+
+torch is imported only when needed: the supervisor is a small process without torch until it has news to send.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Optional
+
+ABORT = "dsr/abort"
+SEEN = "dsr/abort_seen"
+STOPPED = "dsr/stopped/"
+ABORTED = 3                      # exit status of a rank ended because another rank failed
+POLL = 0.5                       # seconds between two looks at the store
+HOLD = 20.0                      # seconds a failed rank 0's supervisor serves the news to ranks that join late
+
+
+def _address() -> Optional[tuple[str, int]]:
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    return (addr, int(port)) if addr and port.isdigit() else None
+
+
+def _listening(addr: tuple[str, int], timeout: float = 1.0) -> bool:
+    try:
+        with socket.create_connection(addr, timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _client(addr: tuple[str, int], timeout: float = 5.0):
+    from torch.distributed import TCPStore
+    return TCPStore(addr[0], addr[1], is_master=False, timeout=datetime.timedelta(seconds=timeout),
+                    wait_for_workers=False)
+
+
+def _connect(addr: tuple[str, int], patience: float):
+    """A client of the store, or None when nothing listens there within `patience` seconds."""
+    deadline = time.monotonic() + patience
+    while True:
+        if _listening(addr):
+            try:
+                return _client(addr)
+            except Exception:  # noqa: BLE001 - the store went away between the probe and the connection
+                pass
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.3)
+
+
+# ------------------------------------------------------------------------------------------------ writers
+def publish_abort(message: str, rank: int, world: int, patience: float = 10.0) -> bool:
+    """Tell every rank of the job that it must stop, and why (`message` names the failed rank). True when told."""
+    addr = _address()
+    if addr is None or world <= 1:
+        return False
+    store = _connect(addr, patience if rank != 0 else 2.0)
+    if store is not None:
+        try:
+            store.compare_set(ABORT, "", message)           # the first failure is the one every rank reports
+            return True
+        except Exception:  # noqa: BLE001 - the store ended meanwhile: the others will see that instead
+            return False
+    if rank != 0:
+        return False
+    return _serve_news(addr, message, world)
+
+
+def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
+    """Rank 0 failed before serving the store: serve one on its port until every other rank has read `message`
+    (their watchers acknowledge in SEEN) or HOLD seconds pass."""
+    from torch.distributed import TCPStore
+    try:
+        store = TCPStore(addr[0], addr[1], is_master=True, timeout=datetime.timedelta(seconds=5),
+                         wait_for_workers=False)
+    except Exception:  # noqa: BLE001 - the port is taken (a store is there after all, or another job)
+        return False
+    store.set(ABORT, message)
+    deadline = time.monotonic() + HOLD
+    while time.monotonic() < deadline:
+        if store.add(SEEN, 0) >= world - 1:
+            break
+        time.sleep(0.2)
+    time.sleep(0.5)                                         # let the last reader's connection finish
+    return True
+
+
+def publish_stopped(rank: int, text: str) -> None:
+    """Record that `rank` is paused (SIGSTOP): read by the rank whose collective times out."""
+    addr = _address()
+    store = _connect(addr, 3.0) if addr else None
+    if store is not None:
+        try:
+            store.set(f"{STOPPED}{rank}", text)
+        except Exception:  # noqa: BLE001 - best effort: the timeout report then says less
+            pass
+
+
+# ------------------------------------------------------------------------------------------------ readers
+class JobWatch:
+    """The watcher thread of one rank (see the module docstring)."""
+
+    current: Optional["JobWatch"] = None
+
+    def __init__(self, rank: int, world: int, addr: tuple[str, int]):
+        self.rank, self.world, self.addr = rank, world, addr
+        self.store = None
+        self._closing = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)
+
+    @classmethod
+    def start(cls, rank: int, world: int) -> Optional["JobWatch"]:
+        addr = _address()
+        if world <= 1 or addr is None or os.environ.get("DSR_JOB_WATCH") == "0":
+            return None
+        watch = cls(rank, world, addr)
+        watch._thread.start()
+        cls.current = watch
+        return watch
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(timeout=2 * POLL + 1)
+        if JobWatch.current is self:
+            JobWatch.current = None
+
+    def _end(self, why: str) -> None:
+        if self._closing.is_set():
+            return
+        print(f"rank {self.rank} ({socket.gethostname()}): stopping: {why}", file=sys.stderr, flush=True)
+        os._exit(ABORTED)
+
+    def _run(self) -> None:
+        while not self._closing.is_set() and self.store is None:
+            if _listening(self.addr):
+                try:
+                    self.store = _client(self.addr)
+                except Exception:  # noqa: BLE001 - not serving yet: try again
+                    pass
+            if self.store is None:
+                self._closing.wait(POLL)
+        while not self._closing.wait(POLL):
+            try:
+                with self._lock:
+                    news = self.store.get(ABORT).decode() if self.store.check([ABORT]) else None
+                    if news is not None:
+                        self.store.add(SEEN, 1)
+            except Exception:  # noqa: BLE001 - the store is gone: rank 0's process ended
+                self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); "
+                          f"its log says why")
+                return
+            if news is not None:
+                self._end(news)
+                return
+
+    def stopped_ranks(self) -> list[str]:
+        """What the supervisors recorded about paused ranks (texts naming them), [] if nothing or no store."""
+        if self.store is None:
+            return []
+        out = []
+        try:
+            with self._lock:
+                for r in range(self.world):
+                    if self.store.check([f"{STOPPED}{r}"]):
+                        out.append(self.store.get(f"{STOPPED}{r}").decode())
+        except Exception:  # noqa: BLE001 - best effort
+            pass
+        return out

@@ -1,0 +1,127 @@
+"""A request to stop — SIGTERM or SIGUSR1 (a scheduler's preemption notice; SLURM's `--signal`) to any rank, or the
+end of the launcher that started this rank — ends the job after the current step, on every rank at the same step,
+with a checkpoint of that step (`--save_on_signal`, default on).
+
+- `StopRequest.install()` turns SIGTERM and SIGUSR1 into a note (the step goes on), and starts a thread that
+  watches the launcher processes above this rank (its supervisor, DeepSpeed's launch.py and runner, mpirun/orted,
+  torchrun — found by their command lines when the rank starts, up to the first process that is none of these, so
+  a user's shell or `nohup` is never watched). When one of them ends or is re-parented, the rank notes "the
+  launcher ended": `kill -TERM` of the bare `deepspeed` command kills only the runner, whose launch.py and ranks
+  would otherwise train on with no parent, holding the output folder.
+- `agreed(device)` after every step: a one-number all-reduce (MAX) over the world, so a note on any one rank stops
+  every rank after the same step (a rank that took a signal a moment later than another stops at the same step).
+- Ctrl-C (SIGINT) keeps its quick exit: no save, "interrupted", no traceback (common.errors.run_cli).
+
+The launcher gives the ranks time to finish: DeepSpeed's launch.py sends SIGTERM and kills what is left after 30 s,
+run.sh / run_cluster.sh after 40 s; a step plus a save must fit in that (on GPUs a big model's save may not: raise
+the scheduler's grace period, e.g. SLURM's KillWait, or send SIGUSR1 earlier with `--signal=USR1@120`).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Optional
+
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+LAUNCHER_ENDED = 100              # the code a rank contributes when its launcher ended (signals use their numbers)
+# command-line fragments of the processes that launch and supervise ranks
+LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deepspeed", "torch.distributed.run",
+             "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec", "rank-supervisor",
+             "spawn_ranks.py")
+POLL = 1.0
+
+
+def _proc_stat(pid: int) -> Optional[tuple[int, str]]:
+    """(parent pid, command line) of a live process, None when it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode("utf-8", "replace")
+        with open(f"/proc/{pid}/comm", "rb") as f:
+            comm = f.read().decode("utf-8", "replace").strip()
+    except OSError:
+        return None
+    ppid = int(stat.rsplit(")", 1)[1].split()[1])              # field 4, after the (comm) field
+    return ppid, f"{cmdline} [{comm}]"
+
+
+def launcher_chain(pid: Optional[int] = None) -> list[tuple[int, int, str]]:
+    """The launcher processes above `pid` (default: this process): (pid, its parent pid, command line), nearest
+    first, up to the first ancestor that is not a launcher. The rank's supervisor is a fork of the rank, so it
+    counts as a launcher by its process name."""
+    chain = []
+    pid = os.getpid() if pid is None else pid
+    info = _proc_stat(pid)
+    while info is not None:
+        parent = info[0]
+        if parent <= 1:
+            break
+        parent_info = _proc_stat(parent)
+        if parent_info is None or not any(key in parent_info[1] for key in LAUNCHERS):
+            break
+        chain.append((parent, parent_info[0], parent_info[1]))
+        info = parent_info
+        pid = parent
+    return chain
+
+
+class StopRequest:
+    def __init__(self):
+        self.code = 0                          # 0: none; a signal number; LAUNCHER_ENDED
+        self.launcher = ""                     # which launcher ended
+        self._thread: Optional[threading.Thread] = None
+        self._closing = threading.Event()
+
+    def install(self) -> "StopRequest":
+        for s in SIGNALS:
+            signal.signal(s, self._note_signal)
+        chain = launcher_chain()
+        if chain and os.path.isdir("/proc"):
+            self._thread = threading.Thread(target=self._watch, args=(chain,), name="launcher-watch", daemon=True)
+            self._thread.start()
+        return self
+
+    def _note_signal(self, signum, _frame) -> None:
+        if not self.code:
+            self.code = int(signum)
+
+    def _watch(self, chain: list[tuple[int, int, str]]) -> None:
+        """A launcher in the chain ended: it is gone (or its pid now names another program), or — below the top of
+        the chain — it was re-parented. The top's own parent is not watched: a launcher started with nohup from a
+        shell that then exits goes on, and so do its ranks."""
+        while not self._closing.wait(POLL):
+            for i, (pid, ppid, cmdline) in enumerate(chain):
+                now = _proc_stat(pid)
+                if now is None or now[1] != cmdline or (i < len(chain) - 1 and now[0] != ppid):
+                    if not self.code:
+                        self.launcher = f"pid {pid}: {cmdline.split(' [')[0][:120]}"
+                        self.code = LAUNCHER_ENDED
+                    return
+
+    def close(self) -> None:
+        self._closing.set()
+
+    def agreed(self, device, world: int) -> int:
+        """The stop code every rank agrees on after this step (0: go on). Collective when world > 1."""
+        if world <= 1:
+            return self.code
+        import torch
+        import torch.distributed as dist
+        flag = torch.tensor([self.code], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return int(flag.item())
+
+    @staticmethod
+    def describe(code: int, launcher: str = "") -> str:
+        if code == LAUNCHER_ENDED:
+            return "the end of its launcher" + (f" ({launcher})" if launcher else "")
+        try:
+            return signal.Signals(code).name
+        except ValueError:
+            return f"signal {code}"
+
+    @staticmethod
+    def exit_status(code: int) -> int:
+        return 128 + (int(signal.SIGTERM) if code == LAUNCHER_ENDED else code)
