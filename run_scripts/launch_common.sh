@@ -204,12 +204,20 @@ launch() {
         echo "----"
     fi
     if [ -n "$JOB_STOPPING" ]; then
+        grep -rh "^stopped by " "$LOG_DIR" 2>/dev/null | sort -u >&2      # what the ranks saved
         echo "training stopped by SIG$JOB_STOPPING; no rank is left running. Run folder: $RUN_DIR" >&2
         exit "$rc"
     fi
     if [ $rc -eq 0 ]; then
         echo "training finished. metrics: $final_out/metrics.jsonl; per-rank logs: $LOG_DIR; run folder: $RUN_DIR"
         exit 0
+    fi
+    local stops
+    stops=$(grep -rh "^stopped by " "$LOG_DIR" 2>/dev/null | sort -u)
+    if [ -n "$stops" ]; then                # a stop request (SIGTERM, SIGUSR1, the launcher's end) was honoured
+        echo "$stops" >&2
+        echo "training stopped (launcher exit status $rc). Run folder: $RUN_DIR" >&2
+        exit "$rc"
     fi
     echo "training failed (launcher exit status $rc). Run folder: $RUN_DIR" >&2
     local errors

@@ -17,6 +17,7 @@ import torch.distributed as dist
 
 from common.errors import UserError
 from model.config import validate_layout
+from training.checkpoint.folder import step_dirname
 from training.checkpoint.manager import CheckpointManager
 from training.config.sections import TrainConfig
 from training.core.data import BatchFeeder, batch_schedule, prepare_data
@@ -30,6 +31,7 @@ from training.evaluation.validation import BEST, BestTracker, Validator
 from training.faults import injection
 from training.faults.nonfinite import NonFiniteSteps
 from training.faults.output_lock import claim_output_dir
+from training.faults.shared_folder import check_output_folder
 from training.faults.stop_request import StopRequest
 
 LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
@@ -48,6 +50,7 @@ class Trainer:
         self.lock = claim_output_dir(cfg.checkpoint)      # rank 0: the folder, its lock and the start point, first
         self.world = init_distributed(cfg.parallel.distribute, cfg.faults.comm_timeout)
         self.rank = dist.get_rank()
+        check_output_folder(cfg.checkpoint.output_dir)    # every node sees the folder rank 0 claimed
         self.parallel = cfg.parallel.parallel_config(self.world)
         # the layout before touching data (cheap, and the error users need first)
         batch_unit, batch_name = cfg.data.batch_unit
@@ -205,9 +208,9 @@ class Trainer:
             outcome = "an evaluation run: nothing to save"
         elif self.cfg.faults.save_on_signal:
             latest = self.checkpoints.latest()
-            if latest is None or os.path.basename(latest) != f"step_{step}":
+            if latest is None or os.path.basename(latest) != step_dirname(step):
                 self.checkpoints.save(step)
-            outcome = f"checkpoint step_{step} saved; resume with --resume"
+            outcome = f"checkpoint {step_dirname(step)} saved; resume with --resume"
         else:
             latest = self.checkpoints.latest()
             outcome = ("no checkpoint saved (--save_on_signal 0); " +

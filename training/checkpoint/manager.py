@@ -41,6 +41,7 @@ from training.core.data import check_data_order, data_order, legacy_data_order
 from training.faults import injection
 from training.faults.disk_full import checkpoint_file_guard
 from training.faults.nonfinite import refuse_non_finite_weights
+from training.faults.shared_folder import check_checkpoint
 from training.faults.tied_copies import refuse_drifted_tied_copies
 
 
@@ -246,10 +247,14 @@ class CheckpointManager:
         """Load the checkpoint --resume / --ckpt_file name (training.checkpoint.resume); the step to start at."""
         if self.section.resume == AUTO:
             path, verified = self._agreed_auto_source()
-        else:
-            path, verified = resume_source(self.section), False
+        else:                   # rank 0 decides, so every rank loads the same folder (or none)
+            decided = [resume_source(self.section) if dist.get_rank() == 0 else None]
+            if dist.get_world_size() > 1:
+                dist.broadcast_object_list(decided, src=0)
+            path, verified = decided[0], False
         if path is None:
             return 0
+        check_checkpoint(path)  # every node sees the folder rank 0 chose, with the same meta.json
         step = load(self.engine, path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
                     verify=self.section.verify and not verified)
         if dist.get_rank() == 0:
