@@ -373,6 +373,150 @@ def test_sigterm_to_run_sh_stops_every_rank(multi30k_tsv, bpe_tokenizer, tmp_pat
             p.kill()
 
 
+# ------------------------------------------------------------------------------------------- a stop request
+def _stopped_line(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith("stopped by ")]
+    assert len(lines) == 1, text[-3000:]
+    return lines[0]
+
+
+def _logged_step(out) -> int:
+    """The last step metrics.jsonl holds whole (0 before the first)."""
+    path = Path(out) / "metrics.jsonl"
+    whole = path.read_text().rpartition("\n")[0] if path.is_file() else ""
+    return json.loads(whole.splitlines()[-1])["step"] if whole.strip() else 0
+
+
+def test_sigusr1_to_one_rank_saves_the_step_on_every_rank_and_the_run_resumes(multi30k_tsv, bpe_tokenizer,
+                                                                               tmp_path):
+    """SLURM's `--signal=USR1@T` (or a SIGTERM) to one rank: every rank finishes the step it is in, they agree on
+    it, the job saves it, says so and exits non-zero; `--resume` continues with the next step."""
+    out = tmp_path / "run"
+    job = _start_tp2(multi30k_tsv, bpe_tokenizer, out)
+    at = _logged_step(out)
+    _training_process(job, 1).send_signal(signal.SIGUSR1)
+    proc = job.finish(60)
+    assert proc.returncode == 128 + signal.SIGUSR1 and "Traceback" not in proc.stdout + proc.stderr
+    line = _stopped_line(proc.stdout + proc.stderr)
+    step = _logged_step(out)
+    assert line == f"stopped by SIGUSR1 at step {step}; checkpoint step_{step:08d} saved; resume with --resume"
+    assert at <= step <= at + 3 and latest(out) == f"step_{step:08d}" and not job.processes()
+    print(f"SIGUSR1 to rank 1 after step {at}: step {step} saved")
+    run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--resume", "--steps", step + 2))
+    assert [r["step"] for r in strict_metrics(out)][-3:] == [step, step + 1, step + 2]
+
+
+def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_save(multi30k_tsv, bpe_tokenizer,
+                                                                                    tmp_path):
+    """`kill -TERM` of the `deepspeed` command (what `timeout` and schedulers do) ends only DeepSpeed's runner: its
+    launch.py and ranks would train on with no parent, holding the output folder. The ranks notice their launcher's
+    end, save the step and stop; the folder is free again."""
+    from tests.multiproc import free_port
+    out = tmp_path / "run"
+    out.mkdir()
+    runner = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
+              str(REPO_ROOT / "run_scripts/train.py")]
+    job = Job(runner + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2000)],
+              tmp_path, env())
+
+    def ours():                  # everything this run started: its folder is in their command lines
+        return [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    try:
+        job.wait_for(lambda: _logged_step(out) >= 2, "training")
+        at = _logged_step(out)
+        job.popen.send_signal(signal.SIGTERM)
+        job.popen.wait(timeout=30)                           # the runner is gone at once...
+        deadline = time.time() + 45                          # ...and its orphans follow, having saved
+        while ours() and time.time() < deadline:
+            time.sleep(0.5)
+        assert not ours(), [" ".join(p.cmdline())[:160] for p in ours()]
+    finally:
+        for p in ours():
+            p.kill()
+    text = job.out.read_text() + job.err.read_text()
+    step = _logged_step(out)
+    line = _stopped_line(text)
+    assert line.startswith(f"stopped by the end of its launcher (deepspeed.launcher.runner, pid {job.pid}) ")
+    assert line.endswith(f") at step {step}; checkpoint step_{step:08d} saved; resume with --resume"), line
+    assert at <= step and latest(out) == f"step_{step:08d}"     # (the launcher is checked on once a second)
+    import fcntl
+    with open(out / ".train.lock") as f:                    # released: the next run may have the folder
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+def test_save_on_signal_0_stops_without_a_save_and_ctrl_c_stays_quick(multi30k_tsv, bpe_tokenizer, tmp_path):
+    for sig, extra in ((signal.SIGTERM, ["--save_on_signal", 0]), (signal.SIGINT, [])):
+        out = tmp_path / sig.name
+        out.mkdir()
+        job = Job(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, *extra)],
+                  out, env())
+        job.wait_for(lambda: _logged_step(out) >= 1, "training")
+        job.popen.send_signal(sig)
+        proc = job.finish(60)
+        assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+        assert not (out / "checkpoints").exists() or not list((out / "checkpoints").glob("step_*"))
+        if sig == signal.SIGTERM:
+            step = _logged_step(out)
+            assert proc.returncode == 128 + signal.SIGTERM
+            assert _stopped_line(proc.stderr) == (f"stopped by SIGTERM at step {step}; no checkpoint saved "
+                                                  f"(--save_on_signal 0); nothing to resume")
+        else:
+            assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "interrupted"
+
+
+def test_comm_timeout_reaches_every_process_group_nccl_ones_too(tmp_path):
+    """DeepSpeed's grid creates its TP/DP/PP groups with `new_group(ranks)`, no timeout: torch then takes its
+    module default for the backend — for NCCL `default_pg_nccl_timeout` (10 minutes), not the default group's. A
+    CPU build of torch has no NCCL, so the test gives the module the default a CUDA build has, then reads the
+    timeout torch would give a new NCCL group (and the gloo group it really creates)."""
+    script = tmp_path / "probe.py"
+    script.write_text(
+        "import datetime, os, sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "import torch.distributed as dist\n"
+        "import torch.distributed.distributed_c10d as c10d\n"
+        "c10d.default_pg_nccl_timeout = datetime.timedelta(minutes=10)   # as in a CUDA build\n"
+        "from model.parallel.topology import init_deepspeed_comm\n"
+        "os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[1])\n"
+        "init_deepspeed_comm('gloo', 42.0)\n"
+        "group = dist.new_group([0])\n"
+        "print(c10d._get_default_timeout(dist.Backend.NCCL).total_seconds(),\n"
+        "      c10d._get_default_timeout(dist.Backend.GLOO).total_seconds())\n")
+    from tests.multiproc import free_port
+    proc = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True, text=True,
+                          timeout=120, env=env())
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split()[-2:] == ["42.0", "42.0"]
+
+
+WATCHDOG_LINE = ("[rank1]:[E1125 06:00:00.000000 ProcessGroupNCCL.cpp:685] [PG ID 2 PG GUID 5(TP) Rank 1] Watchdog "
+                 "caught collective operation timeout: WorkNCCL(SeqNum=17, OpType=ALLREDUCE, NumelIn=4096, "
+                 "NumelOut=4096, Timeout(ms)=60000) ran for 60012 milliseconds before timing out.")
+
+
+def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path):
+    """NCCL's watchdog ends a rank whose collective outlived its timeout with SIGABRT; the rank's supervisor reads
+    the watchdog's message on the rank's stderr and names the collective, its group and the wait, instead of "an
+    abort in native code". The rank here is a stand-in (no GPU): it writes torch's message and aborts."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import os, sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from training.faults.rank_supervisor import supervise_rank\n"
+        "supervise_rank()\n"
+        f"print({WATCHDOG_LINE!r}, file=sys.stderr, flush=True)\n"
+        "os.abort()\n")
+    e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=dict(e, WORLD_SIZE="2", RANK="1"))
+    assert proc.returncode == -signal.SIGABRT
+    assert WATCHDOG_LINE in proc.stderr                                  # relayed as it was written
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: rank 1 (pid "), proc.stderr
+    assert errors[0].endswith("was ended by NCCL's watchdog: ALLREDUCE #17 on process group 2 (TP) timed out after "
+                              "60 s (--comm_timeout); a rank did not join it (paused, hung, or its node is down)")
+
+
 # ------------------------------------------------------------------------------------------- a full disk
 def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
     """Saves of this model take ~9.8 MB. On a 14 MB tmpfs step 1's checkpoint fits and step 2's does not. Where

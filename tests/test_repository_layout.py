@@ -158,3 +158,13 @@ def test_every_recipe_loads_into_the_typed_configuration(recipe):
             assert held and all(v == value for v in held), (recipe, section, key, value, held)
     assert config.parallel.deepspeed_overrides == {k: v for k, v in raw.get("deepspeed", {}).items()
                                                    if not k.startswith("_")}
+
+
+def test_ci_runs_exactly_the_readmes_test_command():
+    """`.ci/run` runs the README's test command, character for character (the two commands of the README)."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme.split("## Two commands", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)\n```", section, re.S)
+    assert len(blocks) == 2, blocks
+    ci = (REPO_ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
+    assert ci == blocks[1].strip()

@@ -60,9 +60,9 @@ HINTS = {signal.SIGKILL: "kill -9, or the kernel's out-of-memory killer: see `dm
          signal.SIGINT: "an interrupt sent to this rank alone"}
 # torch's NCCL watchdog, before it aborts the process: "... Watchdog caught collective operation timeout:
 # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for 60007 milliseconds ..."
-WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: (WorkNCCL\((?P<work>[^)]*)\))"
-                      r"(?: ran for (?P<ms>\d+) milliseconds)?")
-PG_NAME = re.compile(r"\[PG ID (?P<id>\d+) PG GUID (?P<guid>[^\]]*?)(?:\((?P<desc>[^)]*)\))?")
+WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>.*?)\)"
+                      r"(?:\s+ran for (?P<ms>\d+) milliseconds|\s*$)")
+PG_NAME = re.compile(r"\[PG ID (?P<id>\d+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)]*)\))?")
 
 
 def _signal_name(signum: int) -> str:

@@ -67,6 +67,15 @@ def launcher_chain(pid: Optional[int] = None) -> list[tuple[int, int, str]]:
     return chain
 
 
+def program_name(cmdline: str) -> str:
+    """What a command line runs, briefly: the module of `python -m MODULE`, else the script or program's name."""
+    words = cmdline.split(" [")[0].split()
+    if "-m" in words[:-1]:
+        return words[words.index("-m") + 1]
+    scripts = [w for w in words[1:] if w.endswith(".py")]
+    return os.path.basename(scripts[0] if scripts else (words[0] if words else "?"))
+
+
 class StopRequest:
     def __init__(self):
         self.code = 0                          # 0: none; a signal number; LAUNCHER_ENDED
@@ -89,16 +98,22 @@ class StopRequest:
 
     def _watch(self, chain: list[tuple[int, int, str]]) -> None:
         """A launcher in the chain ended: it is gone (or its pid now names another program), or — below the top of
-        the chain — it was re-parented. The top's own parent is not watched: a launcher started with nohup from a
-        shell that then exits goes on, and so do its ranks."""
+        the chain — it was re-parented (its parent ended). The top's own parent is not watched: a launcher started
+        with nohup from a shell that then exits goes on, and so do its ranks."""
         while not self._closing.wait(POLL):
+            ended = None
             for i, (pid, ppid, cmdline) in enumerate(chain):
                 now = _proc_stat(pid)
-                if now is None or now[1] != cmdline or (i < len(chain) - 1 and now[0] != ppid):
-                    if not self.code:
-                        self.launcher = f"pid {pid}: {cmdline.split(' [')[0][:120]}"
-                        self.code = LAUNCHER_ENDED
-                    return
+                if now is None or now[1] != cmdline:
+                    ended = i                                   # the highest one gone is where it started
+                elif i < len(chain) - 1 and now[0] != ppid and ended is None:
+                    ended = i + 1
+            if ended is not None:
+                if not self.code:
+                    pid, _, cmdline = chain[ended]
+                    self.launcher = f"{program_name(cmdline)}, pid {pid}"
+                    self.code = LAUNCHER_ENDED
+                return
 
     def close(self) -> None:
         self._closing.set()
