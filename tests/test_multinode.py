@@ -133,6 +133,10 @@ def close(a: float, b: float, tol: float = 1e-5) -> bool:
     return math.isclose(a, b, rel_tol=tol)
 
 
+def max_rel(got: list, want: list) -> float:
+    return max(abs(g - w) / abs(w) for g, w in zip(got, want))
+
+
 # ------------------------------------------------------------------------------------------------ parity, resume
 def test_pdsh_dp2_tp2_over_two_nodes_equals_one_process_resumes_exactly_and_runs_no_path(cluster, data, tmp_path):
     hostfile = cluster.root / "hostfile-windows"               # as written by a Windows editor
@@ -147,6 +151,7 @@ def test_pdsh_dp2_tp2_over_two_nodes_equals_one_process_resumes_exactly_and_runs
     got = [r["loss"] for r in read_metrics(run_dir / "output")]
     want = serial_losses(data, tmp_path)
     assert len(got) == STEPS and all(close(g, w) for g, w in zip(got, want)), (got, want)
+    print(f"pdsh dp2xtp2: max relative loss difference to one process {max_rel(got, want):.1e}")
     ran = [p for p in (data["marker"], Path(f"{data['marker']}2"), REPO_ROOT / "PWNED3",
                        Path(os.path.expanduser("~/PWNED3")), Path("/PWNED3")) if p.exists()]
     assert not ran, f"a command in a path ran: {ran}"
@@ -171,6 +176,7 @@ def test_openmpi_dp2_pp2_over_two_nodes_equals_one_process_and_resumes_exactly(c
     got = [r["loss"] for r in read_metrics(run_dir / "output")]
     want = serial_losses(data, tmp_path, "--pipeline_stage", 1, "--micro_batch_num", 2)
     assert len(got) == STEPS and all(close(g, w) for g, w in zip(got, want)), (got, want)
+    print(f"mpirun dp2xpp2: max relative loss difference to one process {max_rel(got, want):.1e}")
     resumed = tmp_path / "resumed"
     proc = launch(cluster, data, tmp_path / "runs2", *DPxPP, "--resume", run_dir / "output/checkpoints/step_00000003",
                   "--output_dir", resumed, launcher="openmpi")

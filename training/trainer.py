@@ -203,7 +203,7 @@ class Trainer:
     def stop_on_request(self, step: int, code: int, stop: StopRequest, losses: list) -> int:
         """A stop request agreed after `step`: save that step (--save_on_signal), say so, exit non-zero."""
         stop.close()
-        why = StopRequest.describe(code, stop.launcher)
+        why = stop.describe_agreed(code)
         if not self.cfg.optimization.train:
             outcome = "an evaluation run: nothing to save"
         elif self.cfg.faults.save_on_signal:

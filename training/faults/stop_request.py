@@ -82,13 +82,14 @@ class StopRequest:
         self.launcher = ""                     # which launcher ended
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()
+        self._chain: list[tuple[int, int, str]] = []
 
     def install(self) -> "StopRequest":
         for s in SIGNALS:
             signal.signal(s, self._note_signal)
-        chain = launcher_chain()
+        chain = self._chain = launcher_chain()
         if chain and os.path.isdir("/proc"):
-            self._thread = threading.Thread(target=self._watch, args=(chain,), name="launcher-watch", daemon=True)
+            self._thread = threading.Thread(target=self._watch, name="launcher-watch", daemon=True)
             self._thread.start()
         return self
 
@@ -96,24 +97,31 @@ class StopRequest:
         if not self.code:
             self.code = int(signum)
 
-    def _watch(self, chain: list[tuple[int, int, str]]) -> None:
+    def _watch(self) -> None:
+        while not self._closing.wait(POLL):
+            if self._look():
+                return
+
+    def _look(self) -> bool:
         """A launcher in the chain ended: it is gone (or its pid now names another program), or — below the top of
         the chain — it was re-parented (its parent ended). The top's own parent is not watched: a launcher started
         with nohup from a shell that then exits goes on, and so do its ranks."""
-        while not self._closing.wait(POLL):
-            ended = None
-            for i, (pid, ppid, cmdline) in enumerate(chain):
-                now = _proc_stat(pid)
-                if now is None or now[1] != cmdline:
-                    ended = i                                   # the highest one gone is where it started
-                elif i < len(chain) - 1 and now[0] != ppid and ended is None:
-                    ended = i + 1
-            if ended is not None:
-                if not self.code:
-                    pid, _, cmdline = chain[ended]
-                    self.launcher = f"{program_name(cmdline)}, pid {pid}"
-                    self.code = LAUNCHER_ENDED
-                return
+        chain = self._chain
+        ended = None
+        for i, (pid, ppid, cmdline) in enumerate(chain):
+            now = _proc_stat(pid)
+            if now is None or now[1] != cmdline:
+                ended = i                                   # the highest one gone is where it started
+            elif i < len(chain) - 1 and now[0] != ppid and ended is None:
+                ended = i + 1
+        if ended is None:
+            return False
+        pid, _, cmdline = chain[ended]
+        if not self.launcher:
+            self.launcher = f"{program_name(cmdline)}, pid {pid}"
+        if not self.code:
+            self.code = LAUNCHER_ENDED
+        return True
 
     def close(self) -> None:
         self._closing.set()
@@ -127,6 +135,13 @@ class StopRequest:
         flag = torch.tensor([self.code], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return int(flag.item())
+
+    def describe_agreed(self, code: int) -> str:
+        """`describe` for the code the ranks agreed on; when another rank noticed its launcher's end first, this
+        rank looks at its own launchers once more to name the one that ended."""
+        if code == LAUNCHER_ENDED and not self.launcher:
+            self._look()
+        return self.describe(code, self.launcher)
 
     @staticmethod
     def describe(code: int, launcher: str = "") -> str:
