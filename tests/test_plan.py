@@ -458,6 +458,25 @@ def test_packing_follows_ids_written_in_place():
     assert Packing.of(ids, 0).tokens == 4 and Packing.of(ids, 0).index.tolist() == [0, 1, 3, 4]
 
 
+def test_packing_of_parts_joins_to_the_whole_and_follows_writes():
+    """The interleave parts' packings, kept on the ids tensor, join to exactly the whole batch's packing (no second
+    nonzero); a write to the ids invalidates the parts too."""
+    from model.packing import Packing
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 9, (6, 5), generator=g)
+    ids[0, 2:], ids[3, 1:], ids[5, 4:] = 0, 0, 0
+    want = Packing(ids, 0)
+    parts = Packing.parts(ids, 0, 3)
+    assert Packing.parts(ids, 0, 3) is parts                        # kept: the next layer gets the same ones
+    assert [p.index.tolist() for p in parts] == [Packing(c, 0).index.tolist() for c in ids.chunk(3)]
+    whole = Packing.of(ids, 0)
+    assert whole.index.tolist() == want.index.tolist() and (whole.batch, whole.length, whole.tokens) == (
+        want.batch, want.length, want.tokens)
+    ids[3, 2] = 4
+    assert Packing.parts(ids, 0, 3) is not parts
+    assert Packing.of(ids, 0).index.tolist() == Packing(ids, 0).index.tolist() != want.index.tolist()
+
+
 def test_peak_flops_are_known_for_listed_gpus_only():
     assert costs.peak_flops("NVIDIA H100 80GB HBM3", "bf16") == 989.4e12
     assert costs.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
