@@ -76,6 +76,8 @@ TOKEN_BATCHES = [   # --max_tokens against a single-process run with the same to
     ("maxtok-dp2-zero1",            2, MAXTOK + ["--enable_parallel_optimizer", "1"]),
     ("maxtok-tp2",                  2, MAXTOK + ["--mp", "2"]),
     ("maxtok-pp2-mb2",              2, MAXTOK + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    # stage boundaries split over the TP ranks (pipe_partitioned) while the shapes change every step
+    ("maxtok-tp2xpp2-mb2",          4, MAXTOK + ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 BF16 = [
     ("bf16-dp2-zero0",              2, []),
@@ -197,6 +199,10 @@ def test_fp32_layout_with_clipping_matches_single_process(name, runs, serial):
     worst = max(weights, key=weights.get)
     print(f"PARITY {name}: loss first {loss[0]:.2e} worst {max(loss):.2e}; grad_norm worst {max(norm):.2e}; "
           f"weights worst RMS {weights[worst]:.2e}·lr ({worst})")
+    info = json.loads((runs(name) / "run.json").read_text())
+    # with tp and pp both > 1 the stage boundaries are split over the TP ranks on the wire, in both directions
+    split = info["mp"] > 1 and info["pp"] > 1
+    assert (info["pipe_partitioned"], info["grad_partitioned"]) == (split, split), info
     assert loss[0] <= 1e-6 and max(loss) <= 1e-5, list(zip(got, ref))
     assert max(norm) <= 1e-5, [(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref)]
     assert weights[worst] <= 1e-2, sorted(weights.items(), key=lambda kv: -kv[1])[:5]
@@ -214,6 +220,7 @@ def test_half_precision_layout_matches_single_process(name, runs, serial):
     print(f"PARITY {name}: loss worst {loss:.2e} (tol {HALF_LOSS_TOL:.0e}); grad_norm worst {norm:.2e} "
           f"(tol {HALF_NORM_TOL:.0e}); {info['optimizer']}, gradient accumulation in {info['grad_accum_dtype']}")
     assert info["precision"] == PRECISION[name] and info["grad_accum_dtype"] == "float32", info
+    assert info["pipe_partitioned"] == (info["mp"] > 1 and info["pp"] > 1), info
     assert info["optimizer"] == ("BF16_Optimizer" if info["precision"] == "bf16" and info["zero_stage"] == 1
                                  else "DeepSpeedZeroOptimizer_Stage3" if info["zero_stage"] == 3
                                  else "DeepSpeedZeroOptimizer"), info
