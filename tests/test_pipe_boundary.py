@@ -4,8 +4,9 @@ the tensor-parallel ranks on the wire (`pipe_partitioned`, `grad_partitioned`: t
 
 A real tp2×pp2 DeepSpeed pipeline engine (4 gloo processes) trains one step with the split on and off: the same loss
 and gradient norm, and each TP rank sends half the activation and gradient bytes per boundary with it on (counted at
-DeepSpeed's own `p2p.send`). That the split is on in train.py's runs, and exact over 20 steps with fixed and token
-batches, is checked by tests/test_parity.py (tp2xpp2 cases, run.json's pipe_partitioned)."""
+DeepSpeed's own `p2p.send`), which is what plan.py's cost model (model.costs.boundary_bytes) says it sends. That the
+split is on in train.py's runs, and exact over 20 steps with fixed and token batches, is checked by
+tests/test_parity.py (tp2xpp2 cases, run.json's pipe_partitioned)."""
 import pytest
 import torch
 
@@ -73,7 +74,7 @@ def _one_step(rank, world, partitioned):
 
 def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
     """Each TP rank sends 1/2 of the activation forward and of its gradient backward (the receiving stage
-    all-gathers the halves), and the step's loss and gradient norm are those of the unsplit boundary."""
+    all-gathers the halves), and the step's loss and gradient norm are those of the unsplit boundary, bit for bit."""
     on, off = run_ranks(4, _one_step, True), run_ranks(4, _one_step, False)
     full = 2 * (B // 2) * (S + T) * D * 4      # 2 micro-batches of the joined [B/2, S+T, d] fp32 boundary
     for (loss, norm, flags, sent, stage), (loss_off, norm_off, flags_off, sent_off, _) in zip(on, off):
@@ -82,6 +83,15 @@ def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
         kind = "activation" if stage == 0 else "gradient"
         assert sent_off[kind] == full and sent[kind] == full // 2, (stage, sent, sent_off)
     assert sorted(r[4] for r in on) == [0, 0, 1, 1]
+    # plan.py's figures (model.costs) are what DeepSpeed sent (payload: the split layout and shapes aside)
+    from model.costs import boundary_bytes, boundary_tensors
+    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
+                      src_len=S, tgt_len=T)
+    tensors = boundary_tensors(cfg, "encoder.1", B // 2)       # the seed's split of 2+2 blocks on 2 stages
+    for runs, split in ((on, True), (off, False)):
+        fwd, bwd = boundary_bytes(tensors, 4, 2, split, split)
+        sent = {r[4]: r[3] for r in runs}                      # stage → bytes one of its ranks sent
+        assert sent[0]["activation"] + sent[0]["ids"] == 2 * fwd and sent[1]["gradient"] == 2 * bwd
     for name, runs in (("off", off), ("on", on)):
         a, gr = next(r[3] for r in runs if r[4] == 0), next(r[3] for r in runs if r[4] == 1)
         print(f"tp2xpp2, 2 micro-batches of [{B // 2}, {S}+{T}] d={D}, per TP rank and step: {name}: activations "

@@ -127,18 +127,20 @@ def test_zero_and_pipeline_traffic_by_hand():
     assert s1["layers"] == ["encoder.2", "decoder.0", "head"]
     b, s, t, h = 32 // (2 * 2), 10, 10, 32
     nxt = s0["send_next"]
-    assert [x["name"] for x in nxt["tensors"]] == ["src_h", "tgt_h", "src_ids", "tgt_ids"]
-    assert nxt["forward_bytes_per_micro_batch"] == 4 * b * (s + t) * h + 8 * b * (s + t)
-    assert nxt["backward_bytes_per_micro_batch"] == 4 * b * (s + t) * h
-    assert nxt["bytes_per_step"] == 2 * (8 * b * (s + t) * h + 8 * b * (s + t))
+    # one float (the two hidden tensors joined: model.pipeline), split over the 2 TP ranks both ways, and the ids
+    assert [x["name"] for x in nxt["tensors"]] == ["src_h+tgt_h", "src_ids", "tgt_ids"]
+    assert nxt["pipe_partitioned"] and nxt["grad_partitioned"]
+    assert nxt["forward_bytes_per_micro_batch"] == 4 * b * (s + t) * h // 2 + 8 * b * (s + t)
+    assert nxt["backward_bytes_per_micro_batch"] == 4 * b * (s + t) * h // 2
+    assert nxt["bytes_per_step"] == 2 * (4 * b * (s + t) * h + 8 * b * (s + t))
     r = 1 / 2
     for st in plan["stages"]:
         G = 4 * st["params_per_rank"]
         assert st["dp"]["bytes_per_step"] == round(r * G + r * G)
-    # 16pcs: the cut after the (last) encoder sends (tgt_h, memory, ids)
+    # 16pcs: the cut after the (last) encoder sends (tgt_h and memory joined, ids), 1/8 of the float per TP rank
     nxt = plan_for(16, "--recipe", R16)["stages"][0]["send_next"]
-    assert [x["name"] for x in nxt["tensors"]] == ["tgt_h", "memory", "src_ids", "tgt_ids"]
-    assert nxt["forward_bytes_per_micro_batch"] == 4 * 16 * 20 * 128 + 8 * 16 * 20
+    assert [x["name"] for x in nxt["tensors"]] == ["tgt_h+memory", "src_ids", "tgt_ids"]
+    assert nxt["forward_bytes_per_micro_batch"] == 4 * 16 * 20 * 128 // 8 + 8 * 16 * 20
 
 
 # ---------------------------------------------------------------------- TP collectives: plan vs the real model
