@@ -120,6 +120,10 @@ REFERENCES = {name: (precision, flags) for name, (precision, flags) in
               if precision in RUNNABLE}
 
 
+# validated every 10 steps: the pipeline engine meets the validation's fixed shape between token batches
+VALIDATED = ("maxtok-tp2xpp2-mb2", "serial-fp32-maxtok")
+
+
 def _case(name: str):
     precision = PRECISION.get(name, "fp32")
     return accelerator.param(name, precision)
@@ -137,22 +141,29 @@ def _args(data, out, precision, *extra):
 
 
 @pytest.fixture(scope="module")
-def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
     """Output folder of every case (and of the single-process references), one launch per world size, on demand."""
+    from preprocess.parallel import make_tsv
     root = tmp_path_factory.mktemp("parity")
     data = (multi30k_tsv, bpe_tokenizer)
+    valid = root / "val.fr_en.tsv"
+    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", valid)
     done: dict = {}
+
+    def validated(name):
+        return ["--valid_file", valid, "--valid_interval", 10] if name in VALIDATED else []
 
     def launch(nproc):
         if nproc == 1:
-            batch = [(name, _args(data, root / name, precision, *flags))
+            batch = [(name, _args(data, root / name, precision, *flags, *validated(name)))
                      for name, (precision, flags) in REFERENCES.items()]
         else:
             batch = []
             for name, (n, flags) in CASES.items():
                 if n == nproc:
                     dropout = ["--dropout", "0.1"] if name.endswith("-dropout") else []
-                    batch.append((name, _args(data, root / name, PRECISION.get(name, "fp32"), *flags, *dropout)))
+                    batch.append((name, _args(data, root / name, PRECISION.get(name, "fp32"), *flags, *dropout,
+                                              *validated(name))))
         run_many(nproc, [argv for _, argv in batch], root)
         done.update({name: root / name for name, _ in batch})
 
@@ -226,6 +237,18 @@ def test_half_precision_layout_matches_single_process(name, runs, serial):
                                  else "DeepSpeedZeroOptimizer"), info
     assert loss <= HALF_LOSS_TOL, [(g["loss"], r["loss"]) for g, r in zip(got, ref)]
     assert norm <= HALF_NORM_TOL, [(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref)]
+
+
+@pytest.mark.slow
+def test_validation_between_token_batches_on_split_pipeline_boundaries(runs, serial):
+    """tp2×pp2 with token batches validates at steps 10 and 20 on the validation set's fixed shape between
+    training steps of other shapes (the split boundaries' cached layout is reset at every change: Engine.
+    expect_shape): valid_loss as the single-process run's, and training after it unchanged (the fp32 test above)."""
+    def valid(name):
+        return [(r["step"], r["valid_loss"]) for r in read_metrics(runs(name)) if "valid_loss" in r]
+    got, want = valid("maxtok-tp2xpp2-mb2"), valid("serial-fp32-maxtok")
+    assert [s for s, _ in got] == [s for s, _ in want] == [10, 20]
+    assert max(rel(g, w) for (_, g), (_, w) in zip(got, want)) <= 1e-5, (got, want)
 
 
 @pytest.mark.slow
