@@ -146,8 +146,9 @@ def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
     from preprocess.parallel import make_tsv
     root = tmp_path_factory.mktemp("parity")
     data = (multi30k_tsv, bpe_tokenizer)
-    valid = root / "val.fr_en.tsv"
-    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", valid)
+    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", root / "val.fr_en.tsv")
+    valid = root / "val96.fr_en.tsv"              # 6 global batches: enough to meet the fixed shape, and quick
+    valid.write_text("".join((root / "val.fr_en.tsv").read_text().splitlines(keepends=True)[:96]))
     done: dict = {}
 
     def validated(name):
