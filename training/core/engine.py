@@ -127,7 +127,9 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         # stage all-gathers them over its TP ranks (the tensors are replicated over them), instead of every TP rank
         # sending its full copy. DeepSpeed splits one grad-carrying tensor per boundary: model.pipeline joins
         # ours into one. With batch shapes that change (token batches) the engine's cached split layout is reset
-        # whenever the shape changes (training.core.step). DeepSpeed turns both off at mp 1.
+        # whenever the shape changes (training.core.step). DeepSpeed turns both off at mp 1. Its receiving side
+        # (PartitionedTensor.from_meta) always assumes equal pieces; ours are, since d_model is a multiple of
+        # num_heads and num_heads of mp (validate_layout).
         "pipeline": {"pipe_partitioned": parallel.model_parallel > 1,
                      "grad_partitioned": parallel.model_parallel > 1},
     }
