@@ -43,9 +43,12 @@ tensor parallel  all-reduces of b·s·h (encoder) or b·t·h (decoder) elements:
            (vocab_emb_dp false) 2 forward (b·s·h, b·t·h); recompute repeats the blocks' forward ones in backward.
            These are exactly the calls `model.parallel.mappings.CommLog` records (tests/test_tp_model.py, tests/test_plan.py).
            A ring all-reduce of P bytes over tp ranks sends 2·(tp-1)/tp·P per rank.
-pipeline   per micro-batch across each stage boundary: after an encoder block or a non-last decoder block the tuple
-           (two floats [b,s,h] and [b,t,h], src_ids [b,s] and tgt_ids [b,t] int64), backward the two float
-           gradients; after the last decoder block only [b,t,h] and its gradient. Every TP rank sends its own copy.
+pipeline   per micro-batch across each stage boundary (`model.pipeline`): after an encoder block or a non-last
+           decoder block one float [b,s+t,h] (the two hidden tensors joined) and src_ids [b,s], tgt_ids [b,t] int64,
+           backward the float's gradient; after the last decoder block [b,t,h] and tgt_ids, backward [b,t,h]. With
+           tp > 1 DeepSpeed splits the float over the TP ranks (pipe_partitioned / grad_partitioned, on by default:
+           training.core.engine), so each TP rank sends 1/tp of it and of its gradient (plus a few bytes of split
+           layout, not counted); with the split off every TP rank sends its own full copy.
 data parallel  ring volume sent per rank, G = grad bytes, P = param bytes of the rank, r = (dp-1)/dp:
            ZeRO 0 all-reduce 2r·G per step; ZeRO 1 reduce-scatter r·G + all-gather r·P per step; ZeRO 2 reduce-scatter
            r·G every micro-batch + all-gather r·P per step; ZeRO 3 per micro-batch all-gather 2r·P (forward and
@@ -53,6 +56,7 @@ data parallel  ring volume sent per rank, G = grad bytes, P = param bytes of the
 """
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 from model.config import ModelConfig, ParallelConfig
@@ -211,18 +215,27 @@ def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro
 
 
 def boundary_tensors(m: ModelConfig, last_layer: str, micro: int) -> list[dict]:
-    """What crosses a stage boundary after `last_layer`, per micro-batch."""
+    """What crosses a stage boundary after `last_layer`, per micro-batch (`model.pipeline.join_boundary`)."""
     b, s, t, h = micro, m.src_len, m.tgt_len, m.d_model
+    tgt_ids = {"name": "tgt_ids", "shape": [b, t], "float": False}
     if last_layer == f"decoder.{m.decoder_layers - 1}":
-        return [{"name": "tgt_h", "shape": [b, t, h], "float": True}]
+        return [{"name": "tgt_h", "shape": [b, t, h], "float": True}, tgt_ids]
     if last_layer.startswith("decoder.") or last_layer == f"encoder.{m.encoder_layers - 1}":
-        first = [{"name": "tgt_h", "shape": [b, t, h], "float": True},
-                 {"name": "memory", "shape": [b, s, h], "float": True}]
+        joined = {"name": "tgt_h+memory", "shape": [b, t + s, h], "float": True}
     else:                                           # embeddings or a non-last encoder block
-        first = [{"name": "src_h", "shape": [b, s, h], "float": True},
-                 {"name": "tgt_h", "shape": [b, t, h], "float": True}]
-    return first + [{"name": "src_ids", "shape": [b, s], "float": False},
-                    {"name": "tgt_ids", "shape": [b, t], "float": False}]
+        joined = {"name": "src_h+tgt_h", "shape": [b, s + t, h], "float": True}
+    return [joined, {"name": "src_ids", "shape": [b, s], "float": False}, tgt_ids]
+
+
+def boundary_bytes(tensors: list[dict], float_bytes: int, tp: int, split_forward: bool,
+                   split_backward: bool) -> tuple[int, int]:
+    """(forward, backward) bytes one rank sends across a stage boundary per micro-batch: the ids whole, the float
+    tensor — and its gradient — 1/tp of it where DeepSpeed splits it over the TP ranks."""
+    def share(n: int, split: bool) -> int:
+        return n // tp if split and tp > 1 else n
+    floats = sum(math.prod(x["shape"]) * float_bytes for x in tensors if x["float"])
+    ids = sum(math.prod(x["shape"]) * INT64 for x in tensors if not x["float"])
+    return share(floats, split_forward) + ids, share(floats, split_backward)
 
 
 def dp_bytes(grad_bytes_full: int, param_bytes_full: int, p: ParallelConfig) -> dict:

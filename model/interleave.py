@@ -80,9 +80,8 @@ def residual_branch(x: torch.Tensor, ln, column: Callable[[torch.Tensor], torch.
     return x + drop((yield from tp_region(ln(x), column, row, group)))
 
 
-def _encoder_part(layer, x, src_ids, mask) -> Part:
+def _encoder_part(layer, x, pack: Packing, mask) -> Part:
     group = layer.attn.ctx.tp_group
-    pack = Packing.of(src_ids, layer.pad_id)          # this part's real tokens, as the layer packs (model.packing)
     h = yield from residual_branch(pack.pack(x), layer.ln1, lambda t: layer.attn.attend(t, mask, pack=pack),
                                    layer.attn.out, layer.drop, group)
     h = yield from residual_branch(h, layer.ln2, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
@@ -92,13 +91,14 @@ def _encoder_part(layer, x, src_ids, mask) -> Part:
 def encoder_layer(layer, x: torch.Tensor, src_ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """`EncoderLayer`'s two residual branches on `layer.interleave_num` parts; returns the whole batch."""
     n = layer.interleave_num
-    return torch.cat(run_staggered([_encoder_part(layer, *p)
-                                    for p in zip(x.chunk(n), src_ids.chunk(n), mask.chunk(n))]))
+    # each part's real tokens (model.packing): built by the stage's first layer, before any part runs (a nonzero
+    # in the middle of the staggered schedule would wait for the parts already queued), and reused by the others
+    packs = Packing.parts(src_ids, layer.pad_id, n)
+    return torch.cat(run_staggered([_encoder_part(layer, *p) for p in zip(x.chunk(n), packs, mask.chunk(n))]))
 
 
-def _decoder_part(layer, x, memory, memory_tp, src_ids, tgt_ids, self_mask, cross_mask) -> Part:
+def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packing, self_mask, cross_mask) -> Part:
     group = layer.ctx.tp_group
-    pack, memory_pack = Packing.of(tgt_ids, layer.pad_id), Packing.of(src_ids, layer.pad_id)
     link = None
     if memory_tp is None:                       # first decoder layer of the stage: this part's memory enters here
         link = GradAllReduce()
@@ -124,8 +124,9 @@ def decoder_layer(layer, x: torch.Tensor, memory: torch.Tensor, memory_tp: Optio
     (memory_tp only when the layer hands it on to the stage's next decoder layer, else None)."""
     n = layer.interleave_num
     memories = memory_tp.chunk(n) if memory_tp is not None else [None] * n
-    parts = [_decoder_part(layer, *p) for p in zip(x.chunk(n), memory.chunk(n), memories, src_ids.chunk(n),
-                                                   tgt_ids.chunk(n), self_mask.chunk(n), cross_mask.chunk(n))]
+    memory_packs, packs = Packing.parts(src_ids, layer.pad_id, n), Packing.parts(tgt_ids, layer.pad_id, n)
+    parts = [_decoder_part(layer, *p) for p in zip(x.chunk(n), memory.chunk(n), memories, memory_packs, packs,
+                                                   self_mask.chunk(n), cross_mask.chunk(n))]
     outs = run_staggered(parts)
     x = torch.cat([o[0] for o in outs])
     hands_on = not (layer.last or layer.last_on_stage)

@@ -10,6 +10,14 @@ hides). On Multi30k padded to 32 tokens about half the positions are PAD, so thi
 Blocks still take and return padded [B, S, d] tensors (`scatter` writes the packed rows back), so pipeline stages
 exchange fixed shapes and recompute / interleaving see the same tuples. The packing is a function of the token ids
 only, so every tensor-parallel rank packs alike and every layout computes the same tokens.
+
+Computed once per micro-batch. Finding the non-PAD positions is a `nonzero()`, whose output size the host must read
+(on a GPU a synchronisation that stalls the queue of kernels), so a packing is built once per ids tensor and kept on
+it (`of`), and the `interleave_num` batch parts of an ids tensor are cut once and keep theirs (`parts`): every layer
+of a stage gets the same ids tensor (blocks hand it on unchanged, and recompute, `model.parallel.random.checkpoint`,
+passes it through as it is), so a stage builds one packing per side (source, target) and part per micro-batch,
+whatever its number of layers and whether they are recomputed. The whole batch's packing of an ids tensor whose parts
+are packed is joined from theirs, without another `nonzero()`.
 """
 from __future__ import annotations
 
@@ -23,18 +31,49 @@ class Packing:
         self.tokens = int(self.index.numel())
 
     @classmethod
+    def joined(cls, parts: "list[Packing]") -> "Packing":
+        """The packing of the batch whose consecutive row blocks `parts` pack: their indices shifted by each part's
+        first flat position, concatenated — what `nonzero()` over the whole batch gives, without it."""
+        whole = cls.__new__(cls)
+        whole.length = parts[0].length
+        whole.batch = sum(p.batch for p in parts)
+        offsets, start = [], 0
+        for p in parts:
+            offsets.append(p.index + start)
+            start += p.batch * p.length
+        whole.index = torch.cat(offsets)
+        whole.tokens = sum(p.tokens for p in parts)
+        return whole
+
+    @classmethod
     def of(cls, ids: torch.Tensor, pad_id: int) -> "Packing":
-        """The packing of `ids`, built once per ids tensor: the blocks of a stage all get the same ids tensor, and
-        the index is kept on it (an integer tensor, never part of autograd), valid while the tensor is not written
-        in place (its version counter). Inference-mode tensors have no version counter, so their packing is not
-        kept (decoding builds it per call; it is one nonzero over the ids)."""
+        """The packing of `ids`, built once per ids tensor and kept on it (an integer tensor, never part of
+        autograd), valid while the tensor is not written in place (its version counter). Inference-mode tensors
+        have no version counter, so their packing is not kept (decoding builds it per call; it is one nonzero over
+        the ids)."""
         if ids.is_inference():
             return cls(ids, pad_id)
-        cached = getattr(ids, "_packing", None)
-        if cached is None or cached[:2] != (pad_id, ids._version):
-            cached = (pad_id, ids._version, cls(ids, pad_id))
-            ids._packing = cached
-        return cached[2]
+        kept = _kept(ids, pad_id, 1)
+        if kept is None:
+            packed_parts = [_kept(ids, pad_id, n) for pad, n in list(_store(ids)) if pad == pad_id and n > 1]
+            parts = next((p for p in packed_parts if p is not None), None)
+            kept = cls.joined(parts) if parts is not None else cls(ids, pad_id)
+            _store(ids)[(pad_id, 1)] = (ids._version, kept)
+        return kept
+
+    @classmethod
+    def parts(cls, ids: torch.Tensor, pad_id: int, n: int) -> "list[Packing]":
+        """The packings of `ids.chunk(n)` (`model.interleave`'s batch parts), built once per ids tensor and n and
+        kept on it like `of`'s."""
+        if ids.is_inference():
+            return [cls(part, pad_id) for part in ids.chunk(n)]
+        if n == 1:
+            return [cls.of(ids, pad_id)]
+        kept = _kept(ids, pad_id, n)
+        if kept is None:
+            kept = [cls(part, pad_id) for part in ids.chunk(n)]
+            _store(ids)[(pad_id, n)] = (ids._version, kept)
+        return kept
 
     def pack(self, x: torch.Tensor) -> torch.Tensor:
         """[B, S, ...] → [N, ...]: the non-PAD positions, in (batch, position) order."""
@@ -49,3 +88,17 @@ class Packing:
         """`base` [B, S, ...] with its non-PAD positions replaced by `rows` [N, ...] (PAD positions keep base's)."""
         flat = base.reshape(self.batch * self.length, *base.shape[2:])
         return flat.index_copy(0, self.index, rows).view_as(base)
+
+
+def _store(ids: torch.Tensor) -> dict:
+    """What is kept on an ids tensor: {(pad_id, n): (ids._version when built, the packing (n 1) or the packings of
+    its n parts)}."""
+    store = getattr(ids, "_packings", None)
+    if store is None:
+        store = ids._packings = {}
+    return store
+
+
+def _kept(ids: torch.Tensor, pad_id: int, n: int):
+    entry = _store(ids).get((pad_id, n))
+    return entry[1] if entry is not None and entry[0] == ids._version else None

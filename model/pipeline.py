@@ -1,14 +1,46 @@
-"""The model as a DeepSpeed PipelineModule whose stage split follows the blocks' placement (model.placement)."""
+"""The model as a DeepSpeed PipelineModule whose stage split follows the blocks' placement (model.placement).
+
+What crosses a stage boundary is one floating-point tensor and the token ids behind it: the two hidden tensors a
+stage hands on — (src_h, tgt_h) inside the encoder, (tgt_h, memory) after it, each [B, L, d] — concatenated along
+the sequence into one [B, S+T, d] (`join_boundary`), which the next stage splits again (`split_boundary`). DeepSpeed's
+pipeline engine splits only the first tensor of a stage's output over the tensor-parallel ranks on the wire
+(`pipe_partitioned`, `grad_partitioned`: each TP rank sends 1/tp of it, and the receiving stage all-gathers it) and
+requires every other tensor to carry no gradient, so with two hidden tensors each TP rank had to send its full
+replicated copy of both (training.core.engine)."""
 from __future__ import annotations
 
 from typing import Callable, Optional
 
+import torch
 from deepspeed.pipe import LayerSpec, PipelineModule
 
 from model.config import ModelConfig, ParallelConfig
 from model.parallel.topology import ParallelContext, first_last_stage_group
 from model.placement import layer_stages, place_blocks
-from model.transformer import Head, TokenLoss, block_specs
+from model.transformer import DecoderLayer, EncoderLayer, Head, TokenLoss, block_specs
+
+
+def join_boundary(outputs: tuple) -> tuple:
+    """A stage's output as it crosses to the next stage: its two hidden tensors [B, L1, d], [B, L2, d] as one
+    [B, L1+L2, d], the ids behind it. An output with one floating-point tensor ((x, tgt_ids) before the Head) is
+    unchanged."""
+    if not isinstance(outputs, tuple) or sum(t.is_floating_point() for t in outputs) < 2:
+        return outputs
+    first, second, *ids = outputs
+    return (torch.cat([first, second], dim=1), *ids)
+
+
+def split_boundary(inputs: tuple, first_layer: type) -> tuple:
+    """`join_boundary`'s inverse on the receiving stage, whose first layer says what the joined tensor holds: an
+    encoder layer takes (src_h, tgt_h, src_ids, tgt_ids), a decoder layer (tgt_h, memory, src_ids, tgt_ids); the
+    Head takes (x, tgt_ids) as it came. The halves are views of the received tensor, so its gradient is the two
+    halves' gradients side by side."""
+    if first_layer not in (EncoderLayer, DecoderLayer):
+        return inputs
+    joined, src_ids, tgt_ids = inputs
+    length = (src_ids if first_layer is EncoderLayer else tgt_ids).shape[1]
+    first, second = joined.split([length, joined.shape[1] - length], dim=1)
+    return first, second, src_ids, tgt_ids
 
 
 def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, seed: int,
@@ -30,6 +62,13 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             self.parts = bounds
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
+
+        def forward(self, inputs):
+            """This stage's layers, between the boundary format of the stages before and after it."""
+            if self.stage_id > 0:
+                inputs = split_boundary(inputs, specs[bounds[self.stage_id]][0])
+            outputs = super().forward(inputs)
+            return join_boundary(outputs) if self.stage_id < parallel.pipeline_stage - 1 else outputs
 
         def get_tied_weights_and_groups(self):
             """DeepSpeed sums these weights' gradients over their group before the optimizer step (for every

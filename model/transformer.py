@@ -7,7 +7,8 @@
 
 Blocks pass tuples so DeepSpeed's PipelineModule can cut between any two of them: encoder blocks carry
 (src_h, tgt_h, src_ids, tgt_ids), decoder blocks (tgt_h, memory, src_ids, tgt_ids[, memory_tp]); float tensors carry
-gradients, ids travel as integers and masks are rebuilt from them. Heads are split over TP ranks; per encoder layer
+gradients, ids travel as integers and masks are rebuilt from them (between pipeline stages the two hidden tensors
+travel joined into one: model.pipeline). Heads are split over TP ranks; per encoder layer
 the forward has 2 all-reduces (attention out, MLP out) and the backward 2 (their inputs), per decoder layer 3 and 3.
 The decoder memory enters the TP region once per pipeline stage (`memory_tp`), so its gradient — partial on each TP
 rank, summed over every cross-attention of the stage — is all-reduced once per stage, not once per layer.

@@ -65,12 +65,14 @@ def test_every_training_path_keeps_collectives_on_the_device(nproc, multi30k_tsv
                     "--ckpt_file", tmp_path / "share-pp2"),
                 run("tp2", "--mp", 2, "--dropout", 0.1, "--save_checkpoint_steps", 3),
                 run("tp2-resume", "--mp", 2, "--dropout", 0.1, "--steps", 4, "--ckpt_file", tmp_path / "tp2")]
-    else:   # the pipeline engine's data-parallel loss reduction, and a 3-axis checkpoint round trip
+    else:   # the pipeline engine's data-parallel loss reduction, a 3-axis checkpoint round trip, split boundaries
         runs = [run("dp2xpp2-zero1", "--pipeline_stage", 2, "--micro_batch_num", 2, "--zero_stage", 1,
                     "--clip_grad", 0.5, "--save_checkpoint_steps", 3),
                 run("dp2xpp2-resume", "--pipeline_stage", 2, "--micro_batch_num", 2, "--zero_stage", 1,
                     "--steps", 4, "--ckpt_file", tmp_path / "dp2xpp2-zero1"),
-                run("dp2xtp2-bf16", "--mp", 2, "--precision", "bf16")]
+                run("dp2xtp2-bf16", "--mp", 2, "--precision", "bf16"),
+                # stage boundaries split over the TP ranks and all-gathered by the receiving stage (pipe_partitioned)
+                run("tp2xpp2", "--mp", 2, "--pipeline_stage", 2, "--micro_batch_num", 2)]
     proc = run_many(nproc, runs, tmp_path, "--check_devices")
     counts = [int(n) for n in re.findall(r"device check: (\d+) collective calls", proc.stdout)]
     assert len(counts) == nproc and min(counts) > 100, proc.stdout[-2000:]

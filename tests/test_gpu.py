@@ -93,3 +93,48 @@ def test_greedy_decoding_reads_the_gpu_once_per_eight_tokens():
     syncs = [w for w in caught if "synchroniz" in str(w.message)]
     print(f"greedy decode of 32 tokens: {len(syncs)} synchronizing calls")
     assert len(syncs) <= 2 * (32 // SYNC_EVERY) + 4, [str(w.message) for w in syncs]
+
+
+def _training_step_syncs(layers: int) -> int:
+    """Synchronizing CUDA calls in one training step (2 micro-batches, forward and backward, fused AdamW) of a
+    `layers`+`layers` model with interleave_num 2, recompute and dropout, after a warm-up step."""
+    import warnings
+
+    from model.config import ModelConfig, ParallelConfig
+    from model.transformer import Seq2SeqTransformer
+    cfg = ModelConfig(vocab_size=50, d_model=32, num_heads=4, ffn_size=64, encoder_layers=layers,
+                      decoder_layers=layers, src_len=12, tgt_len=12, dropout=0.1, attention_dropout=0.1)
+    model = Seq2SeqTransformer(cfg, ParallelConfig(interleave_num=2, recompute=True), seed=3).cuda()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    g = torch.Generator().manual_seed(0)
+    micro = []
+    for _ in range(2):
+        src, tgt, labels = (torch.randint(4, 50, (8, 12), generator=g) for _ in range(3))
+        src[0, 6:], tgt[1, 5:], labels[1, 5:] = 0, 0, 0
+        micro.append(tuple(t.cuda() for t in (src, tgt, labels)))
+
+    def step():
+        for src, tgt, labels in micro:
+            model.loss_sum(src, tgt, labels).backward()
+        opt.step()
+        opt.zero_grad()
+    step()                                                            # warm-up: kernels, allocator, optimizer state
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)
+
+
+def test_a_training_steps_host_syncs_do_not_grow_with_the_layers():
+    """The host waits for the GPU once per micro-batch, interleave part and side (finding the real tokens,
+    `model.packing`), never per layer or recomputation: a 4+4-layer model's training step synchronizes exactly as
+    often as a 2+2-layer one's. (On CPU the same count is checked by tests/test_interleave.py.)"""
+    small, large = _training_step_syncs(2), _training_step_syncs(4)
+    print(f"one training step, 2 micro-batches, interleave 2, recompute: {small} synchronizing calls with 2+2 "
+          f"layers, {large} with 4+4")
+    assert large == small, (small, large)

@@ -76,6 +76,8 @@ TOKEN_BATCHES = [   # --max_tokens against a single-process run with the same to
     ("maxtok-dp2-zero1",            2, MAXTOK + ["--enable_parallel_optimizer", "1"]),
     ("maxtok-tp2",                  2, MAXTOK + ["--mp", "2"]),
     ("maxtok-pp2-mb2",              2, MAXTOK + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    # stage boundaries split over the TP ranks (pipe_partitioned) while the shapes change every step
+    ("maxtok-tp2xpp2-mb2",          4, MAXTOK + ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 BF16 = [
     ("bf16-dp2-zero0",              2, []),
@@ -118,6 +120,10 @@ REFERENCES = {name: (precision, flags) for name, (precision, flags) in
               if precision in RUNNABLE}
 
 
+# validated every 10 steps: the pipeline engine meets the validation's fixed shape between token batches
+VALIDATED = ("maxtok-tp2xpp2-mb2", "serial-fp32-maxtok")
+
+
 def _case(name: str):
     precision = PRECISION.get(name, "fp32")
     return accelerator.param(name, precision)
@@ -135,22 +141,30 @@ def _args(data, out, precision, *extra):
 
 
 @pytest.fixture(scope="module")
-def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
     """Output folder of every case (and of the single-process references), one launch per world size, on demand."""
+    from preprocess.parallel import make_tsv
     root = tmp_path_factory.mktemp("parity")
     data = (multi30k_tsv, bpe_tokenizer)
+    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", root / "val.fr_en.tsv")
+    valid = root / "val96.fr_en.tsv"              # 6 global batches: enough to meet the fixed shape, and quick
+    valid.write_text("".join((root / "val.fr_en.tsv").read_text().splitlines(keepends=True)[:96]))
     done: dict = {}
+
+    def validated(name):
+        return ["--valid_file", valid, "--valid_interval", 10] if name in VALIDATED else []
 
     def launch(nproc):
         if nproc == 1:
-            batch = [(name, _args(data, root / name, precision, *flags))
+            batch = [(name, _args(data, root / name, precision, *flags, *validated(name)))
                      for name, (precision, flags) in REFERENCES.items()]
         else:
             batch = []
             for name, (n, flags) in CASES.items():
                 if n == nproc:
                     dropout = ["--dropout", "0.1"] if name.endswith("-dropout") else []
-                    batch.append((name, _args(data, root / name, PRECISION.get(name, "fp32"), *flags, *dropout)))
+                    batch.append((name, _args(data, root / name, PRECISION.get(name, "fp32"), *flags, *dropout,
+                                              *validated(name))))
         run_many(nproc, [argv for _, argv in batch], root)
         done.update({name: root / name for name, _ in batch})
 
@@ -197,6 +211,10 @@ def test_fp32_layout_with_clipping_matches_single_process(name, runs, serial):
     worst = max(weights, key=weights.get)
     print(f"PARITY {name}: loss first {loss[0]:.2e} worst {max(loss):.2e}; grad_norm worst {max(norm):.2e}; "
           f"weights worst RMS {weights[worst]:.2e}·lr ({worst})")
+    info = json.loads((runs(name) / "run.json").read_text())
+    # with tp and pp both > 1 the stage boundaries are split over the TP ranks on the wire, in both directions
+    split = info["mp"] > 1 and info["pp"] > 1
+    assert (info["pipe_partitioned"], info["grad_partitioned"]) == (split, split), info
     assert loss[0] <= 1e-6 and max(loss) <= 1e-5, list(zip(got, ref))
     assert max(norm) <= 1e-5, [(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref)]
     assert weights[worst] <= 1e-2, sorted(weights.items(), key=lambda kv: -kv[1])[:5]
@@ -214,11 +232,24 @@ def test_half_precision_layout_matches_single_process(name, runs, serial):
     print(f"PARITY {name}: loss worst {loss:.2e} (tol {HALF_LOSS_TOL:.0e}); grad_norm worst {norm:.2e} "
           f"(tol {HALF_NORM_TOL:.0e}); {info['optimizer']}, gradient accumulation in {info['grad_accum_dtype']}")
     assert info["precision"] == PRECISION[name] and info["grad_accum_dtype"] == "float32", info
+    assert info["pipe_partitioned"] == (info["mp"] > 1 and info["pp"] > 1), info
     assert info["optimizer"] == ("BF16_Optimizer" if info["precision"] == "bf16" and info["zero_stage"] == 1
                                  else "DeepSpeedZeroOptimizer_Stage3" if info["zero_stage"] == 3
                                  else "DeepSpeedZeroOptimizer"), info
     assert loss <= HALF_LOSS_TOL, [(g["loss"], r["loss"]) for g, r in zip(got, ref)]
     assert norm <= HALF_NORM_TOL, [(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref)]
+
+
+@pytest.mark.slow
+def test_validation_between_token_batches_on_split_pipeline_boundaries(runs, serial):
+    """tp2×pp2 with token batches validates at steps 10 and 20 on the validation set's fixed shape between
+    training steps of other shapes (the split boundaries' cached layout is reset at every change: Engine.
+    expect_shape): valid_loss as the single-process run's, and training after it unchanged (the fp32 test above)."""
+    def valid(name):
+        return [(r["step"], r["valid_loss"]) for r in read_metrics(runs(name)) if "valid_loss" in r]
+    got, want = valid("maxtok-tp2xpp2-mb2"), valid("serial-fp32-maxtok")
+    assert [s for s, _ in got] == [s for s, _ in want] == [10, 20]
+    assert max(rel(g, w) for (_, g), (_, w) in zip(got, want)) <= 1e-5, (got, want)
 
 
 @pytest.mark.slow

@@ -127,18 +127,20 @@ def test_zero_and_pipeline_traffic_by_hand():
     assert s1["layers"] == ["encoder.2", "decoder.0", "head"]
     b, s, t, h = 32 // (2 * 2), 10, 10, 32
     nxt = s0["send_next"]
-    assert [x["name"] for x in nxt["tensors"]] == ["src_h", "tgt_h", "src_ids", "tgt_ids"]
-    assert nxt["forward_bytes_per_micro_batch"] == 4 * b * (s + t) * h + 8 * b * (s + t)
-    assert nxt["backward_bytes_per_micro_batch"] == 4 * b * (s + t) * h
-    assert nxt["bytes_per_step"] == 2 * (8 * b * (s + t) * h + 8 * b * (s + t))
+    # one float (the two hidden tensors joined: model.pipeline), split over the 2 TP ranks both ways, and the ids
+    assert [x["name"] for x in nxt["tensors"]] == ["src_h+tgt_h", "src_ids", "tgt_ids"]
+    assert nxt["pipe_partitioned"] and nxt["grad_partitioned"]
+    assert nxt["forward_bytes_per_micro_batch"] == 4 * b * (s + t) * h // 2 + 8 * b * (s + t)
+    assert nxt["backward_bytes_per_micro_batch"] == 4 * b * (s + t) * h // 2
+    assert nxt["bytes_per_step"] == 2 * (4 * b * (s + t) * h + 8 * b * (s + t))
     r = 1 / 2
     for st in plan["stages"]:
         G = 4 * st["params_per_rank"]
         assert st["dp"]["bytes_per_step"] == round(r * G + r * G)
-    # 16pcs: the cut after the (last) encoder sends (tgt_h, memory, ids)
+    # 16pcs: the cut after the (last) encoder sends (tgt_h and memory joined, ids), 1/8 of the float per TP rank
     nxt = plan_for(16, "--recipe", R16)["stages"][0]["send_next"]
-    assert [x["name"] for x in nxt["tensors"]] == ["tgt_h", "memory", "src_ids", "tgt_ids"]
-    assert nxt["forward_bytes_per_micro_batch"] == 4 * 16 * 20 * 128 + 8 * 16 * 20
+    assert [x["name"] for x in nxt["tensors"]] == ["tgt_h+memory", "src_ids", "tgt_ids"]
+    assert nxt["forward_bytes_per_micro_batch"] == 4 * 16 * 20 * 128 // 8 + 8 * 16 * 20
 
 
 # ---------------------------------------------------------------------- TP collectives: plan vs the real model
@@ -456,6 +458,25 @@ def test_packing_follows_ids_written_in_place():
     assert Packing.of(ids, 0).tokens == 3
     ids[1, 1] = 9
     assert Packing.of(ids, 0).tokens == 4 and Packing.of(ids, 0).index.tolist() == [0, 1, 3, 4]
+
+
+def test_packing_of_parts_joins_to_the_whole_and_follows_writes():
+    """The interleave parts' packings, kept on the ids tensor, join to exactly the whole batch's packing (no second
+    nonzero); a write to the ids invalidates the parts too."""
+    from model.packing import Packing
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(1, 9, (6, 5), generator=g)
+    ids[0, 2:], ids[3, 1:], ids[5, 4:] = 0, 0, 0
+    want = Packing(ids, 0)
+    parts = Packing.parts(ids, 0, 3)
+    assert Packing.parts(ids, 0, 3) is parts                        # kept: the next layer gets the same ones
+    assert [p.index.tolist() for p in parts] == [Packing(c, 0).index.tolist() for c in ids.chunk(3)]
+    whole = Packing.of(ids, 0)
+    assert whole.index.tolist() == want.index.tolist() and (whole.batch, whole.length, whole.tokens) == (
+        want.batch, want.length, want.tokens)
+    ids[3, 2] = 4
+    assert Packing.parts(ids, 0, 3) is not parts
+    assert Packing.of(ids, 0).index.tolist() == Packing(ids, 0).index.tolist() != want.index.tolist()
 
 
 def test_peak_flops_are_known_for_listed_gpus_only():

@@ -109,6 +109,29 @@ def test_valid_loss_is_layout_free_exact_and_harmless(multi30k_tsv, bpe_tokenize
     assert not (tmp_path / "serial" / "checkpoints" / "latest").exists()      # best/ is outside the rotation
 
 
+def test_the_valid_bleu_checkpoint_holds_the_weights_only(multi30k_tsv, bpe_tokenizer, valid_tsv, tmp_path):
+    """Where the engine's module is not the whole model (TP, PP, ZeRO-3) the BLEU model comes from a temporary
+    checkpoint of the step: it holds the fp32 weights only — no AdamW moments, no RNG files (a third of a training
+    checkpoint's bytes). ZeRO-3 on one process takes that path; DSR_CRASH_AT=save:2 kills the run in the middle of
+    step 2's first save, the validation's, and leaves its files to read."""
+    import subprocess
+
+    from tests.launch import REPO_ROOT, env, launch_cmd
+    from training.checkpoint.shard_io import read_header
+    out = tmp_path / "zero3-bleu"
+    args = _flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2, "--zero_stage", 3, "--valid_file", valid_tsv,
+                  "--valid_interval", 2, "--valid_bleu", 1)
+    proc = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=dict(env(), DSR_CRASH_AT="save:2"),
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    partial = out / "checkpoints" / ".valid_bleu.tmp"
+    files = sorted(p.name for p in partial.iterdir())
+    assert files == ["shard_pp0_tp0.safetensors", "shard_pp0_tp0.safetensors.sha256"], files
+    names, _ = read_header(str(partial / files[0]))
+    assert names and all(n.startswith("param/") for n in names), sorted(names)[:5]
+
+
+
 @pytest.mark.slow
 def test_early_stop_when_validation_stops_improving(multi30k_tsv, bpe_tokenizer, valid_tsv, tmp_path):
     # lr 0: the weights never change, so no validation after the first beats it

@@ -77,32 +77,43 @@ class RNGStreams:
 RNG = RNGStreams()
 
 
+def _differentiable(value) -> bool:
+    return torch.is_tensor(value) and value.is_floating_point()
+
+
+_FROM_AUTOGRAD = object()     # marks an output position that `_Checkpoint.apply` returns
+
+
 class _Checkpoint(torch.autograd.Function):
-    """Run `fn` without keeping activations; in backward, replay the RNG states and recompute with grad."""
+    """Run `fn` without keeping activations; in backward, replay the RNG states and recompute with grad.
+
+    Only floating-point tensors go through autograd: the token ids (and any other argument) are kept and passed to
+    the recomputation as they are, and the ids `fn` hands on are returned as they are (`checkpoint` splices them
+    back in). An integer tensor returned through an autograd Function comes out as a new view of itself, and a
+    saved one as a new tensor, either without what `model.packing` keeps on the ids: the next layer, and the
+    recomputation, would find the non-PAD tokens again (a nonzero, a host synchronisation per layer)."""
 
     @staticmethod
-    def forward(ctx, fn, *args):
+    def forward(ctx, fn, layout, *args):
         ctx.fn = fn
         ctx.rng = RNG.get_state()
-        ctx.save_for_backward(*[a if torch.is_tensor(a) else None for a in args])
-        ctx.non_tensor = [None if torch.is_tensor(a) else a for a in args]
+        ctx.save_for_backward(*[a if _differentiable(a) else None for a in args])
+        ctx.kept = [None if _differentiable(a) else a for a in args]
         with torch.no_grad():
             out = fn(*args)
         outs = out if isinstance(out, tuple) else (out,)
-        ctx.out_is_tuple = isinstance(out, tuple)
-        ctx.mark_non_differentiable(*[o for o in outs if not o.is_floating_point()])
-        return out
+        layout.append((isinstance(out, tuple), [_FROM_AUTOGRAD if _differentiable(o) else o for o in outs]))
+        return tuple(o for o in outs if _differentiable(o))
 
     @staticmethod
     def backward(ctx, *grads):
-        saved = ctx.saved_tensors
         inputs = []
-        for t, other in zip(saved, ctx.non_tensor):
+        for t, kept in zip(ctx.saved_tensors, ctx.kept):
             if t is None:
-                inputs.append(other)
+                inputs.append(kept)
             else:
                 x = t.detach()
-                x.requires_grad_(t.requires_grad and t.is_floating_point())
+                x.requires_grad_(t.requires_grad)
                 inputs.append(x)
         now = RNG.get_state()
         RNG.set_state(ctx.rng)
@@ -111,13 +122,18 @@ class _Checkpoint(torch.autograd.Function):
                 out = ctx.fn(*inputs)
         finally:
             RNG.set_state(now)
-        outs = out if isinstance(out, tuple) else (out,)
+        outs = [o for o in (out if isinstance(out, tuple) else (out,)) if _differentiable(o)]
         pairs = [(o, g) for o, g in zip(outs, grads) if o.requires_grad and g is not None]
         if pairs:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-        return (None,) + tuple(x.grad if torch.is_tensor(x) and x.requires_grad else None for x in inputs)
+        return (None, None) + tuple(x.grad if _differentiable(x) and x.requires_grad else None for x in inputs)
 
 
 def checkpoint(fn, *args):
-    """Activation checkpointing that is exact under TP and dropout (see module docstring)."""
-    return _Checkpoint.apply(fn, *args)
+    """Activation checkpointing that is exact under TP and dropout (see module docstring). `fn`'s non-float
+    outputs (the token ids it hands on) come back as the very objects `fn` returned."""
+    layout: list = []
+    floats = iter(_Checkpoint.apply(fn, layout, *args))
+    is_tuple, outs = layout[0]
+    out = tuple(next(floats) if o is _FROM_AUTOGRAD else o for o in outs)
+    return out if is_tuple else out[0]

@@ -91,6 +91,11 @@ class StepBatches:
         """The (source, target) length every sequence of this batch is padded to."""
         return self.shape if self.shape is not None else (self.data.src_len, self.data.tgt_len)
 
+    @property
+    def micro_shape(self) -> tuple[int, int, int]:
+        """(rows, source length, target length) of each of this rank's micro-batches (all of a step have one)."""
+        return (len(self.micro[0]), *self.lengths)
+
     def __iter__(self) -> Iterator[tuple]:
         for idx in self.micro:
             b = self.data.batch(idx, self.shape)

@@ -123,9 +123,15 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
                               **ZERO_OVERLAP.get(device_type, ZERO_OVERLAP["cuda"])},
         "fp16": {"enabled": precision == "fp16"},
         "bf16": {"enabled": precision == "bf16"},
-        # DeepSpeed can split the one grad-carrying activation over TP ranks on the wire; our stages pass two
-        # (src_h + tgt_h, or tgt_h + memory), so each TP rank sends its full replicated copy instead.
-        "pipeline": {"pipe_partitioned": False, "grad_partitioned": False},
+        # Between pipeline stages each TP rank sends 1/mp of the activation and of its gradient, and the receiving
+        # stage all-gathers them over its TP ranks (the tensors are replicated over them), instead of every TP rank
+        # sending its full copy. DeepSpeed splits one grad-carrying tensor per boundary: model.pipeline joins
+        # ours into one. With batch shapes that change (token batches) the engine's cached split layout is reset
+        # whenever the shape changes (training.core.step). DeepSpeed turns both off at mp 1. Its receiving side
+        # (PartitionedTensor.from_meta) always assumes equal pieces; ours are, since d_model is a multiple of
+        # num_heads and num_heads of mp (validate_layout).
+        "pipeline": {"pipe_partitioned": parallel.model_parallel > 1,
+                     "grad_partitioned": parallel.model_parallel > 1},
     }
     if precision in HALF_DTYPES:
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
@@ -164,6 +170,19 @@ class Engine:
         self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
         self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
         self.run_id: Optional[str] = None     # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
+        self.boundary_shape: Optional[tuple] = None   # the micro-batch shape the pipeline engine last exchanged
+
+    def expect_shape(self, shape: tuple) -> None:
+        """Tell the pipeline engine the shape (rows, source length, target length) of the micro-batches that come
+        next. DeepSpeed's pipeline engine records how it split the first partitioned activation and gradient
+        (pipe_partition_*_meta_cache) and reuses that for every later one; with token batches the shape changes
+        from step to step (and from training to validation), so the records are dropped whenever it does
+        (`reset_activation_shape`, which also makes both stages exchange the new shapes). Every micro-batch of a
+        step has one shape, and every rank sees the same shapes, so the stages drop them together."""
+        if self.pipelined and getattr(self.ds, "is_pipe_partitioned", False):
+            if self.boundary_shape is not None and shape != self.boundary_shape:
+                self.ds.reset_activation_shape()
+            self.boundary_shape = shape
 
     @property
     def module(self):
@@ -187,7 +206,10 @@ class Engine:
                 "zero_stage": self.zero_stage,
                 "recompute": p.recompute, "precision": self.precision, "optimizer": type(self.ds.optimizer).__name__,
                 "grad_accum_dtype": str(accum_dtype).replace("torch.", ""), "backend": dist.get_backend(),
-                "device": self.device.type}
+                "device": self.device.type,
+                # stage boundaries split over the TP ranks on the wire (the pipeline engine's own flags)
+                "pipe_partitioned": bool(getattr(self.ds, "is_pipe_partitioned", False)),
+                "grad_partitioned": bool(getattr(self.ds, "is_grad_partitioned", False))}
 
     def grad_norm(self) -> float:
         """The last step's global gradient norm before clipping (the serial model's norm under any layout)."""

@@ -16,6 +16,7 @@ def train_step(engine: Engine, batches: StepBatches) -> float:
     samples = ds.global_samples
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
+        engine.expect_shape(batches.micro_shape)
         loss = float(ds.train_batch(data_iter=iter(batches)))
     else:
         ds.train()
@@ -37,6 +38,7 @@ def eval_step(engine: Engine, batches: StepBatches) -> float:
     ds = engine.ds
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
+        engine.expect_shape(batches.micro_shape)
         return float(ds.eval_batch(data_iter=iter(batches)))
     ds.eval()                                              # no dropout while evaluating
     with torch.no_grad():

@@ -23,8 +23,8 @@ from common.errors import UserError
 from training.config.flags import build_parser, parse_args
 from training.config.sections import TrainConfig
 from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
-from model.costs import (INT64, activation_bytes, boundary_tensors, dp_bytes, in_flight, state_bytes,
-                            tp_allreduces)
+from model.costs import (INT64, activation_bytes, boundary_bytes, boundary_tensors, dp_bytes, in_flight,
+                         state_bytes, tp_allreduces)
 from training.plan.report import compact_layers, format_plan
 
 
@@ -164,11 +164,12 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
             tensors = boundary_tensors(model, layer_list[-1], micro)
             for tsr in tensors:
                 tsr["bytes"] = math.prod(tsr["shape"]) * (el if tsr["float"] else INT64)
-            fwd = sum(tsr["bytes"] for tsr in tensors)
-            bwd = sum(tsr["bytes"] for tsr in tensors if tsr["float"])
+            split = {key: bool(ds_cfg["pipeline"].get(key)) and tp > 1
+                     for key in ("pipe_partitioned", "grad_partitioned")}
+            fwd, bwd = boundary_bytes(tensors, el, tp, split["pipe_partitioned"], split["grad_partitioned"])
             stage["send_next"] = {"tensors": tensors, "forward_bytes_per_micro_batch": fwd,
                                   "backward_bytes_per_micro_batch": bwd,
-                                  "bytes_per_step": (fwd + bwd) * parallel.micro_batch_num}
+                                  "bytes_per_step": (fwd + bwd) * parallel.micro_batch_num, **split}
         stages.append(stage)
 
     return {

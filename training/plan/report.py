@@ -124,6 +124,14 @@ def format_plan(plan: dict) -> str:
                    f"{len(t['backward_elements'])} backward{loss} all-reduces per micro-batch = "
                    f"{human(t['bytes_per_micro_batch'])}; per step {human(t['bytes_per_step'])} payload, "
                    f"ring sends {human(t['sent_per_rank_per_step'])} (2·(mp-1)/mp × payload)")
+    def split_note(nx, mp):
+        if mp == 1:
+            return "one TP rank"
+        if nx["pipe_partitioned"] and nx["grad_partitioned"]:
+            return f"the float tensor and its gradient split over the {mp} TP ranks: 1/{mp} each"
+        if nx["pipe_partitioned"]:
+            return f"the float tensor split over the {mp} TP ranks, its gradient sent whole by each"
+        return "each TP rank sends its own copy"
     for st in S:
         if "send_next" not in st:
             continue
@@ -132,7 +140,7 @@ def format_plan(plan: dict) -> str:
         out.append(f"  pipeline, stage {st['stage']} → {st['stage'] + 1}: forward {desc} = "
                    f"{human(nx['forward_bytes_per_micro_batch'])}, backward gradients "
                    f"{human(nx['backward_bytes_per_micro_batch'])} per micro-batch; per step "
-                   f"{human(nx['bytes_per_step'])} (each TP rank sends its own copy)")
+                   f"{human(nx['bytes_per_step'])} per TP rank ({split_note(nx, L['model_parallel'])})")
     if L["pipeline_stage"] == 1:
         out.append("  pipeline: pp = 1, none")
     for st in S:

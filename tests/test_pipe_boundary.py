@@ -1,0 +1,99 @@
+"""What crosses a pipeline stage boundary: one floating-point tensor (the stage's two hidden tensors joined along the
+sequence, `model.pipeline.join_boundary`) and the token ids, so that DeepSpeed's pipeline engine can split it over
+the tensor-parallel ranks on the wire (`pipe_partitioned`, `grad_partitioned`: training.core.engine).
+
+A real tp2×pp2 DeepSpeed pipeline engine (4 gloo processes) trains one step with the split on and off: the same loss
+and gradient norm, and each TP rank sends half the activation and gradient bytes per boundary with it on (counted at
+DeepSpeed's own `p2p.send`), which is what plan.py's cost model (model.costs.boundary_bytes) says it sends. That the
+split is on in train.py's runs, and exact over 20 steps with fixed and token batches, is checked by
+tests/test_parity.py (tp2xpp2 cases, run.json's pipe_partitioned)."""
+import pytest
+import torch
+
+from model.config import ModelConfig, ParallelConfig
+from model.pipeline import join_boundary, split_boundary
+from model.transformer import DecoderLayer, EncoderLayer, Head
+from tests.multiproc import run_ranks
+
+B, S, T, D = 8, 7, 5, 16
+
+
+def test_join_and_split_are_inverse_for_every_kind_of_receiving_stage():
+    g = torch.Generator().manual_seed(0)
+    src_ids, tgt_ids = torch.randint(1, 9, (B, S), generator=g), torch.randint(1, 9, (B, T), generator=g)
+    src_h, tgt_h = torch.randn(B, S, D, generator=g), torch.randn(B, T, D, generator=g)
+    for first_layer, hidden in ((EncoderLayer, (src_h, tgt_h)), (DecoderLayer, (tgt_h, src_h))):
+        joined = join_boundary((*hidden, src_ids, tgt_ids))
+        assert len(joined) == 3 and joined[0].shape == (B, S + T, D) and joined[1] is src_ids
+        assert sum(t.is_floating_point() for t in joined) == 1          # what DeepSpeed can partition
+        back = split_boundary(joined, first_layer)
+        assert all(torch.equal(a, b) for a, b in zip(back, (*hidden, src_ids, tgt_ids)))
+    before_head = (tgt_h, tgt_ids)                                       # the last decoder's output: one float
+    assert join_boundary(before_head) is before_head and split_boundary(before_head, Head) is before_head
+
+
+def _one_step(rank, world, partitioned):
+    """One train_batch of a tp2×pp2 engine (2 micro-batches, padded token ids) with `pipe_partitioned` and
+    `grad_partitioned` on or off: (loss, grad norm, the engine's flags, bytes this rank sent per kind)."""
+    import deepspeed.runtime.pipe.p2p as p2p
+
+    from model.parallel.topology import init_deepspeed_comm
+    from training.core.engine import build_engine
+    init_deepspeed_comm("gloo")
+    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
+                      src_len=S, tgt_len=T, dropout=0.0, attention_dropout=0.0, pad_id=0)
+    parallel = ParallelConfig(model_parallel=2, pipeline_stage=2, micro_batch_num=2)
+    switch = {"pipe_partitioned": partitioned, "grad_partitioned": partitioned}
+    engine = build_engine(cfg, parallel, world_size=world, global_batch=B, seed=3, lr=1e-3, weight_decay=0.0,
+                          lr_schedule=lambda step: 1.0, clip_grad=1.0, ds_overrides={"pipeline": switch})
+    g = torch.Generator().manual_seed(11)
+    micro = []
+    for _ in range(2):
+        src, tgt, labels = (torch.randint(4, 60, (B // 2, n), generator=g) for n in (S, T, T))
+        src[0, 4:], tgt[1, 2:], labels[1, 2:] = 0, 0, 0
+        micro.append(((src, tgt), labels))
+    engine.objective.begin_step(int(sum((m[1] != 0).sum() for m in micro)))
+    sent = {"activation": 0, "gradient": 0, "ids": 0, "meta": 0}
+    real_send = p2p.send
+
+    def counting_send(tensor, dest_stage, async_op=False):
+        stage = engine.ds.stage_id
+        kind = ("meta" if tensor.dtype in (torch.int32, torch.int64) and tensor.dim() == 1
+                else "ids" if not tensor.is_floating_point()
+                else "activation" if dest_stage > stage else "gradient")
+        sent[kind] += tensor.numel() * tensor.element_size()
+        return real_send(tensor, dest_stage, async_op)
+    p2p.send = counting_send
+    try:
+        loss = float(engine.ds.train_batch(data_iter=iter(micro)))
+    finally:
+        p2p.send = real_send
+    flags = (engine.ds.is_pipe_partitioned, engine.ds.is_grad_partitioned)
+    return loss, engine.grad_norm(), flags, sent, engine.ds.stage_id
+
+
+def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
+    """Each TP rank sends 1/2 of the activation forward and of its gradient backward (the receiving stage
+    all-gathers the halves), and the step's loss and gradient norm are those of the unsplit boundary, bit for bit."""
+    on, off = run_ranks(4, _one_step, True), run_ranks(4, _one_step, False)
+    full = 2 * (B // 2) * (S + T) * D * 4      # 2 micro-batches of the joined [B/2, S+T, d] fp32 boundary
+    for (loss, norm, flags, sent, stage), (loss_off, norm_off, flags_off, sent_off, _) in zip(on, off):
+        assert flags == (True, True) and flags_off == (False, False)
+        assert loss == loss_off and norm == norm_off            # the same numbers, only fewer bytes moved
+        kind = "activation" if stage == 0 else "gradient"
+        assert sent_off[kind] == full and sent[kind] == full // 2, (stage, sent, sent_off)
+    assert sorted(r[4] for r in on) == [0, 0, 1, 1]
+    # plan.py's figures (model.costs) are what DeepSpeed sent (payload: the split layout and shapes aside)
+    from model.costs import boundary_bytes, boundary_tensors
+    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
+                      src_len=S, tgt_len=T)
+    tensors = boundary_tensors(cfg, "encoder.1", B // 2)       # the seed's split of 2+2 blocks on 2 stages
+    for runs, split in ((on, True), (off, False)):
+        fwd, bwd = boundary_bytes(tensors, 4, 2, split, split)
+        sent = {r[4]: r[3] for r in runs}                      # stage → bytes one of its ranks sent
+        assert sent[0]["activation"] + sent[0]["ids"] == 2 * fwd and sent[1]["gradient"] == 2 * bwd
+    for name, runs in (("off", off), ("on", on)):
+        a, gr = next(r[3] for r in runs if r[4] == 0), next(r[3] for r in runs if r[4] == 1)
+        print(f"tp2xpp2, 2 micro-batches of [{B // 2}, {S}+{T}] d={D}, per TP rank and step: {name}: activations "
+              f"{a['activation']} B + ids {a['ids']} B + meta {a['meta']} B forward, gradients {gr['gradient']} B "
+              f"+ meta {gr['meta']} B backward")
