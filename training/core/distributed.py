@@ -13,7 +13,7 @@ import torch
 
 from common.errors import UserError
 from model.parallel.topology import init_deepspeed_comm
-from training.faults.job_watch import JobWatch
+from training.faults.job_watch import JobWatch, mark_store_served
 
 
 def _free_port() -> int:
@@ -64,6 +64,7 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None) -> i
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
         backend = "gloo"
     init_deepspeed_comm(backend, comm_timeout)
+    mark_store_served()          # rank 0's store exists now: its end tells every rank (training.faults.job_watch)
     acc = get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))

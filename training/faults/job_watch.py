@@ -10,12 +10,15 @@ rendezvous. So:
   client connection of its own (it probes with a plain socket first, so an absent store costs no log noise). It
   polls ABORT; when another rank's failure is written there it prints `rank R (HOST): stopping: <what happened>` and
   ends the process with status ABORTED. If the store disappears after it was reached — rank 0's process ended — it
-  ends the same way. `close()` stops the thread before a job's normal end (train.py: before the last barrier, so
+  ends the same way (seen on an idle second connection that the server's end closes, so no store call fails and
+  torch logs no C++ stack). `close()` stops the thread before a job's normal end (train.py: before the last barrier, so
   rank 0 leaves, taking the store with it, only after every watcher has stopped).
 - **Writers** (`publish_abort`): the rank supervisor (training.faults.rank_supervisor) when its rank ended
   abnormally — killed by a signal, or exited with an error — with the rank's own `error:` line. The first failure
-  written is kept. When no store answers and the failed rank is rank 0 (it refused before serving one), its
-  supervisor serves one itself for up to HOLD seconds, until every other rank has read the news.
+  written is kept. When the failed rank is rank 0 and it never served the store (it refused before the process
+  group: a busy output folder), its supervisor serves one itself for up to HOLD seconds, until every other rank
+  has read the news (`store_served`: the child says through a pipe once its process group exists; after that the
+  store's end is the news).
 - **Status** (`publish_stopped`, `stopped_ranks`): a rank paused with SIGSTOP is recorded by its supervisor, so the
   rank whose collective times out can name it.
 
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import select
 import socket
 import sys
 import threading
@@ -73,11 +77,29 @@ def _connect(addr: tuple[str, int], patience: float):
 
 
 # ------------------------------------------------------------------------------------------------ writers
-def publish_abort(message: str, rank: int, world: int, patience: float = 10.0) -> bool:
-    """Tell every rank of the job that it must stop, and why (`message` names the failed rank). True when told."""
+READY_FD = "DSR_STORE_READY_FD"           # the supervisor's pipe: the rank writes one byte once its group exists
+
+
+def mark_store_served() -> None:
+    """In a supervised rank, once the process group (and so rank 0's store) exists: tell the supervisor."""
+    fd = os.environ.pop(READY_FD, "")
+    if fd.isdigit():
+        try:
+            os.write(int(fd), b"1")
+            os.close(int(fd))
+        except OSError:
+            pass
+
+
+def publish_abort(message: str, rank: int, world: int, patience: float = 10.0, store_served: bool = True) -> bool:
+    """Tell every rank of the job that it must stop, and why (`message` names the failed rank). True when told.
+    `store_served`: whether the failed rank's process group existed (for rank 0: whether its process served the
+    store, whose end the others have then seen)."""
     addr = _address()
     if addr is None or world <= 1:
         return False
+    if rank == 0 and store_served:
+        return False                    # the store died with rank 0: every watcher ends on that already
     store = _connect(addr, patience if rank != 0 else 2.0)
     if store is not None:
         try:
@@ -156,15 +178,26 @@ class JobWatch:
         os._exit(ABORTED)
 
     def _run(self) -> None:
+        canary = None
         while not self._closing.is_set() and self.store is None:
             if _listening(self.addr):
                 try:
                     self.store = _client(self.addr)
+                    canary = socket.create_connection(self.addr, timeout=2.0)   # idle: readable when it ends
                 except Exception:  # noqa: BLE001 - not serving yet: try again
-                    pass
+                    self.store = None
             if self.store is None:
                 self._closing.wait(POLL)
         while not self._closing.wait(POLL):
+            if canary is not None and select.select([canary], [], [], 0)[0]:
+                try:
+                    ended = not canary.recv(1)
+                except OSError:
+                    ended = True
+                if ended:
+                    self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is "
+                              f"gone); its log says why")
+                    return
             try:
                 with self._lock:
                     news = self.store.get(ABORT).decode() if self.store.check([ABORT]) else None

@@ -84,15 +84,19 @@ def supervise_rank() -> None:
     sys.stderr.flush()
     parent = os.getpid()
     read_end, write_end = os.pipe()
+    ready_read, ready_write = os.pipe()        # the child says when its process group exists (job_watch)
     child = os.fork()
     if child == 0:
         os.close(read_end)
+        os.close(ready_read)
         os.dup2(write_end, 2)                  # the child's stderr goes through the parent (StderrRelay)
         os.close(write_end)
+        os.environ[job_watch.READY_FD] = str(ready_write)
         _die_with_parent(parent)
         return
     os.close(write_end)
-    _watch(child, rank, world, StderrRelay(read_end))
+    os.close(ready_write)
+    _watch(child, rank, world, StderrRelay(read_end), ready_read)
 
 
 def _prctl(option: int, arg) -> None:
@@ -173,7 +177,16 @@ def watchdog_report(line: str, comm_timeout_hint: str = "--comm_timeout") -> str
     return f"{what}{seq}{group} timed out{waited} ({comm_timeout_hint})"
 
 
-def _watch(child: int, rank: int, world: int, relay: StderrRelay) -> None:
+def _store_served(fd: int) -> bool:
+    """Whether the (ended) child said its process group existed: a byte on the ready pipe."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1) == b"1"
+    except OSError:
+        return False
+
+
+def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) -> None:
     told: list[int] = []
 
     def forward(signum, _frame):
@@ -208,7 +221,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay) -> None:
         code = os.WEXITSTATUS(status)
         if code not in (0, job_watch.ABORTED) and not told:    # news for the other nodes: this rank failed
             detail = relay.last_error or f"it exited with status {code}; its log says why"
-            job_watch.publish_abort(f"{where} failed: {detail}", rank, world)
+            job_watch.publish_abort(f"{where} failed: {detail}", rank, world, store_served=_store_served(ready))
         os._exit(code)
     signum = os.WTERMSIG(status)
     if signum in FORWARDED + (signal.SIGINT,) and not told:
@@ -223,7 +236,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay) -> None:
             hint = HINTS.get(signum)
             line = f"error: {where} was killed by {_signal_name(signum)}{f' ({hint})' if hint else ''}; the job stops"
         print(line, file=sys.stderr, flush=True)
-        job_watch.publish_abort(line[len("error: "):], rank, world)
+        job_watch.publish_abort(line[len("error: "):], rank, world, store_served=_store_served(ready))
     for s in FORWARDED + (signal.SIGINT,):
         signal.signal(s, signal.SIG_DFL)
     os.kill(os.getpid(), signum)      # end as the child did, so the launcher sees the same status
