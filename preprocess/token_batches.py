@@ -28,6 +28,34 @@ def padded_length(real: np.ndarray, multiple: int, cap: int) -> np.ndarray:
     return np.minimum(-(-real // multiple) * multiple, cap)
 
 
+def _sort_order(src_pad: np.ndarray, tgt_pad: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """`np.lexsort((tie, src_pad, tgt_pad))`: by padded target, then source length, then tie — computed as the pairs
+    in tie order, stably sorted by their (target, source) bucket. The buckets are few small integers, which numpy
+    sorts by radix in linear time: 10 M pairs in well under a second instead of lexsort's ~10 s."""
+    n = len(tie)
+    by_tie = np.empty(n, dtype=np.int64)
+    by_tie[tie] = np.arange(n, dtype=np.int64)          # by_tie[k]: the pair whose tie value is k
+    bucket = tgt_pad[by_tie] * (int(src_pad.max()) + 1) + src_pad[by_tie]
+    if n and bucket.max() < 2 ** 16:
+        bucket = bucket.astype(np.uint16)                # radix sort
+    return by_tie[np.argsort(bucket, kind="stable")]
+
+
+def _pack(group_src: list, group_tgt: list, multiple: int, max_tokens: int) -> list:
+    """Greedy packing of consecutive groups: a batch takes the next group while its pairs × max(padded source,
+    padded target length) stay within max_tokens (always at least one group). Returns the first group of each batch,
+    and the end. A loop over plain ints: 10 M pairs in 16s are 625,000 groups, well under a second."""
+    starts, s_max, t_max, count = [0], 0, 0, 0
+    for g, (s, t) in enumerate(zip(group_src, group_tgt)):
+        s_new, t_new = max(s_max, s), max(t_max, t)
+        if count and (count + 1) * multiple * max(s_new, t_new) > max_tokens:
+            starts.append(g)
+            s_new, t_new, count = s, t, 0
+        s_max, t_max, count = s_new, t_new, count + 1
+    starts.append(len(group_src))
+    return starts
+
+
 class TokenBatchSchedule:
     def __init__(self, src_real: np.ndarray, tgt_real: np.ndarray, max_tokens: int, batch_multiple: int, seed: int,
                  src_len: int, tgt_len: int, pad_multiple: int = 8):
@@ -37,34 +65,31 @@ class TokenBatchSchedule:
             if value < 1:
                 fail(f"--{name} {value} must be >= 1")
         self.seed, self.max_tokens, self.batch_multiple = int(seed), int(max_tokens), int(batch_multiple)
-        src_pad = padded_length(np.asarray(src_real, dtype=np.int64), pad_multiple, src_len)
-        tgt_pad = padded_length(np.asarray(tgt_real, dtype=np.int64), pad_multiple, tgt_len)
+        # int32: half the memory of int64 for 10 M pairs, and lengths are small
+        src_pad = padded_length(np.asarray(src_real, dtype=np.int32), pad_multiple, src_len)
+        tgt_pad = padded_length(np.asarray(tgt_real, dtype=np.int32), pad_multiple, tgt_len)
         n = len(src_pad)
-        tie = np.random.default_rng([self.seed, 2 ** 31]).permutation(n)
-        order = np.lexsort((tie, src_pad, tgt_pad))                       # by target, then source length
         groups = n // batch_multiple
         if groups == 0:
             fail(f"--batch_multiple {batch_multiple} exceeds the {n} pairs of the dataset")
-        widest = int(np.max(np.maximum(src_pad, tgt_pad)[order[:groups * batch_multiple]]))
+        tie = np.random.default_rng([self.seed, 2 ** 31]).permutation(n)
+        order = _sort_order(src_pad, tgt_pad, tie)[: groups * batch_multiple]
+        del tie
+        # each group's longest padded source and target (groups are consecutive pairs of the sorted order)
+        group_src = src_pad[order].reshape(groups, batch_multiple).max(axis=1)
+        group_tgt = tgt_pad[order].reshape(groups, batch_multiple).max(axis=1)
+        widest = int(np.max(np.maximum(group_src, group_tgt)))
         if batch_multiple * widest > max_tokens:
             fail(f"--max_tokens {max_tokens} cannot hold batch_multiple {batch_multiple} pairs of the longest padded "
                  f"length {widest} ({batch_multiple * widest} tokens): raise --max_tokens to at least "
                  f"{batch_multiple * widest} or lower --batch_multiple")
-        self._batches: list[np.ndarray] = []
-        self._shapes: list[tuple[int, int]] = []
-        start = 0
-        while start + batch_multiple <= groups * batch_multiple:
-            end, s_max, t_max = start, 0, 0
-            while end + batch_multiple <= groups * batch_multiple:
-                group = order[end:end + batch_multiple]
-                s_new, t_new = max(s_max, int(src_pad[group].max())), max(t_max, int(tgt_pad[group].max()))
-                if end > start and (end + batch_multiple - start) * max(s_new, t_new) > max_tokens:
-                    break
-                end, s_max, t_max = end + batch_multiple, s_new, t_new
-            self._batches.append(order[start:end].astype(np.int64))
-            self._shapes.append((s_max, t_max))
-            start = end
-        self.batches_per_epoch = len(self._batches)
+        starts = np.asarray(_pack(group_src.tolist(), group_tgt.tolist(), batch_multiple, max_tokens), dtype=np.int64)
+        # batch b is order[self._starts[b]:self._starts[b + 1]], padded to self._shapes[b]
+        self._order = order.astype(np.int32 if n < 2 ** 31 else np.int64)
+        self._starts = starts * batch_multiple
+        self._shapes = np.stack([np.maximum.reduceat(group_src, starts[:-1]),
+                                 np.maximum.reduceat(group_tgt, starts[:-1])], axis=1).astype(np.int32)
+        self.batches_per_epoch = len(starts) - 1
         self._epoch_order: tuple[int, np.ndarray] | None = None
 
     def epoch_of(self, step: int) -> int:
@@ -80,14 +105,16 @@ class TokenBatchSchedule:
 
     def global_batch(self, step: int) -> np.ndarray:
         """Sample indices (int64) of global batch `step`: a multiple of batch_multiple pairs of similar length."""
-        return self._batches[self._batch_id(step)].copy()
+        b = self._batch_id(step)
+        return self._order[self._starts[b]:self._starts[b + 1]].astype(np.int64)
 
     def shape(self, step: int) -> tuple[int, int]:
         """(source, target) length global batch `step` is padded to."""
-        return self._shapes[self._batch_id(step)]
+        s, t = self._shapes[self._batch_id(step)]
+        return int(s), int(t)
 
     def stats(self) -> dict:
         """Batch sizes and shapes of one epoch (every epoch has the same batches)."""
-        sizes = np.array([len(b) for b in self._batches])
+        sizes = np.diff(self._starts)
         return {"batches": self.batches_per_epoch, "pairs": int(sizes.sum()), "min_pairs": int(sizes.min()),
-                "max_pairs": int(sizes.max()), "shapes": sorted(set(self._shapes))}
+                "max_pairs": int(sizes.max()), "shapes": sorted({(int(s), int(t)) for s, t in self._shapes.tolist()})}
