@@ -82,9 +82,10 @@ class TranslationDataset:
         key = cache_key(self.tsv_path, tokenizer_path, self.src_len, self.tgt_len, tsv_sha256=sha)
         self.cache_path = cache_root / f"{self.tsv_path.stem}-{key}"
         self.cache_hit = self.cache_path.is_dir()
+        self.build_info: Optional[dict] = None          # how the store was built, when this object built it
         if not self.cache_hit:
             extra = {} if block_bytes is None else {"block_bytes": block_bytes}
-            build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len, self.cache_path,
+            self.build_info = build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len, self.cache_path,
                         sha, num_proc=num_proc, progress=progress, **extra)
         self.store = TokenStore(self.cache_path)
         self.num_samples = self.store.pairs

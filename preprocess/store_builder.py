@@ -125,25 +125,26 @@ def _encoded_chunks(blocks: LineBlocks, encoder_args: tuple, workers: int) -> It
 
 
 class _Progress:
-    """A progress bar in pairs, with pairs/s and an ETA; the total is projected from the bytes read so far."""
+    """A progress bar in pairs, with pairs/s and an ETA; the total is projected from the bytes read so far. It
+    appears with the first chunk written (a folder that cannot be written fails before any bar is drawn)."""
 
     def __init__(self, enabled: bool, name: str):
-        self.bar = None
-        if enabled:
-            from tqdm import tqdm
-            self.bar = tqdm(total=0, unit=" pairs", unit_scale=True, desc=f"tokenizing {name}", dynamic_ncols=True,
-                            file=sys.stderr, smoothing=0.1)
+        self.enabled, self.name, self.bar = enabled, name, None
 
     def update(self, pairs: int, done_pairs: int, fraction: float) -> None:
-        if self.bar is None:
+        if not self.enabled:
             return
+        if self.bar is None:
+            from tqdm import tqdm
+            self.bar = tqdm(total=0, unit=" pairs", unit_scale=True, desc=f"tokenizing {self.name}",
+                            dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
         if fraction > 0:
             self.bar.total = max(done_pairs, int(round(done_pairs / fraction)))
         self.bar.update(pairs)
 
-    def close(self, pairs: int) -> None:
+    def close(self) -> None:
         if self.bar is not None:
-            self.bar.total = pairs
+            self.bar.total = self.bar.n
             self.bar.refresh()
             self.bar.close()
 
@@ -155,9 +156,10 @@ def _file_state(path: Path) -> tuple[int, int, int]:
 
 def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: int, tgt_len: int, final: Path,
                 expected_sha256: str, num_proc: Optional[int] = None, block_bytes: int = BLOCK_BYTES,
-                progress: bool = True) -> None:
+                progress: bool = True) -> dict:
     """Tokenize `tsv_path` into a store at `final` (atomically). `expected_sha256`: the TSV hash the store's key
-    was made from; the file is hashed again while read and must not differ."""
+    was made from; the file is hashed again while read and must not differ. Returns how it went: the worker
+    processes (1: this process) and the chunks."""
     tsv_path = Path(tsv_path)
     dtype = token_dtype(vocab_size)
     if vocab_size > UINT16_IDS:
@@ -175,7 +177,9 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
     try:
         with StoreWriter(final, dtype, str(tsv_path)) as writer, \
                 contextlib.closing(_encoded_chunks(blocks, encoder_args, workers)) as chunks:
+            count = 0
             for chunk in chunks:
+                count += 1
                 fraction = blocks.consumed / max(blocks.size, 1)
                 writer.append(chunk, fraction)
                 bar.update(chunk.pairs, writer.pairs, fraction)
@@ -187,4 +191,5 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
             writer.commit({"src_len": src_len, "tgt_len": tgt_len, "vocab_size": vocab_size,
                            "source": str(tsv_path), "source_sha256": expected_sha256})
     finally:
-        bar.close(bar.bar.n if bar.bar is not None else 0)
+        bar.close()
+    return {"workers": workers, "chunks": count}

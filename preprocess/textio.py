@@ -201,8 +201,9 @@ class LineBlocks:
         name = str(self.path)
         with open(self.path, "rb", buffering=0) as raw:
             hashing = _HashingReader(raw)
-            buffered = io.BufferedReader(hashing, buffer_size=1 << 20)
-            stream = gzip.GzipFile(fileobj=buffered, mode="rb") if _is_gzip(self.path) else buffered
+            # no read-ahead buffer between: `consumed` then says how far the blocks have come (to within gzip's
+            # small input buffer), which the store writer's projection of its final size relies on
+            stream = gzip.GzipFile(fileobj=hashing, mode="rb") if _is_gzip(self.path) else hashing
             carry, lineno = b"", 1
             try:
                 while True:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -109,6 +110,22 @@ def _train_word(sentences: Iterable[str], vocab_size: int, min_frequency: int) -
     return tok
 
 
+def _cannot_write(folder: Path, why: str) -> None:
+    fail(f"cannot write the tokenizer to {folder} ({why}); choose a folder this process can write (train.py: "
+         f"--cache_dir DIR, or a --tokenizer made elsewhere)")
+
+
+def _check_writable(folder: Path) -> None:
+    """The folder, or the nearest one above it that exists, can be written (access(2) also says EROFS)."""
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        _cannot_write(folder, f"{existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        _cannot_write(folder, f"{existing} is not writable")
+
+
 def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, type: str = "bpe",
                     vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False,
                     split_punctuation: bool = False, sample_size: Optional[int] = None) -> Path:
@@ -133,11 +150,7 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
     if split_punctuation and type != "bpe":
         fail("--split_punctuation applies to --type bpe only")
     output_dir = Path(output_dir)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        fail(f"cannot create the tokenizer folder {output_dir} ({exc.strerror or exc}); choose a folder this process "
-             f"can write (train.py: --cache_dir DIR, or --tokenizer made elsewhere)")
+    _check_writable(output_dir)             # before the training, not after it
     total = _count_pairs(tsv_paths) if (progress or sample_size is not None) else None
     chosen = sample_pairs(total, sample_size) if total is not None else None
     used = total if chosen is None else len(chosen)
@@ -151,6 +164,10 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         if tok.token_to_id(token) != expected_id:  # the dataset and model rely on these exact ids
             raise AssertionError(f"{token} got id {tok.token_to_id(token)}, expected {expected_id}")
 
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _cannot_write(output_dir, exc.strerror or str(exc))
     meta = {
         "type": type,
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
