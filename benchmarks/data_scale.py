@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -159,7 +160,6 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path) 
     import psutil
     out_dir = work / f"train-{tsv.stem}-{ranks}"
     if out_dir.exists():
-        import shutil
         shutil.rmtree(out_dir)
     script = str(ROOT / "run_scripts" / "train.py")
     args = ["--file_path", str(tsv), "--tokenizer", str(tok), "--cache_dir", str(cache), "--output_dir",
@@ -396,14 +396,15 @@ def main() -> int:
         pairs = parse_size(size)
         print(f"== {size_name(pairs)} pairs", flush=True)
         tsv = make_corpus(pairs, work / f"corpus-{size}.tsv")
-        row = {"pairs": pairs, "preprocess": preprocess(tsv, tok, cache, args.num_proc)}
+        shutil.rmtree(cache / size, ignore_errors=True)                # a cold build, every time
+        row = {"pairs": pairs, "preprocess": preprocess(tsv, tok, cache / size, args.num_proc)}
         row["preprocess"].pop("stdout"), row["preprocess"].pop("stderr")
-        row["store"] = store_figures(tsv, tok, cache)
+        row["store"] = store_figures(tsv, tok, cache / size)
         print(json.dumps(row), flush=True)
         if not args.skip_train:
-            row["train"] = {str(n): train_first_step(tsv, tok, cache, n, work) for n in (1, 2)}
+            row["train"] = {str(n): train_first_step(tsv, tok, cache / size, n, work) for n in (1, 2)}
             print(json.dumps(row["train"]), flush=True)
-        row["schedule"] = schedules(tsv, tok, cache)
+        row["schedule"] = schedules(tsv, tok, cache / size)
         print(json.dumps(row["schedule"]), flush=True)
         if args.formats and parse_size(args.formats) == pairs:
             results["formats"] = {"pairs": pairs, **formats(row["store"]["store"], work)}

@@ -38,12 +38,15 @@ class ChunkEncoder:
 
     def __init__(self, tokenizer_path: str, src_len: int, tgt_len: int, dtype: str, name: str):
         self.tokenizer = load_tokenizer(tokenizer_path)
+        # encode_batch_fast (tokenizers >= 0.20) skips the character offsets nobody here reads: the same ids, ~25%
+        # less time
+        self.encode = getattr(self.tokenizer, "encode_batch_fast", self.tokenizer.encode_batch)
         self.unk = special_ids(self.tokenizer).unk
         self.keep = {"src": src_len - 1, "tgt": tgt_len - 1}
         self.dtype, self.name = np.dtype(dtype), name
 
     def _side(self, texts: list[str], keep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        rows = [enc.ids for enc in self.tokenizer.encode_batch(texts, add_special_tokens=False)]
+        rows = [enc.ids for enc in self.encode(texts, add_special_tokens=False)]
         before = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         cut = before > keep
         if cut.any():
@@ -98,13 +101,13 @@ def default_num_proc() -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
-def _encoded_chunks(blocks: LineBlocks, encoder_args: tuple, workers: int) -> Iterator[TokenChunk]:
-    """The blocks' TokenChunks in file order, from `workers` processes (1: this one), two blocks per worker in
-    flight at most."""
+def _encoded_chunks(blocks: LineBlocks, encoder_args: tuple, workers: int) -> Iterator[tuple[TokenChunk, float]]:
+    """The blocks' TokenChunks in file order, each with the fraction of the file read up to its end, from `workers`
+    processes (1: this one), two blocks per worker in flight at most."""
     if workers <= 1:
         encoder = ChunkEncoder(*encoder_args)
         for block, lineno in blocks:
-            yield encoder(block, lineno)
+            yield encoder(block, lineno), blocks.consumed / max(blocks.size, 1)
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     # tokenizers warns (and turns its threads off) in a child forked after its threads ran; the workers want one
@@ -114,11 +117,14 @@ def _encoded_chunks(blocks: LineBlocks, encoder_args: tuple, workers: int) -> It
     try:
         pending: deque = deque()
         for block, lineno in blocks:
-            pending.append(pool.apply_async(_encode_in_worker, (block, lineno)))
+            pending.append((pool.apply_async(_encode_in_worker, (block, lineno)),
+                            blocks.consumed / max(blocks.size, 1)))
             if len(pending) >= 2 * workers:
-                yield pending.popleft().get()
+                result, fraction = pending.popleft()
+                yield result.get(), fraction
         while pending:
-            yield pending.popleft().get()
+            result, fraction = pending.popleft()
+            yield result.get(), fraction
     finally:
         pool.terminate()
         pool.join()
@@ -134,18 +140,17 @@ class _Progress:
     def update(self, pairs: int, done_pairs: int, fraction: float) -> None:
         if not self.enabled:
             return
+        total = max(done_pairs, int(round(done_pairs / fraction))) if fraction > 0 else done_pairs
         if self.bar is None:
             from tqdm import tqdm
-            self.bar = tqdm(total=0, unit=" pairs", unit_scale=True, desc=f"tokenizing {self.name}",
+            self.bar = tqdm(total=total, unit=" pairs", unit_scale=True, desc=f"tokenizing {self.name}",
                             dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
-        if fraction > 0:
-            self.bar.total = max(done_pairs, int(round(done_pairs / fraction)))
+        self.bar.total = total
         self.bar.update(pairs)
 
     def close(self) -> None:
         if self.bar is not None:
             self.bar.total = self.bar.n
-            self.bar.refresh()
             self.bar.close()
 
 
@@ -178,9 +183,8 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
         with StoreWriter(final, dtype, str(tsv_path)) as writer, \
                 contextlib.closing(_encoded_chunks(blocks, encoder_args, workers)) as chunks:
             count = 0
-            for chunk in chunks:
+            for chunk, fraction in chunks:
                 count += 1
-                fraction = blocks.consumed / max(blocks.size, 1)
                 writer.append(chunk, fraction)
                 bar.update(chunk.pairs, writer.pairs, fraction)
             if writer.pairs == 0:
