@@ -79,8 +79,9 @@ def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
 
 
 def run_measured(cmd: list, env: dict | None = None, poll: float = 0.5) -> dict:
-    """Run `cmd`: its wall time, return code, output, and memory: `peak_max_mib` the largest single process's peak
-    RSS (GNU time's %M: getrusage over the waited-for process tree, exact), `peak_tree_mib` the largest sum of PSS
+    """Run `cmd`: its wall time, CPU time (user + system, all its processes), return code, output, and memory:
+    `peak_max_mib` the largest single process's peak RSS (GNU time's %M: getrusage over the waited-for process tree,
+    exact), `peak_tree_mib` the largest sum of PSS
     over the process and its descendants (sampled every `poll` s; PSS, because forked workers share most of their
     pages with the parent and a sum of RSS would count those once per process)."""
     import tempfile
@@ -88,7 +89,7 @@ def run_measured(cmd: list, env: dict | None = None, poll: float = 0.5) -> dict:
     import psutil
     with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
         start = time.perf_counter()
-        proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", timing.name, *cmd], cwd=ROOT, env=env,
+        proc = subprocess.Popen(["/usr/bin/time", "-f", "%M %U %S", "-o", timing.name, *cmd], cwd=ROOT, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         peak_tree, watcher = 0, psutil.Process(proc.pid)
         while proc.poll() is None:
@@ -99,9 +100,10 @@ def run_measured(cmd: list, env: dict | None = None, poll: float = 0.5) -> dict:
             time.sleep(poll)
         out, err = proc.communicate()
         seconds = time.perf_counter() - start
-        max_kib = int(timing.read().strip().splitlines()[-1])
+        max_kib, user, system = timing.read().strip().splitlines()[-1].split()
     return {"seconds": seconds, "rc": proc.returncode, "stdout": out, "stderr": err,
-            "peak_tree_mib": peak_tree / 2 ** 20, "peak_max_mib": max_kib / 1024}
+            "peak_tree_mib": peak_tree / 2 ** 20, "peak_max_mib": int(max_kib) / 1024,
+            "cpu_s": float(user) + float(system)}
 
 
 def env() -> dict:
@@ -325,13 +327,14 @@ def report(results: dict) -> str:
              f"its default --num_proc ({results['num_proc']}); train.py: d_model 128, batch 32, one step, the store "
              f"already built; RSS counts the store's mapped pages a rank touched, PSS splits shared pages between the "
              f"processes that map them (node total = the sum of the ranks' PSS).", "",
-             "| pairs | TSV | preprocess | pairs/s | peak RSS largest process / PSS all | store | store ÷ (real tokens × 2 B) "
-             "| first step 1 rank | RSS 1 rank | first step 2 ranks | RSS per rank, 2 ranks | node PSS, 2 ranks |",
+             "| pairs | TSV | preprocess: wall (CPU) | pairs/s | peak RSS largest process / PSS all | store | "
+             "store ÷ (real tokens × 2 B) | first step 1 rank | RSS 1 rank | first step 2 ranks | RSS per rank, "
+             "2 ranks | node PSS, 2 ranks |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p, s, t1, t2 = r["preprocess"], r["store"], r["train"]["1"], r["train"]["2"]
         lines.append(
-            f"| {size_name(s['pairs'])} | {s['tsv_bytes'] / 1e6:,.0f} MB | {p['seconds']:.0f} s | "
+            f"| {size_name(s['pairs'])} | {s['tsv_bytes'] / 1e6:,.0f} MB | {p['seconds']:.0f} s ({p['cpu_s']:.0f} s) | "
             f"{s['pairs'] / p['seconds']:,.0f} | {p['peak_max_mib']:,.0f} / {p['peak_tree_mib']:,.0f} MiB | "
             f"{s['store_bytes'] / 1e6:,.0f} MB | {s['ratio']:.2f} | {t1['first_step_s']:.1f} s | "
             f"{t1['rss_mib'][0]:,.0f} MiB | {t2['first_step_s']:.1f} s | "
@@ -359,7 +362,10 @@ def report(results: dict) -> str:
             lines.append(f"| {'numpy memmap' if kind == 'memmap' else 'Arrow IPC file, memory-mapped'} | "
                          f"{size / 1e6:,.1f} MB | {m['open_s'] * 1e3:.1f} ms | {m['uss_growth_mib']:+.1f} MiB | "
                          f"{m['batch_ms']:.3f} ms |")
-    lines += ["", "```", results["command"], "```", ""]
+    loads = ", ".join(f"{size_name(r['pairs'])}: {r['load_before']:.1f} → {r['load_after']:.1f}" for r in rows)
+    lines += ["", f"The machine was shared with other work: 1-minute load average before → after each size: {loads} "
+              f"(2 cores; above 2, the figures above include waiting for a core).", ""]
+    lines += ["```", results["command"], "```", ""]
     lines += results.get("notes", [])
     lines.append(END)
     return "\n".join(lines)
@@ -397,7 +403,8 @@ def main() -> int:
         print(f"== {size_name(pairs)} pairs", flush=True)
         tsv = make_corpus(pairs, work / f"corpus-{size}.tsv")
         shutil.rmtree(cache / size, ignore_errors=True)                # a cold build, every time
-        row = {"pairs": pairs, "preprocess": preprocess(tsv, tok, cache / size, args.num_proc)}
+        row = {"pairs": pairs, "load_before": os.getloadavg()[0],
+               "preprocess": preprocess(tsv, tok, cache / size, args.num_proc)}
         row["preprocess"].pop("stdout"), row["preprocess"].pop("stderr")
         row["store"] = store_figures(tsv, tok, cache / size)
         print(json.dumps(row), flush=True)
@@ -409,6 +416,7 @@ def main() -> int:
         if args.formats and parse_size(args.formats) == pairs:
             results["formats"] = {"pairs": pairs, **formats(row["store"]["store"], work)}
             print(json.dumps(results["formats"]), flush=True)
+        row["load_after"] = os.getloadavg()[0]
         results["sizes"].append(row)
     if args.schedule_pairs:
         results["schedule_10m"] = schedules(None, None, None, parse_size(args.schedule_pairs))

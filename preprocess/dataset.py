@@ -85,8 +85,9 @@ class TranslationDataset:
         self.build_info: Optional[dict] = None          # how the store was built, when this object built it
         if not self.cache_hit:
             extra = {} if block_bytes is None else {"block_bytes": block_bytes}
-            self.build_info = build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len, self.cache_path,
-                        sha, num_proc=num_proc, progress=progress, **extra)
+            self.build_info = build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len,
+                                          self.tgt_len, self.cache_path, sha, num_proc=num_proc, progress=progress,
+                                          **extra)
         self.store = TokenStore(self.cache_path)
         self.num_samples = self.store.pairs
         self._flags = self.store.flags

@@ -155,7 +155,10 @@ class StoreWriter:
     def append(self, chunk: TokenChunk, fraction_read: float) -> None:
         """Write one chunk. `fraction_read`: how much of the input has been read so far (0..1): with the bytes
         written it projects the store's size, and a store that cannot fit stops now rather than at a full disk."""
-        free = self._free()
+        try:
+            free = self._free()
+        except OSError:                       # no figure to check against: the writes themselves will tell
+            free = float("inf")
         expected_more = chunk.nbytes
         if fraction_read > 0:
             projected = (self.written + chunk.nbytes) / fraction_read

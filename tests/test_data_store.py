@@ -298,20 +298,23 @@ def test_a_folder_that_cannot_be_written_is_one_line(val_tsv, bpe_tokenizer, tmp
 
 def test_train_py_with_a_read_only_data_folder_needs_and_takes_cache_dir(multi30k_tsv, bpe_tokenizer, tmp_path,
                                                                          assert_user_error):
-    """Without --cache_dir: one line naming the flag; with it, the tokenizer (auto-built here) and the store go
-    there and training runs."""
+    """Without --cache_dir: one line naming the flag, for the store and for a tokenizer train.py would build; with
+    it, the tokenizer (auto-built here) and the store go there and training runs."""
     with read_only_data_folder(tmp_path, multi30k_tsv) as data:
         folder = getattr(data, "path", data)
         if isinstance(data, Tmpfs):
             data.read_only()
         tsv = folder / multi30k_tsv.name
         cache = tmp_path / "cache"
-        refused, trained = concurrently(
+        refused, no_tokenizer, trained = concurrently(
             lambda: run_train(1, ["--file_path", tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path / "a",
                                   *TINY, "--steps", 1], check=False),
+            lambda: run_train(1, ["--file_path", tsv, "--output_dir", tmp_path / "c", *TINY, "--steps", 1],
+                              check=False),
             lambda: run_train(1, ["--file_path", tsv, "--cache_dir", cache, "--output_dir", tmp_path / "b", *TINY,
                                   "--steps", 2], check=False))
     assert_user_error(refused, "cannot write the token store under", "pass --cache_dir DIR")
+    assert_user_error(no_tokenizer, f"cannot write the tokenizer to {folder / '.tokcache'}", "--cache_dir DIR")
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2]
     built = sorted(p.name.split("-")[0] for p in cache.iterdir())
