@@ -156,44 +156,53 @@ def _rank_memory(pids: list) -> dict:
     return out
 
 
-def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path) -> dict:
-    """Launch train.py on `ranks` ranks, sample the ranks' RSS/PSS until they end (one step), and read when the
-    first step's record appeared."""
+TOKEN_BATCHES = ["--max_tokens", "4096", "--batch_multiple", "16"]
+
+
+def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, extra: tuple = ()) -> dict:
+    """Launch train.py on `ranks` ranks (one step) and measure: seconds from the launch to the first step's record
+    in metrics.jsonl; `peak_mib` the exact peak RSS of the largest rank (GNU time's %M over the process tree);
+    each rank's RSS and PSS, sampled every 0.25 s."""
+    import tempfile
+
     import psutil
-    out_dir = work / f"train-{tsv.stem}-{ranks}"
+    out_dir = work / f"train-{tsv.stem}-{ranks}{'-tokens' if extra else ''}"
     if out_dir.exists():
         shutil.rmtree(out_dir)
     script = str(ROOT / "run_scripts" / "train.py")
     args = ["--file_path", str(tsv), "--tokenizer", str(tok), "--cache_dir", str(cache), "--output_dir",
-            str(out_dir), *TRAIN_FLAGS]
+            str(out_dir), *TRAIN_FLAGS, *extra]
     cmd = ([sys.executable, script] if ranks == 1 else
            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
             str(29500 + os.getpid() % 1000), script])
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd + args, cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
-    metrics = out_dir / "metrics.jsonl"
-    first_step, peaks, main = None, {}, psutil.Process(proc.pid)
-    while proc.poll() is None:
-        if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
-            first_step = time.perf_counter() - start
-        try:
-            procs = [p for p in [main, *main.children(recursive=True)]
-                     if "train.py" in " ".join(p.cmdline()) and "deepspeed.launcher" not in " ".join(p.cmdline())]
-        except psutil.Error:
-            procs = []
-        # a rank is a train.py process whose parent is not itself a train.py (the rank supervisor's child)
-        for pid, (rss, pss) in _rank_memory([p.pid for p in procs]).items():
-            old = peaks.get(pid, (0, 0))
-            peaks[pid] = (max(old[0], rss), max(old[1], pss))
-        time.sleep(0.25)
-    log = proc.communicate()[0]
+    with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
+        start = time.perf_counter()
+        proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", timing.name, *cmd, *args], cwd=ROOT, env=env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        metrics = out_dir / "metrics.jsonl"
+        first_step, peaks, main = None, {}, psutil.Process(proc.pid)
+        while proc.poll() is None:
+            if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
+                first_step = time.perf_counter() - start
+            try:
+                procs = [p for p in main.children(recursive=True) if "train.py" in " ".join(p.cmdline())
+                         and "deepspeed.launcher" not in " ".join(p.cmdline())]
+            except psutil.Error:
+                procs = []
+            for pid, (rss, pss) in _rank_memory([p.pid for p in procs]).items():
+                old = peaks.get(pid, (0, 0))
+                peaks[pid] = (max(old[0], rss), max(old[1], pss))
+            time.sleep(0.25)
+        log = proc.communicate()[0]
+        peak_kib = int(timing.read().strip().splitlines()[-1])
     if proc.returncode != 0:
         raise SystemExit(f"train.py on {ranks} rank(s) failed:\n{log[-3000:]}")
-    # the ranks: the `ranks` processes with the largest peaks (the rank supervisors are small)
+    # the ranks: the `ranks` processes with the largest peaks (each rank's supervisor, a fork made before torch is
+    # imported, is small)
     top = sorted(peaks.values(), key=lambda v: -v[0])[:ranks]
     return {"ranks": ranks, "first_step_s": first_step, "seconds": time.perf_counter() - start,
-            "rss_mib": [r / 2 ** 20 for r, _ in top], "pss_mib": [p / 2 ** 20 for _, p in top]}
+            "peak_mib": peak_kib / 1024, "rss_mib": [r / 2 ** 20 for r, _ in top],
+            "pss_mib": [p / 2 ** 20 for _, p in top]}
 
 
 SCHEDULE_CODE = """
@@ -327,22 +336,32 @@ def report(results: dict) -> str:
              f"its default --num_proc ({results['num_proc']}); train.py: d_model 128, batch 32, one step, the store "
              f"already built; RSS counts the store's mapped pages a rank touched, PSS splits shared pages between the "
              f"processes that map them (node total = the sum of the ranks' PSS).", "",
-             "| pairs | TSV | preprocess: wall (CPU) | pairs/s | peak RSS largest process / PSS all | store | "
-             "store ÷ (real tokens × 2 B) | first step 1 rank | RSS 1 rank | first step 2 ranks | RSS per rank, "
-             "2 ranks | node PSS, 2 ranks |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| pairs | TSV | preprocess: wall (CPU) | pairs/s | peak RSS: largest process / PSS of all | store | "
+             "store ÷ (real tokens × 2 B) |", "|---|---|---|---|---|---|---|"]
     for r in rows:
-        p, s, t1, t2 = r["preprocess"], r["store"], r["train"]["1"], r["train"]["2"]
+        p, s = r["preprocess"], r["store"]
         lines.append(
             f"| {size_name(s['pairs'])} | {s['tsv_bytes'] / 1e6:,.0f} MB | {p['seconds']:.0f} s ({p['cpu_s']:.0f} s) | "
             f"{s['pairs'] / p['seconds']:,.0f} | {p['peak_max_mib']:,.0f} / {p['peak_tree_mib']:,.0f} MiB | "
-            f"{s['store_bytes'] / 1e6:,.0f} MB | {s['ratio']:.2f} | {t1['first_step_s']:.1f} s | "
-            f"{t1['rss_mib'][0]:,.0f} MiB | {t2['first_step_s']:.1f} s | "
-            f"{' / '.join(f'{v:,.0f}' for v in t2['rss_mib'])} MiB | {sum(t2['pss_mib']):,.0f} MiB |")
+            f"{s['store_bytes'] / 1e6:,.0f} MB | {s['ratio']:.2f} |")
+    lines += ["", "train.py, the store already built, one step: time from the launch to the first step's record; peak "
+              "RSS exact (getrusage: the largest rank); RSS and PSS per rank sampled every 0.25 s.", "",
+              "| pairs | 1 rank: first step | peak RSS | 1 rank, --max_tokens 4096: peak RSS | 2 ranks: first step | "
+              "peak RSS (larger rank) | RSS / PSS per rank | node total PSS |", "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r.get("train")
+        if not t:
+            continue
+        one, two, tokens = t["1"], t["2"], t["1-tokens"]
+        lines.append(
+            f"| {size_name(r['pairs'])} | {one['first_step_s']:.1f} s | {one['peak_mib']:,.0f} MiB | "
+            f"{tokens['peak_mib']:,.0f} MiB | {two['first_step_s']:.1f} s | {two['peak_mib']:,.0f} MiB | "
+            f"{' + '.join(f'{a:,.0f} / {b:,.0f}' for a, b in zip(two['rss_mib'], two['pss_mib']))} MiB | "
+            f"{sum(two['pss_mib']):,.0f} MiB |")
     lines += ["", "Schedules (a fresh process each; fixed: the epoch's permutation and batch 0; token batches: "
               "--max_tokens 4096, batch_multiple 16, over the store's real lengths; peak RSS of the process):", "",
-              "| pairs | real lengths from the offsets | fixed schedule | token-batch schedule | token batches | "
-              "peak RSS |", "|---|---|---|---|---|---|"]
+              "| pairs | real lengths (from the store's offsets; synthetic: drawn) | fixed schedule | token-batch "
+              "schedule | token batches | peak RSS |", "|---|---|---|---|---|---|"]
     for r in [*rows, {"schedule": results.get("schedule_10m")}]:
         sc = r.get("schedule")
         if not sc:
@@ -362,10 +381,12 @@ def report(results: dict) -> str:
             lines.append(f"| {'numpy memmap' if kind == 'memmap' else 'Arrow IPC file, memory-mapped'} | "
                          f"{size / 1e6:,.1f} MB | {m['open_s'] * 1e3:.1f} ms | {m['uss_growth_mib']:+.1f} MiB | "
                          f"{m['batch_ms']:.3f} ms |")
-    loads = ", ".join(f"{size_name(r['pairs'])}: {r['load_before']:.1f} → {r['load_after']:.1f}" for r in rows)
-    lines += ["", f"The machine was shared with other work: 1-minute load average before → after each size: {loads} "
-              f"(2 cores; above 2, the figures above include waiting for a core).", ""]
-    lines += ["```", results["command"], "```", ""]
+    loads = ", ".join(f"{size_name(r['pairs'])}: {r['load_before']:.1f} → {r['load_after']:.1f} (then "
+                      f"{r['load_rest'][0]:.1f} → {r['load_rest'][1]:.1f})" for r in rows)
+    lines += ["", f"The machine was shared with other work: 1-minute load average before → after each size's "
+              f"preprocessing (then its train.py runs and schedules): {loads} (2 cores; above 2, wall times include "
+              f"waiting for a core — CPU time does not).", ""]
+    lines += ["```", *results["commands"], "```", ""]
     lines += results.get("notes", [])
     lines.append(END)
     return "\n".join(lines)
@@ -388,35 +409,54 @@ def main() -> int:
     p.add_argument("--formats", default="1M", help="compare memmap and Arrow on this size's store ('' : skip)")
     p.add_argument("--schedule_pairs", default="10M", help="also build schedules over this many synthetic lengths")
     p.add_argument("--skip_train", action="store_true", help="leave out the train.py runs")
+    p.add_argument("--reuse", action="store_true",
+                   help="keep the preprocessing figures of --work's results.json where its store still exists "
+                        "(re-measure the rest without another cold build)")
     p.add_argument("--report", action="store_true", help="write the tables into BENCHMARKS.md")
+    p.add_argument("--report_only", action="store_true", help="only write --work's results.json into BENCHMARKS.md")
     args = p.parse_args()
+    if args.report_only:
+        write_report(report(json.loads((Path(args.work) / "results.json").read_text())))
+        return 0
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
     from preprocess.store_builder import default_num_proc
     results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "sizes": [],
                "num_proc": args.num_proc or default_num_proc(),
-               "command": "python benchmarks/data_scale.py " + " ".join(sys.argv[1:])}
+               "commands": ["python benchmarks/data_scale.py " + " ".join(sys.argv[1:])]}
     tok = tokenizer(work)
+    saved = work / "results.json"
+    earlier = json.loads(saved.read_text()) if args.reuse and saved.is_file() else {"sizes": []}
+    previous = {r["pairs"]: r for r in earlier["sizes"]}
+    if previous:      # the preprocessing figures come from the earlier run's command
+        results["commands"] = [*earlier.get("commands", [earlier.get("command")])[:1], *results["commands"]]
     for size in args.sizes:
         pairs = parse_size(size)
         print(f"== {size_name(pairs)} pairs", flush=True)
         tsv = make_corpus(pairs, work / f"corpus-{size}.tsv")
-        shutil.rmtree(cache / size, ignore_errors=True)                # a cold build, every time
-        row = {"pairs": pairs, "load_before": os.getloadavg()[0],
-               "preprocess": preprocess(tsv, tok, cache / size, args.num_proc)}
-        row["preprocess"].pop("stdout"), row["preprocess"].pop("stderr")
-        row["store"] = store_figures(tsv, tok, cache / size)
+        before = previous.get(pairs)
+        if args.reuse and before and Path(before["store"]["store"]).is_dir():
+            row = {key: before[key] for key in ("pairs", "load_before", "load_after", "preprocess", "store")}
+        else:
+            shutil.rmtree(cache / size, ignore_errors=True)                # a cold build, every time
+            row = {"pairs": pairs, "load_before": os.getloadavg()[0],
+                   "preprocess": preprocess(tsv, tok, cache / size, args.num_proc)}
+            row["preprocess"].pop("stdout"), row["preprocess"].pop("stderr")
+            row["store"] = store_figures(tsv, tok, cache / size)
+            row["load_after"] = os.getloadavg()[0]
+        row["load_rest"] = [os.getloadavg()[0]]
         print(json.dumps(row), flush=True)
         if not args.skip_train:
             row["train"] = {str(n): train_first_step(tsv, tok, cache / size, n, work) for n in (1, 2)}
+            row["train"]["1-tokens"] = train_first_step(tsv, tok, cache / size, 1, work, tuple(TOKEN_BATCHES))
             print(json.dumps(row["train"]), flush=True)
         row["schedule"] = schedules(tsv, tok, cache / size)
         print(json.dumps(row["schedule"]), flush=True)
         if args.formats and parse_size(args.formats) == pairs:
             results["formats"] = {"pairs": pairs, **formats(row["store"]["store"], work)}
             print(json.dumps(results["formats"]), flush=True)
-        row["load_after"] = os.getloadavg()[0]
+        row["load_rest"].append(os.getloadavg()[0])
         results["sizes"].append(row)
     if args.schedule_pairs:
         results["schedule_10m"] = schedules(None, None, None, parse_size(args.schedule_pairs))

@@ -39,6 +39,7 @@ from common.errors import fail, run_cli
 from common.hashing import file_sha256
 from preprocess.store_builder import build_store
 from preprocess.textio import check_readable
+from preprocess.token_batches import compact_permutation
 from preprocess.token_store import FORMAT_VERSION, TokenStore, human_bytes
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 
@@ -116,8 +117,9 @@ class TranslationDataset:
         }
 
     def real_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each pair's non-PAD source length (tokens + EOS) and target length (labels: tokens + EOS), int64."""
-        return self.store.lengths("src") + 1, self.store.lengths("tgt") + 1
+        """Each pair's non-PAD source length (tokens + EOS) and target length (labels: tokens + EOS), int32 (4 bytes
+        a pair each: these are built for a whole corpus)."""
+        return tuple((self.store.lengths(side) + 1).astype(np.int32) for side in ("src", "tgt"))
 
     def source_tokens(self, indices) -> int:
         """Non-PAD source positions (tokens + EOS) of these samples."""
@@ -213,7 +215,8 @@ class GlobalBatchSchedule:
 
     def _order(self, epoch: int) -> np.ndarray:
         if self._epoch_order is None or self._epoch_order[0] != epoch:
-            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
+            self._epoch_order = None                         # the old epoch's order goes before the new one comes
+            self._epoch_order = (epoch, compact_permutation([self.seed, epoch], self.num_samples))
         return self._epoch_order[1]
 
     def shape(self, step: int) -> None:

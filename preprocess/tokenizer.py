@@ -12,6 +12,9 @@ text to translate, `decode_hypotheses` turns generated ids back into text). DIR/
 vocabulary size and the inputs (with their sha256). `save_for_transformers` writes the tokenizer as a
 `transformers` tokenizer that appends EOS itself, so `AutoTokenizer(text)` gives what the model was trained on.
 
+The text is streamed into the trainer (memory holds word counts, not the corpus); `--sample_size N` trains on N pairs
+drawn uniformly with a fixed seed, for corpora of millions of pairs.
+
 Run:  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k
 Load: `load_tokenizer(path)`, or transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="<pad>",
       unk_token="<unk>", bos_token="<s>", eos_token="</s>").
@@ -151,7 +154,7 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         fail("--split_punctuation applies to --type bpe only")
     output_dir = Path(output_dir)
     _check_writable(output_dir)             # before the training, not after it
-    total = _count_pairs(tsv_paths) if (progress or sample_size is not None) else None
+    total = _count_pairs(tsv_paths) if sample_size is not None else None     # a pass over the text: only to sample
     chosen = sample_pairs(total, sample_size) if total is not None else None
     used = total if chosen is None else len(chosen)
     sentences = _sentences(tsv_paths, chosen)

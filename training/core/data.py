@@ -5,8 +5,8 @@ then run once per node (local rank 0) while the other ranks wait at a barrier, a
 read-only, so a node's ranks share its pages (preprocess.token_store). `cache_dir` (--cache_dir) is where the store
 and an auto-built tokenizer go when the data folder is read-only or shared. Which samples make global batch `step`
 is `GlobalBatchSchedule.global_batch(step)`, layout-free; a rank takes its data-parallel slice and cuts it into
-micro-batches, padded only then. Each step also carries the global batch's
-non-PAD target-token count, which the training objective divides by (`training.core.objective`).
+micro-batches, padded only then. Each step also carries the global batch's non-PAD target-token count, which the
+training objective divides by (`training.core.objective`).
 """
 from __future__ import annotations
 
