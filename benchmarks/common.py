@@ -31,7 +31,8 @@ class OursRunner:
         from training.core.schedule import lr_factor
         m, d, o = cfg.model, cfg.data, cfg.optimization
         world = init_distributed(cfg.parallel.distribute)
-        self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False)
+        self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False,
+                                 cache_dir=d.cache_dir)
         model_cfg = m.model_config(vocab_size=m.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)
         parallel = cfg.parallel.parallel_config(world)
         unit, name = d.batch_unit
@@ -61,7 +62,8 @@ class HFRunner:
         from training.core.data import BatchFeeder, batch_schedule, prepare_data
         from training.core.engine import weight_decay_groups
         m, d, o = config.model, config.data, config.optimization
-        self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False)
+        self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False,
+                                 cache_dir=d.cache_dir)
         cfg = m.model_config(vocab_size=m.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)
         torch.manual_seed(o.seed)
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[config.parallel.precision]

@@ -1,17 +1,20 @@
-"""Tokenized, fixed-length translation data and the layout-invariant global batch schedule.
+"""Tokenized translation pairs (a compact, memory-mapped token store) and the layout-invariant global batch schedule.
 
-`TranslationDataset(tsv, tokenizer.json, src_len, tgt_len)` reads a `source<TAB>target` TSV, tokenizes it with
-the fast `tokenizers` library inside `datasets.Dataset.map(batched=True)` and keeps three int64 arrays:
+`TranslationDataset(tsv, tokenizer.json, src_len, tgt_len)` tokenizes a `source<TAB>target` TSV once into a token
+store (preprocess.token_store: each side's ids at 16 bits where the vocabulary allows, no padding, offsets per pair;
+built in bounded memory by preprocess.store_builder) and maps it read-only. `batch(indices)` builds the padded int64
+tensors the model takes:
 
-    src     [N, src_len]  source tokens[:src_len-1] + [EOS], then PAD
-    tgt_in  [N, tgt_len]  [BOS] + y, then PAD            (decoder input; y = target tokens[:tgt_len-1])
-    labels  [N, tgt_len]  y + [EOS], then PAD            (PAD labels are ignored by the loss)
+    src_ids [n, src_len]  source tokens[:src_len-1] + [EOS], then PAD
+    tgt_ids [n, tgt_len]  [BOS] + y, then PAD            (decoder input; y = target tokens[:tgt_len-1])
+    labels  [n, tgt_len]  y + [EOS], then PAD            (PAD labels are ignored by the loss)
 
-The arrays are cached with `save_to_disk` under `<tsv dir>/.tokcache/<tsv stem>-<key>/`, where the key hashes
-the TSV bytes, the tokenizer.json bytes, src_len, tgt_len and FORMAT_VERSION, so any change re-tokenizes and
-an unchanged input loads in a fraction of a second. The cache is written to a temporary folder and renamed into
-place, so a killed run never leaves a half-written cache under a valid name (only a `.tmp-*` folder, safe to
-delete); ranks that build it at the same time each write their own temporary folder and the first rename wins.
+The store lives under `<tsv dir>/.tokcache/<tsv stem>-<key>/` (or `cache_dir`), where the key hashes the TSV bytes,
+the tokenizer.json bytes, src_len, tgt_len and the store's FORMAT_VERSION, so any change re-tokenizes (an old
+format's cache is never read as a new one) and an unchanged input opens in milliseconds. The store is written to a
+temporary folder and renamed into place, so a killed run never leaves a half-written cache under a valid name
+(only a `.tmp-*` folder, safe to delete); ranks that build it at the same time each write their own temporary
+folder and the first rename wins. A store that already exists is only read: the data folder may be read-only.
 
 `GlobalBatchSchedule` decides which samples form global batch k from (seed, epoch, global batch size) alone;
 `dp_slice` and `micro_slices` cut that batch for a data-parallel rank and its pipeline micro-batches. Because
@@ -24,72 +27,43 @@ Stats:  python -m preprocess.dataset --file_path data/multi30k/train.fr_en.tsv \
 from __future__ import annotations
 
 import argparse
-import contextlib
 import hashlib
-import os
-import shutil
 import time
-import uuid
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
 
 from common.errors import fail, run_cli
 from common.hashing import file_sha256
-from preprocess.textio import check_readable, read_tsv_pairs
+from preprocess.store_builder import build_store
+from preprocess.textio import check_readable
+from preprocess.token_batches import compact_permutation
+from preprocess.token_store import FORMAT_VERSION, TokenStore, human_bytes
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 
-# Bump whenever the cached columns or their meaning change, so old caches are never read as new ones.
-FORMAT_VERSION = 1
 CACHE_DIRNAME = ".tokcache"
-_ARRAY_COLUMNS = ("src", "tgt_in", "labels")
-_LENGTH_COLUMNS = ("src_tokens", "tgt_tokens")  # untruncated token counts, for truncation statistics
 
 
-def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int) -> str:
-    parts = [file_sha256(tsv_path), file_sha256(tokenizer_path), str(src_len), str(tgt_len), f"v{FORMAT_VERSION}"]
+def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int, tsv_sha256: Optional[str] = None,
+              version: int = FORMAT_VERSION) -> str:
+    """The store's name: the TSV's and tokenizer's sha256, the lengths, the format version (`tsv_sha256`: the TSV's
+    hash if already known)."""
+    parts = [tsv_sha256 or file_sha256(tsv_path), file_sha256(tokenizer_path), str(src_len), str(tgt_len),
+             f"v{version}"]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
-@contextlib.contextmanager
-def _datasets_progress(enabled: bool) -> Iterator[None]:
-    """Switch the (process-global) `datasets` progress bars for one block, restoring the caller's setting."""
-    import datasets
-    was_disabled = datasets.are_progress_bars_disabled()
-    if enabled:
-        datasets.enable_progress_bars()
-    else:
-        datasets.disable_progress_bars()
-    try:
-        yield
-    finally:
-        if was_disabled:
-            datasets.disable_progress_bars()
-        else:
-            datasets.enable_progress_bars()
-
-
-def _read_saved_table(folder: Path):
-    """The table `datasets.Dataset.save_to_disk` wrote, read with pyarrow alone: its state.json lists the Arrow
-    stream files. (Importing `datasets` costs every rank about 2 s of start-up; building the cache still uses it.)"""
-    import json
-
-    import pyarrow as pa
-    with open(folder / "state.json", encoding="utf-8") as f:
-        files = [entry["filename"] for entry in json.load(f)["_data_files"]]
-    tables = []
-    for name in files:
-        with pa.memory_map(str(folder / name)) as source:
-            tables.append(pa.ipc.open_stream(source).read_all())
-    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+def default_cache_root(tsv_path: Path) -> Path:
+    return Path(tsv_path).parent / CACHE_DIRNAME
 
 
 class TranslationDataset:
-    """Fixed-length token arrays for one TSV; see the module docstring for the layout of src/tgt_in/labels."""
+    """A TSV's pairs as a token store; see the module docstring for what `batch` builds."""
 
-    def __init__(self, tsv_path, tokenizer_path, src_len, tgt_len, cache_dir=None, progress=True):
+    def __init__(self, tsv_path, tokenizer_path, src_len, tgt_len, cache_dir=None, progress=True,
+                 num_proc: Optional[int] = None, tsv_sha256: Optional[str] = None, block_bytes: Optional[int] = None):
         for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
             if int(value) != value or value < 2:
                 fail(f"{name}={value} must be an integer >= 2 (at least one token plus BOS/EOS)")
@@ -104,121 +78,86 @@ class TranslationDataset:
         self.pad_id, self.unk_id, self.bos_id, self.eos_id = ids.pad, ids.unk, ids.bos, ids.eos
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
-        cache_root = Path(cache_dir) if cache_dir is not None else self.tsv_path.parent / CACHE_DIRNAME
-        key = cache_key(self.tsv_path, tokenizer_path, self.src_len, self.tgt_len)
+        cache_root = Path(cache_dir) if cache_dir is not None else default_cache_root(self.tsv_path)
+        sha = tsv_sha256 or file_sha256(self.tsv_path)
+        key = cache_key(self.tsv_path, tokenizer_path, self.src_len, self.tgt_len, tsv_sha256=sha)
         self.cache_path = cache_root / f"{self.tsv_path.stem}-{key}"
         self.cache_hit = self.cache_path.is_dir()
+        self.build_info: Optional[dict] = None          # how the store was built, when this object built it
         if not self.cache_hit:
-            self._build_cache(key, progress)
-        self._load_cache()
-
-    # -- building -------------------------------------------------------------------------------------------
-
-    def _encode(self, texts: Sequence[str]) -> list[list[int]]:
-        return [enc.ids for enc in self.tokenizer.encode_batch(list(texts), add_special_tokens=False)]
-
-    def _encode_batch(self, batch: dict) -> dict:
-        src_ids, tgt_ids = self._encode(batch["src_text"]), self._encode(batch["tgt_text"])
-        n = len(src_ids)
-        src = np.full((n, self.src_len), self.pad_id, dtype=np.int64)
-        tgt_in = np.full((n, self.tgt_len), self.pad_id, dtype=np.int64)
-        labels = np.full((n, self.tgt_len), self.pad_id, dtype=np.int64)
-        for i, (s, t) in enumerate(zip(src_ids, tgt_ids)):
-            s = s[: self.src_len - 1]
-            src[i, : len(s)] = s
-            src[i, len(s)] = self.eos_id
-            y = t[: self.tgt_len - 1]
-            tgt_in[i, 0] = self.bos_id
-            tgt_in[i, 1 : len(y) + 1] = y
-            labels[i, : len(y)] = y
-            labels[i, len(y)] = self.eos_id
-        return {
-            "src": src, "tgt_in": tgt_in, "labels": labels,
-            "src_tokens": np.fromiter(map(len, src_ids), dtype=np.int64, count=n),
-            "tgt_tokens": np.fromiter(map(len, tgt_ids), dtype=np.int64, count=n),
-        }
-
-    def _build_cache(self, key: str, progress: bool) -> None:
-        import datasets                      # only to build: loading reads the Arrow files with pyarrow (faster start)
-        from datasets import Features, List, Value
-        sources, targets = read_tsv_pairs(self.tsv_path)
-        features = Features({
-            "src": List(Value("int64"), length=self.src_len),
-            "tgt_in": List(Value("int64"), length=self.tgt_len),
-            "labels": List(Value("int64"), length=self.tgt_len),
-            "src_tokens": Value("int64"),
-            "tgt_tokens": Value("int64"),
-        })
-        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache_path.parent / f".tmp-{self.cache_path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        try:
-            with _datasets_progress(progress):
-                table = datasets.Dataset.from_dict({"src_text": sources, "tgt_text": targets})
-                # new_fingerprint: the cache key already identifies the result; without it `datasets` would
-                # pickle and hash this bound method (and the tokenizer inside) only to name an unused cache file.
-                table = table.map(self._encode_batch, batched=True, batch_size=2000,
-                                  remove_columns=["src_text", "tgt_text"], features=features,
-                                  new_fingerprint=key, desc=f"tokenizing {self.tsv_path.name}")
-                table.save_to_disk(str(tmp))
-            try:
-                os.rename(tmp, self.cache_path)
-            except OSError:
-                if not self.cache_path.is_dir():
-                    raise
-                shutil.rmtree(tmp, ignore_errors=True)  # another rank finished the same cache first
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-
-    # -- loading --------------------------------------------------------------------------------------------
-
-    def _load_cache(self) -> None:
-        try:
-            table = _read_saved_table(self.cache_path)
-        except (OSError, ValueError, KeyError) as exc:  # e.g. files deleted by hand from inside the cache folder
-            fail(f"{self.cache_path}: unreadable tokenization cache ({exc}); delete the folder to rebuild it")
-        self.num_samples = table.num_rows
-        widths = {"src": self.src_len, "tgt_in": self.tgt_len, "labels": self.tgt_len}
-        for name in _ARRAY_COLUMNS:
-            # Straight from Arrow (fixed-size lists flatten to one int64 buffer): much faster than row formatting.
-            flat = table.column(name).combine_chunks().flatten().to_numpy(zero_copy_only=False)
-            setattr(self, name, np.array(flat, dtype=np.int64).reshape(self.num_samples, widths[name]))
-        for name in _LENGTH_COLUMNS:
-            setattr(self, name, np.array(table.column(name).to_numpy(), dtype=np.int64))
-        del table  # drop the memory map; the arrays above own their data
+            extra = {} if block_bytes is None else {"block_bytes": block_bytes}
+            self.build_info = build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len,
+                                          self.tgt_len, self.cache_path, sha, num_proc=num_proc, progress=progress,
+                                          **extra)
+        self.store = TokenStore(self.cache_path)
+        self.num_samples = self.store.pairs
+        self._flags = self.store.flags
 
     # -- access ---------------------------------------------------------------------------------------------
 
     def __len__(self) -> int:
         return self.num_samples
 
+    def _rows(self, indices) -> np.ndarray:
+        """Sample indices as int64; a negative one counts from the end, as numpy indexing does."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        return np.where(idx < 0, idx + self.num_samples, idx)
+
     def batch(self, indices, shape: tuple[int, int] | None = None) -> dict[str, torch.Tensor]:
-        """{"src_ids", "tgt_ids", "labels"}: int64 tensors of shape [len(indices), L] for the given samples; with
-        `shape` = (source length, target length) only those first positions (token batches are padded to their
-        own longest pair: the positions cut off are PAD)."""
-        idx = np.asarray(indices, dtype=np.int64)
+        """{"src_ids", "tgt_ids", "labels"}: int64 tensors of shape [len(indices), L] for the given samples, padded
+        here; with `shape` = (source length, target length) only those first positions (token batches are padded to
+        their own longest pair: the positions cut off are PAD)."""
+        idx = self._rows(indices)
         s, t = shape if shape is not None else (self.src_len, self.tgt_len)
+        rows = self.store.padded_rows
         return {
-            "src_ids": torch.from_numpy(self.src[idx, :s]),
-            "tgt_ids": torch.from_numpy(self.tgt_in[idx, :t]),
-            "labels": torch.from_numpy(self.labels[idx, :t]),
+            "src_ids": torch.from_numpy(rows("src", idx, s, self.pad_id, end=self.eos_id)),
+            "tgt_ids": torch.from_numpy(rows("tgt", idx, t, self.pad_id, lead=self.bos_id)),
+            "labels": torch.from_numpy(rows("tgt", idx, t, self.pad_id, end=self.eos_id)),
         }
 
     def real_lengths(self) -> tuple[np.ndarray, np.ndarray]:
-        """Each pair's non-PAD source length (tokens + EOS) and target length (labels: tokens + EOS)."""
-        return (np.count_nonzero(self.src != self.pad_id, axis=1),
-                np.count_nonzero(self.labels != self.pad_id, axis=1))
+        """Each pair's non-PAD source length (tokens + EOS) and target length (labels: tokens + EOS), int32 (4 bytes
+        a pair each: these are built for a whole corpus)."""
+        return tuple((self.store.lengths(side) + 1).astype(np.int32) for side in ("src", "tgt"))
+
+    def source_tokens(self, indices) -> int:
+        """Non-PAD source positions (tokens + EOS) of these samples."""
+        idx = self._rows(indices)
+        return int(self.store.lengths("src", idx).sum()) + len(idx)
+
+    def target_tokens(self, indices) -> int:
+        """Non-PAD labels (tokens + EOS) of these samples: what the summed token loss is divided by."""
+        idx = self._rows(indices)
+        return int(self.store.lengths("tgt", idx).sum()) + len(idx)
+
+    @property
+    def src_truncated(self) -> np.ndarray:
+        """bool [pairs]: the source had more than src_len-1 tokens and was cut."""
+        return (np.asarray(self._flags) & 1).astype(bool)
+
+    @property
+    def tgt_truncated(self) -> np.ndarray:
+        """bool [pairs]: the target had more than tgt_len-1 tokens and was cut."""
+        return (np.asarray(self._flags) & 2).astype(bool)
 
     def stats(self) -> dict[str, float]:
-        real = np.concatenate([self.src.ravel(), self.labels.ravel()])
+        """Figures counted while the store was built (meta.json), and its size."""
+        meta = self.store.meta
+        counts, n = meta["counts"], self.num_samples
+        stored = meta["tokens"]["src"] + meta["tokens"]["tgt"]
+        real = stored + 2 * n                                   # + EOS on the source, EOS on the labels
         return {
-            "samples": self.num_samples,
-            "src_truncated_pct": 100.0 * float(np.mean(self.src_tokens > self.src_len - 1)),
-            "tgt_truncated_pct": 100.0 * float(np.mean(self.tgt_tokens > self.tgt_len - 1)),
-            "mean_src_tokens": float(np.mean(self.src_tokens)),
-            "mean_tgt_tokens": float(np.mean(self.tgt_tokens)),
-            "target_tokens": count_target_tokens(self.labels, self.pad_id),
-            "unk_pct": 100.0 * float(np.mean(real[real != self.pad_id] == self.unk_id)),
+            "samples": n,
+            "src_truncated_pct": 100.0 * counts["src_truncated"] / n,
+            "tgt_truncated_pct": 100.0 * counts["tgt_truncated"] / n,
+            "mean_src_tokens": counts["src_tokens_before_cut"] / n,
+            "mean_tgt_tokens": counts["tgt_tokens_before_cut"] / n,
+            "target_tokens": meta["tokens"]["tgt"] + n,
+            "unk_pct": 100.0 * counts["unk"] / real,
+            "real_tokens": real,
+            "token_dtype": meta["token_dtype"],
+            "store_bytes": self.store.nbytes(),
         }
 
 
@@ -276,7 +215,8 @@ class GlobalBatchSchedule:
 
     def _order(self, epoch: int) -> np.ndarray:
         if self._epoch_order is None or self._epoch_order[0] != epoch:
-            self._epoch_order = (epoch, np.random.default_rng([self.seed, epoch]).permutation(self.num_samples))
+            self._epoch_order = None                         # the old epoch's order goes before the new one comes
+            self._epoch_order = (epoch, compact_permutation([self.seed, epoch], self.num_samples))
         return self._epoch_order[1]
 
     def shape(self, step: int) -> None:
@@ -324,10 +264,13 @@ def count_target_tokens(labels, pad_id: int) -> int:
 def main() -> int:
     parser = argparse.ArgumentParser(
         prog="python -m preprocess.dataset",
-        description="Tokenize a source<TAB>target TSV into fixed-length arrays (or load the cached result) and "
-                    "print statistics: samples, truncation, mean lengths, time taken.",
-        epilog="example:\n  python -m preprocess.dataset --file_path data/multi30k/train.fr_en.tsv "
-               "--tokenizer data/multi30k/bpe8k/tokenizer.json --src_len 32 --tgt_len 32",
+        description="Tokenize a source<TAB>target TSV into a token store (compact, memory-mapped ids; or open the "
+                    "one already built) and print statistics: samples, truncation, mean lengths, size, time taken. "
+                    "The TSV is read in chunks over --num_proc processes, in bounded memory, however large it is.",
+        epilog="examples:\n  python -m preprocess.dataset --file_path data/multi30k/train.fr_en.tsv "
+               "--tokenizer data/multi30k/bpe8k/tokenizer.json --src_len 32 --tgt_len 32\n"
+               "  python -m preprocess.dataset --file_path /readonly/wmt14.tsv --tokenizer bpe/tokenizer.json "
+               "--src_len 128 --tgt_len 128 --cache_dir /scratch/tokcache --num_proc 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--file_path", required=True, metavar="TSV", help="source<TAB>target training file")
@@ -335,12 +278,19 @@ def main() -> int:
                         help="from python -m preprocess.tokenizer (the file or its directory)")
     parser.add_argument("--src_len", type=int, required=True, help="source length incl. EOS")
     parser.add_argument("--tgt_len", type=int, required=True, help="target length incl. BOS (input) / EOS (labels)")
-    parser.add_argument("--cache_dir", default=None, help=f"cache folder (default: <TSV dir>/{CACHE_DIRNAME})")
+    parser.add_argument("--cache_dir", default=None,
+                        help=f"where the token store goes (default: <TSV dir>/{CACHE_DIRNAME}); pass the same "
+                             f"--cache_dir to train.py")
+    parser.add_argument("--num_proc", type=int, default=None,
+                        help="tokenizer processes (default: the cores this process may use, at most 8; 1: this "
+                             "process alone)")
     parser.add_argument("--no_progress", action="store_true", help="hide progress bars")
     args = parser.parse_args()
+    if args.num_proc is not None and args.num_proc < 1:
+        fail(f"--num_proc {args.num_proc} must be >= 1")
     start = time.perf_counter()
     dataset = TranslationDataset(args.file_path, args.tokenizer, args.src_len, args.tgt_len,
-                                 cache_dir=args.cache_dir, progress=not args.no_progress)
+                                 cache_dir=args.cache_dir, progress=not args.no_progress, num_proc=args.num_proc)
     seconds = time.perf_counter() - start
     stats = dataset.stats()
     print(f"{'loaded cache' if dataset.cache_hit else 'tokenized'} {dataset.tsv_path} in {seconds:.2f} s "
@@ -349,6 +299,10 @@ def main() -> int:
           f"src truncated {stats['src_truncated_pct']:.2f}%  tgt truncated {stats['tgt_truncated_pct']:.2f}%  "
           f"mean tokens before truncation: src {stats['mean_src_tokens']:.2f} tgt {stats['mean_tgt_tokens']:.2f}  "
           f"unk {stats['unk_pct']:.3f}%  target tokens {stats['target_tokens']}")
+    itemsize = np.dtype(stats["token_dtype"]).itemsize
+    print(f"store {human_bytes(stats['store_bytes'])} ({stats['token_dtype']} ids): "
+          f"{stats['store_bytes'] / (stats['real_tokens'] * itemsize):.2f}x its {stats['real_tokens']} real tokens "
+          f"x {itemsize} bytes")
     return 0
 
 

@@ -23,9 +23,49 @@ import numpy as np
 from common.errors import fail
 
 
+def compact_permutation(seed, n: int) -> np.ndarray:
+    """`np.random.default_rng(seed).permutation(n)` — the same numbers, from the same shuffle — in int32 where n
+    allows: half the memory of int64 for a corpus of millions of pairs."""
+    order = np.arange(n, dtype=np.int32 if n < 2 ** 31 else np.int64)
+    np.random.default_rng(seed).shuffle(order)
+    return order
+
+
 def padded_length(real: np.ndarray, multiple: int, cap: int) -> np.ndarray:
     """Lengths rounded up to a multiple of `multiple`, at most `cap` (the dataset's fixed width)."""
     return np.minimum(-(-real // multiple) * multiple, cap)
+
+
+def _sort_order(src_pad: np.ndarray, tgt_pad: np.ndarray, tie: np.ndarray) -> np.ndarray:
+    """`np.lexsort((tie, src_pad, tgt_pad))`: by padded target, then source length, then tie — computed as the pairs
+    in tie order, stably sorted by their (target, source) bucket. The buckets are few small integers, which numpy
+    sorts by radix in linear time: 10 M pairs in well under a second instead of lexsort's ~10 s. Indices in the
+    dtype of `tie` (int32 below 2**31 pairs)."""
+    n = len(tie)
+    by_tie = np.empty(n, dtype=tie.dtype)
+    by_tie[tie] = np.arange(n, dtype=tie.dtype)         # by_tie[k]: the pair whose tie value is k
+    s_span = int(src_pad.max()) + 1
+    bucket = tgt_pad[by_tie].astype(np.int64 if (int(tgt_pad.max()) + 1) * s_span >= 2 ** 31 else np.int32)
+    bucket *= s_span
+    bucket += src_pad[by_tie]
+    if n and bucket.max() < 2 ** 16:
+        bucket = bucket.astype(np.uint16)                # radix sort
+    return by_tie[np.argsort(bucket, kind="stable")]
+
+
+def _pack(group_src: list, group_tgt: list, multiple: int, max_tokens: int) -> list:
+    """Greedy packing of consecutive groups: a batch takes the next group while its pairs × max(padded source,
+    padded target length) stay within max_tokens (always at least one group). Returns the first group of each batch,
+    and the end. A loop over plain ints: 10 M pairs in 16s are 625,000 groups, well under a second."""
+    starts, s_max, t_max, count = [0], 0, 0, 0
+    for g, (s, t) in enumerate(zip(group_src, group_tgt)):
+        s_new, t_new = max(s_max, s), max(t_max, t)
+        if count and (count + 1) * multiple * max(s_new, t_new) > max_tokens:
+            starts.append(g)
+            s_new, t_new, count = s, t, 0
+        s_max, t_max, count = s_new, t_new, count + 1
+    starts.append(len(group_src))
+    return starts
 
 
 class TokenBatchSchedule:
@@ -37,34 +77,33 @@ class TokenBatchSchedule:
             if value < 1:
                 fail(f"--{name} {value} must be >= 1")
         self.seed, self.max_tokens, self.batch_multiple = int(seed), int(max_tokens), int(batch_multiple)
-        src_pad = padded_length(np.asarray(src_real, dtype=np.int64), pad_multiple, src_len)
-        tgt_pad = padded_length(np.asarray(tgt_real, dtype=np.int64), pad_multiple, tgt_len)
+        # small integer types throughout: for 10 M pairs every byte per pair is 10 MB of each rank's memory
+        src_pad = padded_length(np.asarray(src_real, dtype=np.int32), pad_multiple, src_len)
+        tgt_pad = padded_length(np.asarray(tgt_real, dtype=np.int32), pad_multiple, tgt_len)
+        if max(src_len, tgt_len) < 2 ** 16:
+            src_pad, tgt_pad = src_pad.astype(np.uint16), tgt_pad.astype(np.uint16)
         n = len(src_pad)
-        tie = np.random.default_rng([self.seed, 2 ** 31]).permutation(n)
-        order = np.lexsort((tie, src_pad, tgt_pad))                       # by target, then source length
         groups = n // batch_multiple
         if groups == 0:
             fail(f"--batch_multiple {batch_multiple} exceeds the {n} pairs of the dataset")
-        widest = int(np.max(np.maximum(src_pad, tgt_pad)[order[:groups * batch_multiple]]))
+        tie = compact_permutation([self.seed, 2 ** 31], n)
+        order = _sort_order(src_pad, tgt_pad, tie)[: groups * batch_multiple]
+        del tie
+        # each group's longest padded source and target (groups are consecutive pairs of the sorted order)
+        group_src = src_pad[order].reshape(groups, batch_multiple).max(axis=1).astype(np.int64)
+        group_tgt = tgt_pad[order].reshape(groups, batch_multiple).max(axis=1).astype(np.int64)
+        widest = int(np.max(np.maximum(group_src, group_tgt)))
         if batch_multiple * widest > max_tokens:
             fail(f"--max_tokens {max_tokens} cannot hold batch_multiple {batch_multiple} pairs of the longest padded "
                  f"length {widest} ({batch_multiple * widest} tokens): raise --max_tokens to at least "
                  f"{batch_multiple * widest} or lower --batch_multiple")
-        self._batches: list[np.ndarray] = []
-        self._shapes: list[tuple[int, int]] = []
-        start = 0
-        while start + batch_multiple <= groups * batch_multiple:
-            end, s_max, t_max = start, 0, 0
-            while end + batch_multiple <= groups * batch_multiple:
-                group = order[end:end + batch_multiple]
-                s_new, t_new = max(s_max, int(src_pad[group].max())), max(t_max, int(tgt_pad[group].max()))
-                if end > start and (end + batch_multiple - start) * max(s_new, t_new) > max_tokens:
-                    break
-                end, s_max, t_max = end + batch_multiple, s_new, t_new
-            self._batches.append(order[start:end].astype(np.int64))
-            self._shapes.append((s_max, t_max))
-            start = end
-        self.batches_per_epoch = len(self._batches)
+        starts = np.asarray(_pack(group_src.tolist(), group_tgt.tolist(), batch_multiple, max_tokens), dtype=np.int64)
+        # batch b is order[self._starts[b]:self._starts[b + 1]], padded to self._shapes[b]
+        self._order = order
+        self._starts = starts * batch_multiple
+        self._shapes = np.stack([np.maximum.reduceat(group_src, starts[:-1]),
+                                 np.maximum.reduceat(group_tgt, starts[:-1])], axis=1).astype(np.int32)
+        self.batches_per_epoch = len(starts) - 1
         self._epoch_order: tuple[int, np.ndarray] | None = None
 
     def epoch_of(self, step: int) -> int:
@@ -80,14 +119,16 @@ class TokenBatchSchedule:
 
     def global_batch(self, step: int) -> np.ndarray:
         """Sample indices (int64) of global batch `step`: a multiple of batch_multiple pairs of similar length."""
-        return self._batches[self._batch_id(step)].copy()
+        b = self._batch_id(step)
+        return self._order[self._starts[b]:self._starts[b + 1]].astype(np.int64)
 
     def shape(self, step: int) -> tuple[int, int]:
         """(source, target) length global batch `step` is padded to."""
-        return self._shapes[self._batch_id(step)]
+        s, t = self._shapes[self._batch_id(step)]
+        return int(s), int(t)
 
     def stats(self) -> dict:
         """Batch sizes and shapes of one epoch (every epoch has the same batches)."""
-        sizes = np.array([len(b) for b in self._batches])
+        sizes = np.diff(self._starts)
         return {"batches": self.batches_per_epoch, "pairs": int(sizes.sum()), "min_pairs": int(sizes.min()),
-                "max_pairs": int(sizes.max()), "shapes": sorted(set(self._shapes))}
+                "max_pairs": int(sizes.max()), "shapes": sorted({(int(s), int(t)) for s, t in self._shapes.tolist()})}

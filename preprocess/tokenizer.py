@@ -12,6 +12,9 @@ text to translate, `decode_hypotheses` turns generated ids back into text). DIR/
 vocabulary size and the inputs (with their sha256). `save_for_transformers` writes the tokenizer as a
 `transformers` tokenizer that appends EOS itself, so `AutoTokenizer(text)` gives what the model was trained on.
 
+The text is streamed into the trainer (memory holds word counts, not the corpus); `--sample_size N` trains on N pairs
+drawn uniformly with a fixed seed, for corpora of millions of pairs.
+
 Run:  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k
 Load: `load_tokenizer(path)`, or transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="<pad>",
       unk_token="<unk>", bos_token="<s>", eos_token="</s>").
@@ -20,12 +23,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Iterable, Iterator, Optional, Sequence
 
+import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
 from common.errors import fail, run_cli
@@ -48,17 +53,31 @@ class SpecialIds:
     eos: int
 
 
-def _read_sentences(tsv_paths: Sequence[str | Path]) -> list[str]:
-    """Both sides of every TSV, validated; order is fixed (file, line, source then target) for determinism."""
-    sentences: list[str] = []
+def _count_pairs(tsv_paths: Sequence[str | Path]) -> int:
+    return sum(1 for path in tsv_paths for _ in iter_tsv_pairs(path))
+
+
+def _sentences(tsv_paths: Sequence[str | Path], chosen: Optional[np.ndarray] = None) -> Iterator[str]:
+    """Both sides of every TSV, validated and streamed (nothing is held); order is fixed (file, line, source then
+    target) for determinism. `chosen`: sorted indices of the pairs to use (counted across the files), else all."""
+    k, position = 0, 0
     for path in tsv_paths:
         for src, tgt in iter_tsv_pairs(path):
-            sentences.append(src)
-            sentences.append(tgt)
-    return sentences
+            if chosen is None or (k < len(chosen) and chosen[k] == position):
+                yield src
+                yield tgt
+                k += 1
+            position += 1
 
 
-def _train_bpe(sentences: list[str], vocab_size: int, min_frequency: int, progress: bool,
+def sample_pairs(total: int, sample_size: Optional[int]) -> Optional[np.ndarray]:
+    """Sorted indices of `sample_size` of `total` pairs, drawn uniformly with a fixed seed; None: all of them."""
+    if sample_size is None or sample_size >= total:
+        return None
+    return np.sort(np.random.default_rng(0).choice(total, size=sample_size, replace=False))
+
+
+def _train_bpe(sentences: Iterable[str], count: Optional[int], vocab_size: int, min_frequency: int, progress: bool,
                split_punctuation: bool = False) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.normalizer = normalizers.NFKC()
@@ -70,11 +89,12 @@ def _train_bpe(sentences: list[str], vocab_size: int, min_frequency: int, progre
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=list(BPE_SPECIALS), show_progress=progress)
-    tok.train_from_iterator(sentences, trainer=trainer, length=len(sentences))
+    # from an iterator: the trainer keeps word counts (bounded by the distinct words), not the sentences
+    tok.train_from_iterator(sentences, trainer=trainer, length=count)
     return tok
 
 
-def _train_word(sentences: list[str], vocab_size: int, min_frequency: int) -> Tokenizer:
+def _train_word(sentences: Iterable[str], vocab_size: int, min_frequency: int) -> Tokenizer:
     normalizer = normalizers.Lowercase()
     pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     counts: Counter[str] = Counter()
@@ -93,10 +113,28 @@ def _train_word(sentences: list[str], vocab_size: int, min_frequency: int) -> To
     return tok
 
 
+def _cannot_write(folder: Path, why: str) -> None:
+    fail(f"cannot write the tokenizer to {folder} ({why}); choose a folder this process can write (train.py: "
+         f"--cache_dir DIR, or a --tokenizer made elsewhere)")
+
+
+def _check_writable(folder: Path) -> None:
+    """The folder, or the nearest one above it that exists, can be written (access(2) also says EROFS)."""
+    existing = folder.absolute()
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        _cannot_write(folder, f"{existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        _cannot_write(folder, f"{existing} is not writable")
+
+
 def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, type: str = "bpe",
                     vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False,
-                    split_punctuation: bool = False) -> Path:
-    """Train a `bpe` or `word` tokenizer on both sides of the TSVs; return the path of DIR/tokenizer.json."""
+                    split_punctuation: bool = False, sample_size: Optional[int] = None) -> Path:
+    """Train a `bpe` or `word` tokenizer on both sides of the TSVs; return the path of DIR/tokenizer.json.
+    The text is streamed: memory holds word counts, not the corpus. `sample_size`: train on that many pairs drawn
+    uniformly (fixed seed) from all the files, instead of all of them."""
     if type not in TYPES:
         fail(f"unknown tokenizer type {type!r}; choose one of: {', '.join(TYPES)}")
     if isinstance(tsv_paths, (str, Path)):
@@ -110,25 +148,36 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         fail(f"--vocab_size {vocab_size} is too small; it must exceed the {len(specials)} special tokens")
     if min_frequency < 1:
         fail(f"--min_frequency {min_frequency} must be at least 1")
-    sentences = _read_sentences(tsv_paths)
-    if type == "bpe":
-        tok = _train_bpe(sentences, vocab_size, min_frequency, progress, split_punctuation)
-    elif split_punctuation:
+    if sample_size is not None and sample_size < 1:
+        fail(f"--sample_size {sample_size} must be >= 1 (pairs to train on)")
+    if split_punctuation and type != "bpe":
         fail("--split_punctuation applies to --type bpe only")
+    output_dir = Path(output_dir)
+    _check_writable(output_dir)             # before the training, not after it
+    total = _count_pairs(tsv_paths) if sample_size is not None else None     # a pass over the text: only to sample
+    chosen = sample_pairs(total, sample_size) if total is not None else None
+    used = total if chosen is None else len(chosen)
+    sentences = _sentences(tsv_paths, chosen)
+    if type == "bpe":
+        tok = _train_bpe(sentences, None if used is None else 2 * used, vocab_size, min_frequency, progress,
+                         split_punctuation)
     else:
         tok = _train_word(sentences, vocab_size, min_frequency)
     for expected_id, token in enumerate(specials):
         if tok.token_to_id(token) != expected_id:  # the dataset and model rely on these exact ids
             raise AssertionError(f"{token} got id {tok.token_to_id(token)}, expected {expected_id}")
 
-    output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        _cannot_write(output_dir, exc.strerror or str(exc))
     meta = {
         "type": type,
         "vocab_size": tok.get_vocab_size(with_added_tokens=True),
         "requested_vocab_size": vocab_size,
         "min_frequency": min_frequency,
         "split_punctuation": split_punctuation,
+        "sample_size": None if chosen is None else len(chosen),
         "special_tokens": {token: i for i, token in enumerate(specials)},
         "inputs": [{"path": str(p), "sha256": file_sha256(p)} for p in tsv_paths],
     }
@@ -236,13 +285,16 @@ def main() -> int:
                         help="vocabulary size including special tokens (default: 8000 for bpe, 20000 for word)")
     parser.add_argument("--min_frequency", type=int, default=2,
                         help="least count for a merge (bpe) or word (word) to enter the vocabulary (default: 2)")
+    parser.add_argument("--sample_size", type=int, default=None, metavar="PAIRS",
+                        help="train on this many pairs drawn uniformly (a fixed seed) from the inputs instead of all "
+                             "of them: a large corpus's vocabulary in a fraction of the time (default: all)")
     parser.add_argument("--split_punctuation", action="store_true",
                         help="bpe: split punctuation from words before learning merges (decoding still restores "
                              "the original spacing)")
     args = parser.parse_args()
     path = train_tokenizer(args.input, args.output, type=args.type, vocab_size=args.vocab_size,
                            min_frequency=args.min_frequency, progress=sys.stderr.isatty(),
-                           split_punctuation=args.split_punctuation)
+                           split_punctuation=args.split_punctuation, sample_size=args.sample_size)
     tok = load_tokenizer(path)
     print(f"wrote {args.type} tokenizer with {tok.get_vocab_size()} tokens to {path}")
     return 0

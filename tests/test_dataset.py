@@ -1,4 +1,5 @@
-"""preprocess.dataset: fixed-length arrays, the cache, seed fields and the layout-invariant batch schedule."""
+"""preprocess.dataset: padded batches from the token store, the cache, seed fields and the layout-invariant batch
+schedule (the store itself, its preprocessing and its failures: tests/test_data_store.py)."""
 from __future__ import annotations
 
 import time
@@ -16,45 +17,62 @@ from preprocess.tokenizer import load_tokenizer, train_tokenizer
 from tests.launch import concurrently
 
 
-def _check_layout(ds, tsv, rows):
-    """Every listed row matches a direct encode: src/tgt_in/labels built as the contract says."""
+def padded(ds, rows=None):
+    """(src, tgt_in, labels) as numpy arrays: the padded batch of `rows` (default: every pair)."""
+    batch = ds.batch(np.arange(ds.num_samples) if rows is None else rows)
+    return tuple(batch[k].numpy() for k in ("src_ids", "tgt_ids", "labels"))
+
+
+def expected_rows(ds, tsv, i):
+    """Row i as the contract builds it from a direct encode of the TSV line: src, tgt_in, labels."""
     tok = load_tokenizer(ds.tokenizer_path)
     sources, targets = read_tsv_pairs(tsv)
-    for i in rows:
-        s = tok.encode(sources[i], add_special_tokens=False).ids[: ds.src_len - 1]
-        y = tok.encode(targets[i], add_special_tokens=False).ids[: ds.tgt_len - 1]
-        pad_s, pad_t = ds.src_len - len(s) - 1, ds.tgt_len - len(y) - 1
-        assert ds.src[i].tolist() == s + [ds.eos_id] + [ds.pad_id] * pad_s
-        assert ds.tgt_in[i].tolist() == [ds.bos_id] + y + [ds.pad_id] * pad_t
-        assert ds.labels[i].tolist() == y + [ds.eos_id] + [ds.pad_id] * pad_t
+    s = tok.encode(sources[i], add_special_tokens=False).ids[: ds.src_len - 1]
+    y = tok.encode(targets[i], add_special_tokens=False).ids[: ds.tgt_len - 1]
+    pad_s, pad_t = ds.src_len - len(s) - 1, ds.tgt_len - len(y) - 1
+    return (s + [ds.eos_id] + [ds.pad_id] * pad_s, [ds.bos_id] + y + [ds.pad_id] * pad_t,
+            y + [ds.eos_id] + [ds.pad_id] * pad_t)
+
+
+def _check_layout(ds, tsv, rows):
+    """Every listed row matches a direct encode: src/tgt_in/labels built as the contract says."""
+    src, tgt_in, labels = padded(ds, rows)
+    for k, i in enumerate(rows):
+        assert (src[k].tolist(), tgt_in[k].tolist(), labels[k].tolist()) == expected_rows(ds, tsv, i)
 
 
 def test_shapes_and_token_placement(multi30k_dataset_factory, multi30k_tsv):
     ds = multi30k_dataset_factory(32, 32)
     assert ds.num_samples == len(ds) == 29000
     assert (ds.pad_id, ds.unk_id, ds.bos_id, ds.eos_id, ds.vocab_size) == (0, 1, 2, 3, 8000)
-    for name, width in (("src", 32), ("tgt_in", 32), ("labels", 32)):
-        array = getattr(ds, name)
+    src, tgt_in, labels = padded(ds)
+    for array, width in ((src, 32), (tgt_in, 32), (labels, 32)):
         assert array.shape == (29000, width) and array.dtype == np.int64
-    assert (ds.tgt_in[:, 0] == ds.bos_id).all()
-    assert ((ds.src == ds.eos_id).sum(axis=1) == 1).all()
-    assert ((ds.labels == ds.eos_id).sum(axis=1) == 1).all()
+    assert (tgt_in[:, 0] == ds.bos_id).all()
+    assert ((src == ds.eos_id).sum(axis=1) == 1).all()
+    assert ((labels == ds.eos_id).sum(axis=1) == 1).all()
     # Teacher forcing: every target token in labels is the next decoder input.
-    tokens = (ds.labels[:, :-1] != ds.pad_id) & (ds.labels[:, :-1] != ds.eos_id)
-    assert (ds.tgt_in[:, 1:][tokens] == ds.labels[:, :-1][tokens]).all()
-    assert ((ds.tgt_in != ds.pad_id).sum(axis=1) == (ds.labels != ds.pad_id).sum(axis=1)).all()
+    tokens = (labels[:, :-1] != ds.pad_id) & (labels[:, :-1] != ds.eos_id)
+    assert (tgt_in[:, 1:][tokens] == labels[:, :-1][tokens]).all()
+    assert ((tgt_in != ds.pad_id).sum(axis=1) == (labels != ds.pad_id).sum(axis=1)).all()
+    assert [(a != ds.pad_id).sum(axis=1).tolist() for a in (src, labels)] == [x.tolist() for x in ds.real_lengths()]
     _check_layout(ds, multi30k_tsv, rows=[0, 1, 2, 14_500, 28_999])
 
 
 def test_truncation(multi30k_dataset_factory, multi30k_tsv):
     ds = multi30k_dataset_factory(8, 6)
-    assert ds.src.shape == (29000, 8) and ds.tgt_in.shape == (29000, 6)
-    long_src = np.flatnonzero(ds.src_tokens > 7)
-    long_tgt = np.flatnonzero(ds.tgt_tokens > 5)
+    src, tgt_in, labels = padded(ds)
+    assert src.shape == (29000, 8) and tgt_in.shape == (29000, 6)
+    long_src = np.flatnonzero(ds.src_truncated)
+    long_tgt = np.flatnonzero(ds.tgt_truncated)
     assert len(long_src) > 1000 and len(long_tgt) > 1000
-    assert (ds.src[long_src, -1] == ds.eos_id).all() and (ds.src[long_src] != ds.pad_id).all()
-    assert (ds.labels[long_tgt, -1] == ds.eos_id).all() and (ds.tgt_in[long_tgt] != ds.pad_id).all()
+    assert (src[long_src, -1] == ds.eos_id).all() and (src[long_src] != ds.pad_id).all()
+    assert (labels[long_tgt, -1] == ds.eos_id).all() and (tgt_in[long_tgt] != ds.pad_id).all()
     _check_layout(ds, multi30k_tsv, rows=[int(long_src[0]), int(long_tgt[0]), int(long_tgt[-1])])
+    tok = load_tokenizer(ds.tokenizer_path)
+    sources = read_tsv_pairs(multi30k_tsv)[0]
+    cut = [len(e.ids) > 7 for e in tok.encode_batch(sources, add_special_tokens=False)]
+    assert ds.src_truncated.tolist() == cut                             # flagged exactly where the tokenizer overflows
     stats = ds.stats()
     assert stats["src_truncated_pct"] == pytest.approx(100 * len(long_src) / 29000)
 
@@ -69,8 +87,8 @@ def test_cold_build_then_cache_hit(multi30k_tsv, bpe_tokenizer, tmp_path):
     assert not cold.cache_hit and warm.cache_hit
     assert cold_s < 20, f"cold tokenization of Multi30k train took {cold_s:.1f}s"
     assert warm_s < cold_s / 4, f"cache load {warm_s:.2f}s is not much faster than cold {cold_s:.2f}s"
-    for name in ("src", "tgt_in", "labels"):
-        np.testing.assert_array_equal(getattr(cold, name), getattr(warm, name))
+    for a, b in zip(padded(cold), padded(warm)):
+        np.testing.assert_array_equal(a, b)
     assert [p.name for p in tmp_path.iterdir()] == [cold.cache_path.name], "temporary folder left behind"
     # Any change of lengths (or TSV, or tokenizer) is a different cache entry.
     other = TranslationDataset(multi30k_tsv, bpe_tokenizer, 24, 16, cache_dir=tmp_path, progress=False)
@@ -88,7 +106,7 @@ def test_default_cache_dir_and_stale_temp_is_ignored(multi30k_dir, bpe_tokenizer
     final.rename(stale)
     rebuilt = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
     assert not rebuilt.cache_hit and rebuilt.cache_path.is_dir()
-    np.testing.assert_array_equal(rebuilt.src, first.src)
+    np.testing.assert_array_equal(padded(rebuilt)[0], padded(first)[0])
     # A changed TSV gets a new key even under the same name.
     tsv.write_text(tsv.read_text(encoding="utf-8") + "Un chat.\tA cat.\n", encoding="utf-8")
     grown = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
@@ -99,8 +117,8 @@ def test_damaged_cache_is_a_user_error(multi30k_dir, bpe_tokenizer, tmp_path):
     tsv = tmp_path / "val.fr_en.tsv"
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
     built = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
-    for arrow in built.cache_path.glob("*.arrow"):
-        arrow.unlink()
+    for tokens in built.cache_path.glob("*.tokens"):
+        tokens.unlink()
     with pytest.raises(UserError, match="unreadable tokenization cache"):
         TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
 
@@ -111,18 +129,21 @@ def test_word_tokenizer_dataset_uses_eot(multi30k_dir, tmp_path):
     word = train_tokenizer([tsv], tmp_path / "word", type="word")
     ds = TranslationDataset(tsv, word, 12, 12, progress=False)
     assert (ds.unk_id, ds.pad_id, ds.bos_id, ds.eos_id) == (0, 1, 2, 2)
-    assert (ds.tgt_in[:, 0] == 2).all()
+    assert (padded(ds)[1][:, 0] == 2).all()
     _check_layout(ds, tsv, rows=[0, 500, 1013])
 
 
-def test_batch_and_seed_fields(multi30k_dataset_factory):
+def test_batch_and_seed_fields(multi30k_dataset_factory, multi30k_tsv):
     ds = multi30k_dataset_factory(32, 32)
     idx = np.array([5, 0, 28_999, 77])
     batch = ds.batch(idx)
     assert set(batch) == {"src_ids", "tgt_ids", "labels"}
-    for key, array in (("src_ids", ds.src), ("tgt_ids", ds.tgt_in), ("labels", ds.labels)):
-        assert batch[key].dtype == torch.int64 and batch[key].shape == (4, 32)
-        assert torch.equal(batch[key], torch.from_numpy(array[idx]))
+    for k, i in enumerate(idx):
+        for key, row in zip(("src_ids", "tgt_ids", "labels"), expected_rows(ds, multi30k_tsv, i)):
+            assert batch[key].dtype == torch.int64 and batch[key].shape == (4, 32)
+            assert batch[key][k].tolist() == row
+    # a negative index counts from the end (the filler rows of a last validation batch)
+    assert torch.equal(ds.batch([-1])["src_ids"], ds.batch([28_999])["src_ids"])
 
     fields = seed_fields(batch, ds.pad_id)
     assert set(fields) == {"src_ids", "src_position", "src_mask", "tgt_ids", "tgt_position", "tgt_mask",
@@ -149,9 +170,11 @@ def test_batch_and_seed_fields(multi30k_dataset_factory):
 def test_count_target_tokens(multi30k_dataset_factory):
     ds = multi30k_dataset_factory(32, 32)
     batch = ds.batch(np.arange(10))
-    expected = int((ds.labels[:10] != ds.pad_id).sum())
+    expected = int((batch["labels"] != ds.pad_id).sum())
     assert count_target_tokens(batch["labels"], ds.pad_id) == expected
-    assert count_target_tokens(ds.labels[:10], ds.pad_id) == expected
+    assert count_target_tokens(batch["labels"].numpy(), ds.pad_id) == expected
+    assert ds.target_tokens(np.arange(10)) == expected                 # from the store's offsets
+    assert ds.source_tokens(np.arange(10)) == int((batch["src_ids"] != ds.pad_id).sum())
     assert count_target_tokens(np.array([[5, 3, 0, 0]]), 0) == 2
 
 
@@ -172,16 +195,25 @@ def test_cli_stats_and_error(run_module, assert_user_error, multi30k_tsv, bpe_to
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
     empty = tmp_path / "empty.tsv"
     empty.write_text("")
-    help_result, result, error = concurrently(
+    help_result, result, error, shown, workers = concurrently(
         lambda: run_module("preprocess.dataset", "--help"),
         lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
                            "--src_len", 32, "--tgt_len", 32, "--no_progress"),
         lambda: run_module("preprocess.dataset", "--file_path", empty, "--tokenizer", bpe_tokenizer,
-                           "--src_len", 32, "--tgt_len", 32))
+                           "--src_len", 32, "--tgt_len", 32),
+        lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
+                           "--src_len", 16, "--tgt_len", 16, "--cache_dir", tmp_path / "shown"),
+        lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
+                           "--src_len", 32, "--tgt_len", 32, "--num_proc", 0))
     assert help_result.returncode == 0 and "--src_len" in help_result.stdout and "example" in help_result.stdout
+    assert "--cache_dir" in help_result.stdout and "--num_proc" in help_result.stdout
     assert result.returncode == 0, result.stderr
     assert f"tokenized {tsv} in " in result.stdout and "samples 1014" in result.stdout
+    assert "(uint16 ids)" in result.stdout and "real tokens x 2 bytes" in result.stdout
     assert_user_error(error, f"{empty}: file is empty")
+    assert shown.returncode == 0 and "tokenizing val.fr_en.tsv" in shown.stderr and "pairs/s" in shown.stderr
+    assert str(tmp_path / "shown") in shown.stdout
+    assert_user_error(workers, "--num_proc 0 must be >= 1")
 
 
 # -- the global batch schedule ----------------------------------------------------------------------------------

@@ -129,8 +129,8 @@ def test_translator_sources_are_the_dataset_rows(multi30k_dataset_factory, multi
     lines = read_tsv_pairs(multi30k_tsv)[0][:300]
     rows, cut = encode_sources(load_tokenizer(bpe_tokenizer), lines, 12, data.eos_id)
     for i, ids in enumerate(rows):
-        assert ids == [t for t in data.src[i].tolist() if t != data.pad_id], i
-    assert cut == [i for i in range(300) if data.src_tokens[i] > 11] and 0 < len(cut) < 300
+        assert ids == [t for t in data.batch([i])["src_ids"][0].tolist() if t != data.pad_id], i
+    assert cut == [i for i in range(300) if data.src_truncated[i]] and 0 < len(cut) < 300
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -3,7 +3,8 @@ peak memory — checked against the data and the cost model independently of how
 import numpy as np
 
 from model.config import ModelConfig
-from preprocess.dataset import TranslationDataset
+from preprocess.textio import read_tsv_pairs
+from preprocess.tokenizer import load_tokenizer
 from preprocess.token_batches import TokenBatchSchedule
 from tests.launch import TINY, read_metrics, run_train
 from model.costs import model_flops
@@ -15,10 +16,12 @@ def test_step_metrics_padding_flops_memory(multi30k_tsv, bpe_tokenizer, tmp_path
     run_train(1, flags)
     records = read_metrics(tmp_path)
     src_len = tgt_len = int(TINY[TINY.index("--src_len") + 1])
-    data = TranslationDataset(multi30k_tsv, bpe_tokenizer, src_len, tgt_len, progress=False)
-    # the real lengths from the tokenizer's untruncated counts (not from the PAD positions train.py counts)
-    src_real = np.minimum(data.src_tokens + 1, src_len)
-    tgt_real = np.minimum(data.tgt_tokens + 1, tgt_len)
+    # the real lengths from the tokenizer's untruncated counts (not from the token store train.py reads)
+    tok = load_tokenizer(bpe_tokenizer)
+    counts = [np.array([len(e.ids) for e in tok.encode_batch(side, add_special_tokens=False)])
+              for side in read_tsv_pairs(multi30k_tsv)]
+    src_real = np.minimum(counts[0] + 1, src_len)
+    tgt_real = np.minimum(counts[1] + 1, tgt_len)
     sched = TokenBatchSchedule(src_real, tgt_real, 256, 8, int(TINY[TINY.index("--seed") + 1]), src_len, tgt_len)
     cfg = ModelConfig(vocab_size=8000, d_model=32, num_heads=4, ffn_size=64, encoder_layers=2, decoder_layers=2,
                       src_len=src_len, tgt_len=tgt_len)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import unicodedata
 
+import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
@@ -150,3 +151,19 @@ def test_split_punctuation_round_trips_and_splits(multi30k_tsv, val_tsv, multi30
     assert json.loads((tmp_path / "p" / "tokenizer_meta.json").read_text())["split_punctuation"] is True
     with pytest.raises(UserError, match="--split_punctuation applies to --type bpe only"):
         train_tokenizer([val_tsv], tmp_path / "w", type="word", split_punctuation=True)
+
+
+def test_sample_size_trains_on_a_fixed_uniform_sample(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """--sample_size N: N pairs drawn uniformly with a fixed seed from all inputs (the same N pairs every time), the
+    rest still validated; recorded in tokenizer_meta.json."""
+    from preprocess.tokenizer import sample_pairs
+    first = train_tokenizer([multi30k_tsv], tmp_path / "a", vocab_size=2000, sample_size=3000)
+    again = train_tokenizer([multi30k_tsv], tmp_path / "b", vocab_size=2000, sample_size=3000)
+    assert first.read_text() == again.read_text()
+    assert json.loads((tmp_path / "a" / "tokenizer_meta.json").read_text())["sample_size"] == 3000
+    assert first.read_text() != train_tokenizer([multi30k_tsv], tmp_path / "c", vocab_size=2000).read_text()
+    chosen = sample_pairs(29_000, 3000)
+    assert len(np.unique(chosen)) == 3000 and chosen[0] < 100 and chosen[-1] > 28_900   # spread over the file
+    assert sample_pairs(29_000, None) is None and sample_pairs(100, 500) is None
+    with pytest.raises(UserError, match="--sample_size 0 must be >= 1"):
+        train_tokenizer([multi30k_tsv], tmp_path / "d", sample_size=0)

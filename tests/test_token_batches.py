@@ -31,7 +31,8 @@ def test_batches_fit_the_budget_cover_each_pair_once_and_pad_little(lengths, max
         assert len(idx) % multiple == 0 and len(idx) * max(s, t) <= max_tokens
         assert s % 8 == 0 or s == SRC_LEN
         assert src[idx].max() <= s and tgt[idx].max() <= t              # nothing real is cut off
-        assert (data.src[idx, s:] == data.pad_id).all() and (data.labels[idx, t:] == data.pad_id).all()
+        full = data.batch(idx)                                         # padded to the dataset's lengths
+        assert (full["src_ids"][:, s:] == data.pad_id).all() and (full["labels"][:, t:] == data.pad_id).all()
         seen.append(idx)
         real += int(src[idx].sum() + tgt[idx].sum())
         positions += len(idx) * (s + t)
@@ -43,6 +44,42 @@ def test_batches_fit_the_budget_cover_each_pair_once_and_pad_little(lengths, max
     print(f"max_tokens {max_tokens} ×{multiple}: {sched.batches_per_epoch} batches, padding {padding:.1%} "
           f"(fixed length {SRC_LEN}: {fixed:.1%})")
     assert padding < fixed / 2
+
+
+def reference_batches(src, tgt, max_tokens, multiple, seed, src_len, tgt_len, pad_multiple):
+    """The packing rule written plainly (a pair at a time, as the schedule was first written): sort by (padded
+    target, padded source, a seeded tie), then let a batch take groups of `multiple` pairs while pairs × longest
+    padded side stays within max_tokens."""
+    s_pad, t_pad = padded_length(src, pad_multiple, src_len), padded_length(tgt, pad_multiple, tgt_len)
+    tie = np.random.default_rng([seed, 2 ** 31]).permutation(len(src))
+    order = np.lexsort((tie, s_pad, t_pad))
+    end_all = len(order) // multiple * multiple
+    batches, start = [], 0
+    while start < end_all:
+        end, s_max, t_max = start, 0, 0
+        while end < end_all:
+            group = order[end:end + multiple]
+            s_new, t_new = max(s_max, int(s_pad[group].max())), max(t_max, int(t_pad[group].max()))
+            if end > start and (end + multiple - start) * max(s_new, t_new) > max_tokens:
+                break
+            end, s_max, t_max = end + multiple, s_new, t_new
+        batches.append((order[start:end], (s_max, t_max)))
+        start = end
+    return batches
+
+
+@pytest.mark.parametrize("max_tokens,multiple,pad", [(2048, 16, 8), (1000, 8, 8), (300, 1, 3), (4096, 48, 1)])
+def test_vectorised_schedule_equals_the_plain_packing_rule(lengths, max_tokens, multiple, pad):
+    """The schedule is built with a radix sort and a loop over groups (10 M pairs in seconds); its batches, their
+    order and their shapes are exactly the plain rule's (which checkpoints' data order was made with)."""
+    _, src, tgt = lengths
+    sched = TokenBatchSchedule(src, tgt, max_tokens, multiple, 9, SRC_LEN, TGT_LEN, pad)
+    want = reference_batches(src, tgt, max_tokens, multiple, 9, SRC_LEN, TGT_LEN, pad)
+    assert sched.batches_per_epoch == len(want)
+    epoch = np.random.default_rng([9, 0]).permutation(len(want))
+    for step in range(len(want)):
+        idx, shape = want[epoch[step]]
+        assert np.array_equal(sched.global_batch(step), idx) and sched.shape(step) == shape, step
 
 
 def test_same_batches_every_epoch_in_a_new_order_and_a_pure_function_of_the_step(lengths):

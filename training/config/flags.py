@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tokenizer.json; without it a BPE tokenizer is trained on --file_path and cached")
     g.add_argument("--tokenizer_vocab_size", type=int, default=8000,
                    help="vocabulary of the auto-built BPE tokenizer (default 8000)")
+    g.add_argument("--cache_dir", default=None,
+                   help="where the token store of --file_path/--valid_file (and an auto-built tokenizer) is written "
+                        "and looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder")
 
     g = p.add_argument_group("parallelism and memory")
     g.add_argument("--data_parallel", type=int, default=None,

@@ -116,6 +116,7 @@ class OptimizationSection:
 @dataclass(frozen=True)
 class DataSection:
     file_path: Optional[str] = None
+    cache_dir: Optional[str] = None           # the token stores (default: <TSV dir>/.tokcache)
     batch_size: int = 32                      # global, in pairs
     max_tokens: int = 0                       # > 0: token batches
     batch_multiple: int = 16

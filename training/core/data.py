@@ -1,9 +1,12 @@
 """From --file_path/--tokenizer to the micro-batches one rank feeds its engine.
 
-Tokenizer training and tokenization run once per node (local rank 0) while the other ranks wait at a barrier and
-then read the cache. Which samples make global batch `step` is `GlobalBatchSchedule.global_batch(step)`, layout-free;
-a rank takes its data-parallel slice and cuts it into micro-batches. Each step also carries the global batch's
-non-PAD target-token count, which the training objective divides by (`training.core.objective`).
+Every rank hashes the TSV (at the same time: the hash names the token store); tokenizer training and tokenization
+then run once per node (local rank 0) while the other ranks wait at a barrier, and every rank maps the store
+read-only, so a node's ranks share its pages (preprocess.token_store). `cache_dir` (--cache_dir) is where the store
+and an auto-built tokenizer go when the data folder is read-only or shared. Which samples make global batch `step`
+is `GlobalBatchSchedule.global_batch(step)`, layout-free; a rank takes its data-parallel slice and cuts it into
+micro-batches, padded only then. Each step also carries the global batch's non-PAD target-token count, which the
+training objective divides by (`training.core.objective`).
 """
 from __future__ import annotations
 
@@ -15,8 +18,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
-                                micro_slices)
+from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
 from common.hashing import file_sha256
 from common.ranks import local_rank_from_env
@@ -28,16 +30,17 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def auto_tokenizer_path(tsv_path: str, vocab_size: int) -> str:
+def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: Optional[str] = None,
+                        tsv_sha256: Optional[str] = None) -> str:
     """Where the BPE tokenizer built for a TSV (when --tokenizer is not given) is cached."""
-    digest = file_sha256(tsv_path)[:16]
-    return os.path.join(os.path.dirname(os.path.abspath(tsv_path)), ".tokcache",
-                        f"bpe{vocab_size}-{digest}", "tokenizer.json")
+    digest = (tsv_sha256 or file_sha256(tsv_path))[:16]
+    root = cache_dir if cache_dir is not None else default_cache_root(os.path.abspath(tsv_path))
+    return os.path.join(root, f"bpe{vocab_size}-{digest}", "tokenizer.json")
 
 
 def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: int, tgt_len: int,
                  tokenizer_vocab_size: int = 8000, progress: bool = True,
-                 flag: str = "--file_path") -> TranslationDataset:
+                 flag: str = "--file_path", cache_dir: Optional[str] = None) -> TranslationDataset:
     if not file_path:
         raise UserError(f"{flag} is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
                         "`python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt "
@@ -47,17 +50,21 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
     if tokenizer and not os.path.isfile(tokenizer):
         raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
                         f"leave --tokenizer out to build one from --file_path)")
-    tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size)
+    sha = file_sha256(file_path)                     # once per rank, and all ranks at once (not after the barrier)
+    tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size, cache_dir, sha)
     if local_rank_from_env() == 0:
         if not tokenizer and not os.path.isfile(tok_path):
             from preprocess.tokenizer import train_tokenizer
             print(f"building a BPE tokenizer ({tokenizer_vocab_size}) from {file_path} → {tok_path}", flush=True)
-            train_tokenizer([file_path], os.path.dirname(tok_path), type="bpe", vocab_size=tokenizer_vocab_size)
-        data = TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=progress)
+            train_tokenizer([file_path], os.path.dirname(tok_path), type="bpe", vocab_size=tokenizer_vocab_size,
+                            progress=progress)
+        data = TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=progress,
+                                  tsv_sha256=sha)
         _barrier()
         return data
     _barrier()
-    return TranslationDataset(file_path, tok_path, src_len, tgt_len, progress=False)
+    return TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=False,
+                              tsv_sha256=sha)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -112,7 +119,7 @@ def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int
     for start in range(0, data.num_samples, global_batch):
         idx = np.arange(start, start + global_batch, dtype=np.int64)
         idx[idx >= data.num_samples] = -1
-        tokens = count_target_tokens(data.labels[idx[idx >= 0]], data.pad_id)
+        tokens = data.target_tokens(idx[idx >= 0])
         yield StepBatches(data, micro_slices(dp_slice(idx, dp_rank, dp_size), micro_batch_num), tokens, device)
 
 
@@ -139,8 +146,9 @@ class BatchFeeder:
         idx = self.schedule.global_batch(step)
         shape = self.schedule.shape(step)
         s, t = shape if shape is not None else (self.data.src_len, self.data.tgt_len)
-        tokens = count_target_tokens(self.data.labels[idx], self.data.pad_id)
-        src_tokens = int(np.count_nonzero(self.data.src[idx, :s] != self.data.pad_id))
+        # a batch's shape never cuts a real token (fixed: the dataset's lengths; token batches: the longest pair)
+        tokens = self.data.target_tokens(idx)
+        src_tokens = self.data.source_tokens(idx)
         mine = dp_slice(idx, self.dp_rank, self.dp_size)
         return StepBatches(self.data, micro_slices(mine, self.gas), tokens, self.device, shape, src_tokens,
                            1.0 - (src_tokens + tokens) / (len(idx) * (s + t)), len(idx))

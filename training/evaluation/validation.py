@@ -35,9 +35,9 @@ class Validator:
     when the engine's module is not the whole serial model; None: no BLEU."""
 
     def __init__(self, valid_file: str, tokenizer_path: str, src_len: int, tgt_len: int, global_batch: int,
-                 ctx, micro_batch_num: int, device, progress: bool, bleu=None):
+                 ctx, micro_batch_num: int, device, progress: bool, bleu=None, cache_dir=None):
         self.data = prepare_data(valid_file, tokenizer_path, src_len, tgt_len, progress=progress,
-                                 flag="--valid_file")
+                                 flag="--valid_file", cache_dir=cache_dir)
         self.global_batch, self.ctx, self.micro, self.device = global_batch, ctx, micro_batch_num, device
         self.tokenizer_path, self.save_for_bleu = str(tokenizer_path), bleu
         self.references = None
