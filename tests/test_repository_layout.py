@@ -158,3 +158,19 @@ def test_every_recipe_loads_into_the_typed_configuration(recipe):
             assert held and all(v == value for v in held), (recipe, section, key, value, held)
     assert config.parallel.deepspeed_overrides == {k: v for k, v in raw.get("deepspeed", {}).items()
                                                    if not k.startswith("_")}
+
+
+def test_the_installed_package_holds_every_package():
+    """setup.cfg's packages.find includes every first-party package and sub-package: a non-editable install with
+    common/ or demos/ missing could not import training (common.errors) at all."""
+    import configparser
+
+    from setuptools import find_packages
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO_ROOT / "setup.cfg")
+    include = cfg["options.packages.find"]["include"].split()
+    installed = set(find_packages(where=str(REPO_ROOT), include=include))
+    on_disk = {".".join(p.parent.relative_to(REPO_ROOT).parts) for package in PACKAGES
+               for p in (REPO_ROOT / package).rglob("__init__.py")}
+    assert on_disk and on_disk <= installed, sorted(on_disk - installed)
+    assert all(name.split(".")[0] in PACKAGES for name in installed), installed
