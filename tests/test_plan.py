@@ -305,7 +305,7 @@ BAD = [
      ["pipeline_stage=3 > 2 blocks"]),
     ("batch-not-divisible", {"model": SEED_MODEL, "parallel": {"model_parallel": 2},
                              "training": {"batch_size": 30}}, 8,
-     ["global batch_size=30 is not divisible by data_parallel×micro_batch_num = 4×1 = 4", "try batch_size [4, 8"]),
+     ["global batch_size=30 is not divisible by data_parallel×micro_batch_num = 4×1 = 4", "try batch_size 28 or 32"]),
     ("zero2-with-pipeline", {"model": SEED_MODEL, "parallel": {"pipeline_stage": 2, "zero_stage": 2}}, 2,
      ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     ("malformed-json", '{"model": {"vocab_size": 20000,}}', 2, ["is not valid JSON: line 1 column"]),
