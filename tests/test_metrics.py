@@ -1,18 +1,25 @@
 """What train.py reports per step beyond the loss: padding, achieved FLOP/s, MFU (only where the peak is known) and
-peak memory — checked against the data and the cost model independently of how train.py computed them."""
+peak memory — checked against the data and the cost model independently of how train.py computed them; one epoch
+numbering in the loss line and metrics.jsonl, the time left in the loss line, and run.json saying how to run it
+again."""
+import json
+import re
+import shlex
+import subprocess
+
 import numpy as np
 
 from model.config import ModelConfig
 from preprocess.dataset import TranslationDataset
 from preprocess.token_batches import TokenBatchSchedule
-from tests.launch import TINY, read_metrics, run_train
+from tests.launch import REPO_ROOT, TINY, read_metrics, run_train
 from model.costs import model_flops
 
 
 def test_step_metrics_padding_flops_memory(multi30k_tsv, bpe_tokenizer, tmp_path):
     flags = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path, *TINY,
-             "--max_tokens", "256", "--batch_multiple", "8", "--steps", 4]
-    run_train(1, flags)
+             "--max_tokens", "256", "--batch_multiple", "8", "--steps", 4, "--log_interval", 2]
+    proc = run_train(1, flags)
     records = read_metrics(tmp_path)
     src_len = tgt_len = int(TINY[TINY.index("--src_len") + 1])
     data = TranslationDataset(multi30k_tsv, bpe_tokenizer, src_len, tgt_len, progress=False)
@@ -33,3 +40,33 @@ def test_step_metrics_padding_flops_memory(multi30k_tsv, bpe_tokenizer, tmp_path
         assert "mfu" not in r                                   # a CPU: no peak to divide by, none guessed
         assert 100 < r["peak_mem_mib"] < 8000
     assert len({r["padding"] for r in records}) > 1             # token batches: each its own padding
+
+    # one epoch numbering: the loss line's epoch is the record's, counted from 1
+    lines = re.findall(r"^epoch: (\d+) step: (\d+), loss is .*, ETA: (\d+(?:h\d\dm|m\d\ds|s))$", proc.stdout, re.M)
+    assert [int(s) for _, s, _ in lines] == [2, 4], proc.stdout
+    by_step = {r["step"]: r for r in records}
+    assert all(by_step[int(s)]["epoch"] == int(e) for e, s, _ in lines) and records[0]["epoch"] == 1
+    assert lines[-1][2] == "0s"                                  # the last step: nothing left
+
+    # run.json: the resolved configuration, how it was started, and the code's version
+    info = json.loads((tmp_path / "run.json").read_text())
+    config = info["config"]
+    assert config["optimization"]["lr"] == 1e-3 and config["optimization"]["lr_schedule"] == "constant"
+    assert config["data"]["max_tokens"] == 256 and config["model"]["d_model"] == 32
+    assert info["files"]["file_path"] == str(multi30k_tsv) and info["files"]["tokenizer"] == str(bpe_tokenizer)
+    argv = shlex.split(info["command"])
+    assert argv[1].endswith("run_scripts/train.py") and argv[argv.index("--max_tokens") + 1] == "256"
+    head = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True)
+    want = head.stdout.strip() if head.returncode == 0 else "unknown"
+    assert info["git_commit"].split("+")[0] == want
+
+
+def test_code_version_outside_git_is_unknown(tmp_path):
+    from common.repository import git_commit
+    assert git_commit(tmp_path) == "unknown"
+
+
+def test_eta_formatting():
+    from training.core.metrics import format_duration
+    assert [format_duration(s) for s in (0, 7.4, 59.6, 192, 3725, 90061)] == ["0s", "7s", "1m00s", "3m12s", "1h02m",
+                                                                             "25h01m"]
