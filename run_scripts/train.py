@@ -25,8 +25,9 @@ from training.faults.rank_supervisor import reported_collective_failures, superv
 
 def main(argv=None) -> int:
     supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
+    from common.ranks import global_rank_from_env
     from training.config.flags import parse_config
-    config = parse_config(argv)
+    config = parse_config(argv, report=lambda line: print(line, flush=True) if global_rank_from_env() == 0 else None)
     from training.trainer import run_training
     with reported_collective_failures(config.faults.comm_timeout):   # a peer died or hung: one line, no traceback
         rc = run_training(config)
