@@ -15,8 +15,8 @@ from typing import Optional
 import torch.distributed as dist
 
 from common.errors import UserError
-from model.config import validate_layout
 from training.checkpoint.manager import CheckpointManager
+from training.config.preflight import check_run
 from training.config.sections import TrainConfig
 from training.core.data import BatchFeeder, batch_schedule, prepare_data
 from training.core.distributed import device, init_distributed
@@ -47,11 +47,10 @@ class Trainer:
         self.lock = claim_output_dir(cfg.checkpoint)      # rank 0: the folder, its lock and the start point, first
         self.world = init_distributed(cfg.parallel.distribute, cfg.faults.comm_timeout)
         self.rank = dist.get_rank()
-        self.parallel = cfg.parallel.parallel_config(self.world)
-        # the layout before touching data (cheap, and the error users need first)
-        batch_unit, batch_name = cfg.data.batch_unit
-        validate_layout(self.parallel, cfg.model.probe(), world_size=self.world, global_batch=batch_unit,
-                        batch_name=batch_name)
+        # the layout and the DeepSpeed settings before touching data (cheap, and the error users need first); the
+        # same checks as plan.py --check, which the launch scripts run before any rank starts
+        _, self.parallel = check_run(cfg, self.world)
+        batch_unit = cfg.data.batch_unit[0]
         check_precision(cfg.parallel.precision)
 
         self.data = prepare_data(cfg.data.file_path, cfg.model.tokenizer, cfg.model.src_len, cfg.model.tgt_len,
