@@ -70,3 +70,40 @@ def test_eta_formatting():
     from training.core.metrics import format_duration
     assert [format_duration(s) for s in (0, 7.4, 59.6, 192, 3725, 90061)] == ["0s", "7s", "1m00s", "3m12s", "1h02m",
                                                                              "25h01m"]
+
+
+def test_plot_metrics_draws_every_curve_of_real_runs(multi30k_tsv, bpe_tokenizer, tmp_path, assert_user_error):
+    """run_scripts/plot_metrics.py on two real runs (12 steps, validation with BLEU every 4): every panel has one
+    curve per run holding exactly the run's metrics.jsonl values, validation loss and BLEU at the validated steps;
+    the PNG is written; a folder without metrics is one error line."""
+    import sys
+
+    from tests.launch import concurrently, env, run_python
+    valid = tmp_path / "valid.tsv"
+    valid.write_text("".join(multi30k_tsv.read_text(encoding="utf-8").splitlines(keepends=True)[:32]),
+                     encoding="utf-8")
+    common = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--steps", 12, "--valid_file", valid,
+              "--valid_interval", 4, "--valid_bleu", 1]
+    concurrently(*[lambda name=name, lr=lr: run_train(1, [*common, "--lr", lr, "--output_dir", tmp_path / name])
+                   for name, lr in (("lr1e-3", "1e-3"), ("lr3e-3", "3e-3"))])
+    plot = str(REPO_ROOT / "run_scripts" / "plot_metrics.py")
+    proc = run_python([sys.executable, plot, tmp_path / "lr1e-3", tmp_path / "lr3e-3" / "metrics.jsonl", "--output",
+                       tmp_path / "curves.png"], env=env())
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith(f"wrote {tmp_path / 'curves.png'} (lr1e-3: steps 1-12, lr3e-3: steps 1-12)")
+    assert (tmp_path / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
+    from plot_metrics import plot_runs, read_run
+    runs = [read_run(str(tmp_path / name)) for name in ("lr1e-3", "lr3e-3")]
+    drawn = plot_runs(runs, str(tmp_path / "again.png"))
+    for (name, _), records in zip(runs, (read_metrics(tmp_path / n) for n in ("lr1e-3", "lr3e-3"))):
+        got = {title: {label: (steps, values) for label, steps, values in lines} for title, lines in drawn.items()}
+        steps = list(range(1, 13))
+        assert got["loss"][name] == (steps, [r["loss"] for r in records])
+        assert got["loss"][f"{name} (valid)"] == ([4, 8, 12], [r["valid_loss"] for r in records if "valid_loss" in r])
+        assert got["valid BLEU"][name] == ([4, 8, 12], [r["valid_bleu"] for r in records if "valid_bleu" in r])
+        assert got["learning rate"][name] == (steps, [r["lr"] for r in records])
+        assert got["gradient norm"][name] == (steps, [r["grad_norm"] for r in records])
+        assert got["throughput"][name] == (steps, [r["tokens_per_sec"] for r in records])
+    assert_user_error(run_python([sys.executable, plot, tmp_path / "nothing"], env=env()), "no metrics.jsonl")
