@@ -290,7 +290,7 @@ examples:
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 4096 --device a100-40gb
 
 Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
-largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 90% of the
+largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 80% of the
 device's memory (--device, default h100; or --device_memory GiB) and, when it does not, which changes would make it
 fit. A layout that cannot run exits with status 2 and one `error:` line listing the layouts that would fit.
 """

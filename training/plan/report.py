@@ -166,8 +166,8 @@ def format_memory(plan: dict) -> list[str]:
     M = plan["memory"]
     usable = M["stages"][0]["usable_bytes"] if M["stages"] else 0
     out = [f"memory on {M['device']}: a stage fits when its largest rank's peak is at most "
-           f"{100 * M['usable_fraction']:.0f}% of it = {human(usable)} (the rest: CUDA context, workspaces, "
-           f"fragmentation)"]
+           f"{100 * M['usable_fraction']:.0f}% of it = {human(usable)} (the rest: what the count leaves out, "
+           f"docs/memory.md)"]
     for v, st in zip(M["stages"], plan["stages"]):
         out.append(f"  stage {v['stage']}: peak {human(v['peak_bytes'])} → "
                    + ("fits" if v["fits"] else f"DOES NOT FIT ({v['peak_bytes'] / max(usable, 1):.1f}× the usable "
