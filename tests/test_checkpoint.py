@@ -491,7 +491,8 @@ def _write_format_1(src, dst):
     for r in range(meta["world_size"]):
         flat = read_all(str(src / f"rng_rank{r}.safetensors"))
         torch.save({"default": {"cpu": flat["default/cpu"]}, "tp": {"cpu": flat["tp/cpu"]}}, dst / f"rng_rank{r}.pt")
-    old = {k: v for k, v in meta.items() if k not in ("checkpoint_id", "run_id", "optimizer", "skipped_steps")}
+    old = {k: v for k, v in meta.items()          # format 1 recorded no tokenizer copy either
+           if k not in ("checkpoint_id", "run_id", "optimizer", "skipped_steps", "tokenizer")}
     old.update(format_version=1, shards=[s.replace(".safetensors", ".pt") for s in meta["shards"]],
                rng=[s.replace(".safetensors", ".pt") for s in meta["rng"]])
     (dst / "meta.json").write_text(json.dumps(old))
