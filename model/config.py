@@ -127,21 +127,10 @@ def _or_list(items: list) -> str:
     return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
-def suggest_layouts(world_size: int, model: ModelConfig, global_batch: Optional[int] = None,
-                    micro_batch_num: int = 1, limit: int = 6) -> list[str]:
-    """Layouts (dp, mp, pp) that fit the world and model, most model-parallel first; used in error messages."""
-    out = []
-    for mp in sorted(_divisors(world_size), reverse=True):
-        if model.num_heads % mp or model.ffn % mp:
-            continue
-        for pp in _divisors(world_size // mp):
-            if pp > model.num_blocks:
-                continue
-            dp = world_size // mp // pp
-            if global_batch is not None and global_batch % (dp * micro_batch_num):
-                continue
-            out.append(f"dp={dp} mp={mp} pp={pp}")
-    return out[:limit]
+def _nearest_multiples(value: int, unit: int) -> list[int]:
+    """The multiples of `unit` just below and just above `value` (the below one only when positive)."""
+    below = value // unit * unit
+    return [b for b in (below, below + unit) if b >= unit]
 
 
 def batch_errors(p: ParallelConfig, global_batch: int, name: str = "batch_size") -> list[str]:
@@ -149,10 +138,10 @@ def batch_errors(p: ParallelConfig, global_batch: int, name: str = "batch_size")
     `name`: batch_size, or batch_multiple for token batches (whose sizes are multiples of it)."""
     per = p.data_parallel * p.micro_batch_num
     if global_batch < 1 or global_batch % per:
-        fits = [b for b in range(per, 4 * per + 1, per)][:3]
         what = "global batch_size" if name == "batch_size" else name
         return [f"{what}={global_batch} is not divisible by data_parallel×micro_batch_num = "
-                f"{p.data_parallel}×{p.micro_batch_num} = {per} (try {name} {fits})"]
+                f"{p.data_parallel}×{p.micro_batch_num} = {per} (try {name} "
+                f"{_or_list(_nearest_multiples(global_batch, per))})"]
     micro = global_batch // per
     if p.interleave_num < 1 or micro % p.interleave_num == 0:
         return []
@@ -162,12 +151,9 @@ def batch_errors(p: ParallelConfig, global_batch: int, name: str = "batch_size")
             f" use interleave_num {_or_list(ok)}, or a {name} that {p.interleave_num} × {per} divides"]
 
 
-def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Optional[int] = None,
-                    global_batch: Optional[int] = None, batch_name: str = "batch_size") -> None:
-    """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit.
-    `global_batch`: the global batch size, or (batch_name "batch_multiple") what token batches' sizes are a multiple
-    of."""
-    p, m = parallel, model
+def layout_errors(p: ParallelConfig, m: ModelConfig, world_size: Optional[int] = None,
+                  global_batch: Optional[int] = None, batch_name: str = "batch_size") -> list[str]:
+    """Every rule the (model, layout, world, batch) combination breaks, as sentences (empty: it can run)."""
     errors: list[str] = []
     for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "gradient_aggregation_group",
                  "interleave_num"):
@@ -179,7 +165,7 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
     if m.encoder_layers < 1 or m.decoder_layers < 1:
         errors.append(f"encoder_layers={m.encoder_layers} decoder_layers={m.decoder_layers}: both must be >= 1")
     if errors:
-        raise ConfigError("; ".join(errors))
+        return errors
 
     if world_size is not None and p.world_size != world_size:
         errors.append(f"data_parallel×model_parallel×pipeline_stage = {p.data_parallel}×{p.model_parallel}×"
@@ -211,13 +197,48 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
     if m.share_embeddings and p.model_parallel > 1 and p.vocab_emb_dp:
         errors.append(f"share_embeddings with model_parallel={p.model_parallel} needs vocab_emb_dp=false: the shared "
                       f"table is the output projection, which is split by vocabulary rows over the mp ranks")
-    if errors:
-        degrees = (f"[dp={p.data_parallel} mp={p.model_parallel} pp={p.pipeline_stage} "
-                   f"micro_batch_num={p.micro_batch_num} zero={zero}"
-                   + (f" interleave_num={p.interleave_num}]" if p.interleave_num != 1 else "]"))
-        msg = "invalid parallel layout " + degrees + ": " + "; ".join(errors)
-        if world_size is not None:
-            fits = suggest_layouts(world_size, m, global_batch, p.micro_batch_num)
-            msg += (f". Layouts that fit {world_size} processes: {', '.join(fits)}" if fits
-                    else f". No layout fits {world_size} processes with this model and global batch")
-        raise ConfigError(msg)
+    return errors
+
+
+def suggest_layouts(p: ParallelConfig, model: ModelConfig, world_size: int, global_batch: Optional[int] = None,
+                    batch_name: str = "batch_size", limit: int = 6) -> list[str]:
+    """Other layouts (dp, mp, pp) of `world_size` processes that pass every rule with the rest of `p` (micro-batches,
+    ZeRO, interleaving) unchanged, most model-parallel first: each candidate goes through `layout_errors` itself, so
+    a suggestion can never fail, and the layout that just failed is never one of them."""
+    out = []
+    for mp in sorted(_divisors(world_size), reverse=True):
+        for pp in _divisors(world_size // mp):
+            dp = world_size // mp // pp
+            if (dp, mp, pp) == (p.data_parallel, p.model_parallel, p.pipeline_stage):
+                continue
+            candidate = p.replace(data_parallel=dp, model_parallel=mp, pipeline_stage=pp)
+            if not layout_errors(candidate, model, world_size, global_batch, batch_name):
+                out.append(f"dp={dp} mp={mp} pp={pp}")
+    return out[:limit]
+
+
+def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Optional[int] = None,
+                    global_batch: Optional[int] = None, batch_name: str = "batch_size") -> None:
+    """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit.
+    `global_batch`: the global batch size, or (batch_name "batch_multiple") what token batches' sizes are a multiple
+    of."""
+    p, m = parallel, model
+    errors = layout_errors(p, m, world_size, global_batch, batch_name)
+    if not errors:
+        return
+    if any(getattr(p, n) < 1 for n in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+                                        "gradient_aggregation_group", "interleave_num")) \
+            or any(getattr(m, n) < 1 for n in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len",
+                                               "encoder_layers", "decoder_layers")):
+        raise ConfigError("; ".join(errors))              # sizes below 1: nothing else is worth checking
+    zero = p.effective_zero_stage
+    degrees = (f"[dp={p.data_parallel} mp={p.model_parallel} pp={p.pipeline_stage} "
+               f"micro_batch_num={p.micro_batch_num} zero={zero}"
+               + (f" interleave_num={p.interleave_num}]" if p.interleave_num != 1 else "]"))
+    msg = "invalid parallel layout " + degrees + ": " + "; ".join(errors)
+    if world_size is not None:
+        fits = suggest_layouts(p, m, world_size, global_batch, batch_name)
+        msg += (f". Layouts that fit {world_size} processes: {', '.join(fits)}" if fits
+                else f". No other layout of {world_size} processes fits this model and these settings: change "
+                     f"what the message names")
+    raise ConfigError(msg)

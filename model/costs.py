@@ -23,6 +23,18 @@ memory     fp32: params 4n, grads 4n, AdamW exp_avg + exp_avg_sq 8n, and with Ze
            copy 4n more; fp16/bf16: 2n, 2n and 12n (fp32 master copy + 2 states). ZeRO >= 1 divides the optimizer
            state by dp, ZeRO >= 2 the grads, ZeRO 3 the params (⌈n/dp⌉; DeepSpeed's bucket alignment padding is
            ignored).
+DeepSpeed's buffers (deepspeed_buffer_bytes; DeepSpeed 0.19.8's engine and ZeRO optimizers), per rank:
+           ZeRO 0: the gradient all-reduce (engine.allreduce_gradients, also at dp 1) flattens the gradients into one
+           buffer of up to 5e8 elements, after backward: min(n, 5e8)·G. ZeRO 1/2: the fp32 gradient partition the
+           optimizer steps (⌈n/dp⌉·4), and the reduce bucket's flattened copy (bucket·G); with overlap_comm (the GPU
+           default) two contiguous bucket buffers more, live during backward. ZeRO 3 adds the parameters gathered for
+           the layer being computed plus a prefetch bucket (5e7 elements). fp16/bf16 with fp32 gradient accumulation:
+           the fp32 accumulation buffer (n·4; ⌈n/dp⌉·4 from ZeRO 2). G = 4 (gradients are reduced in fp32).
+           peak = state + activations + every buffer (`rank_peak`). The buffers made after backward (the ZeRO 0/1
+           flattened gradients, the fp32 gradient partition) come when the activations are freed, yet they add:
+           measured on a CPU, the freed activation memory stays resident and the 131 MiB flattened gradients of a
+           34 M-parameter model arrive on top of it (docs/memory.md), and CUDA's caching allocator keeps freed
+           activation blocks reserved the same way (a buffer that large needs a segment of its own).
 activations  tensors saved for backward per micro-batch, in elements of the training precision (4 bytes in fp32;
            dropout masks 1 byte each when dropout > 0):
            encoder layer  b·s·(4h + 4h/tp + 2f/tp) + k·b·(a/tp)·s²            (+ b·s·h for the final LayerNorm)
@@ -116,6 +128,44 @@ def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> d
     out = {"param_bytes": n(3) * p_b, "grad_bytes": n(2) * g_b, "optimizer_bytes": n(1) * o_b}
     out["total_bytes"] = sum(out.values())
     return out
+
+
+ALLREDUCE_BUCKET = 500_000_000      # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's flattened gradients
+ZERO3_PREFETCH = 50_000_000         # DeepSpeed's stage3_prefetch_bucket_size default (elements)
+GRAD_BYTES = 4                      # gradients are reduced (and, in half precision, accumulated) in fp32
+
+
+def deepspeed_buffer_bytes(n_params: int, dp: int, zero: int, precision: str, reduce_bucket: int,
+                           overlap_comm: bool, largest_block: int = 0) -> dict[str, int]:
+    """DeepSpeed's own allocations beyond params / grads / optimizer state on one rank of `n_params` parameters
+    (module docstring): {"during_backward": bytes live while activations are, "after_backward": bytes that exist
+    only once backward is done}. `reduce_bucket`: the ZeRO reduce bucket in elements; `largest_block`: the
+    parameters of the largest block (ZeRO 3 gathers one at a time)."""
+    half = precision in ("fp16", "bf16")
+    part = -(-n_params // dp)
+    during = after = 0
+    if zero == 0:
+        after += min(n_params, ALLREDUCE_BUCKET) * GRAD_BYTES
+    else:
+        bucket = min(reduce_bucket, n_params) * GRAD_BYTES
+        if zero >= 2:
+            during += bucket                                   # ZeRO 2/3 reduce while backward runs
+        else:
+            after += bucket
+        after += part * GRAD_BYTES                             # the fp32 gradient partition the optimizer steps
+        if overlap_comm:
+            during += 2 * bucket                               # contiguous_gradients' double buffer
+        if zero == 3:
+            during += (min(largest_block, n_params) + min(ZERO3_PREFETCH, n_params)) * (2 if half else 4)
+    if half:
+        during += (part if zero >= 2 else n_params) * GRAD_BYTES      # fp32 gradient accumulation
+    return {"during_backward": during, "after_backward": after}
+
+
+def rank_peak(state: int, activations: int, buffers: dict[str, int]) -> int:
+    """A rank's peak bytes: its state, its activations and all of DeepSpeed's buffers (see the module docstring for
+    why those made after backward add too)."""
+    return state + activations + buffers["during_backward"] + buffers["after_backward"]
 
 
 def _encoder_elems(m: ModelConfig, tp: int, b: int, last: bool) -> tuple[int, int]:

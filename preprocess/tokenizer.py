@@ -203,6 +203,14 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         fail(f"{path}: not a valid tokenizers JSON file ({str(exc).splitlines()[0] if str(exc) else exc!r})")
 
 
+def tokenizer_from_json(text: str, what: str) -> Tokenizer:
+    """A tokenizer from its JSON text (a checkpoint's recorded copy); UserError naming `what` if it does not parse."""
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as exc:  # tokenizers raises a bare Exception for any parse error
+        fail(f"{what} is not a valid tokenizers JSON text ({str(exc).splitlines()[0] if str(exc) else exc!r})")
+
+
 def special_ids(tok: Tokenizer) -> SpecialIds:
     """Ids of PAD/UNK/BOS/EOS; for the `word` type BOS and EOS are both <eot>, as in the seed."""
     lookup = {token: tok.token_to_id(token) for token in (*BPE_SPECIALS, "<eot>")}
@@ -242,18 +250,25 @@ def decode_hypotheses(tok: Tokenizer, rows: Sequence[Sequence[int]], eos_id: int
     return texts, finished
 
 
-def save_for_transformers(tokenizer_path: str | Path, output_dir: str | Path, model_max_length: int) -> None:
+def save_for_transformers(tokenizer: str | Path | Tokenizer, output_dir: str | Path, model_max_length: int) -> None:
     """DIR/tokenizer.json + tokenizer_config.json that `transformers.AutoTokenizer.from_pretrained(DIR)` loads (a
     PreTrainedTokenizerFast, no code of ours): the same normalizer, pre-tokenizer, model and decoder, plus a
     post-processor appending EOS, so `tok(text)["input_ids"]` is the source row of preprocess.dataset and
-    `tok(text_target=text)` its labels. model_max_length = src_len: `truncation=True` cuts as the dataset does."""
+    `tok(text_target=text)` its labels. `tokenizer`: a tokenizer.json path or a loaded Tokenizer (not modified).
+
+    model_max_length = src_len, the model's source positions. tokenizer.json itself truncates to it (the
+    `tokenizers` library applies that on every encode: src_len-1 tokens + EOS, as the dataset cuts); transformers 5's
+    tokenizer call switches the backend's truncation off unless it is asked for (`truncation=True`), which is why the
+    README's lines pass it — without it a longer source reaches the model's position table and generate() fails."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
-    tok = load_tokenizer(tokenizer_path)
+    tok = (Tokenizer.from_str(tokenizer.to_str()) if isinstance(tokenizer, Tokenizer)      # a copy: we change it
+           else load_tokenizer(tokenizer))
     ids = special_ids(tok)
     bos, eos, pad, unk = (tok.id_to_token(i) for i in (ids.bos, ids.eos, ids.pad, ids.unk))
     tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
                                                        special_tokens=[(eos, ids.eos)])
+    tok.enable_truncation(max_length=model_max_length)     # counts the EOS the post-processor adds
     hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk,
                                  model_max_length=model_max_length, padding_side="right",
                                  clean_up_tokenization_spaces=False)

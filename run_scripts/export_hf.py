@@ -1,22 +1,26 @@
 #!/usr/bin/env python3
 """Export a trained checkpoint and its tokenizer as a `transformers` model folder.
 
-    python run_scripts/export_hf.py --ckpt_file out/quickstart --tokenizer out/data/bpe8k/tokenizer.json \\
-        --output out/quickstart/hf
+    python run_scripts/export_hf.py --ckpt_file out/quickstart --output out/quickstart/hf
 
-The folder loads with no code of this repository:
+The folder loads with no code of this repository (transformers 5 has no translation pipeline; these are the lines):
 
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
     tok = AutoTokenizer.from_pretrained("out/quickstart/hf")
     model = AutoModelForSeq2SeqLM.from_pretrained("out/quickstart/hf")
-    out = model.generate(**tok(["Un homme en vélo."], return_tensors="pt"))
-    print(tok.batch_decode(out, skip_special_tokens=True))
+    batch = tok(["Un homme en vélo."], padding=True, truncation=True, return_tensors="pt")
+    print(tok.batch_decode(model.generate(**batch), skip_special_tokens=True))
+
+truncation=True matters: the model has src_len source positions, and transformers 5 turns the tokenizer's own limit
+(model_max_length = src_len, and the truncation tokenizer.json carries, which the `tokenizers` library applies by
+itself) off unless the call asks for it; a longer source then fails inside generate() (IndexError).
 
 It is a BlenderbotForConditionalGeneration (the same pre-LN encoder-decoder; model/hf_export.py lists the
 correspondence) in fp32 safetensors, a PreTrainedTokenizerFast that appends EOS as the training data does, and a
 generation_config.json that decodes as evaluate.py does: --beam N and --lenpen (default 5 and 1.0; num_beams=1 is
 greedy), at most tgt_len tokens, PAD never generated. --ckpt_file is anything evaluate.py takes (a checkpoint of any
-layout, a run's output_dir, a merged or averaged .pt). An --output folder that is not empty needs --overwrite.
+layout, a run's output_dir, a merged or averaged .pt), and the tokenizer the one it recorded (--tokenizer only for
+checkpoints saved before checkpoints held it). An --output folder that is not empty needs --overwrite.
 """
 from __future__ import annotations
 
@@ -34,7 +38,8 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--ckpt_file", required=True, help="a step_* folder, a checkpoints/ folder, a run's output_dir, "
                                                       "or a merged/averaged .pt")
-    p.add_argument("--tokenizer", required=True, help="the tokenizer.json the checkpoint was trained with")
+    p.add_argument("--tokenizer", default=None,
+                   help="the tokenizer.json the checkpoint was trained with (default: the copy the checkpoint holds)")
     p.add_argument("--output", required=True, help="the folder to write (created; must be empty or new)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder at --output")
     p.add_argument("--beam", type=int, default=5, help="generate()'s default num_beams (default 5; 1 = greedy)")

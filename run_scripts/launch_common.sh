@@ -11,8 +11,18 @@
 #                              runner does not pass signals on to a local launch, so its ranks would go on alone)
 #
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
-# MASTER_PORT (29500), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, EXPORT_VARS (run_cluster.sh: variables
-# every rank gets, besides OMP_NUM_THREADS), DRY_RUN=1, QUIET=1.
+# MASTER_PORT (default: a port free on this machine, chosen when sourced; a given one that is busy here stops
+# make_run_dir with one line), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, EXPORT_VARS (run_cluster.sh:
+# variables every rank gets, besides OMP_NUM_THREADS), DRY_RUN=1, QUIET=1.
+#
+# Scripts that launch DeepSpeed themselves (quickstart.sh, the seed's run_parallel_*.sh, recipes' run.sh) source this
+# file for the master port only: choose_master_port has run, and they call check_master_port before launching.
+
+if [ "${BASH_SOURCE[0]}" = "$0" ]; then             # run, not sourced: say what it is
+    echo "usage: source run_scripts/launch_common.sh   (from a launch script: run.sh and run_cluster.sh use it; it"
+    echo "  starts nothing itself — see the comments at its top for the functions it defines)"
+    case "${1:-}" in -h|--help) exit 0 ;; *) exit 2 ;; esac
+fi
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
@@ -39,7 +49,56 @@ elif command -v deepspeed > /dev/null 2>&1; then
 else
     DS_LAUNCHER=("$PYTHON" -m deepspeed.launcher.runner)
 fi
-MASTER_PORT="${MASTER_PORT:-29500}"
+
+# ----------------------------------------------------------------------------------------- the master port
+# A fixed default (29500) made a second job on the same machine fail at the rendezvous, long after launch: now a
+# port nobody listens on is chosen when MASTER_PORT is not given, and a given one is checked before anything starts.
+
+free_port() {  # a TCP port nobody listens on now, as the kernel hands them out
+    "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+}
+
+port_in_use() {  # PORT: true when a socket on this machine listens on it (torch's rendezvous store could not bind)
+    ! "$PYTHON" - "$1" <<'PY'
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as the store binds: TIME_WAIT leftovers are no obstacle
+try:
+    s.bind(("", int(sys.argv[1])))
+except OSError:
+    sys.exit(1)
+PY
+}
+
+is_this_machine() {  # ADDRESS: true when it names this machine (the launching node is then the master)
+    local addr="$1" mine
+    case "$addr" in 127.*|localhost|::1|"") return 0 ;; esac
+    mine=" $(hostname 2>/dev/null) $(hostname -s 2>/dev/null) $(hostname -f 2>/dev/null) $(hostname -I 2>/dev/null) "
+    [[ "$mine" == *" $addr "* ]]
+}
+
+choose_master_port() {  # sets MASTER_PORT (a free one unless given) and MASTER_PORT_GIVEN
+    if [ -n "${MASTER_PORT:-}" ]; then
+        MASTER_PORT_GIVEN=1
+    else
+        MASTER_PORT_GIVEN=""
+        MASTER_PORT=$(free_port) || MASTER_PORT=29500
+    fi
+}
+
+check_master_port() {  # [MASTER ADDRESS]: a given MASTER_PORT that is not a port, or is busy on this machine: one line
+    if ! [[ "$MASTER_PORT" =~ ^[0-9]+$ ]] || [ "$MASTER_PORT" -lt 1 ] || [ "$MASTER_PORT" -gt 65535 ]; then
+        echo "error: MASTER_PORT '$MASTER_PORT' is not a port number (1-65535); leave it unset to get a free one" >&2
+        exit 2
+    fi
+    if [ -n "$MASTER_PORT_GIVEN" ] && is_this_machine "${1:-127.0.0.1}" && port_in_use "$MASTER_PORT"; then
+        echo "error: MASTER_PORT $MASTER_PORT is in use on this machine (another job's rendezvous?); leave" \
+             "MASTER_PORT unset to get a free port, or choose another" >&2
+        exit 2
+    fi
+}
+
+choose_master_port
 
 parse_extras() {
     EXTRA=()
@@ -93,6 +152,7 @@ preflight() {  # plan.py --check with the same recipe and flags train.py will ge
 
 make_run_dir() {
     local name="${RUN_NAME:-$1}" base stamp
+    check_master_port "${MASTER_ADDR:-127.0.0.1}"
     base=$(abspath "${RUNS_DIR:-runs}")
     stamp=$(date +%Y%m%d-%H%M%S)
     RUN_DIR="$base/$name-$stamp"

@@ -14,7 +14,8 @@ from common.errors import UserError  # noqa: E402
 
 
 def main():
-    if not any(a == "--ckpt_file" or a.startswith("--ckpt_file=") for a in sys.argv[1:]):
+    asks_help = any(a in ("-h", "--help") for a in sys.argv[1:])        # train.py's flags, this script's defaults
+    if not asks_help and not any(a == "--ckpt_file" or a.startswith("--ckpt_file=") for a in sys.argv[1:]):
         raise UserError("parallel_recover_train.py needs --ckpt_file PATH (a step_* folder or a run's output_dir)")
     return train.main(["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "4"] + sys.argv[1:])
 

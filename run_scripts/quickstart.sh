@@ -4,8 +4,17 @@
 #   bash run_scripts/quickstart.sh [OUTPUT_DIR] [extra train.py flags...]     (default OUTPUT_DIR: out/quickstart)
 # Afterwards: OUTPUT_DIR/metrics.jsonl (one line per step), OUTPUT_DIR/tensorboard, OUTPUT_DIR/checkpoints.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+USAGE="usage: bash run_scripts/quickstart.sh [OUTPUT_DIR] [extra train.py flags...]
+  Multi30k fr→en → out/data/train.fr_en.tsv → out/data/bpe8k (made once) → 300 steps of mp 2 on 2 processes
+  OUTPUT_DIR  default out/quickstart (relative to where you are): metrics.jsonl, tensorboard/, checkpoints/
+  extra flags go to train.py (e.g. --steps 50); environment: MASTER_PORT (default: a free one), OMP_NUM_THREADS (1)"
+case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; -*) echo "error: OUTPUT_DIR comes first (got '$1')" >&2
+    echo "$USAGE" >&2; exit 2 ;; esac
 OUT=${1:-out/quickstart}; shift || true
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac      # where the user is, not the repository we cd to
+cd "$(dirname "$0")/.."
+source run_scripts/launch_common.sh                   # the master port: a free one unless MASTER_PORT is given
+check_master_port
 DATA=out/data
 if [ ! -f "$DATA/train.fr_en.tsv" ]; then
   python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz \
@@ -15,7 +24,7 @@ if [ ! -f "$DATA/bpe8k/tokenizer.json" ]; then
   python -m preprocess.tokenizer --input "$DATA/train.fr_en.tsv" --output "$DATA/bpe8k" --vocab_size 8000
 fi
 # micro 32 × accum 1 × dp 1 = global 32 sentence pairs per step; mp 2 splits heads, FFN and vocab over 2 processes
-exec env OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} deepspeed --num_gpus 2 --master_port "${MASTER_PORT:-29500}" \
+exec env OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} "${DS_LAUNCHER[@]}" --num_gpus 2 --master_port "$MASTER_PORT" \
     run_scripts/train.py --distribute true \
     --file_path "$DATA/train.fr_en.tsv" --tokenizer "$DATA/bpe8k/tokenizer.json" \
     --mp 2 --d_model 128 --num_heads 8 --encoder_layer 2 --decoder_layer 2 --src_len 24 --tgt_len 24 \

@@ -19,7 +19,7 @@
 # Before any rank starts, the layout is checked with `run_scripts/plan.py --check` (a bad recipe fails in seconds
 # with one `error:` line). Every run gets runs/<recipe>-<timestamp>/ with command.sh, env.log, layout.txt,
 # launcher.log, logs/ (one log per rank) and output/ (metrics.jsonl, TensorBoard). Rank 0's log is shown while
-# it runs (QUIET=1 hides it). The exit status is the launcher's. Environment: MASTER_PORT (29500), RUNS_DIR (runs),
+# it runs (QUIET=1 hides it). The exit status is the launcher's. Environment: MASTER_PORT (default: a free one), RUNS_DIR (runs),
 # RUN_NAME, PYTHON, DEEPSPEED (the launcher command), LAUNCHER_ARGS (extra mpirun arguments), DRY_RUN=1 (print the
 # command only), OMP_NUM_THREADS (set it to cores / RANK_SIZE on CPU).
 set -uo pipefail

@@ -21,7 +21,7 @@
 # the repository, DATA_PATH and RUNS_DIR must be at the same paths on every node (a shared file system), as the
 # launcher `cd`s to this directory on each of them and every node writes its ranks' logs into the run folder.
 # The layout is checked with plan.py --check against the hostfile before anything starts. Environment as run.sh:
-# MASTER_ADDR, MASTER_PORT (29500), RUNS_DIR (runs), RUN_NAME, PYTHON, DEEPSPEED, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+# MASTER_ADDR, MASTER_PORT (default a free port), RUNS_DIR (runs), RUN_NAME, PYTHON, DEEPSPEED, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
 set -uo pipefail
 
 USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [extra train.py flags...]

@@ -5,12 +5,18 @@
 #   e.g. bash run_scripts/run_parallel_recover_ckpt.sh out/data/train.fr_en.tsv 2 out/save out/recover \
 #            --pipeline_stage 2 --micro_batch_num 2 --steps 20
 set -euo pipefail
-usage() { echo "usage: bash $0 DATA_PATH RANK_SIZE CKPT OUTPUT_DIR [extra train.py flags...]" >&2; exit 2; }
+USAGE="usage: bash run_scripts/run_parallel_recover_ckpt.sh DATA_PATH RANK_SIZE CKPT OUTPUT_DIR [extra train.py flags...]
+  RANK_SIZE processes on this node through DeepSpeed's launcher; extra flags go to the training script
+  environment: MASTER_PORT (default: a free one)"
+usage() { echo "$USAGE" >&2; exit 2; }
+case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
 [ $# -ge 4 ] || usage
 DATA_PATH=$1; RANK_SIZE=$2; CKPT=$3; OUTPUT_DIR=$4; shift 4
 [ -f "$DATA_PATH" ] || { echo "error: DATA_PATH $DATA_PATH is not a file" >&2; usage; }
 [[ "$RANK_SIZE" =~ ^[1-9][0-9]*$ ]] || { echo "error: RANK_SIZE must be a positive integer, got '$RANK_SIZE'" >&2; usage; }
 [ -e "$CKPT" ] || { echo "error: checkpoint $CKPT not found" >&2; usage; }
 HERE=$(cd "$(dirname "$0")" && pwd)
-exec deepspeed --num_gpus "$RANK_SIZE" --master_port "${MASTER_PORT:-29500}" "$HERE/parallel_recover_train.py" \
+source "$HERE/launch_common.sh"      # the master port: a free one unless MASTER_PORT is given
+check_master_port
+exec "${DS_LAUNCHER[@]}" --num_gpus "$RANK_SIZE" --master_port "$MASTER_PORT" "$HERE/parallel_recover_train.py" \
     --distribute true --file_path "$DATA_PATH" --ckpt_file "$CKPT" --output_dir "$OUTPUT_DIR" "$@"

@@ -28,8 +28,9 @@ def main(argv=None) -> int:
     # run_cluster.sh sends the arguments as one token, so no remote shell re-parses a path (common/launch_payload)
     argv = launch_payload.apply(sys.argv[1:] if argv is None else argv)
     supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
+    from common.ranks import global_rank_from_env
     from training.config.flags import parse_config
-    config = parse_config(argv)
+    config = parse_config(argv, report=lambda line: print(line, flush=True) if global_rank_from_env() == 0 else None)
     from training.trainer import run_training
     with reported_collective_failures(config.faults.comm_timeout):   # a peer died or hung: one line, no traceback
         rc = run_training(config)

@@ -13,16 +13,20 @@
 #   OUT/results.md, OUT/<set>.json    BEAM-wide beam search (length penalty LENPEN), cased sacreBLEU + chrF on
 #                                     val, test_2016_flickr and test_2017_flickr, with the decode time
 # Environment: VOCAB (8000), SPLIT_PUNCTUATION (1), AVERAGE (5), BEAM (5), LENPEN (1.0), NPROC (processes; default 1,
-# more go through the deepspeed launcher), OMP_NUM_THREADS (default: all cores for one process), PYTHON (python),
+# more go through the deepspeed launcher, on MASTER_PORT or else a free port), OMP_NUM_THREADS (default: all cores
+# for one process), PYTHON (python),
 # LIMIT (score only the first LIMIT sentences of each set: a quick check of the pipeline, not a result),
 # SETS (the sets to decode and score, default "val test_2016_flickr test_2017_flickr"; SETS=val while tuning).
 # On a GPU machine the same command trains and decodes on the GPU (DeepSpeed's accelerator).
 set -euo pipefail
-cd "$(dirname "$0")/.."
 USAGE="usage: bash run_scripts/translation_recipe.sh SRC TGT RECIPE.json OUT_DIR [extra train.py flags...]"
 case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
 if [ $# -lt 4 ]; then echo "error: $USAGE" >&2; exit 2; fi
 SRC=$1 TGT=$2 RECIPE=$3 OUT=$4; shift 4
+# the user's paths are relative to where they are; the bundled data's to the repository, where we go next
+case "$RECIPE" in /*) ;; *) RECIPE="$PWD/$RECIPE" ;; esac
+case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac
+cd "$(dirname "$0")/.."
 PY=${PYTHON:-python}
 for lang in "$SRC" "$TGT"; do
     [ -f "data/multi30k/train.$lang.gz" ] || { echo "error: no data/multi30k/train.$lang.gz (languages: en, fr)" >&2; exit 2; }
@@ -51,7 +55,13 @@ if [ ! -f "$DATA/bpe/tokenizer.json" ]; then
 fi
 
 # --resume auto: a fresh run, or the continuation of a stopped one ("nothing to train" once it is complete)
-if [ "$NPROC" = 1 ]; then launch=($PY); else launch=(deepspeed --num_gpus "$NPROC"); fi
+if [ "$NPROC" = 1 ]; then
+    launch=($PY)
+else
+    source run_scripts/launch_common.sh              # the master port: a free one unless MASTER_PORT is given
+    check_master_port
+    launch=("${DS_LAUNCHER[@]}" --num_gpus "$NPROC" --master_port "$MASTER_PORT")
+fi
 start=$(date +%s)
 "${launch[@]}" run_scripts/train.py --recipe "$RECIPE" --file_path "$DATA/train.tsv" \
     --tokenizer "$DATA/bpe/tokenizer.json" --valid_file "$DATA/val.tsv" --output_dir "$OUT/train" --resume auto "$@"

@@ -432,11 +432,50 @@ def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_
         run("f", "--ckpt_file", src, "--vocab_size", "8000", tokenizer=word))
     _expect_error(no_ckpt, "--resume: no checkpoint in", "--resume auto")
     assert auto.returncode == 0, auto.stderr[-2000:]
-    _expect_error(model, "different model", "d_model: checkpoint 32 vs now 64")
+    _expect_error(model, "--d_model 64 conflicts with checkpoint", "whose weights have d_model=32",
+                  "Leave --d_model out")
     _expect_error(batch, "batch_size=16", "--batch_size 16")
     _expect_error(tokens, "trained with fixed batches batch_size=16 seed=7; resuming with token batches max_tokens=512",
                   "would change the data order. Pass --batch_size 16 --seed 7 (and no --max_tokens)")
-    _expect_error(vocab, "different tokenizer")
+    _expect_error(vocab, f"--tokenizer {word} is not the tokenizer checkpoint", "sha256 differs")
+
+
+def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """`--resume` with no model, tokenizer or batching flag continues with the checkpoint's (its meta.json holds
+    them, and its tokenizer copy) — the same losses as the uninterrupted run — and says which settings it took; a
+    flag that may change (dropout) overrides it and is named; one whose weights could not load (heads; a recipe's
+    d_model) is refused in one line naming it, before anything is built."""
+    model = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
+             "--src_len", "12", "--tgt_len", "12", "--batch_size", "16", "--seed", "7", "--dropout", "0.1"]
+    rest = ["--lr", "1e-3", "--tensorboard", "0", "--log_interval", "1"]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    whole, first = concurrently(
+        lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", full,
+                              *model, *rest, "--steps", 3]),
+        lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", cut,
+                              *model, *rest, "--steps", 2, "--save_checkpoint_steps", 2]))
+    bare = ["--file_path", multi30k_tsv, "--output_dir", cut, "--resume", *rest]
+    resumed = run_train(1, [*bare, "--steps", 3, "--save_checkpoint_steps", 3])
+    assert losses(cut) == losses(full)                      # bit for bit: the same model, data order and dropout
+    line = next(l for l in resumed.stdout.splitlines() if l.startswith("starting from checkpoint "))
+    for setting in ("vocab_size=8000 d_model=32 num_heads=4 ffn_size=64 encoder_layer=2 decoder_layer=2 src_len=12 "
+                    "tgt_len=12 share_embeddings=false dropout=0.1 attention_dropout=0.1 label_smoothing=0.0",
+                    "/checkpoints/step_00000002/tokenizer.json", "batch_size=16 seed=7"):
+        assert setting in line, line
+    assert "overridden" not in resumed.stdout
+
+    recipe = tmp_path / "r.json"
+    recipe.write_text(json.dumps({"model": {"d_model": 64}}))
+    heads, from_recipe = concurrently(          # refused while parsing the flags: neither reaches the folder's lock
+        lambda: run_train(1, [*bare, "--steps", 4, "--num_heads", "2"], check=False),
+        lambda: run_train(1, [*bare, "--steps", 4, "--recipe", recipe], check=False))
+    override = run_train(1, [*bare, "--steps", 4, "--dropout", "0"], check=False)
+    assert override.returncode == 0, override.stderr[-2000:]
+    assert "overridden by flags: dropout=0.0 (checkpoint 0.1)" in override.stdout
+    assert json.loads((cut / "run.json").read_text())["config"]["model"]["attention_dropout"] == 0.0
+    _expect_error(heads, "--num_heads 2 conflicts with checkpoint", "num_heads=4", "Leave --num_heads out")
+    _expect_error(from_recipe, f"recipe {recipe}'s d_model 64 conflicts with checkpoint")
+    assert len([l for l in heads.stderr.splitlines() if l.strip()]) == 1
 
 
 def _write_format_1(src, dst):
@@ -452,7 +491,8 @@ def _write_format_1(src, dst):
     for r in range(meta["world_size"]):
         flat = read_all(str(src / f"rng_rank{r}.safetensors"))
         torch.save({"default": {"cpu": flat["default/cpu"]}, "tp": {"cpu": flat["tp/cpu"]}}, dst / f"rng_rank{r}.pt")
-    old = {k: v for k, v in meta.items() if k not in ("checkpoint_id", "run_id", "optimizer", "skipped_steps")}
+    old = {k: v for k, v in meta.items()          # format 1 recorded no tokenizer copy either
+           if k not in ("checkpoint_id", "run_id", "optimizer", "skipped_steps", "tokenizer")}
     old.update(format_version=1, shards=[s.replace(".safetensors", ".pt") for s in meta["shards"]],
                rng=[s.replace(".safetensors", ".pt") for s in meta["rng"]])
     (dst / "meta.json").write_text(json.dumps(old))

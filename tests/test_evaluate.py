@@ -5,12 +5,17 @@
 - evaluate.py on a checkpoint trained for 3 steps: rc 0, a `BLEU = ` line, and the BLEU equals sacrebleu.corpus_bleu
   recomputed here from its --output hypotheses, greedy and with --beam; --no_cache gives the same hypotheses; sources
   longer than src_len are counted (the count recomputed here), warned about and reported in the JSON summary;
-  user mistakes give one `error:` line and write nothing.
+  user mistakes give one `error:` line and write nothing;
+- translate.py with only --ckpt_file (the checkpoint holds its tokenizer; an averaged .pt its text): stdin or a file
+  → the Translator's translations, one per line, empty lines kept; evaluate.py without --tokenizer and --ref; a
+  checkpoint from before tokenizers were recorded asks for --tokenizer in one line.
 """
 import gzip
 import json
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -201,3 +206,61 @@ def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, multi30k_tsv, val5
     for (_, needles), result in zip(cases, results):
         assert_user_error(result, *needles)
     assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------- translate.py
+TRANSLATE = str(REPO_ROOT / "run_scripts" / "translate.py")
+
+
+def translate(*args, stdin=None):
+    if stdin is None:
+        return run_python([sys.executable, TRANSLATE, *map(str, args)], env=env())
+    return subprocess.run([sys.executable, TRANSLATE, *map(str, args)], input=stdin, env=env(), cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_translate_needs_only_the_checkpoint(trained, bpe_tokenizer, val50, tmp_path, assert_user_error):
+    """A checkpoint holds its tokenizer (a copy of tokenizer.json, and merged/averaged .pt files its text), so
+    translate.py needs nothing but --ckpt_file: stdin or a file in, one translation per line out (stdout holds only
+    them), the same translations as the Translator given the tokenizer explicitly, greedy and beam; evaluate.py needs
+    neither --tokenizer nor --ref; a checkpoint from before checkpoints held their tokenizer asks for --tokenizer."""
+    from training.checkpoint import consolidated
+    from training.checkpoint.folder import resolve
+    from training.evaluation.translator import Translator
+    src, _ = val50
+    sources = src.read_text(encoding="utf-8").splitlines()[:12]
+    step = resolve(str(trained))
+    assert (Path(step) / "tokenizer.json").read_bytes() == Path(bpe_tokenizer).read_bytes()
+    reference = Translator.load(str(trained), str(bpe_tokenizer), device="cpu")
+    want = {beam: reference.translate(sources, beam=beam).hypotheses for beam in (1, 3)}
+
+    stdin = "\n".join(sources[:6] + [""] + sources[6:]) + "\n"      # an empty line stays an empty line
+    proc = translate("--ckpt_file", trained, stdin=stdin)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.splitlines() == want[1][:6] + [""] + want[1][6:]
+    assert f"tokenizer {step} (recorded)" in proc.stderr
+
+    avg = tmp_path / "avg.pt"                                       # an averaged .pt carries the tokenizer's text
+    consolidated.save(consolidated.average([str(trained)]), str(avg))
+    (tmp_path / "in.fr").write_text("\n".join(sources) + "\n", encoding="utf-8")
+    out = tmp_path / "out.en"
+    proc = translate("--ckpt_file", avg, "--input", tmp_path / "in.fr", "--beam", 3, "--output", out)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert out.read_text(encoding="utf-8").splitlines() == want[3] and proc.stdout == ""
+
+    proc = evaluate("--ckpt_file", trained, "--src", tmp_path / "in.fr", "--no_progress")     # no --tokenizer, --ref
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.splitlines()[-1])
+    assert "bleu" not in summary and summary["sentences"] == 12 and "BLEU = " not in proc.stdout
+
+    old = tmp_path / "old"                                          # a checkpoint saved before this change
+    shutil.copytree(step, old)
+    meta = json.loads((old / "meta.json").read_text())
+    del meta["tokenizer"]
+    (old / "meta.json").write_text(json.dumps(meta))
+    (old / "tokenizer.json").unlink()
+    assert_user_error(translate("--ckpt_file", old, "--input", tmp_path / "in.fr"),
+                      "does not hold its tokenizer", "--tokenizer")
+    proc = translate("--ckpt_file", old, "--input", tmp_path / "in.fr", "--tokenizer", bpe_tokenizer)
+    assert proc.returncode == 0 and proc.stdout.splitlines() == want[1], proc.stderr[-2000:]
+    assert_user_error(translate("--ckpt_file", trained, "--input", tmp_path / "none.fr"), "not found")

@@ -7,9 +7,11 @@ AutoTokenizer and computes what our model computes.
   the stronger test here: its sharp, varied distributions (init_std 0.3, the EOS row of the projection scaled so
   hypotheses end anywhere from 2 to 16 tokens) make beam search differ from greedy on nearly every sentence, which
   a model trained a few steps (near-uniform, repetitive output) would not;
-- end to end on a checkpoint trained 20 steps with shared embeddings: export_hf.py → AutoTokenizer encodes every
-  sentence as the training data does (tokens, EOS; truncation=True cuts as the dataset does) and decodes as we do;
-  generate() with the exported defaults (beam 5) and with num_beams=1 gives evaluate's translations;
+- end to end on a checkpoint trained 20 steps with shared embeddings: export_hf.py (the tokenizer found through the
+  checkpoint) → AutoTokenizer encodes every sentence as the training data does (tokens, EOS; truncation=True cuts as
+  the dataset does) and decodes as we do; generate() with the exported defaults (beam 5) and with num_beams=1 gives
+  evaluate's translations; the exported tokenizer.json truncates to the model's positions by itself, and README's
+  transformers-5 lines translate a source longer than the positions as we do;
 - bad input (non-empty --output, --beam 0, another tokenizer): one `error:` line, nothing written.
 """
 import gzip
@@ -136,7 +138,7 @@ def test_export_cli_loads_in_transformers_and_translates_as_we_do(trained_shared
     from preprocess.tokenizer import encode_sources
     from training.evaluation.translator import Translator
     out = tmp_path / "hf"
-    proc = export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out)
+    proc = export("--ckpt_file", trained_shared, "--output", out)           # the tokenizer: the checkpoint's own
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     tok = AutoTokenizer.from_pretrained(out)
     hf = AutoModelForSeq2SeqLM.from_pretrained(out)
@@ -156,6 +158,22 @@ def test_export_cli_loads_in_transformers_and_translates_as_we_do(trained_shared
         assert strip(hf_out[:, 1:], ours.ids.eos, ours.ids.pad) == \
             strip(ours.decode_ids(src, beam=beam), ours.ids.eos, ours.ids.pad), beam
         assert tok.batch_decode(hf_out, skip_special_tokens=True) == ours.translate(lines, beam=beam).hypotheses
+
+    # a source longer than the model's positions: the tokenizers library truncates with the exported file by itself,
+    # and README's lines for transformers 5 (truncation=True) translate it as we do instead of failing in generate()
+    from tokenizers import Tokenizer
+    long = " ".join(lines[:4])
+    (long_row,), _ = encode_sources(ours.tokenizer, [long], ours.cfg.src_len, ours.ids.eos)
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(long).ids == long_row
+    assert tok.model_max_length == ours.cfg.src_len
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    snippet = next(block for block in readme.split("```python\n")[1:] if "AutoModelForSeq2SeqLM" in block)
+    snippet = snippet.split("```")[0].replace("out/quickstart/hf", str(out))
+    assert "truncation=True" in snippet and "sentences = [" in snippet
+    printed = []
+    namespace = {"print": printed.append}
+    exec(snippet.replace("sentences = [", f"sentences = [{long!r}, "), namespace)   # noqa: S102 - the README's own
+    assert printed[0][0] == ours.translate([long], beam=5).hypotheses[0]
 
     proc = export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out, "--overwrite",
                   "--beam", 1)                               # a previous export is replaced

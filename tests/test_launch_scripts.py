@@ -88,6 +88,84 @@ def test_help_and_recipe_launcher_usage(script, tmp_path):
         assert proc.returncode == 0 and proc.stdout.startswith("usage: bash " + script)
 
 
+SHELL_SCRIPTS = sorted(p.relative_to(REPO_ROOT).as_posix() for p in [*(REPO_ROOT / "run_scripts").glob("*.sh"),
+                                                                    *(REPO_ROOT / "recipes").glob("*/run.sh")])
+PY_SCRIPTS = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "run_scripts").glob("*.py"))
+
+
+@pytest.mark.parametrize("script", SHELL_SCRIPTS)
+def test_every_launcher_answers_help_and_starts_nothing(script, tmp_path):
+    """`bash X --help` prints its usage and exits 0 — the quickstart used to start a run into `--output_dir --help`.
+    Recipes answer from a copy of their folder (they need no repository for it). Nothing is written anywhere."""
+    path = REPO_ROOT / script
+    if script.startswith("recipes/"):
+        copy = tmp_path / "copy" / path.parent.name
+        copy.mkdir(parents=True)
+        for f in path.parent.iterdir():
+            (copy / f.name).write_bytes(f.read_bytes())
+        path = copy / "run.sh"
+    work = tmp_path / "cwd"
+    work.mkdir()
+    env = script_env(tmp_path / "runs")
+    env.pop("MASTER_PORT")
+    before = sorted(REPO_ROOT.joinpath("out").rglob("*")) if (REPO_ROOT / "out").exists() else []
+    proc = subprocess.run(["bash", str(path), "--help"], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    assert proc.stdout.startswith("usage: ") and proc.stderr == "", (proc.stdout, proc.stderr)
+    assert not any(work.iterdir()) and not (tmp_path / "runs").exists()
+    assert (sorted(REPO_ROOT.joinpath("out").rglob("*")) if (REPO_ROOT / "out").exists() else []) == before
+
+
+@pytest.mark.parametrize("script", PY_SCRIPTS)
+def test_every_python_script_answers_help(script, tmp_path):
+    from tests.launch import env, run_python
+    proc = run_python([sys.executable, REPO_ROOT / script, "--help"], cwd=tmp_path, env=env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.startswith("usage: ") and "Traceback" not in proc.stderr
+    assert not any(tmp_path.iterdir())
+
+
+# ----------------------------------------------------------------------------------------- the master port
+
+def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, tmp_path):
+    """Without MASTER_PORT the launchers pick a port nobody listens on (29500 was fixed: a second job on the
+    machine failed at the rendezvous); a given port that is busy stops the launch with one line, nothing created."""
+    import socket
+    held = socket.socket()
+    try:
+        held.bind(("", 29500))                     # the old default, busy (if another job does not hold it already)
+        held.listen()
+    except OSError:
+        pass
+    busy = socket.socket()
+    busy.bind(("", 0))
+    busy.listen()
+    try:
+        env = script_env(tmp_path / "runs", DRY_RUN=1)
+        env.pop("MASTER_PORT")
+        proc = run_script(RUN, [tsv, 2, "recipes/2pcs/2pcs.json"], env)
+        assert proc.returncode == 0, proc.stderr
+        port = int(flag(shlex.split(proc.stdout.strip().splitlines()[-1]), "--master_port"))
+        assert port != 29500
+        with socket.socket() as probe:
+            probe.bind(("", port))                 # free
+        for script, args in ((RUN, [tsv, 2, "recipes/2pcs/2pcs.json"]), ("run_scripts/quickstart.sh", [tmp_path / "q"]),
+                             ("recipes/interleaved-mlp/run.sh", [])):
+            proc = run_script(script, args, script_env(tmp_path / "runs", MASTER_PORT=busy.getsockname()[1]),
+                              timeout=60)
+            assert proc.returncode == 2, (script, proc.stdout[-2000:], proc.stderr[-2000:])
+            assert proc.stderr.splitlines() == [f"error: MASTER_PORT {busy.getsockname()[1]} is in use on this "
+                                                f"machine (another job's rendezvous?); leave MASTER_PORT unset to get "
+                                                f"a free port, or choose another"], script
+            assert not (tmp_path / "runs").exists() and not (tmp_path / "q").exists()
+        proc = run_script(RUN, [tsv, 2], script_env(tmp_path / "runs", MASTER_PORT="29x"))
+        assert proc.returncode == 2 and proc.stderr.startswith("error: MASTER_PORT '29x' is not a port number")
+    finally:
+        busy.close()
+        held.close()
+
+
 # --------------------------------------------------------------------------- pre-check and the built commands
 
 def test_layout_precheck_stops_before_launch(tsv, tmp_path):

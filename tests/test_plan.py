@@ -108,7 +108,10 @@ def test_bytes_match_hand_calculation(name, world, flags, dims):
         assert r["params"] == n, (r["rank"], layers)
         want = hand_bytes(n, dp, zero)
         assert {k: r[k] for k in want} == want, r
-        assert r["total_bytes"] == sum(want.values())
+        assert r["state_bytes"] == sum(want.values())
+        # the peak counts the activations of its stage and DeepSpeed's buffers too
+        assert r["total_bytes"] == (r["state_bytes"] + plan["stages"][r["pp"]]["activations"]["peak"]
+                                    + r["buffers"]["during_backward"] + r["buffers"]["after_backward"])
     # every layer sits on exactly one stage, in order
     all_layers = [x for s in plan["stages"] for x in s["layers"]]
     assert all_layers == ["embeddings"] + [f"encoder.{i}" for i in range(E)] + [f"decoder.{i}" for i in range(D)] \
@@ -307,7 +310,7 @@ BAD = [
      ["pipeline_stage=3 > 2 blocks"]),
     ("batch-not-divisible", {"model": SEED_MODEL, "parallel": {"model_parallel": 2},
                              "training": {"batch_size": 30}}, 8,
-     ["global batch_size=30 is not divisible by data_parallel×micro_batch_num = 4×1 = 4", "try batch_size [4, 8"]),
+     ["global batch_size=30 is not divisible by data_parallel×micro_batch_num = 4×1 = 4", "try batch_size 28 or 32"]),
     ("zero2-with-pipeline", {"model": SEED_MODEL, "parallel": {"pipeline_stage": 2, "zero_stage": 2}}, 2,
      ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     ("malformed-json", '{"model": {"vocab_size": 20000,}}', 2, ["is not valid JSON: line 1 column"]),
@@ -484,3 +487,100 @@ def test_peak_flops_are_known_for_listed_gpus_only():
     assert costs.peak_flops("NVIDIA H100 PCIe", "bf16") == 756e12
     assert costs.peak_flops("NVIDIA A100-SXM4-80GB", "fp32") == 19.5e12
     assert costs.peak_flops("cpu", "fp32") is None and costs.peak_flops("NVIDIA GeForce RTX 4090", "bf16") is None
+
+
+
+# ------------------------------------------------------------------------------------------ the memory verdict
+
+def test_deepspeed_buffers_by_hand():
+    """What DeepSpeed allocates beyond params/grads/optimizer (DeepSpeed 0.19.8): ZeRO 0 flattens all gradients
+    (up to 5e8 elements) for the all-reduce, even at dp 1; ZeRO 1 its fp32 gradient partition and a flattened reduce
+    bucket, on GPUs (overlap_comm, contiguous_gradients) two bucket buffers more; bf16 its fp32 gradient
+    accumulation."""
+    from training.core.engine import bucket_elements
+    for world, flags, device, zero in ((1, [], "cpu", 0), (2, ["--enable_parallel_optimizer", 1], "cpu", 1),
+                                       (2, ["--enable_parallel_optimizer", 1], "cuda", 1),
+                                       (2, ["--zero_stage", 2], "cuda", 2)):
+        plan = P.make_plan(args_for("--vocab_size", 1000, "--d_model", 64, "--num_heads", 4, *flags), world,
+                           device_type=device)
+        for r in plan["ranks"]:
+            n, dp = r["params"], plan["layout"]["data_parallel"]
+            bucket = min(bucket_elements(n, 4), n) * 4
+            want = {0: {"during_backward": 0, "after_backward": 4 * n},
+                    1: {"during_backward": 2 * bucket if device == "cuda" else 0,
+                        "after_backward": bucket + 4 * -(-n // dp)},
+                    2: {"during_backward": 3 * bucket, "after_backward": 4 * -(-n // dp)}}[zero]
+            assert r["buffers"] == want, (world, flags, device, r["buffers"], want)
+    plan = P.make_plan(args_for("--vocab_size", 1000, "--d_model", 64, "--num_heads", 4, "--precision", "bf16"), 1,
+                       device_type="cpu")
+    r = plan["ranks"][0]                           # bf16 runs ZeRO 1: + the fp32 accumulation of the bf16 gradients
+    assert r["buffers"] == {"during_backward": 4 * r["params"],
+                            "after_backward": min(bucket_elements(r["params"], 4), r["params"]) * 4 + 4 * r["params"]}
+
+
+BIG_ACTIVATIONS = ["--recipe", str(RECIPES / "2pcs" / "2pcs.json"), "--batch_size", 4096, "--src_len", 64,
+                   "--tgt_len", 64]
+
+
+def test_a_stage_that_does_not_fit_is_said_with_changes_that_do_fit():
+    """The verdict per stage against the device (80% usable): the seed's 2pcs fits an H100 by far; with 4096 pairs of
+    64 tokens per step its activations alone are ~24 GiB per GPU: on a 2 GiB device the stage does not fit, and every
+    change named would make it fit — re-planned here with its flags, each one fits."""
+    plan = P.make_plan(args_for("--recipe", str(RECIPES / "2pcs" / "2pcs.json")), 2)
+    assert [v["fits"] for v in plan["memory"]["stages"]] == [True] and plan["memory"]["remedies"] == []
+    assert "stage 0: peak " in format_plan(plan) and "→ fits" in format_plan(plan)
+
+    plan = P.make_plan(args_for(*BIG_ACTIVATIONS), 2, device_memory=2)
+    (verdict,) = plan["memory"]["stages"]
+    assert not verdict["fits"] and verdict["usable_bytes"] == int(0.8 * 2 * 2 ** 30)
+    assert verdict["peak_bytes"] == plan["ranks"][0]["total_bytes"] > plan["stages"][0]["activations"]["peak"] > 2 ** 32
+    remedies = plan["memory"]["remedies"]
+    assert remedies[0].startswith("--micro_batch_num 32 ")          # recompute alone is not enough here
+    assert "--recompute 1 --micro_batch_num 32" not in " ".join(remedies)    # not when the smaller change fits
+    text = format_plan(plan)
+    assert "stage 0: peak " in text and "DOES NOT FIT" in text and "it would fit with: --micro_batch_num 32" in text
+    for remedy in remedies:
+        flags = remedy.split(" (")[0].split()
+        world = 2
+        if " on " in remedy:
+            world = int(flags[-2])
+            flags = flags[:-3]
+        fixed = P.make_plan(args_for(*BIG_ACTIVATIONS, *flags), world, device_memory=2)
+        assert all(v["fits"] for v in fixed["memory"]["stages"]), remedy
+    # nothing helps a model bigger than the device: said, not silently
+    plan = P.make_plan(args_for(*BIG_ACTIVATIONS), 2, device_memory=0.01)
+    assert plan["memory"]["remedies"] == [] and "no change tried fits" in format_plan(plan)
+
+
+def test_device_names_and_sizes():
+    plan = P.make_plan(args_for("--recipe", str(RECIPES / "2pcs" / "2pcs.json")), 2, device="a100-40gb")
+    assert plan["memory"]["device"].startswith("a100-40gb 40 GiB") and plan["memory"]["device_bytes"] == 40 * 2 ** 30
+    with pytest.raises(UserError, match="--device b200: unknown; known: h100, h200"):
+        P.main(["--recipe", R16, "--world_size", "16", "--device", "b200"])
+    with pytest.raises(UserError, match="--device_memory 0 must be > 0"):
+        P.main(["--recipe", R16, "--world_size", "16", "--device_memory", "0"])
+
+
+def test_the_per_gpu_batch_at_another_world_size_is_said():
+    """The global batch is fixed, so planning 16pcs for 32 ranks halves each GPU's micro-batch: the report says so
+    and names the --batch_size that keeps it."""
+    text = format_plan(plan_for(32, "--recipe", R16))
+    assert "global 32 = micro 8 per GPU × micro_batch_num 2 × dp 2" in text
+    assert "16 at dp 1 (16 ranks), 8 here; --batch_size 64 keeps 16 per GPU" in text
+    assert "keeps" not in format_plan(plan_for(16, "--recipe", R16))          # dp 1: nothing to say
+
+
+def test_check_makes_the_checks_train_makes(tmp_path, multi30k_tsv):
+    """plan.py --check (the launch scripts' pre-flight) refuses what train.py refuses before it starts, with the
+    same line: a ZeRO stage set in the recipe's deepspeed section, token batches whose batch_multiple the layout does
+    not divide (--check used to check the unused --batch_size and pass both)."""
+    from tests.launch import run_train
+    zero_in_ds = write(tmp_path, {"model": SEED_MODEL, "deepspeed": {"zero_optimization": {"stage": 2}}}, "z.json")
+    cases = [["--recipe", zero_in_ds],
+             ["--recipe", R16, "--max_tokens", 256, "--batch_multiple", 5, "--mp", 1, "--pipeline_stage", 1]]
+    for i, flags in enumerate(cases):
+        with pytest.raises(UserError) as planned:
+            P.main(["--check", "--world_size", "1", *map(str, flags)])
+        proc = run_train(1, ["--file_path", multi30k_tsv, "--output_dir", tmp_path / f"t{i}", *flags], check=False)
+        errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+        assert errors == [f"error: {planned.value}"], (proc.stderr[-2000:], str(planned.value))

@@ -3,6 +3,8 @@ and real runs through the launch scripts (2pcs on 2 processes, 8pcs on 8, cpu-ti
 import json
 import os
 import re
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -125,3 +127,33 @@ def test_cpu_tiny_recipe_as_a_user_runs_it(multi30k_tsv, tmp_path):
     assert "epoch: 1 step: 60, loss is" in proc.stdout                 # rank 0 followed on the console
     assert "OMP_NUM_THREADS=1" in (run_dir / "env.log").read_text()
     assert seconds < 90
+
+
+@pytest.mark.slow
+def test_a_copied_recipe_runs_from_anywhere(multi30k_tsv, tmp_path):
+    """The recipes README says: copy a recipe folder and edit it. A copy outside the repository finds the repository
+    through the installed package (here the checkout on PYTHONPATH, as `pip install -e .` gives) or DSR_ROOT, and
+    launches from any directory: cpu-tiny for 3 steps, from a folder that has nothing to do with the repository."""
+    copy = tmp_path / "elsewhere" / "my-tiny"
+    shutil.copytree(REPO_ROOT / "recipes" / "cpu-tiny", copy)
+    runs = tmp_path / "runs"
+    env = script_env(runs)
+    env.pop("DSR_ROOT", None)
+    proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv), "--steps", "3", "--log_interval", "1"],
+                          cwd=tmp_path / "elsewhere", env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    check_run(run_dir, 2, 3)
+    assert str(copy / "cpu-tiny.json") in (run_dir / "command.sh").read_text()        # the copy's own recipe
+
+    # DSR_ROOT names the repository without any installed package (a dry run: the command only)
+    bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv)], cwd=tmp_path,
+                          env=dict(bare, DSR_ROOT=str(REPO_ROOT), DRY_RUN="1"), capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert f"{REPO_ROOT}/run_scripts/train.py" in proc.stdout.splitlines()[-1]
+    proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv)], cwd=tmp_path,
+                          env=dict(bare, DSR_ROOT=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"error: DSR_ROOT={tmp_path} is not the repository (no run_scripts/run.sh)"]

@@ -168,3 +168,19 @@ def test_ci_runs_exactly_the_readmes_test_command():
     assert len(blocks) == 2, blocks
     ci = (REPO_ROOT / ".ci" / "run").read_text().strip().splitlines()[-1]
     assert ci == blocks[1].strip()
+
+
+def test_the_installed_package_holds_every_package():
+    """setup.cfg's packages.find includes every first-party package and sub-package: a non-editable install with
+    common/ or demos/ missing could not import training (common.errors) at all."""
+    import configparser
+
+    from setuptools import find_packages
+    cfg = configparser.ConfigParser()
+    cfg.read(REPO_ROOT / "setup.cfg")
+    include = cfg["options.packages.find"]["include"].split()
+    installed = set(find_packages(where=str(REPO_ROOT), include=include))
+    on_disk = {".".join(p.parent.relative_to(REPO_ROOT).parts) for package in PACKAGES
+               for p in (REPO_ROOT / package).rglob("__init__.py")}
+    assert on_disk and on_disk <= installed, sorted(on_disk - installed)
+    assert all(name.split(".")[0] in PACKAGES for name in installed), installed

@@ -141,3 +141,44 @@ def test_bad_layout_names_value_and_fix():
         validate_layout(ParallelConfig(pipeline_stage=2, zero_stage=2), cfg, world_size=2)
     with pytest.raises(ConfigError, match="FFN size=100 is not divisible by model_parallel=8"):
         validate_layout(ParallelConfig(model_parallel=8), cfg.replace(ffn_size=100), world_size=8)
+
+
+def test_layout_suggestions_never_fail_and_batches_are_the_nearest():
+    """Every layout an error suggests passes the rules itself; the one that just failed is never suggested (a model
+    whose d_model the heads do not divide used to get its own failing layout back); a batch that does not divide gets
+    the nearest sizes that do (15 with micro_batch_num 2 → 14 or 16, not 2, 4, 6)."""
+    import re
+
+    from model.config import ConfigError, layout_errors, validate_layout
+
+    def suggestions(parallel, model, world, batch=None):
+        with pytest.raises(ConfigError) as e:
+            validate_layout(parallel, model, world_size=world, global_batch=batch)
+        found = re.search(r"Layouts that fit \d+ processes: (.*)$", str(e.value))
+        return str(e.value), ([tuple(int(v) for v in re.findall(r"=(\d+)", s)) for s in found.group(1).split(", ")]
+                              if found else [])
+
+    cfg = ModelConfig(num_heads=8, d_model=128, encoder_layers=1, decoder_layers=1)
+    bad_heads = cfg.replace(d_model=130)                 # no layout can fix d_model % num_heads
+    msg, fits = suggestions(ParallelConfig(), bad_heads, 1)
+    assert "d_model=130 is not divisible by num_heads=8" in msg and fits == []
+    assert "No other layout of 1 processes fits" in msg
+    msg, fits = suggestions(ParallelConfig(model_parallel=2), bad_heads, 2)
+    assert fits == [] and "dp=1 mp=2 pp=1" not in msg.split(": ", 1)[1].split(". ", 1)[1]
+    cases = [(ParallelConfig(model_parallel=3, data_parallel=2), cfg, 6, 36),
+             (ParallelConfig(model_parallel=2, pipeline_stage=2, zero_stage=2), cfg, 4, 32),
+             (ParallelConfig(data_parallel=8), cfg.replace(num_heads=6, d_model=96), 8, 12),
+             (ParallelConfig(model_parallel=4, interleave_num=4), cfg, 8, 16)]
+    for parallel, model, world, batch in cases:
+        msg, fits = suggestions(parallel, model, world, batch)
+        assert fits, msg
+        assert (parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage) not in fits
+        for dp, mp, pp in fits:
+            assert not layout_errors(parallel.replace(data_parallel=dp, model_parallel=mp, pipeline_stage=pp), model,
+                                     world, batch), (dp, mp, pp)
+    for batch, micro, dp, want in ((15, 2, 1, "try batch_size 14 or 16"), (30, 1, 4, "try batch_size 28 or 32"),
+                                   (3, 1, 4, "try batch_size 4)"), (65, 4, 2, "try batch_size 64 or 72")):
+        with pytest.raises(ConfigError) as e:
+            validate_layout(ParallelConfig(data_parallel=dp, micro_batch_num=micro), cfg, world_size=dp,
+                            global_batch=batch)
+        assert want in str(e.value), str(e.value)

@@ -19,7 +19,7 @@ CASES = [
     (["--pipeline_stage", "2", "--encoder_layer", "1", "--decoder_layer", "0"], 1,
      ["encoder_layers=1 decoder_layers=0"]),
     (["--batch_size", "15", "--micro_batch_num", "2"], 1,
-     ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 1×2"]),
+     ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 1×2", "try batch_size 14 or 16"]),
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
     (["--clip_grad", "-1"], 1, ["--clip_grad -1.0 must be >= 0"]),

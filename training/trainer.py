@@ -16,9 +16,9 @@ from typing import Optional
 import torch.distributed as dist
 
 from common.errors import UserError
-from model.config import validate_layout
 from training.checkpoint.folder import step_dirname
 from training.checkpoint.manager import CheckpointManager
+from training.config.preflight import check_run
 from training.config.sections import TrainConfig
 from training.core.data import BatchFeeder, batch_schedule, prepare_data
 from training.core.distributed import device, init_distributed
@@ -40,6 +40,7 @@ LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
 class Trainer:
     def __init__(self, config: TrainConfig):
         self.cfg = config
+        self._provenance: dict = {}
         self.lock = None
         self.validator: Optional[Validator] = None
         self.tracker: Optional[BestTracker] = None
@@ -51,11 +52,10 @@ class Trainer:
         self.world = init_distributed(cfg.parallel.distribute, cfg.faults.comm_timeout)
         self.rank = dist.get_rank()
         check_output_folder(cfg.checkpoint.output_dir)    # every node sees the folder rank 0 claimed
-        self.parallel = cfg.parallel.parallel_config(self.world)
-        # the layout before touching data (cheap, and the error users need first)
-        batch_unit, batch_name = cfg.data.batch_unit
-        validate_layout(self.parallel, cfg.model.probe(), world_size=self.world, global_batch=batch_unit,
-                        batch_name=batch_name)
+        # the layout and the DeepSpeed settings before touching data (cheap, and the error users need first); the
+        # same checks as plan.py --check, which the launch scripts run before any rank starts
+        _, self.parallel = check_run(cfg, self.world)
+        batch_unit = cfg.data.batch_unit[0]
         check_precision(cfg.parallel.precision)
 
         self.data = prepare_data(cfg.data.file_path, cfg.model.tokenizer, cfg.model.src_len, cfg.model.tgt_len,
@@ -108,13 +108,31 @@ class Trainer:
     def _describe(self) -> dict:
         n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())   # ZeRO-3: full
         return {**self.engine.describe(), "vocab": self.vocab, "params_rank0": n_params,
-                "start_step": self.start_step, "total_steps": self.total_steps, "config": self.cfg.to_dict()}
+                "start_step": self.start_step, "total_steps": self.total_steps, **self._provenance,
+                "config": self.cfg.to_dict()}
+
+    def _where_from(self) -> dict:
+        """How to run this again (run.json): the command line, the code's commit, and the files as resolved — the
+        tokenizer train.py built or was given, absolute paths."""
+        import shlex
+        import sys
+
+        from common.repository import git_commit
+        cfg = self.cfg
+
+        def absolute(path):
+            return os.path.abspath(path) if path else None
+        return {"command": shlex.join([sys.executable, *sys.argv]), "git_commit": git_commit(),
+                "files": {"file_path": absolute(cfg.data.file_path), "tokenizer": absolute(self.data.tokenizer_path),
+                          "valid_file": absolute(cfg.validation.valid_file),
+                          "output_dir": absolute(cfg.checkpoint.output_dir), "recipe": absolute(cfg.recipe)}}
 
     def start_logging(self) -> None:
         log = self.cfg.logging
         self.writer = MetricsWriter(self.cfg.checkpoint.output_dir, enabled=self.rank == 0,
                                     total_steps=self.total_steps, start_step=self.start_step,
                                     log_interval=log.log_interval, tensorboard=log.tensorboard)
+        self._provenance = self._where_from() if self.rank == 0 else {}      # one git call, on the writing rank
         info = self.info = self._describe()
         self.writer.run_info(info)
         self.writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in LAYOUT_KEYS]
@@ -172,7 +190,8 @@ class Trainer:
         lr = current_lr(self.engine)                  # the rate this step uses (the scheduler moves after it)
         with StepTimer() as t:
             loss = (train_step if self.cfg.optimization.train else eval_step)(self.engine, batches)
-        record = {"step": step + 1, "epoch": self.feeder.epoch_of(step), "loss": loss, "lr": lr}
+        # epochs counted from 1 everywhere (the seed's loss line did; metrics.jsonl said 0 for the same step)
+        record = {"step": step + 1, "epoch": self.feeder.epoch_of(step) + 1, "loss": loss, "lr": lr}
         if self.cfg.optimization.train:
             record["grad_norm"] = self.engine.grad_norm()
             if self.engine.precision == "fp16":

@@ -4,12 +4,30 @@
 # = bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE recipes/16pcs/16pcs.json [extra...]
 # HOSTFILE: run_scripts/hostfiles/hostfile_2nodes (edit the hosts), or from the seed's rank table:
 #   python run_scripts/rank_table_to_hostfile.py run_scripts/rank_tables/rank_table_16pcs.json -o hostfile
+USAGE="usage: bash recipes/16pcs/run.sh DATA_PATH HOSTFILE [extra train.py flags...]
+  DATA_PATH   the training TSV, at the same path on every node
+  HOSTFILE    DeepSpeed hostfile, one 'HOST slots=N' line per node (run_scripts/hostfiles/hostfile_2nodes)
+  extra flags go to train.py and override 16pcs.json; --launcher openmpi starts the ranks with mpirun;
+  environment as run_scripts/run_cluster.sh (MASTER_ADDR, MASTER_PORT, RUNS_DIR, DRY_RUN=1, ...), DSR_ROOT"
+case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
+# The repository: $DSR_ROOT, else the one this folder sits in, else the one the installed package comes from
+# (pip install -e .) — so a copy of this folder runs from anywhere.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -n "${DSR_ROOT:-}" ]; then
+    ROOT="$DSR_ROOT"
+elif [ -f "$HERE/../../run_scripts/run.sh" ]; then
+    ROOT="$(cd "$HERE/../.." && pwd)"
+elif ! ROOT=$("${PYTHON:-python3}" -m common.repository 2>&1); then
+    [[ "$ROOT" == error:* ]] || ROOT="error: no repository found for $HERE: set DSR_ROOT=/path/to/the/checkout"
+    echo "$ROOT" >&2
+    exit 2
+fi
+[ -f "$ROOT/run_scripts/run.sh" ] || { echo "error: DSR_ROOT=$ROOT is not the repository (no run_scripts/run.sh)" >&2; exit 2; }
 if [ $# -lt 2 ] || [[ "$1" == -* ]] || [[ "$2" == -* ]]; then
-    echo "usage: bash recipes/16pcs/run.sh DATA_PATH HOSTFILE [extra train.py flags...]" >&2
+    echo "$USAGE" >&2
     exit 2
 fi
 DATA_PATH="$1"
 HOSTFILE="$2"
 shift 2
-exec bash "$HERE/../../run_scripts/run_cluster.sh" "$DATA_PATH" "$HOSTFILE" "$HERE/16pcs.json" "$@"
+exec bash "$ROOT/run_scripts/run_cluster.sh" "$DATA_PATH" "$HOSTFILE" "$HERE/16pcs.json" "$@"

@@ -2,11 +2,28 @@
 # Launch the 8pcs recipe on this node: 8 processes, one per GPU.
 #   bash recipes/8pcs/run.sh DATA_PATH [extra train.py flags...]     e.g. --steps 100, --launcher openmpi
 # = bash run_scripts/run.sh DATA_PATH 8 recipes/8pcs/8pcs.json [extra...]; see recipes/README.md.
+USAGE="usage: bash recipes/8pcs/run.sh DATA_PATH [extra train.py flags...]
+  DATA_PATH   the training TSV (source<TAB>target per line), e.g. from python -m preprocess.parallel
+  extra flags go to train.py and override 8pcs.json (e.g. --steps 100); --launcher openmpi starts the ranks
+  with mpirun; environment as run_scripts/run.sh (MASTER_PORT, RUNS_DIR, DRY_RUN=1, ...), DSR_ROOT (the repository)"
+case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
+# The repository: $DSR_ROOT, else the one this folder sits in, else the one the installed package comes from
+# (pip install -e .) — so a copy of this folder runs from anywhere.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -n "${DSR_ROOT:-}" ]; then
+    ROOT="$DSR_ROOT"
+elif [ -f "$HERE/../../run_scripts/run.sh" ]; then
+    ROOT="$(cd "$HERE/../.." && pwd)"
+elif ! ROOT=$("${PYTHON:-python3}" -m common.repository 2>&1); then
+    [[ "$ROOT" == error:* ]] || ROOT="error: no repository found for $HERE: set DSR_ROOT=/path/to/the/checkout"
+    echo "$ROOT" >&2
+    exit 2
+fi
+[ -f "$ROOT/run_scripts/run.sh" ] || { echo "error: DSR_ROOT=$ROOT is not the repository (no run_scripts/run.sh)" >&2; exit 2; }
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
-    echo "usage: bash recipes/8pcs/run.sh DATA_PATH [extra train.py flags...]" >&2
+    echo "$USAGE" >&2
     exit 2
 fi
 DATA_PATH="$1"
 shift
-exec bash "$HERE/../../run_scripts/run.sh" "$DATA_PATH" 8 "$HERE/8pcs.json" "$@"
+exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" 8 "$HERE/8pcs.json" "$@"

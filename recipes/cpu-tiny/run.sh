@@ -2,13 +2,30 @@
 # The tiny CPU smoke run: 2 processes on this machine, no GPU needed, under a minute on 2 cores.
 #   bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]
 # = OMP_NUM_THREADS=1 bash run_scripts/run.sh DATA_PATH 2 recipes/cpu-tiny/cpu-tiny.json [extra...]
+USAGE="usage: bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]
+  DATA_PATH   the training TSV; make it with: python -m preprocess.parallel --src data/multi30k/train.fr.gz \\
+              --tgt data/multi30k/train.en.gz --output out/data/train.fr_en.tsv
+  extra flags go to train.py and override cpu-tiny.json (e.g. --steps 20); environment as run_scripts/run.sh
+  (MASTER_PORT, RUNS_DIR, DRY_RUN=1, ...), DSR_ROOT (the repository, for a copy of this folder elsewhere)"
+case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
+# The repository: $DSR_ROOT, else the one this folder sits in, else the one the installed package comes from
+# (pip install -e .) — so a copy of this folder runs from anywhere.
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -n "${DSR_ROOT:-}" ]; then
+    ROOT="$DSR_ROOT"
+elif [ -f "$HERE/../../run_scripts/run.sh" ]; then
+    ROOT="$(cd "$HERE/../.." && pwd)"
+elif ! ROOT=$("${PYTHON:-python3}" -m common.repository 2>&1); then
+    [[ "$ROOT" == error:* ]] || ROOT="error: no repository found for $HERE: set DSR_ROOT=/path/to/the/checkout"
+    echo "$ROOT" >&2
+    exit 2
+fi
+[ -f "$ROOT/run_scripts/run.sh" ] || { echo "error: DSR_ROOT=$ROOT is not the repository (no run_scripts/run.sh)" >&2; exit 2; }
 if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
-    echo "usage: bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]" >&2
-    echo "make DATA_PATH with: python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz --output out/data/train.fr_en.tsv" >&2
+    echo "$USAGE" >&2
     exit 2
 fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"     # 2 ranks on 2 cores: one thread each
 DATA_PATH="$1"
 shift
-exec bash "$HERE/../../run_scripts/run.sh" "$DATA_PATH" 2 "$HERE/cpu-tiny.json" "$@"
+exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" 2 "$HERE/cpu-tiny.json" "$@"

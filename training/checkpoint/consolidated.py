@@ -1,7 +1,8 @@
 """One fp32 state dict of the serial model, from training checkpoints: merged from any layout, or averaged.
 
 The consolidated form is a dict {"model": {name: fp32 tensor}, "model_config": {...}, "step": N, "saved_layout":
-{...}, "tokenizer_sha256": ..., and for an average "averaged": [{"checkpoint", "step"}, ...]}.
+{...}, "tokenizer_sha256": ..., "tokenizer_json": the text of the run's tokenizer.json (when the checkpoint recorded
+it: a .pt then decodes with no --tokenizer), and for an average "averaged": [{"checkpoint", "step"}, ...]}.
 run_scripts/merge_checkpoint.py and run_scripts/average_checkpoints.py write it with torch.save; evaluate.py and
 export_hf.py take such a file wherever they take a checkpoint folder (`load`). Checkpoint folders are read only
 through training.checkpoint.manager's public functions (resolve, read_meta, load_full_state, check_compatible).
@@ -16,7 +17,8 @@ import torch
 from model.config import ModelConfig
 from common.errors import UserError
 from training.checkpoint.folder import resolve
-from training.checkpoint.format import check_compatible, load_full_state, read_meta, refuse_non_finite
+from training.checkpoint.format import (check_compatible, load_full_state, read_meta, recorded_tokenizer,
+                                        refuse_non_finite)
 
 KEYS = ("model", "model_config", "step")
 
@@ -31,6 +33,10 @@ def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
     out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
            "step": meta["step"], "saved_layout": meta["parallel"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
            "checkpoint": path}
+    tokenizer = recorded_tokenizer(path, meta)
+    if tokenizer is not None:
+        with open(tokenizer, encoding="utf-8") as f:
+            out["tokenizer_json"] = f.read()
     if with_optimizer:
         if meta.get("weights_only"):
             raise UserError(f"{path} holds weights only (no AdamW moments); merge it without --with_optimizer")
@@ -90,7 +96,8 @@ def average(paths: Sequence[str], verify: bool = True) -> dict:
     model = {name: (t / len(paths)).float() for name, t in total.items()}
     return {"model": model, "model_config": last["model_config"], "step": last["step"],
             "saved_layout": last.get("saved_layout"), "tokenizer_sha256": last.get("tokenizer_sha256"),
-            "averaged": sources}
+            "averaged": sources,
+            **({"tokenizer_json": last["tokenizer_json"]} if last.get("tokenizer_json") else {})}
 
 
 def save(obj: dict, path: str) -> None:

@@ -11,6 +11,9 @@
                                   over the DP (ZeRO) ranks; the header's metadata holds each parameter's TP partition
                                   dim and full size, the format version and the checkpoint identity
         rng_rank{R}.safetensors   every RNG stream of global rank R (exact dropout on a same-layout resume)
+        tokenizer.json            a copy of the tokenizer the run trained with (meta.json's "tokenizer";
+                                  its sha256 is "tokenizer_sha256"), so that decoding, export and --resume find it
+                                  without being told (`recorded_tokenizer`)
 
 Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in the serial model and the pipeline).
 `ShardIndex` reads, for any TP slice a loading rank needs, only the rows of the saved TP shards that overlap it
@@ -63,6 +66,26 @@ def shard_file(pp_rank: int, tp_rank: int) -> str:
 
 def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.safetensors"
+
+
+TOKENIZER = "tokenizer.json"          # the run's tokenizer, copied into every checkpoint
+
+
+def recorded_tokenizer(path: str, meta: dict) -> Optional[str]:
+    """The tokenizer checkpoint `path` recorded (its own copy), or None for a checkpoint saved before checkpoints
+    held one. UserError when the copy is not the file the run trained with (its sha256 differs)."""
+    name = meta.get("tokenizer")
+    if not isinstance(name, str) or os.path.basename(name) != name:
+        return None
+    copy = os.path.join(path, name)
+    if not os.path.isfile(copy):
+        raise UserError(f"checkpoint {path} is incomplete: its tokenizer copy {name} is missing; pass the tokenizer "
+                        f"it was trained with (--tokenizer)")
+    want = meta.get("tokenizer_sha256")
+    if want and file_sha256(copy) != want:
+        raise UserError(f"checkpoint {path}: {name} does not match the tokenizer's sha256 saved with it (the file "
+                        f"changed after the save); pass the tokenizer it was trained with (--tokenizer)")
+    return copy
 
 
 def tensor_name(key: str, name: str) -> str:

@@ -30,9 +30,9 @@ from model.parallel.sharding import partition_dim
 from training.checkpoint import optimizer_state
 from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, prune, step_checkpoints, step_dirname,
                                         write_atomic)
-from training.checkpoint.format import (FORMAT_VERSION, SHARD_FORMAT, ShardIndex, canonical_name, check_compatible,
-                                        check_identity, collect_digests, read_meta, rng_file, rng_state, rng_tensors,
-                                        shard_file, tensor_name, verify_file, write_digest)
+from training.checkpoint.format import (FORMAT_VERSION, SHARD_FORMAT, TOKENIZER, ShardIndex, canonical_name,
+                                        check_compatible, check_identity, collect_digests, read_meta, rng_file,
+                                        rng_state, rng_tensors, shard_file, tensor_name, verify_file, write_digest)
 from training.checkpoint.optimizer_state import KEYS, local_shape
 from training.checkpoint.resume import AUTO, resume_source
 from training.checkpoint.shard_io import ShardWriter, read_all, read_header, write_tensors
@@ -124,6 +124,9 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
         }
         if weights_only:
             meta["weights_only"] = True
+        if meta["tokenizer_sha256"]:                 # the checkpoint carries its tokenizer: decoding needs no flag
+            shutil.copyfile(tokenizer_path, os.path.join(tmp, TOKENIZER))
+            meta["tokenizer"] = TOKENIZER
         meta["sha256"] = collect_digests(tmp, meta["shards"] + meta["rng"])     # each writer's, as it wrote
         scaler = state.scaler_state()
         if scaler is not None:

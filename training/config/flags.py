@@ -268,6 +268,18 @@ def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentPa
     return args
 
 
-def parse_config(argv: Optional[list] = None) -> TrainConfig:
-    """train.py's command line → the typed, checked configuration the trainer runs."""
-    return TrainConfig.from_flags(parse_args(argv))
+def parse_config(argv: Optional[list] = None, report=None) -> TrainConfig:
+    """train.py's command line → the typed, checked configuration the trainer runs. A run that starts from a
+    checkpoint takes the checkpoint's model, tokenizer and batching for every flag not given
+    (training.config.from_checkpoint); `report(line)` is told which settings came from it."""
+    from training.config.from_checkpoint import given_flags, inherit
+    args = parse_args(argv)
+    if args.resume is not None or args.ckpt_file:
+        explicit = {dest: f"--{dest}" for dest in given_flags(build_parser(), argv)}
+        if args.recipe:
+            for dest in load_recipe(args.recipe):
+                explicit.setdefault(dest, f"recipe {args.recipe}'s {dest}")
+        for line in inherit(args, explicit):
+            if report is not None:
+                report(line)
+    return TrainConfig.from_flags(args)

@@ -1,5 +1,6 @@
-"""What one rank (global rank 0) reports per optimizer step: the seed's loss line, a progress bar, TensorBoard,
-and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch, loss, lr, grad_norm (global, before clipping;
+"""What one rank (global rank 0) reports per optimizer step: the seed's loss line (with the time left: ETA), a
+progress bar, TensorBoard, and OUTPUT_DIR/metrics.jsonl (one JSON object per step: step, epoch (counted from 1, as
+in the loss line), loss, lr, grad_norm (global, before clipping;
 training only), loss_scale and skipped_steps (fp16), pairs (the global batch's sentence pairs: with token batches
 they vary), tokens (the global batch's target tokens), tokens_per_sec,
 step_time, padding (PAD share of the batch's positions), tflops (the model's FLOPs per second, all ranks), mfu
@@ -10,6 +11,7 @@ import json
 import math
 import os
 import sys
+import time
 from typing import Optional
 
 from tqdm import tqdm
@@ -22,11 +24,23 @@ def _fmt(value) -> str:
     return "nan" if value is None else f"{value:.4f}"
 
 
+def format_duration(seconds: float) -> str:
+    """3725 → '1h02m', 192 → '3m12s', 7.4 → '7s'."""
+    seconds = max(0, int(round(seconds)))
+    if seconds >= 3600:
+        return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+    if seconds >= 60:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds}s"
+
+
 class MetricsWriter:
     def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
                  log_interval: int = 1, tensorboard: bool = True):
         self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
+        self.total_steps = total_steps
         self._jsonl = self._tb = self._bar = None
+        self._clock: Optional[tuple[float, int]] = None    # (when this run's first step began, the step before it)
         if not enabled:
             return
         os.makedirs(output_dir, exist_ok=True)
@@ -57,6 +71,8 @@ class MetricsWriter:
         # strict JSON: a non-finite value (an fp16 overflow's grad norm) is written as null
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         step = record["step"]
+        if self._clock is None:                       # the first step of this run (a resume starts later)
+            self._clock = (time.monotonic() - record.get("step_time", 0.0), step - 1)
         self._append(json.dumps(record, allow_nan=False) + "\n", step)
         if self._tb is not None:
             for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops",
@@ -72,7 +88,7 @@ class MetricsWriter:
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
         if step % self.log_interval == 0 or "valid_loss" in record:
             # the seed's LossMonitor/TimeMonitor line, plus throughput (and every validation, whatever the interval)
-            line = f"epoch: {record['epoch'] + 1} step: {step}, loss is {_fmt(record['loss'])}"
+            line = f"epoch: {record['epoch']} step: {step}, loss is {_fmt(record['loss'])}"
             if "grad_norm" in record:
                 line += f", grad norm: {_fmt(record['grad_norm'])}"
             if "valid_loss" in record:
@@ -86,8 +102,16 @@ class MetricsWriter:
                      f"tokens/s: {record['tokens_per_sec']:.0f}")
             if record.get("mfu") is not None:
                 line += f", MFU: {100 * record['mfu']:.1f}%"
+            line += f", ETA: {format_duration(self.eta_seconds(step))}"
             (self._bar.write if self._bar is not None and not self._bar.disable else print)(line)
             sys.stdout.flush()
+
+    def eta_seconds(self, step: int) -> float:
+        """Time left until the last step, at this run's mean wall-clock per step so far (validations and saves
+        included, as they will recur)."""
+        started, before = self._clock
+        per_step = (time.monotonic() - started) / max(step - before, 1)
+        return per_step * max(self.total_steps - step, 0)
 
     def _append(self, line: str, step: int) -> None:
         """Append one record whole or not at all: a write that runs out of room (a full disk, a quota, a file-size

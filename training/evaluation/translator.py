@@ -1,9 +1,13 @@
 """A trained model with its tokenizer: load a checkpoint, check the two belong together, translate text.
 
     from training.evaluation.translator import Translator
-    tr = Translator.load("out/run", "out/data/bpe8k/tokenizer.json")   # any layout, or a merged/averaged .pt
+    tr = Translator.load("out/run")          # any layout, or a merged/averaged .pt; its tokenizer comes with it
     result = tr.translate(["Un homme en vélo."], beam=5, length_penalty=1.0)
     result.hypotheses, result.truncated, result.unfinished
+
+The tokenizer is the one the checkpoint recorded (checkpoints hold a copy of the run's tokenizer.json; merged and
+averaged .pt files its text), unless a tokenizer path is given — which must be the checkpoint's (sha256). A checkpoint
+saved before checkpoints recorded their tokenizer needs the path.
 
 The checkpoint is consolidated into the serial model (training/checkpoint/consolidated.py) and decoded by model/inference.py on
 one device (default: DeepSpeed's accelerator, as in training). Sources are encoded as the training data is (tokens,
@@ -26,7 +30,7 @@ from model.transformer import Seq2SeqTransformer
 from common.errors import UserError
 from common.hashing import file_sha256
 from preprocess.tokenizer import (TOKENIZER_FILE, decode_hypotheses, encode_sources, load_tokenizer,
-                                  special_ids)
+                                  special_ids, tokenizer_from_json)
 from training.checkpoint import consolidated
 
 
@@ -40,6 +44,7 @@ class Translation:
 
 class Translator:
     def __init__(self, model: Seq2SeqTransformer, tokenizer, tokenizer_path: str, state: dict):
+        # tokenizer_path: the file given, or "<checkpoint> (recorded)" for the checkpoint's own tokenizer
         self.model, self.tokenizer, self.tokenizer_path = model, tokenizer, tokenizer_path
         self.cfg: ModelConfig = model.cfg
         self.ids = special_ids(tokenizer)
@@ -48,14 +53,23 @@ class Translator:
         self.averaged = state.get("averaged")
 
     @classmethod
-    def load(cls, ckpt: str, tokenizer_path: str, ignore_tokenizer_hash: bool = False,
+    def load(cls, ckpt: str, tokenizer_path: Optional[str] = None, ignore_tokenizer_hash: bool = False,
              device: Optional[str] = None, verify: bool = True) -> "Translator":
         """`ckpt`: a step_* folder, a run's output_dir or checkpoints/ folder (→ latest), or a consolidated .pt.
-        Refuses (UserError) a tokenizer that is not the checkpoint's."""
-        if os.path.isdir(tokenizer_path):
-            tokenizer_path = os.path.join(tokenizer_path, TOKENIZER_FILE)
-        tokenizer = load_tokenizer(tokenizer_path)
+        `tokenizer_path`: None for the one the checkpoint recorded. Refuses (UserError) a tokenizer that is not the
+        checkpoint's, and a checkpoint that recorded none when no path is given."""
         state = consolidated.load(ckpt, verify=verify)
+        if tokenizer_path is None:
+            if not state.get("tokenizer_json"):
+                raise UserError(f"checkpoint {state['checkpoint']} does not hold its tokenizer (it was saved before "
+                                f"checkpoints recorded theirs); pass the tokenizer.json it was trained with "
+                                f"(--tokenizer)")
+            tokenizer = tokenizer_from_json(state["tokenizer_json"], f"the tokenizer of {state['checkpoint']}")
+            tokenizer_path = f"{state['checkpoint']} (recorded)"
+        else:
+            if os.path.isdir(tokenizer_path):
+                tokenizer_path = os.path.join(tokenizer_path, TOKENIZER_FILE)
+            tokenizer = load_tokenizer(tokenizer_path)
         cls._check_tokenizer(state, tokenizer, tokenizer_path, ignore_tokenizer_hash)
         model = Seq2SeqTransformer(ModelConfig(**state["model_config"]))
         model.load_state_dict(state["model"], strict=True)
@@ -77,7 +91,7 @@ class Translator:
             raise UserError(f"tokenizer {tokenizer_path} has PAD id {ids.pad} but checkpoint {ckpt} was trained with "
                             f"pad_id {model_cfg['pad_id']}: it is not the tokenizer of this checkpoint")
         saved = state.get("tokenizer_sha256")
-        if saved and not ignore_hash and file_sha256(tokenizer_path) != saved:
+        if saved and not ignore_hash and os.path.isfile(tokenizer_path) and file_sha256(tokenizer_path) != saved:
             raise UserError(f"tokenizer {tokenizer_path} is not the one checkpoint {ckpt} was trained with (sha256 "
                             f"differs); token ids would not match. Pass the run's tokenizer, or "
                             f"--ignore_tokenizer_hash if it is a byte-different copy of the same vocabulary")
@@ -148,7 +162,7 @@ class Translator:
         tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
         try:
             hf.save_pretrained(tmp)
-            save_for_transformers(self.tokenizer_path, tmp, self.cfg.src_len)
+            save_for_transformers(self.tokenizer, tmp, self.cfg.src_len)
             if existing:
                 shutil.rmtree(output_dir)
             elif os.path.isdir(output_dir):

@@ -2,7 +2,8 @@
 
 `run_scripts/plan.py --recipe R.json (--world_size N | --hostfile H) [train.py flags]` calls `main` here. Nothing
 below creates a process group, calls deepspeed.initialize or reads data: the layout goes through the same
-`validate_layout` / `assign_stages` that training uses, and every distinct (stage, TP rank) builds its real blocks
+checks train.py makes before it starts (training.config.preflight: `validate_layout`, the pipeline_func, the recipe's
+DeepSpeed settings) and the `assign_stages` training uses, and every distinct (stage, TP rank) builds its real blocks
 (`model.transformer.block_specs` with `ParallelContext(tp_size, tp_rank)`, no group) on torch's `meta` device —
 shapes without storage — so parameter counts are those of the run, for 16 or 64 ranks in a second or two.
 
@@ -17,14 +18,16 @@ import math
 import sys
 from typing import Optional, Sequence
 
-from model.config import ModelConfig, ParallelConfig, validate_layout
+from model.config import ModelConfig, ParallelConfig
 from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
 from common.errors import UserError
 from training.config.flags import build_parser, parse_args
 from training.config.sections import TrainConfig
 from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
-from model.costs import (INT64, activation_bytes, boundary_bytes, boundary_tensors, dp_bytes, in_flight,
-                         state_bytes, tp_allreduces)
+from model.costs import (INT64, activation_bytes, boundary_bytes, boundary_tensors, deepspeed_buffer_bytes, dp_bytes,
+                         in_flight, rank_peak, state_bytes, tp_allreduces)
+from training.config.preflight import check_run
+from training.plan import memory as mem
 from training.plan.report import compact_layers, format_plan
 
 
@@ -86,21 +89,83 @@ def resolve_world(world_size: Optional[int], hostfile: Optional[str]) -> tuple[i
 
 
 def configs(cfg: TrainConfig, world_size: int, need_vocab: bool = True) -> tuple[ModelConfig, ParallelConfig]:
-    """The ModelConfig / ParallelConfig train.py would build, validated by validate_layout (as train.py does)."""
-    parallel = cfg.parallel.parallel_config(world_size)
+    """The ModelConfig / ParallelConfig train.py would build, after the checks train.py makes before it starts
+    (training.config.preflight.check_run: the layout rules, the pipeline_func, the recipe's DeepSpeed settings)."""
     if cfg.model.vocab_size is None and need_vocab:
         raise UserError("vocab_size is needed to size the embeddings and the head: set \"vocab_size\" in the "
                         "recipe's \"model\" section or pass --vocab_size N (train.py otherwise uses the tokenizer's "
                         f"size: --tokenizer_vocab_size, {cfg.model.tokenizer_vocab_size} for the auto-built BPE one)")
-    model = cfg.model.probe()
-    validate_layout(parallel, model, world_size=world_size, global_batch=cfg.data.batch_size)
-    return model, parallel
+    return check_run(cfg, world_size)
 
 
-def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = None, ranks_per_node: int = 8) -> dict:
-    """Everything plan.py prints, as a JSON-serialisable dict."""
+def _layout_memory(cfg: TrainConfig, model: ModelConfig, parallel: ParallelConfig, func, device_type: str) -> dict:
+    """What memory depends on, for every distinct (stage, TP rank): its parameters by layer (the blocks it really
+    builds, on the meta device), and the DeepSpeed config train.py would generate (buckets, ZeRO stage)."""
+    counts: dict[tuple[int, int], dict[str, int]] = {}
+    for k in range(parallel.pipeline_stage):
+        for r in range(parallel.model_parallel):
+            counts[(k, r)] = count_params(build_stage_modules(model, parallel, k, r, func, seed=cfg.optimization.seed))
+    from training.core.engine import deepspeed_config  # the DeepSpeed config train.py would use: checks the overrides
+    ds_cfg = deepspeed_config(parallel, cfg.data.batch_size, cfg.parallel.precision, cfg.optimization.clip_grad,
+                              sum(counts[(0, 0)].values()),          # rank 0's gradient elements, as train.py
+                              cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config,
+                              device_type=device_type)
+    return {"counts": counts, "ds_cfg": ds_cfg}
+
+
+def stage_activations(cfg: TrainConfig, model: ModelConfig, parallel: ParallelConfig, func) -> list[dict]:
+    """Per stage: its layers and the activation estimate (per micro-batch, in flight, peak)."""
+    names = layer_names(model)
+    recomputed = [p.name for p in place_blocks(model, parallel, func) if p.recomputed]
+    micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
+    out = []
+    for k, idx in enumerate(stage_layers(model, parallel, func)):
+        layer_list = [names[i] for i in idx]
+        acts = activation_bytes(model, parallel, layer_list, micro, cfg.parallel.precision, recomputed)
+        fl = in_flight(parallel, k)
+        out.append({"layers": layer_list, **acts, "in_flight": fl,
+                    "peak": acts["per_micro_batch"] * fl + acts["recompute_transient"]})
+    return out
+
+
+def rank_memory(n_params: int, by_layer: dict, activations: int, parallel: ParallelConfig, ds_cfg: dict,
+                precision: str) -> dict:
+    """One rank's bytes: params / grads / optimizer state (ZeRO as DeepSpeed runs it), activations, DeepSpeed's
+    buffers, and its peak (model.costs.rank_peak)."""
+    zero_cfg = ds_cfg["zero_optimization"]
+    zero = zero_cfg["stage"]                          # what DeepSpeed runs (half precision: at least 1)
+    state = state_bytes(n_params, parallel.data_parallel, zero, precision)
+    blocks = [n for name, n in by_layer.items() if name.startswith(("encoder.", "decoder."))]
+    buffers = deepspeed_buffer_bytes(n_params, parallel.data_parallel, zero, precision,
+                                     int(zero_cfg.get("reduce_bucket_size", 5e8)),
+                                     bool(zero_cfg.get("overlap_comm", False)), max(blocks, default=0))
+    return {**state, "state_bytes": state["total_bytes"], "activation_bytes": activations,
+            "buffer_bytes": buffers["during_backward"] + buffers["after_backward"], "buffers": buffers,
+            "total_bytes": rank_peak(state["total_bytes"], activations, buffers)}
+
+
+def stage_peaks(cfg: TrainConfig, world_size: int, device_type: str = "cuda") -> list[int]:
+    """Each stage's largest per-rank peak in bytes (the memory verdict's input; UserError for a layout that cannot
+    run)."""
+    model, parallel = configs(cfg, world_size)
+    func = load_pipeline_func(cfg.parallel.pipeline_func)
+    built = _layout_memory(cfg, model, parallel, func, device_type)
+    acts = stage_activations(cfg, model, parallel, func)
+    return [max(rank_memory(sum(built["counts"][(k, r)].values()), built["counts"][(k, r)], acts[k]["peak"],
+                            parallel, built["ds_cfg"], cfg.parallel.precision)["total_bytes"]
+                for r in range(parallel.model_parallel))
+            for k in range(parallel.pipeline_stage)]
+
+
+def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = None, ranks_per_node: int = 8,
+              device: Optional[str] = None, device_memory: Optional[float] = None,
+              device_type: str = "cuda") -> dict:
+    """Everything plan.py prints, as a JSON-serialisable dict. `device` / `device_memory` (GiB): what the memory
+    verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU clusters) or "cpu" (the
+    DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
     from model.parallel.topology import rank_map            # imports DeepSpeed: kept out of the fast --check path
     model, parallel = configs(cfg, world_size)
+    device_name, memory = mem.device_bytes(device, device_memory)
     func = load_pipeline_func(cfg.parallel.pipeline_func)
     names = layer_names(model)
     per_stage = stage_layers(model, parallel, func)
@@ -112,24 +177,18 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
     el = 2 if prec in ("fp16", "bf16") else 4
 
     # every distinct (stage, tp rank) builds its own blocks and counts their parameters
-    counts: dict[tuple[int, int], dict[str, int]] = {}
-    for k in range(pp):
-        for r in range(tp):
-            counts[(k, r)] = count_params(build_stage_modules(model, parallel, k, r, func, seed=cfg.optimization.seed))
-
-    from training.core.engine import deepspeed_config  # the DeepSpeed config train.py would use: checks the overrides
-    ds_cfg = deepspeed_config(parallel, cfg.data.batch_size, prec, cfg.optimization.clip_grad,
-                              sum(counts[(0, 0)].values()),          # rank 0's gradient elements, as train.py
-                              cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config,
-                              device_type="cuda")         # plans are for GPU clusters
+    built = _layout_memory(cfg, model, parallel, func, device_type)
+    counts, ds_cfg = built["counts"], built["ds_cfg"]
+    acts_by_stage = stage_activations(cfg, model, parallel, func)
 
     nodes = rank_nodes(world_size, hosts, ranks_per_node)
     ranks = []
     for c in rank_map(parallel):
         n = sum(counts[(c.pp, c.tp)].values())
         node, host, local = nodes[c.rank]
+        memory_of = rank_memory(n, counts[(c.pp, c.tp)], acts_by_stage[c.pp]["peak"], parallel, ds_cfg, prec)
         ranks.append({"rank": c.rank, "node": node, "host": host, "local_rank": local, "pp": c.pp, "dp": c.dp,
-                      "tp": c.tp, "params": n, **state_bytes(n, dp, zero, prec)})
+                      "tp": c.tp, "params": n, **memory_of})
 
     def group_spans_nodes(key) -> int:
         groups: dict = {}
@@ -143,14 +202,14 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
         stage_ranks = [r["rank"] for r in ranks if r["pp"] == k]
         ar = tp_allreduces(model, parallel, layer_list, micro, recomputed)
         bytes_per_micro = (sum(ar["forward"]) + sum(ar["backward"])) * el + sum(ar["loss"]) * 4
-        acts = activation_bytes(model, parallel, layer_list, micro, prec, recomputed)
-        fl = in_flight(parallel, k)
+        acts = acts_by_stage[k]
         n0 = sum(counts[(k, 0)].values())
         stage = {
             "stage": k, "layers": layer_list, "ranks": [min(stage_ranks), max(stage_ranks)],
             "params_per_rank": n0, "params_by_layer": counts[(k, 0)],
-            "activations": {**acts, "in_flight": fl, "peak": acts["per_micro_batch"] * fl
-                            + acts["recompute_transient"]},
+            "activations": {key: acts[key] for key in ("per_micro_batch", "recompute_transient", "in_flight",
+                                                        "peak")},
+            "peak_bytes": max(r["total_bytes"] for r in ranks if r["pp"] == k),
             "tp_allreduce": {"forward_elements": ar["forward"], "backward_elements": ar["backward"],
                              "loss_elements": ar["loss"],
                              "calls_per_micro_batch": sum(len(v) for v in ar.values()),
@@ -172,6 +231,10 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
                                   "bytes_per_step": (fwd + bwd) * parallel.micro_batch_num, **split}
         stages.append(stage)
 
+    verdict = mem.verdict([st["peak_bytes"] for st in stages], memory)
+    fixes = [] if all(v["fits"] for v in verdict) else mem.remedies(
+        cfg, world_size, dp, model.num_blocks, memory, lambda c, w: stage_peaks(c, w, device_type))
+    batch_at_dp1 = cfg.data.batch_size // parallel.micro_batch_num
     return {
         "recipe": cfg.recipe, "world_size": world_size,
         "nodes": ([{"host": h.name, "slots": h.slots} for h in hosts] if hosts is not None
@@ -181,6 +244,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
                    "optimizer_shard": parallel.optimizer_shard, "recompute": parallel.recompute,
                    "vocab_emb_dp": parallel.vocab_emb_dp, "pipeline_func": pipeline_func_name(func),
                    "global_batch": cfg.data.batch_size, "micro_batch": micro,
+                   # the global batch is fixed: the per-GPU micro-batch shrinks as dp grows (said in the report)
+                   "micro_batch_at_dp1": batch_at_dp1, "world_at_dp1": tp * pp,
                    "tp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["dp"])),
                    "dp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["tp"]))},
         "model": {"vocab_size": model.vocab_size, "padded_vocab": model.padded_vocab(tp), "d_model": model.d_model,
@@ -194,6 +259,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
         "blocks": [{"block": p.name, "stage": p.pipeline_stage, "recompute": p.recomputed,
                     "comm_fusion": p.comm_fusion} for p in placements],
         "stages": stages, "ranks": ranks,
+        "memory": {"device": device_name, "device_bytes": int(memory), "usable_fraction": mem.USABLE,
+                   "stages": verdict, "remedies": fixes},
     }
 
 
@@ -221,9 +288,12 @@ examples:
   python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --hostfile run_scripts/hostfiles/hostfile_2nodes
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
   python run_scripts/plan.py --recipe recipes/cpu-tiny/cpu-tiny.json --world_size 2 --vocab_size 2000
+  python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 4096 --device a100-40gb
 
-Any train.py flag overrides the recipe, as in training. A layout that cannot run exits with status 2 and one
-`error:` line listing the layouts that would fit.
+Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
+largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 80% of the
+device's memory (--device, default h100; or --device_memory GiB) and, when it does not, which changes would make it
+fit. A layout that cannot run exits with status 2 and one `error:` line listing the layouts that would fit.
 """
 
 
@@ -240,8 +310,13 @@ def build_plan_parser() -> argparse.ArgumentParser:
                    help="ranks per node when no hostfile is given (default 8)")
     g.add_argument("--json", action="store_true", help="print the plan as JSON")
     g.add_argument("--check", action="store_true",
-                   help="only validate the layout and print one line (no vocab_size needed); the launch scripts "
-                        "run this before starting the ranks")
+                   help="only make the checks train.py makes before it starts (layout, pipeline_func, the recipe's "
+                        "DeepSpeed settings) and print one line (no vocab_size needed); the launch scripts run this "
+                        "before starting the ranks")
+    g.add_argument("--device", default=None, metavar="NAME",
+                   help=f"the GPU the memory verdict is for: {', '.join(mem.DEVICE_MEMORY_GIB)} (default h100)")
+    g.add_argument("--device_memory", type=float, default=None, metavar="GiB",
+                   help="the memory of one device in GiB, for a GPU not in --device's list")
     g.add_argument("--write_hostfile", default=None, metavar="PATH",
                    help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
                         "comments dropped; run_cluster.sh passes this copy to DeepSpeed and mpirun)")
@@ -260,7 +335,7 @@ def main(argv: Optional[list] = None) -> int:
     if args.check:
         print(check_line(cfg, world, hosts))
         return 0
-    plan = make_plan(cfg, world, hosts, args.gpus_per_node)
+    plan = make_plan(cfg, world, hosts, args.gpus_per_node, device=args.device, device_memory=args.device_memory)
     print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
     sys.stdout.flush()
     return 0

@@ -57,8 +57,13 @@ def format_plan(plan: dict) -> str:
     out.append(f"  layout     dp {L['data_parallel']} × mp {L['model_parallel']} × pp {L['pipeline_stage']} = "
                f"{world}; ZeRO {L['zero_stage']} ({zero_why}); recompute {'on' if L['recompute'] else 'off'}; "
                f"embeddings {'replicated (vocab_emb_dp)' if L['vocab_emb_dp'] else 'split over mp'}")
-    out.append(f"  batch      global {L['global_batch']} = micro {L['micro_batch']} × micro_batch_num "
+    out.append(f"  batch      global {L['global_batch']} = micro {L['micro_batch']} per GPU × micro_batch_num "
                f"{L['micro_batch_num']} × dp {L['data_parallel']}")
+    if L["data_parallel"] > 1:
+        keep = L["global_batch"] * L["data_parallel"]
+        out.append(f"             the global batch stays {L['global_batch']} at any world size, so each GPU's "
+                   f"micro-batch shrinks as dp grows: {L['micro_batch_at_dp1']} at dp 1 ({L['world_at_dp1']} ranks), "
+                   f"{L['micro_batch']} here; --batch_size {keep} keeps {L['micro_batch_at_dp1']} per GPU")
     out.append(f"  model      vocab {M['vocab_size']} (head rows {M['padded_vocab']} = {L['model_parallel']} × "
                f"{M['padded_vocab'] // L['model_parallel']}), d_model {M['d_model']}, {M['num_heads']} heads "
                f"({M['num_heads'] // L['model_parallel']} per TP rank), ffn {M['ffn_size']}, "
@@ -84,14 +89,16 @@ def format_plan(plan: dict) -> str:
     for b in plan["blocks"]:
         out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")
     out.append("")
-    out.append("ranks (rank = pp·dp·mp + dp·mp + tp: TP fastest, then DP, then PP); bytes per rank")
+    out.append("ranks (rank = pp·dp·mp + dp·mp + tp: TP fastest, then DP, then PP); bytes per rank, peak = "
+               "params + grads + optimizer + activations + DeepSpeed's buffers")
     hdr = (f"{'rank':>5} {'node':>4} {'host':<14} {'local':>5} {'pp':>3} {'dp':>3} {'tp':>3} {'params':>12} "
-           f"{'params':>10} {'grads':>10} {'optimizer':>10} {'total':>10}")
+           f"{'params':>10} {'grads':>10} {'optimizer':>10} {'activations':>11} {'DS buffers':>10} {'peak':>10}")
     out.append(hdr)
     for r in plan["ranks"]:
         out.append(f"{r['rank']:>5} {r['node']:>4} {r['host'][:14]:<14} {r['local_rank']:>5} {r['pp']:>3} "
                    f"{r['dp']:>3} {r['tp']:>3} {r['params']:>12,} {human(r['param_bytes']):>10} "
-                   f"{human(r['grad_bytes']):>10} {human(r['optimizer_bytes']):>10} {human(r['total_bytes']):>10}")
+                   f"{human(r['grad_bytes']):>10} {human(r['optimizer_bytes']):>10} "
+                   f"{human(r['activation_bytes']):>11} {human(r['buffer_bytes']):>10} {human(r['total_bytes']):>10}")
     half = M["precision"] != "fp32"
     if half:
         per_param = "fp16/bf16 params 2 B + grads 2 B + fp32 master and AdamW states 12 B"
@@ -103,6 +110,10 @@ def format_plan(plan: dict) -> str:
                f" per parameter; ZeRO {L['zero_stage']} divides "
                + {0: "nothing", 1: "the optimizer state", 2: "optimizer state and grads",
                   3: "optimizer state, grads and params"}[L["zero_stage"]] + f" by dp = {L['data_parallel']}")
+    out.append("  DS buffers: DeepSpeed's own (flattened gradients for the all-reduce, ZeRO's reduce buckets and fp32 "
+               "gradient partition, fp32 gradient accumulation in half precision): model/costs.py")
+    out.append("")
+    out.extend(format_memory(plan))
     out.append("")
     out.append("activations per rank (estimate, formula in model/costs.py)")
     out.append(f"{'stage':>5}  {'params/rank':>12}  {'per micro-batch':>15}  {'in flight':>9}  {'peak':>10}")
@@ -156,3 +167,25 @@ def format_plan(plan: dict) -> str:
                f"{ds['train_micro_batch_size_per_gpu']}, gradient_accumulation_steps "
                f"{ds['gradient_accumulation_steps']}, zero_optimization {json.dumps(ds['zero_optimization'])}")
     return "\n".join(out)
+
+
+def format_memory(plan: dict) -> list[str]:
+    """The memory verdict: per stage, its largest rank's peak against the device, and what would make it fit."""
+    M = plan["memory"]
+    usable = M["stages"][0]["usable_bytes"] if M["stages"] else 0
+    out = [f"memory on {M['device']}: a stage fits when its largest rank's peak is at most "
+           f"{100 * M['usable_fraction']:.0f}% of it = {human(usable)} (the rest: what the count leaves out, "
+           f"docs/memory.md)"]
+    for v, st in zip(M["stages"], plan["stages"]):
+        out.append(f"  stage {v['stage']}: peak {human(v['peak_bytes'])} → "
+                   + ("fits" if v["fits"] else f"DOES NOT FIT ({v['peak_bytes'] / max(usable, 1):.1f}× the usable "
+                                               f"memory; activations {human(st['activations']['peak'])})"))
+    if all(v["fits"] for v in M["stages"]):
+        return out
+    if M["remedies"]:
+        out.append("  it would fit with: " + "; ".join(M["remedies"]))
+    else:
+        out.append("  no change tried fits (recompute, ZeRO stages, smaller micro-batches, twice the pipeline stages "
+                   "or tensor parallelism, each with recompute): use more GPUs per replica, a smaller model, or "
+                   "shorter sequences")
+    return out

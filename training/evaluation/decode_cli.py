@@ -1,0 +1,55 @@
+"""The flags run_scripts/evaluate.py and run_scripts/translate.py share — which checkpoint, which tokenizer, how to
+decode — and the translator they build from them, so the two decode alike and say the same about truncated sources.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from common.errors import UserError
+
+
+def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--ckpt_file", required=True, help="a step_* folder, a checkpoints/ folder, a run's output_dir, "
+                                                      "or a merged/averaged .pt")
+    p.add_argument("--tokenizer", default=None,
+                   help="the tokenizer.json the checkpoint was trained with, or its folder (default: the copy the "
+                        "checkpoint holds; only checkpoints saved before checkpoints recorded it need this)")
+    p.add_argument("--beam", type=int, default=1, help="beam size (default: 1 = greedy)")
+    p.add_argument("--lenpen", type=float, default=1.0,
+                   help="beam length penalty: score = sum log-prob / length ** lenpen (default 1.0; 0 = none)")
+    p.add_argument("--batch_size", type=int, default=64, help="sentences decoded together (default: 64)")
+    p.add_argument("--device", default=None, help="torch device to decode on (default: DeepSpeed's accelerator, "
+                                                  "e.g. cuda:0, else cpu)")
+    p.add_argument("--no_cache", action="store_true",
+                   help="recompute the whole target prefix every step instead of using the KV cache (slower, the "
+                        "same translations; for comparisons)")
+    p.add_argument("--ignore_tokenizer_hash", action="store_true",
+                   help="decode even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
+    p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
+    p.add_argument("--no_verify", action="store_true",
+                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
+                        "(default: checked; a damaged file is refused naming it)")
+
+
+def check_decoding_flags(args: argparse.Namespace) -> None:
+    if args.beam < 1:
+        raise UserError(f"--beam {args.beam} must be >= 1 (1 = greedy)")
+    if args.batch_size < 1:
+        raise UserError(f"--batch_size {args.batch_size} must be >= 1")
+
+
+def load_translator(args: argparse.Namespace):
+    from training.evaluation.translator import Translator
+    return Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, args.device,
+                           verify=not args.no_verify)
+
+
+def warn_truncated(truncated: list, total: int, src_len: int) -> None:
+    """One warning line on stderr for sources longer than the model's positions (cut as the training data was)."""
+    if not truncated:
+        return
+    shown = ", ".join(str(i + 1) for i in truncated[:10]) + (", ..." if len(truncated) > 10 else "")
+    print(f"warning: {len(truncated)} of {total} sources have more than src_len-1 = {src_len - 1} tokens, the "
+          f"model's source positions; each was cut to its first {src_len - 1} tokens + EOS, as the training data "
+          f"was (lines {shown})", file=sys.stderr, flush=True)
