@@ -8,20 +8,26 @@
 #   bash run_scripts/run_cluster.sh /shared/wmt14.fr_en.tsv hostfile --launcher openmpi             # via mpirun
 #
 # HOSTFILE has one `HOST slots=N` line per node (run_scripts/hostfiles/); ranks are numbered node after node in its
-# order. RECIPE defaults to recipes/16pcs/16pcs.json. What it runs (command.sh in the run folder has the exact line):
-#   pdsh (DeepSpeed's default): deepspeed --hostfile HOSTFILE --master_addr $MASTER_ADDR --master_port $MASTER_PORT \
-#       --enable_each_rank_log RUN/logs run_scripts/train.py --distribute true --file_path DATA_PATH --recipe RECIPE ...
+# order (a byte-order mark, CRLF, tabs and comments are fine: the launchers get a clean copy, RUN/hostfile). RECIPE
+# defaults to recipes/16pcs/16pcs.json. What it runs (command.sh in the run folder has the exact line):
+#   pdsh (DeepSpeed's default): deepspeed --hostfile RUN/hostfile --master_addr $MASTER_ADDR --master_port \
+#       $MASTER_PORT run_scripts/train.py --launch_payload TOKEN
 #     needs passwordless ssh from this node to every host, and pdsh.
-#   openmpi (--launcher openmpi or LAUNCHER=openmpi): deepspeed --hostfile HOSTFILE --force_multi --launcher openmpi
-#       --launcher_args "--output-filename RUN/logs -x MASTER_ADDR=... -x MASTER_PORT=... $LAUNCHER_ARGS" ...
-#     mpirun starts every rank (it must work across the hosts: ssh, same OpenMPI everywhere); per-rank logs are then
-#     RUN/logs/1/rank.N/stdout. DeepSpeed adds `--mca btl_tcp_if_include eth0` unless LAUNCHER_ARGS sets
-#     btl_tcp_if_include; add --allow-run-as-root there if you launch as root.
+#   openmpi (--launcher openmpi or LAUNCHER=openmpi): deepspeed --hostfile RUN/hostfile --force_multi --launcher
+#       openmpi --launcher_args "-x MASTER_ADDR=... -x MASTER_PORT=... $LAUNCHER_ARGS" run_scripts/train.py ...
+#     mpirun starts every rank (it must work across the hosts: ssh, same OpenMPI everywhere). DeepSpeed adds
+#     `--mca btl_tcp_if_include eth0` unless LAUNCHER_ARGS sets btl_tcp_if_include; add --allow-run-as-root there
+#     if you launch as root.
+# TOKEN carries train.py's arguments (--distribute true --file_path DATA_PATH --recipe RECIPE --output_dir ... and
+# yours), this folder, OMP_NUM_THREADS and the log folder, encoded (common/launch_payload.py): the pdsh runner hands
+# each node's command to that node's shell, which would otherwise re-read any `$(...)`, backtick or quote in a path.
+# command.sh shows the arguments decoded. Every rank writes its log to RUN/logs/HOST_rankR.log.
 # With a single host in HOSTFILE the launcher runs locally (no ssh check). MASTER_ADDR defaults to the first host;
-# the repository, DATA_PATH and RUNS_DIR must be at the same paths on every node (a shared file system), as the
-# launcher `cd`s to this directory on each of them and every node writes its ranks' logs into the run folder.
-# The layout is checked with plan.py --check against the hostfile before anything starts. Environment as run.sh:
-# MASTER_ADDR, MASTER_PORT (default a free port), RUNS_DIR (runs), RUN_NAME, PYTHON, DEEPSPEED, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+# the repository (at a plain path: letters, digits, _ . / - + @ % = : ,), DATA_PATH and RUNS_DIR must be at the same
+# paths on every node (a shared file system): before the first step every rank checks it sees the output folder
+# rank 0 sees. The layout is checked with plan.py --check against the hostfile before anything starts. Environment
+# as run.sh: MASTER_ADDR, MASTER_PORT (default a free port), RUNS_DIR (runs), RUN_NAME, PYTHON, DEEPSPEED,
+# LAUNCHER_ARGS, EXPORT_VARS (more variables every rank gets), DRY_RUN=1, QUIET=1.
 set -uo pipefail
 
 USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [extra train.py flags...]
