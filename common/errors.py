@@ -13,6 +13,7 @@ alone meets an error still reports it, a few seconds late.
 from __future__ import annotations
 
 import errno
+import os
 import sys
 import time
 from typing import Callable, NoReturn, Optional
@@ -60,6 +61,17 @@ def fail(message: str) -> NoReturn:
     raise UserError(message)
 
 
+def _exit(code: int) -> NoReturn:
+    """Leave with `code`. A rank of a launched job leaves at once (os._exit, after flushing): its process group's
+    native threads are still running, and tearing the interpreter down around them can abort the process
+    ("terminate called without an active exception": SIGABRT), which would then be reported instead of the error."""
+    if _launched_rank() is None:
+        sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def run_cli(main: Callable[[], object]) -> NoReturn:
     try:
         result = main()
@@ -70,7 +82,7 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
         if delay > 0:
             time.sleep(delay)
         print(f"error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_status)
+        _exit(exc.exit_status)
     except Exception as exc:  # noqa: BLE001 - only a write that ran out of room is turned into a line
         full = no_room_error(exc)
         if full is None:
@@ -78,8 +90,8 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
         where = f" writing {full.filename}" if full.filename else ""
         print(f"error: {NO_ROOM[full.errno]}{where}: free space (or raise the limit), or write to another disk",
               file=sys.stderr, flush=True)
-        sys.exit(2)
+        _exit(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
-        sys.exit(130)
+        _exit(130)
     sys.exit(int(result or 0))
