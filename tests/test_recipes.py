@@ -156,4 +156,5 @@ def test_a_copied_recipe_runs_from_anywhere(multi30k_tsv, tmp_path):
     proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv)], cwd=tmp_path,
                           env=dict(bare, DSR_ROOT=str(tmp_path)), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
-        f"error: DSR_ROOT={tmp_path} is not the repository (no run_scripts/run.sh)"]
+        f"error: DSR_ROOT={tmp_path} is not the repository's folder (it has no run_scripts/run.sh); set DSR_ROOT to "
+        f"the folder you cloned, or unset it"]

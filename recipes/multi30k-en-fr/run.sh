@@ -10,19 +10,14 @@ USAGE="usage: bash recipes/multi30k-en-fr/run.sh [OUT_DIR] [extra train.py flags
   extra flags go to train.py and override multi30k-en-fr.json; environment: NPROC (processes), VOCAB, BEAM, LIMIT, SETS,
   ... (see run_scripts/translation_recipe.sh), DSR_ROOT (the repository, for a copy of this folder elsewhere)"
 case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
-# The repository: $DSR_ROOT, else the one this folder sits in, else the one the installed package comes from
-# (pip install -e .) — so a copy of this folder runs from anywhere.
+# The repository (so a copy of this folder runs from anywhere): $DSR_ROOT, else the checkout this folder sits in,
+# else the one the installed package comes from — common/repository.py says which, or why none
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-if [ -n "${DSR_ROOT:-}" ]; then
-    ROOT="$DSR_ROOT"
-elif [ -f "$HERE/../../run_scripts/run.sh" ]; then
-    ROOT="$(cd "$HERE/../.." && pwd)"
-elif ! ROOT=$("${PYTHON:-python3}" -m common.repository 2>&1); then
+ROOT=$(PYTHONPATH="${DSR_ROOT:-$HERE/../..}${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m common.repository 2>&1) || {
     [[ "$ROOT" == error:* ]] || ROOT="error: no repository found for $HERE: set DSR_ROOT=/path/to/the/checkout"
     echo "$ROOT" >&2
     exit 2
-fi
-[ -f "$ROOT/run_scripts/run.sh" ] || { echo "error: DSR_ROOT=$ROOT is not the repository (no run_scripts/run.sh)" >&2; exit 2; }
+}
 OUT="${1:-out/multi30k-en-fr}"
 [ $# -gt 0 ] && shift
 export VOCAB="${VOCAB:-6000}" SPLIT_PUNCTUATION="${SPLIT_PUNCTUATION:-1}"
