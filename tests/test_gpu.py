@@ -138,3 +138,18 @@ def test_a_training_steps_host_syncs_do_not_grow_with_the_layers():
     print(f"one training step, 2 micro-batches, interleave 2, recompute: {small} synchronizing calls with 2+2 "
           f"layers, {large} with 4+4")
     assert large == small, (small, large)
+
+
+def test_host_batches_reach_the_gpu_through_pinned_memory():
+    """A batch goes to the GPU from page-locked memory (`training.core.data.to_device`), a DMA the host does not wait
+    for; from pageable memory the driver stages it synchronously. The CUDA trace names the copy's source."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from training.core.data import to_device
+    host = torch.randint(0, 8000, (64, 128))
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        on_gpu = to_device(host, torch.device("cuda"))
+        torch.cuda.synchronize()
+    copies = [e.name for e in prof.events() if "Memcpy HtoD" in e.name]
+    assert copies and all("Pinned" in name for name in copies), copies
+    assert torch.equal(on_gpu.cpu(), host)
