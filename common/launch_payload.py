@@ -13,7 +13,8 @@ launchers start ranks the same way. `log_dir`: the rank writes its stdout and st
 itself (instead of the launcher's --enable_each_rank_log / --output-filename, whose paths would cross the remote
 shell too).
 
-Standard library only: run_cluster.sh runs this file directly to encode (`python common/launch_payload.py encode`).
+run_cluster.sh encodes with `python -m common.launch_payload encode ...` (the repository on PYTHONPATH; nothing here
+imports torch).
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ import os
 import socket
 import sys
 from typing import Optional, Sequence
+
+from common.ranks import global_rank_from_env
 
 FLAG = "--launch_payload"
 
@@ -41,16 +44,9 @@ def decode(token: str) -> dict:
     return payload
 
 
-def _rank() -> str:
-    for key in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
-        if os.environ.get(key, "").isdigit():
-            return os.environ[key]
-    return "0"
-
-
 def log_path(log_dir: str) -> str:
     """This rank's log file: LOG_DIR/HOST_rankR.log (what run_cluster.sh follows and searches for errors)."""
-    return os.path.join(log_dir, f"{socket.gethostname()}_rank{_rank()}.log")
+    return os.path.join(log_dir, f"{socket.gethostname()}_rank{global_rank_from_env()}.log")
 
 
 def apply(argv: Sequence[str]) -> list[str]:
@@ -86,8 +82,8 @@ def apply(argv: Sequence[str]) -> list[str]:
 
 
 def _main(args: list[str]) -> int:
-    usage = ("usage: python common/launch_payload.py encode [--cwd DIR] [--log_dir DIR] [--env NAME=VALUE]... -- ARG...\n"
-             "       python common/launch_payload.py decode TOKEN\n"
+    usage = ("usage: python -m common.launch_payload encode [--cwd DIR] [--log_dir DIR] [--env NAME=VALUE]... -- ARG..."
+             "\n       python -m common.launch_payload decode TOKEN\n"
              "Prints the token run_cluster.sh passes as `train.py --launch_payload TOKEN` (or the decoded JSON).")
     if not args or args[0] in ("-h", "--help"):
         print(usage)

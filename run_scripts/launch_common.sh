@@ -12,8 +12,7 @@
 #
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
 # MASTER_PORT (default: a port free on this machine, chosen when sourced; a given one that is busy here stops
-# make_run_dir with one line), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, EXPORT_VARS (run_cluster.sh:
-# variables every rank gets, besides OMP_NUM_THREADS), DRY_RUN=1, QUIET=1.
+# make_run_dir with one line), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
 #
 # Scripts that launch DeepSpeed themselves (quickstart.sh, the seed's run_parallel_*.sh, recipes' run.sh) source this
 # file for the master port only: choose_master_port has run, and they call check_master_port before launching.
@@ -120,21 +119,6 @@ parse_extras() {
         openmpi|OpenMPI|mpirun) LAUNCHER=openmpi ;;
         *) die "unknown launcher '$LAUNCHER': use openmpi, or leave it out for DeepSpeed's own (pdsh across nodes)" ;;
     esac
-}
-
-require_plain_path() {  # PATH WHAT: refuse a path the remote shell would re-read (it is sent unquoted)
-    [[ "$1" =~ ^[A-Za-z0-9_./@%+=:,-]+$ ]] || die "$2 ($1) holds characters a remote shell would re-read (spaces, quotes, \$, backticks...): DeepSpeed sends it unquoted to every node, so clone or move it to a plain path (letters, digits, _ . / - + @ % = : ,)"
-}
-
-launch_payload() {  # LOG_DIR ARG...: train.py's arguments, this folder, the log folder and OMP_NUM_THREADS (plus
-    # the variables named in EXPORT_VARS) as one shell-safe token (common/launch_payload.py)
-    local log_dir="$1" var
-    shift
-    local env_args=()
-    for var in OMP_NUM_THREADS ${EXPORT_VARS:-}; do
-        [ -n "${!var+x}" ] && env_args+=(--env "$var=${!var}")
-    done
-    "$PYTHON" "$REPO_ROOT/common/launch_payload.py" encode --cwd "$PWD" --log_dir "$log_dir" "${env_args[@]}" -- "$@"
 }
 
 preflight() {  # plan.py --check with the same recipe and flags train.py will get: one clear error, before launching

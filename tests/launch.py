@@ -153,8 +153,10 @@ def concurrently(*calls, workers: int = 2) -> list:
 
 
 def read_metrics(output_dir) -> list[dict]:
+    """metrics.jsonl's whole records (a run still writing may have half a line at the end: left out)."""
     path = Path(output_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    whole = path.read_text().rpartition("\n")[0]
+    return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
 
 def losses(output_dir) -> list[float]:

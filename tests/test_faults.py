@@ -23,7 +23,7 @@ import psutil
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, run_script, run_train, script_env
+from tests.launch import REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, read_metrics, run_script, run_train, script_env
 
 
 @pytest.fixture(autouse=True)
@@ -317,6 +317,11 @@ def _start_tp2(tsv, tok, out, *extra) -> Job:
     return job
 
 
+def _processes_naming(folder) -> list:
+    """Everything started for a run: its folder is in their command lines."""
+    return [p for p in psutil.process_iter(["cmdline"]) if str(folder) in " ".join(p.info["cmdline"] or [])]
+
+
 def _training_process(job: Job, rank: int) -> psutil.Process:
     """The process that computes for `rank`: the deepest one started with --local_rank=rank."""
     mine = [p for p in job.processes() if f"--local_rank={rank}" in " ".join(p.cmdline())]
@@ -355,8 +360,8 @@ def test_sigterm_to_run_sh_stops_every_rank(multi30k_tsv, bpe_tokenizer, tmp_pat
     job = Job(["bash", REPO_ROOT / "run_scripts/run.sh", multi30k_tsv, 2, "--steps", 2000, "--d_model", 32,
                "--vocab_size", 8000, "--tokenizer", bpe_tokenizer, "--tensorboard", 0], tmp_path, script_env(runs))
 
-    def job_processes():       # everything started for this run: its folder is in their command lines
-        return [p for p in psutil.process_iter(["cmdline"]) if str(runs) in " ".join(p.info["cmdline"] or [])]
+    def job_processes():
+        return _processes_naming(runs)
     try:
         job.wait_for(lambda: list(runs.glob("*/output/metrics.jsonl")), "training")
         job.popen.send_signal(signal.SIGTERM)
@@ -381,10 +386,9 @@ def _stopped_line(text: str) -> str:
 
 
 def _logged_step(out) -> int:
-    """The last step metrics.jsonl holds whole (0 before the first)."""
-    path = Path(out) / "metrics.jsonl"
-    whole = path.read_text().rpartition("\n")[0] if path.is_file() else ""
-    return json.loads(whole.splitlines()[-1])["step"] if whole.strip() else 0
+    """The last step metrics.jsonl holds (0 before the first)."""
+    records = read_metrics(out) if (Path(out) / "metrics.jsonl").is_file() else []
+    return records[-1]["step"] if records else 0
 
 
 def test_sigusr1_to_one_rank_saves_the_step_on_every_rank_and_the_run_resumes(multi30k_tsv, bpe_tokenizer,
@@ -419,8 +423,8 @@ def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_
     job = Job(runner + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2000)],
               tmp_path, env())
 
-    def ours():                  # everything this run started: its folder is in their command lines
-        return [p for p in psutil.process_iter(["cmdline"]) if str(out) in " ".join(p.info["cmdline"] or [])]
+    def ours():
+        return _processes_naming(out)
     try:
         job.wait_for(lambda: _logged_step(out) >= 2, "training")
         at = _logged_step(out)

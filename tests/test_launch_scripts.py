@@ -238,11 +238,12 @@ def test_run_cluster_commands(tsv, tmp_path):
     assert "16 ranks = dp 1 × mp 8 × pp 2" in layout
     cmd, payload, _ = cluster_dry_run([tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, LAUNCHER="openmpi",
                                       LAUNCHER_ARGS="--allow-run-as-root", MASTER_ADDR="10.0.0.1",
-                                      OMP_NUM_THREADS="1")
+                                      OMP_NUM_THREADS="1", EXPORT_VARS="NCCL_IB_HCA DSR_UNSET", NCCL_IB_HCA="mlx5")
     assert flag(cmd, "--launcher") == "openmpi" and flag(cmd, "--master_addr") == "10.0.0.1"
     mpi = flag(cmd, "--launcher_args").split()
     assert "-x" in mpi and "MASTER_ADDR=10.0.0.1" in mpi and mpi[-1] == "--allow-run-as-root"
-    assert "--output-filename" not in mpi and payload["env"] == {"OMP_NUM_THREADS": "1"}
+    # OMP_NUM_THREADS and the variables EXPORT_VARS names reach every rank (an unset one is left out)
+    assert "--output-filename" not in mpi and payload["env"] == {"OMP_NUM_THREADS": "1", "NCCL_IB_HCA": "mlx5"}
 
 
 def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):

@@ -12,6 +12,7 @@ from typing import Optional
 import torch
 
 from common.errors import UserError
+from common.ranks import world_and_rank_from_env
 from model.parallel.topology import init_deepspeed_comm
 from training.faults.job_watch import JobWatch, mark_store_served
 
@@ -56,9 +57,9 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None) -> i
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    world = int(os.environ["WORLD_SIZE"])
+    world, rank = world_and_rank_from_env()
     if world > 1:                # hear at once when a rank on any node fails (before the rendezvous: rank 0 may
-        JobWatch.start(int(os.environ["RANK"]), world)     # refuse before it serves the store)
+        JobWatch.start(rank, world)                        # refuse before it serves the store)
     from deepspeed.accelerator import get_accelerator
     backend = get_accelerator().communication_backend_name()
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing

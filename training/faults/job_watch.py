@@ -143,6 +143,25 @@ def publish_stopped(rank: int, text: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ readers
+def paused_ranks(store, world: int) -> list[str]:
+    """What the supervisors recorded in `store` about paused ranks (texts naming them); [] on any failure."""
+    out = []
+    try:
+        for r in range(world):
+            if store.check([f"{STOPPED}{r}"]):
+                out.append(store.get(f"{STOPPED}{r}").decode())
+    except Exception:  # noqa: BLE001 - best effort: the timeout report then says less
+        pass
+    return out
+
+
+def paused_ranks_now(world: int) -> list[str]:
+    """`paused_ranks` from a fresh connection (for a supervisor, whose rank is gone)."""
+    addr = _address()
+    store = _connect(addr, 2.0) if addr else None
+    return paused_ranks(store, world) if store is not None else []
+
+
 class JobWatch:
     """The watcher thread of one rank (see the module docstring)."""
 
@@ -179,17 +198,15 @@ class JobWatch:
 
     def _run(self) -> None:
         canary = None
-        while not self._closing.is_set() and self.store is None:
-            if _listening(self.addr):
-                try:
-                    self.store = _client(self.addr)
-                    canary = socket.create_connection(self.addr, timeout=2.0)   # idle: readable when it ends
-                except Exception:  # noqa: BLE001 - not serving yet: try again
-                    self.store = None
-            if self.store is None:
-                self._closing.wait(POLL)
+        while not self._closing.is_set() and canary is None:
+            self.store = _connect(self.addr, POLL)              # None until rank 0 serves it
+            try:
+                if self.store is not None:                      # idle: readable when the server's end closes
+                    canary = socket.create_connection(self.addr, timeout=2.0)
+            except OSError:
+                self.store = None
         while not self._closing.wait(POLL):
-            if canary is not None and select.select([canary], [], [], 0)[0]:
+            if select.select([canary], [], [], 0)[0]:
                 try:
                     ended = not canary.recv(1)
                 except OSError:
@@ -212,15 +229,8 @@ class JobWatch:
                 return
 
     def stopped_ranks(self) -> list[str]:
-        """What the supervisors recorded about paused ranks (texts naming them), [] if nothing or no store."""
+        """What the supervisors recorded about paused ranks, through this rank's connection."""
         if self.store is None:
             return []
-        out = []
-        try:
-            with self._lock:
-                for r in range(self.world):
-                    if self.store.check([f"{STOPPED}{r}"]):
-                        out.append(self.store.get(f"{STOPPED}{r}").decode())
-        except Exception:  # noqa: BLE001 - best effort
-            pass
-        return out
+        with self._lock:
+            return paused_ranks(self.store, self.world)

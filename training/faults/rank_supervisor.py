@@ -161,7 +161,7 @@ class StderrRelay:
             self._note(self._partial.decode("utf-8", "replace"))
 
 
-def watchdog_report(line: str, comm_timeout_hint: str = "--comm_timeout") -> str:
+def watchdog_report(line: str) -> str:
     """NCCL's watchdog line → what timed out, in words (the collective, its sequence number, its group)."""
     m = WATCHDOG.search(line)
     if not m:
@@ -174,7 +174,7 @@ def watchdog_report(line: str, comm_timeout_hint: str = "--comm_timeout") -> str
     if pg:
         group = f" on process group {pg.group('id')}" + (f" ({pg.group('desc')})" if pg.group("desc") else "")
     waited = f" after {int(m.group('ms')) / 1000:.0f} s" if m.group("ms") else ""
-    return f"{what}{seq}{group} timed out{waited} ({comm_timeout_hint})"
+    return f"{what}{seq}{group} timed out{waited} (--comm_timeout)"
 
 
 def _store_served(fd: int) -> bool:
@@ -230,7 +230,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
         if signum == signal.SIGABRT and relay.watchdog:
             line = (f"error: {where} was ended by NCCL's watchdog: {watchdog_report(relay.watchdog)}; "
                     f"a rank did not join it")
-            paused = _paused_ranks(rank)
+            paused = job_watch.paused_ranks_now(world)
             line += f" ({'; '.join(paused)})" if paused else " (paused, hung, or its node is down)"
         else:
             hint = HINTS.get(signum)
@@ -241,21 +241,6 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
         signal.signal(s, signal.SIG_DFL)
     os.kill(os.getpid(), signum)      # end as the child did, so the launcher sees the same status
     os._exit(128 + signum)
-
-
-def _paused_ranks(rank: int) -> list[str]:
-    """What the job's store says about paused ranks, read by a parent (its child is gone)."""
-    addr = job_watch._address()
-    store = job_watch._connect(addr, 2.0) if addr else None
-    if store is None:
-        return []
-    world, _ = world_and_rank_from_env()
-    out = []
-    for r in range(world):
-        with contextlib.suppress(Exception):
-            if store.check([f"{job_watch.STOPPED}{r}"]):
-                out.append(store.get(f"{job_watch.STOPPED}{r}").decode())
-    return out
 
 
 # ------------------------------------------------------------------------------------------------ survivors

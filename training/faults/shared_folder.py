@@ -77,12 +77,12 @@ def check_output_folder(output_dir: str) -> None:
                         f"Lustre, ...), or run on one node")
 
 
-def check_checkpoint(path: str, meta_name: str = "meta.json") -> None:
+def check_checkpoint(path: str) -> None:
     """Collective: every rank sees the checkpoint `path` rank 0 resumes from, with the same meta.json."""
     import torch.distributed as dist
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return
-    answers = _gather((socket.gethostname(), _digest(os.path.join(path, meta_name))))
+    answers = _gather((socket.gethostname(), _digest(os.path.join(path, "meta.json"))))
     reference = answers[0][1]
     bad = [r for r, (_, digest) in enumerate(answers) if digest != reference]
     if bad:

@@ -27,8 +27,7 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 LAUNCHER_ENDED = 100              # the code a rank contributes when its launcher ended (signals use their numbers)
 # command-line fragments of the processes that launch and supervise ranks
 LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deepspeed", "torch.distributed.run",
-             "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec", "rank-supervisor",
-             "spawn_ranks.py")
+             "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec", "rank-supervisor")
 POLL = 1.0
 
 
