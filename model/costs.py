@@ -277,14 +277,19 @@ def boundary_tensors(m: ModelConfig, last_layer: str, micro: int) -> list[dict]:
     return [joined, {"name": "src_ids", "shape": [b, s], "float": False}, tgt_ids]
 
 
+def tensor_bytes(tensor: dict, float_bytes: int) -> int:
+    """Bytes of one `boundary_tensors` entry: its float tensor at `float_bytes` an element, ids as int64."""
+    return math.prod(tensor["shape"]) * (float_bytes if tensor["float"] else INT64)
+
+
 def boundary_bytes(tensors: list[dict], float_bytes: int, tp: int, split_forward: bool,
                    split_backward: bool) -> tuple[int, int]:
     """(forward, backward) bytes one rank sends across a stage boundary per micro-batch: the ids whole, the float
     tensor — and its gradient — 1/tp of it where DeepSpeed splits it over the TP ranks."""
     def share(n: int, split: bool) -> int:
-        return n // tp if split and tp > 1 else n
-    floats = sum(math.prod(x["shape"]) * float_bytes for x in tensors if x["float"])
-    ids = sum(math.prod(x["shape"]) * INT64 for x in tensors if not x["float"])
+        return n // tp if split else n
+    floats = sum(tensor_bytes(x, float_bytes) for x in tensors if x["float"])
+    ids = sum(tensor_bytes(x, float_bytes) for x in tensors if not x["float"])
     return share(floats, split_forward) + ids, share(floats, split_backward)
 
 

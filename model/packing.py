@@ -54,21 +54,19 @@ class Packing:
         if ids.is_inference():
             return cls(ids, pad_id)
         kept = _kept(ids, pad_id, 1)
-        if kept is None:
-            packed_parts = [_kept(ids, pad_id, n) for pad, n in list(_store(ids)) if pad == pad_id and n > 1]
-            parts = next((p for p in packed_parts if p is not None), None)
+        if kept is None:                    # the parts' packings, if the interleaved layers built them, joined
+            parts = next(filter(None, (_kept(ids, pad_id, n) for pad, n in list(_store(ids))
+                                       if pad == pad_id and n > 1)), None)
             kept = cls.joined(parts) if parts is not None else cls(ids, pad_id)
             _store(ids)[(pad_id, 1)] = (ids._version, kept)
         return kept
 
     @classmethod
     def parts(cls, ids: torch.Tensor, pad_id: int, n: int) -> "list[Packing]":
-        """The packings of `ids.chunk(n)` (`model.interleave`'s batch parts), built once per ids tensor and n and
-        kept on it like `of`'s."""
+        """The packings of `ids.chunk(n)` (`model.interleave`'s batch parts, n > 1), built once per ids tensor and n
+        and kept on it like `of`'s."""
         if ids.is_inference():
             return [cls(part, pad_id) for part in ids.chunk(n)]
-        if n == 1:
-            return [cls.of(ids, pad_id)]
         kept = _kept(ids, pad_id, n)
         if kept is None:
             kept = [cls(part, pad_id) for part in ids.chunk(n)]

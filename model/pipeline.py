@@ -44,10 +44,9 @@ def split_boundary(inputs: tuple, first_layer: type) -> tuple:
 
 
 def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, seed: int,
-                          pipeline_func: Optional[Callable] = None, dynamic_shape: bool = False):
-    """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`.
-    `dynamic_shape`: batches change shape from step to step (token batches, `--max_tokens`): DeepSpeed then sends
-    the shapes with every activation instead of once."""
+                          pipeline_func: Optional[Callable] = None):
+    """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`. Batches whose
+    shape changes between steps (token batches) are announced by training.core.engine.Engine.expect_shape."""
     ctx = ParallelContext.from_grid(grid)
     placements = place_blocks(model, parallel, pipeline_func)
     block_st = [p.pipeline_stage for p in placements]
@@ -81,8 +80,7 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             return tied
 
     module = StagedPipelineModule(layers=[LayerSpec(cls, **kw) for cls, kw in specs], topology=grid.topology(),
-                                  loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx), partition_method="uniform",
-                                  dynamic_shape=dynamic_shape)
+                                  loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx), partition_method="uniform")
     module._grid = grid          # one grid for layers and engine (PipelineModule built its own copy of it)
     for p in module.parameters():   # PipelineModule resets ds_pipe_replicated on every parameter; the replica of a
         if getattr(p, "tied_to", None):   # tied weight is counted once (on its owner) in the gradient norm

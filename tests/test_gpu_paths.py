@@ -13,22 +13,9 @@ greedy decoding's host reads on a GPU in tests/test_gpu.py."""
 from types import SimpleNamespace
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.multiproc import run_ranks
-
-
-class _Ops(TorchDispatchMode):
-    """Counts the aten ops run under it, by name without overload ('mul_', '_foreach_mul_', 'clone', ...)."""
-
-    def __init__(self):
-        super().__init__()
-        self.counts: dict = {}
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.__name__.split(".")[0]
-        self.counts[name] = self.counts.get(name, 0) + 1
-        return func(*args, **(kwargs or {}))
+from tests.op_count import OpCounter
 
 
 def test_clipping_is_one_fused_multiply_not_one_per_parameter():
@@ -44,7 +31,7 @@ def test_clipping_is_one_fused_multiply_not_one_per_parameter():
     coef = torch.clamp(0.5 / (norm + 1e-6), max=1.0)
     want = [p.grad * coef for p in params]
     assert float(coef) < 1                                       # the clip acts
-    with _Ops() as ops:
+    with OpCounter() as ops:
         opt.step()
     assert ops.counts.get("_foreach_mul_") == 1 and not ops.counts.get("mul_"), ops.counts
     assert all(torch.equal(p.grad, w) for p, w in zip(params, want))
@@ -58,7 +45,7 @@ def _finiteness_reads(rank, world, poison):
     if poison and rank == 1:
         model[7].bias.data[2] = float("inf")
     engine = SimpleNamespace(module=model, device=torch.device("cpu"))   # what the check reads of the engine
-    with _Ops() as ops:
+    with OpCounter() as ops:
         try:
             refuse_non_finite_weights(engine, 5, None)
             error = None
@@ -83,7 +70,7 @@ def _row_parallel_copies(rank, world):
     ctx = tp_context(world)
     layer = RowParallelLinear(8, 6, ctx, gen=torch.Generator().manual_seed(1))
     x = torch.randn(3, 5, 8 // world, generator=torch.Generator().manual_seed(2 + rank), requires_grad=True)
-    with _Ops() as ops:
+    with OpCounter() as ops:
         y = layer(x)
     y.sum().backward()                    # the in-place sum does not break the backward (autograd would refuse)
     return ops.counts, y.detach(), x.grad is not None
@@ -104,7 +91,7 @@ def test_kv_cache_writes_into_buffers_allocated_once():
     steps = [(torch.randn(2, 4, 1, 8, generator=g), torch.randn(2, 4, 1, 8, generator=g)) for _ in range(6)]
     storage = None
     for i, (k, v) in enumerate(steps):
-        with _Ops() as ops:
+        with OpCounter() as ops:
             keys, values = cache.append(k, v)
         assert not ops.counts.get("cat"), ops.counts
         storage = storage or keys.untyped_storage().data_ptr()

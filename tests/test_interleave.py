@@ -13,6 +13,7 @@ from model.config import ConfigError, ModelConfig, ParallelConfig, validate_layo
 from model.parallel.mappings import CommLog
 from model.transformer import Seq2SeqTransformer
 from tests.multiproc import run_ranks
+from tests.op_count import OpCounter
 from tests.test_tp_layers import tp_context
 
 B, S, T = 6, 7, 6
@@ -259,19 +260,6 @@ def test_interleave_num_must_divide_the_micro_batch():
         validate_layout(layout.replace(interleave_num=0), cfg)
 
 
-class _CountNonzero(TorchDispatchMode):
-    """Counts nonzero() (the host synchronisation that finding the real tokens costs), forward and backward."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func.__name__.split(".")[0] in ("nonzero", "nonzero_static"):
-            self.calls += 1
-        return func(*args, **(kwargs or {}))
-
-
 def _packings_case(rank, world, n, recompute, micro_batches):
     """One training step of a 3+3-layer TP model (forward and backward over `micro_batches` micro-batches, then
     an optimizer step): how many packings were built from ids (`Packing.__init__`), how many nonzero() ran, and
@@ -297,7 +285,7 @@ def _packings_case(rank, world, n, recompute, micro_batches):
     Packing.__init__ = counted_init
     interleave.encoder_layer, interleave.decoder_layer = counted(real_enc), counted(real_dec)
     try:
-        with _CountNonzero() as nonzero:
+        with OpCounter() as ops:
             for k in range(micro_batches):
                 src, tgt, labels = batch(seed=k)
                 model.loss_sum(src, tgt, labels).backward()
@@ -305,7 +293,7 @@ def _packings_case(rank, world, n, recompute, micro_batches):
     finally:
         Packing.__init__ = real_init
         interleave.encoder_layer, interleave.decoder_layer = real_enc, real_dec
-    return built[0], nonzero.calls, layer_runs[0]
+    return built[0], ops.of("nonzero", "nonzero_static"), layer_runs[0]
 
 
 @pytest.mark.parametrize("n,recompute", [(2, True), (2, False), (1, True)])

@@ -7,7 +7,6 @@ and gradient norm, and each TP rank sends half the activation and gradient bytes
 DeepSpeed's own `p2p.send`), which is what plan.py's cost model (model.costs.boundary_bytes) says it sends. That the
 split is on in train.py's runs, and exact over 20 steps with fixed and token batches, is checked by
 tests/test_parity.py (tp2xpp2 cases, run.json's pipe_partitioned)."""
-import pytest
 import torch
 
 from model.config import ModelConfig, ParallelConfig
@@ -92,6 +91,12 @@ def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
         fwd, bwd = boundary_bytes(tensors, 4, 2, split, split)
         sent = {r[4]: r[3] for r in runs}                      # stage → bytes one of its ranks sent
         assert sent[0]["activation"] + sent[0]["ids"] == 2 * fwd and sent[1]["gradient"] == 2 * bwd
+    # the split's only overhead: DeepSpeed's layout of each split tensor (PartitionedTensor.to_meta: ndims, the 3
+    # sizes, num_parts, rank, num_parts + 1 offsets, as int64) once per micro-batch and direction
+    layout = 8 * (1 + 3 + 1 + 1 + (2 + 1))
+    for stage, kind in ((0, "meta"), (1, "meta")):
+        extra = next(r[3] for r in on if r[4] == stage)[kind] - next(r[3] for r in off if r[4] == stage)[kind]
+        assert extra == 2 * layout, (stage, extra)
     for name, runs in (("off", off), ("on", on)):
         a, gr = next(r[3] for r in runs if r[4] == 0), next(r[3] for r in runs if r[4] == 1)
         print(f"tp2xpp2, 2 micro-batches of [{B // 2}, {S}+{T}] d={D}, per TP rank and step: {name}: activations "

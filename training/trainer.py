@@ -80,8 +80,7 @@ class Trainer:
                                    clip_grad=opt.clip_grad, precision=cfg.parallel.precision,
                                    pipeline_func=cfg.parallel.pipeline_func,
                                    ds_overrides=cfg.parallel.deepspeed_overrides,
-                                   ds_config_file=cfg.parallel.deepspeed_config,
-                                   dynamic_shapes=bool(cfg.data.max_tokens))
+                                   ds_config_file=cfg.parallel.deepspeed_config)
         self.feeder = BatchFeeder(self.data, schedule, self.engine.ctx.dp_rank, self.engine.ctx.dp_size,
                                   self.parallel.micro_batch_num, device())
         self.checkpoints = CheckpointManager(self.engine, cfg.checkpoint, cfg.data, opt.seed, self.model_cfg,

@@ -61,13 +61,6 @@ def convert_format_1(old: str, new: str) -> dict:
            "format_version": FORMAT_VERSION, "skipped_steps": 0, "shards": shards, "rng": rngs, "sha256": sums,
            "optimizer": {"class": "unknown (converted from format 1)", "kind": "", "precision": "unknown",
                          "zero_stage": "unknown"}, "converted_from": os.path.abspath(old)}
-    # format 1 held no tokenizer copy; carry one over only if the folder has it (a meta naming a missing file
-    # would make the converted checkpoint incomplete)
-    name = meta.get("tokenizer")
-    if isinstance(name, str) and os.path.basename(name) == name and os.path.isfile(os.path.join(old, name)):
-        shutil.copyfile(os.path.join(old, name), os.path.join(tmp, name))
-    else:
-        out.pop("tokenizer", None)
     with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
     os.replace(tmp, new)

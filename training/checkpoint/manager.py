@@ -247,43 +247,31 @@ class CheckpointManager:
             optimizer_state.for_engine(engine)
 
     def resume(self) -> int:
-        """Load the checkpoint --resume / --ckpt_file name (training.checkpoint.resume); the step to start at."""
-        if self.section.resume == AUTO:
-            path, verified = self._agreed_auto_source()
-        else:                   # rank 0 decides, so every rank loads the same folder (or none)
-            decided = [resume_source(self.section) if dist.get_rank() == 0 else None]
-            if dist.get_world_size() > 1:
-                dist.broadcast_object_list(decided, src=0)
-            path, verified = decided[0], False
+        """Load the checkpoint --resume / --ckpt_file name (training.checkpoint.resume); the step to start at.
+        Rank 0 decides and tells the others, so every rank loads the same folder (or none); with --resume auto it
+        checks the candidates' checksums once, not on every rank."""
+        rank = dist.get_rank()
+        decided = [None, False]                   # (path, its checksums already verified on rank 0)
+        if rank == 0:
+            if self.section.resume == AUTO:
+                path = resume_source(self.section, verify=self.section.verify,
+                                     report=lambda line: print(line, flush=True))
+                decided = [path, self.section.verify and path in step_checkpoints(self.root)]
+            else:
+                decided = [resume_source(self.section), False]
+        if dist.get_world_size() > 1:
+            dist.broadcast_object_list(decided, src=0)
+        path, verified = decided
         if path is None:
             return 0
         check_checkpoint(path)  # every node sees the folder rank 0 chose, with the same meta.json
         step = load(self.engine, path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
-                    verify=self.section.verify and not verified)
-        if dist.get_rank() == 0:
+                    verify=self.section.verify and not (rank == 0 and verified))
+        if rank == 0:
             saved = read_meta(path)["optimizer"]
             print(f"resumed from {path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "
                   f"{saved['zero_stage']})", flush=True)
         return step
-
-    def _agreed_auto_source(self) -> tuple[Optional[str], bool]:
-        """--resume auto: rank 0 checks the candidates' checksums (once, not on every rank) and says which one it
-        chose by its place among the folder's checkpoints, so every rank loads the same. (path, verified here)."""
-        rank = dist.get_rank()
-        candidates = step_checkpoints(self.root)
-        choice = None
-        if rank == 0:
-            choice = resume_source(self.section, verify=self.section.verify,
-                                   report=lambda line: print(line, flush=True))
-        index = torch.tensor([candidates.index(choice) if choice in candidates else -1], dtype=torch.int64,
-                             device=self.engine.device)
-        if dist.get_world_size() > 1:
-            dist.broadcast(index, src=0)
-        k = int(index)
-        if k >= 0:
-            return candidates[k], rank == 0 and self.section.verify
-        # not one of the folder's own: --ckpt_file, or a fresh start (the same answer on every rank)
-        return (choice if rank == 0 else resume_source(self.section)), False
 
     def after_step(self, step: int, last: bool = False) -> None:
         """Every --save_checkpoint_steps steps, and at the run's last step (its end or an early stop), so the final

@@ -130,8 +130,7 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         # whenever the shape changes (training.core.step). DeepSpeed turns both off at mp 1. Its receiving side
         # (PartitionedTensor.from_meta) always assumes equal pieces; ours are, since d_model is a multiple of
         # num_heads and num_heads of mp (validate_layout).
-        "pipeline": {"pipe_partitioned": parallel.model_parallel > 1,
-                     "grad_partitioned": parallel.model_parallel > 1},
+        "pipeline": {"pipe_partitioned": True, "grad_partitioned": True},
     }
     if precision in HALF_DTYPES:
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
@@ -178,8 +177,9 @@ class Engine:
         (pipe_partition_*_meta_cache) and reuses that for every later one; with token batches the shape changes
         from step to step (and from training to validation), so the records are dropped whenever it does
         (`reset_activation_shape`, which also makes both stages exchange the new shapes). Every micro-batch of a
-        step has one shape, and every rank sees the same shapes, so the stages drop them together."""
-        if self.pipelined and getattr(self.ds, "is_pipe_partitioned", False):
+        step has one shape, and every rank sees the same shapes, so the stages drop them together. This is also
+        what DeepSpeed's `dynamic_shape` would do, at every micro-batch instead of at a change of shape."""
+        if self.pipelined:
             if self.boundary_shape is not None and shape != self.boundary_shape:
                 self.ds.reset_activation_shape()
             self.boundary_shape = shape
@@ -241,18 +241,16 @@ class Engine:
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
                  seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
                  precision: str = "fp32", pipeline_func: Optional[str] = None,
-                 ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None,
-                 dynamic_shapes: bool = False) -> Engine:
+                 ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
     """The DeepSpeed engine for a layout the caller has validated (model.config.validate_layout, once, in
-    training.trainer.Trainer.setup). `dynamic_shapes`: batches change shape between steps (token batches);
-    `global_batch` is then the number the batch sizes are a multiple of, which DeepSpeed's config counts as its
-    batch."""
+    training.trainer.Trainer.setup). With token batches (shapes that change between steps, `Engine.expect_shape`)
+    `global_batch` is the number the batch sizes are a multiple of, which DeepSpeed's config counts as its batch."""
     import deepspeed
     func = load_pipeline_func(pipeline_func)
     grid = build_grid(parallel)
     pipelined = parallel.pipeline_stage > 1
     if pipelined:
-        model, ctx = build_pipeline_module(model_cfg, parallel, grid, seed, func, dynamic_shape=dynamic_shapes)
+        model, ctx = build_pipeline_module(model_cfg, parallel, grid, seed, func)
     else:
         ctx = ParallelContext.from_grid(grid)
         model = Seq2SeqTransformer(model_cfg, parallel, ctx, seed=seed, pipeline_func=func)

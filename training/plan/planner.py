@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from typing import Optional, Sequence
 
@@ -24,8 +23,8 @@ from common.errors import UserError
 from training.config.flags import build_parser, parse_args
 from training.config.sections import TrainConfig
 from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
-from model.costs import (INT64, activation_bytes, boundary_bytes, boundary_tensors, deepspeed_buffer_bytes, dp_bytes,
-                         in_flight, rank_peak, state_bytes, tp_allreduces)
+from model.costs import (activation_bytes, boundary_bytes, boundary_tensors, deepspeed_buffer_bytes, dp_bytes,
+                         in_flight, rank_peak, state_bytes, tensor_bytes, tp_allreduces)
 from training.config.preflight import check_run
 from training.plan import memory as mem
 from training.plan.report import compact_layers, format_plan
@@ -222,7 +221,7 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
         if k < pp - 1:
             tensors = boundary_tensors(model, layer_list[-1], micro)
             for tsr in tensors:
-                tsr["bytes"] = math.prod(tsr["shape"]) * (el if tsr["float"] else INT64)
+                tsr["bytes"] = tensor_bytes(tsr, el)
             split = {key: bool(ds_cfg["pipeline"].get(key)) and tp > 1
                      for key in ("pipe_partitioned", "grad_partitioned")}
             fwd, bwd = boundary_bytes(tensors, el, tp, split["pipe_partitioned"], split["grad_partitioned"])
