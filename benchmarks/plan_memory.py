@@ -3,7 +3,7 @@
 
     python benchmarks/plan_memory.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
 
-For each layout, train.py runs --steps steps twice through DeepSpeed's launcher: with the benchmark model (34.5 M
+For each layout, train.py runs --steps steps twice through DeepSpeed's launcher: with the benchmark model (34.4 M
 parameters: d_model 512, ffn 2048, 3 + 3 blocks, vocab 8000, 24 tokens a side, batch 32) and with a tiny one (d_model
 16, 1 + 1 blocks) that is otherwise the same run. Rank 0's `peak_mem_mib` (metrics.jsonl; on a CPU the process's
 peak resident set, ru_maxrss) holds the interpreter, torch, DeepSpeed, gloo, the data and tokenizer besides the
@@ -40,7 +40,7 @@ MIB = 2 ** 20
 
 
 def measured_peak_mib(nproc: int, flags: list, out: str, steps: int) -> float:
-    from tests.multiproc import free_port
+    from training.core.distributed import free_port
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", str(max(1, os.cpu_count() // nproc))),
                PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     train = os.path.join(ROOT, "run_scripts", "train.py")

@@ -151,19 +151,22 @@ def batch_errors(p: ParallelConfig, global_batch: int, name: str = "batch_size")
             f" use interleave_num {_or_list(ok)}, or a {name} that {p.interleave_num} × {per} divides"]
 
 
+def size_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
+    """The degrees and sizes below 1 (nothing else about a layout is worth checking while one is)."""
+    errors = [f"{name}={getattr(p, name)} must be >= 1"
+              for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
+                           "gradient_aggregation_group", "interleave_num") if getattr(p, name) < 1]
+    errors += [f"{name}={getattr(m, name)} must be >= 1"
+               for name in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len") if getattr(m, name) < 1]
+    if m.encoder_layers < 1 or m.decoder_layers < 1:
+        errors.append(f"encoder_layers={m.encoder_layers} decoder_layers={m.decoder_layers}: both must be >= 1")
+    return errors
+
+
 def layout_errors(p: ParallelConfig, m: ModelConfig, world_size: Optional[int] = None,
                   global_batch: Optional[int] = None, batch_name: str = "batch_size") -> list[str]:
     """Every rule the (model, layout, world, batch) combination breaks, as sentences (empty: it can run)."""
-    errors: list[str] = []
-    for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num", "gradient_aggregation_group",
-                 "interleave_num"):
-        if getattr(p, name) < 1:
-            errors.append(f"{name}={getattr(p, name)} must be >= 1")
-    for name in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len"):
-        if getattr(m, name) < 1:
-            errors.append(f"{name}={getattr(m, name)} must be >= 1")
-    if m.encoder_layers < 1 or m.decoder_layers < 1:
-        errors.append(f"encoder_layers={m.encoder_layers} decoder_layers={m.decoder_layers}: both must be >= 1")
+    errors = size_errors(p, m)
     if errors:
         return errors
 
@@ -226,10 +229,7 @@ def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Op
     errors = layout_errors(p, m, world_size, global_batch, batch_name)
     if not errors:
         return
-    if any(getattr(p, n) < 1 for n in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
-                                        "gradient_aggregation_group", "interleave_num")) \
-            or any(getattr(m, n) < 1 for n in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len",
-                                               "encoder_layers", "decoder_layers")):
+    if size_errors(p, m):
         raise ConfigError("; ".join(errors))              # sizes below 1: nothing else is worth checking
     zero = p.effective_zero_stage
     degrees = (f"[dp={p.data_parallel} mp={p.model_parallel} pp={p.pipeline_stage} "

@@ -144,7 +144,9 @@ def deepspeed_buffer_bytes(n_params: int, dp: int, zero: int, precision: str, re
     half = precision in ("fp16", "bf16")
     part = -(-n_params // dp)
     during = after = 0
-    if zero == 0:
+    # bf16 at ZeRO 1 runs DeepSpeed's BF16_Optimizer (fp32 gradient accumulation), which has no reduce bucket: it
+    # all-reduces its fp32 gradients flattened, as ZeRO 0 does, and steps on views of them
+    if zero == 0 or (precision == "bf16" and zero == 1):
         after += min(n_params, ALLREDUCE_BUCKET) * GRAD_BYTES
     else:
         bucket = min(reduce_bucket, n_params) * GRAD_BYTES

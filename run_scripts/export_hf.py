@@ -31,24 +31,17 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.errors import UserError, run_cli  # noqa: E402
+from training.evaluation.decode_cli import add_checkpoint_flags, load_translator  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--ckpt_file", required=True, help="a step_* folder, a checkpoints/ folder, a run's output_dir, "
-                                                      "or a merged/averaged .pt")
-    p.add_argument("--tokenizer", default=None,
-                   help="the tokenizer.json the checkpoint was trained with (default: the copy the checkpoint holds)")
+    add_checkpoint_flags(p)
     p.add_argument("--output", required=True, help="the folder to write (created; must be empty or new)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder at --output")
     p.add_argument("--beam", type=int, default=5, help="generate()'s default num_beams (default 5; 1 = greedy)")
     p.add_argument("--lenpen", type=float, default=1.0, help="generate()'s default length_penalty (default 1.0)")
-    p.add_argument("--no_verify", action="store_true",
-                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
-                        "(default: checked; a damaged file is refused naming it)")
-    p.add_argument("--ignore_tokenizer_hash", action="store_true",
-                   help="export even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
     args = p.parse_args(argv)
     if args.beam < 1:
         raise UserError(f"--beam {args.beam} must be >= 1 (1 = greedy)")
@@ -56,9 +49,8 @@ def main(argv=None) -> int:
     if os.path.isdir(output) and os.listdir(output) and not args.overwrite:     # fail before loading anything
         raise UserError(f"--output {output} is not empty; pass --overwrite to replace it, or choose a new folder")
 
-    from training.evaluation.translator import Translator
-    translator = Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, device="cpu",
-                                 verify=not args.no_verify)
+    args.device = "cpu"                        # the export is written from CPU tensors
+    translator = load_translator(args)
     path = translator.export_transformers(output, args.overwrite, args.beam, args.lenpen)
     cfg = translator.cfg
     print(f"wrote {path}: BlenderbotForConditionalGeneration (d_model {cfg.d_model}, {cfg.encoder_layers}+"

@@ -247,6 +247,12 @@ def test_translate_needs_only_the_checkpoint(trained, bpe_tokenizer, val50, tmp_
     proc = translate("--ckpt_file", avg, "--input", tmp_path / "in.fr", "--beam", 3, "--output", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_text(encoding="utf-8").splitlines() == want[3] and proc.stdout == ""
+    # the text an averaged .pt carries is checked against the tokenizer's sha256 recorded with it, as a file is
+    state = torch.load(avg, weights_only=False)
+    state["tokenizer_json"] += "\n"                 # the same vocabulary, other bytes: only the sha256 tells
+    torch.save(state, tmp_path / "changed.pt")
+    assert_user_error(translate("--ckpt_file", tmp_path / "changed.pt", "--input", tmp_path / "in.fr"),
+                      "is not the one checkpoint", "sha256 differs")
 
     proc = evaluate("--ckpt_file", trained, "--src", tmp_path / "in.fr", "--no_progress")     # no --tokenizer, --ref
     assert proc.returncode == 0, proc.stderr[-3000:]

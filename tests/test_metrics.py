@@ -110,3 +110,21 @@ def test_plot_metrics_draws_every_curve_of_real_runs(multi30k_tsv, bpe_tokenizer
         assert got["gradient norm"][name] == (steps, [r["grad_norm"] for r in records])
         assert got["throughput"][name] == (steps, [r["tokens_per_sec"] for r in records])
     assert_user_error(run_python([sys.executable, plot, tmp_path / "nothing"], env=env()), "no metrics.jsonl")
+
+
+def test_eta_is_the_runs_mean_step_time_times_the_steps_left(tmp_path, monkeypatch):
+    """The ETA the step line shows: this run's wall-clock since its first step began, per step, times the steps
+    left — a resumed run counts from its own first step. The clock is set by hand (seconds)."""
+    from training.core import metrics
+    now = [0.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
+    writer = metrics.MetricsWriter(str(tmp_path), enabled=True, total_steps=20, start_step=4, log_interval=100,
+                                   tensorboard=False)
+    record = {"epoch": 1, "loss": 1.0, "tokens_per_sec": 1.0}
+    now[0] = 100.0
+    writer.log({**record, "step": 5, "step_time": 2.0})          # step 5 began at 98 s
+    now[0] = 110.0
+    writer.log({**record, "step": 8, "step_time": 3.0})
+    assert writer.eta_seconds(8) == (110.0 - 98.0) / (8 - 4) * (20 - 8)   # 3 s a step, 12 steps left: 36 s
+    assert writer.eta_seconds(20) == 0.0
+    writer.close()

@@ -169,9 +169,14 @@ def test_layout_suggestions_never_fail_and_batches_are_the_nearest():
              (ParallelConfig(model_parallel=2, pipeline_stage=2, zero_stage=2), cfg, 4, 32),
              (ParallelConfig(data_parallel=8), cfg.replace(num_heads=6, d_model=96), 8, 12),
              (ParallelConfig(model_parallel=4, interleave_num=4), cfg, 8, 16)]
-    for parallel, model, world, batch in cases:
+    # worked out by hand (dp × mp × pp = world; mp divides the heads and the FFN; pp at most the 2 blocks, and 1
+    # with ZeRO 2; dp × micro_batch_num divides the batch); the last case is only checked against the rules
+    by_hand = [{(3, 2, 1), (6, 1, 1), (3, 1, 2)}, {(4, 1, 1), (2, 2, 1), (1, 4, 1)}, {(4, 2, 1), (4, 1, 2), (2, 2, 2)},
+               None]
+    for (parallel, model, world, batch), want in zip(cases, by_hand):
         msg, fits = suggestions(parallel, model, world, batch)
         assert fits, msg
+        assert want is None or set(fits) == want, (fits, want)
         assert (parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage) not in fits
         for dp, mp, pp in fits:
             assert not layout_errors(parallel.replace(data_parallel=dp, model_parallel=mp, pipeline_stage=pp), model,

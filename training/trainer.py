@@ -114,7 +114,6 @@ class Trainer:
         """How to run this again (run.json): the command line, the code's commit, and the files as resolved — the
         tokenizer train.py built or was given, absolute paths."""
         import shlex
-        import sys
 
         from common.repository import git_commit
         cfg = self.cfg

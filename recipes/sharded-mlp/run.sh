@@ -25,9 +25,9 @@ case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
 # The repository (so a copy of this folder runs from anywhere): $DSR_ROOT, else the checkout this folder sits in,
 # else the one the installed package comes from — common/repository.py says which, or why none
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-ROOT=$(PYTHONPATH="${DSR_ROOT:-$HERE/../..}${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m common.repository 2>&1) || {
-    [[ "$ROOT" == error:* ]] || ROOT="error: no repository found for $HERE: set DSR_ROOT=/path/to/the/checkout"
-    echo "$ROOT" >&2
+ROOT=$(PYTHONPATH="${DSR_ROOT:-$HERE/../..}${PYTHONPATH:+:$PYTHONPATH}" "${PYTHON:-python3}" -m common.repository) || {
+    # status 2: common/repository.py said why (one error: line); else python found no package to ask
+    [ $? -eq 2 ] || echo "error: no repository found for $HERE: set DSR_ROOT=/path/to/the/checkout" >&2
     exit 2
 }
 source "$ROOT/run_scripts/launch_common.sh"

@@ -7,7 +7,7 @@ on the command line or in the recipe still wins: a setting that may change (drop
 and said so; one that would stop the weights from loading (a size: d_model, heads, FFN, layers, lengths, vocabulary,
 shared embeddings — or another tokenizer) is refused here, naming the flag, before anything is built.
 
-`inherit(args, argv)` rewrites the parsed Namespace (training.config.flags.parse_config calls it for train.py) and
+`inherit(args, explicit)` rewrites the parsed Namespace (training.config.flags.parse_config calls it for train.py) and
 returns the lines to print: which settings came from the checkpoint, which flags overrode it.
 """
 from __future__ import annotations
@@ -25,8 +25,6 @@ MODEL_FLAGS = {"vocab_size": "vocab_size", "d_model": "d_model", "num_heads": "n
                "encoder_layer": "encoder_layers", "decoder_layer": "decoder_layers", "src_len": "src_len",
                "tgt_len": "tgt_len", "share_embeddings": "share_embeddings", "dropout": "dropout",
                "attention_dropout": "attention_dropout", "label_smoothing": "label_smoothing"}
-SIZES = ("vocab_size", "d_model", "num_heads", "ffn_size", "encoder_layer", "decoder_layer", "src_len", "tgt_len",
-         "share_embeddings")
 DATA_ORDER_FLAGS = {"fixed": ("batch_size", "seed"), "tokens": ("max_tokens", "batch_multiple", "pad_multiple", "seed")}
 
 
@@ -34,13 +32,8 @@ def given_flags(parser: argparse.ArgumentParser, argv: Optional[list]) -> set[st
     """The dests of the flags on the command line itself, not their defaults (`parser`: a fresh build_parser())."""
     for action in parser._actions:
         action.default = argparse.SUPPRESS
-    parser.set_defaults(**{})
     found, _ = parser.parse_known_args(argv)
     return set(vars(found))
-
-
-def _effective_ffn(value: int, d_model: int) -> int:
-    return value or d_model
 
 
 def _show(value) -> str:
@@ -50,7 +43,7 @@ def _show(value) -> str:
 def inherit(args: argparse.Namespace, explicit: dict[str, str]) -> list[str]:
     """Fill `args` from the checkpoint the run starts from; `explicit`: {dest: where it was given ("--d_model" or
     "recipe R: model.d_model")}. Returns the lines to report (none for a fresh start)."""
-    from training.checkpoint.format import read_meta, recorded_tokenizer
+    from training.checkpoint.format import SHAPE_FIELDS, read_meta, recorded_tokenizer
     from training.checkpoint.resume import resume_source
     from training.config.sections import CheckpointSection
     section = CheckpointSection(output_dir=args.output_dir, resume=args.resume, ckpt_file=args.ckpt_file,
@@ -71,11 +64,11 @@ def inherit(args: argparse.Namespace, explicit: dict[str, str]) -> list[str]:
             taken.append(f"{dest}={_show(value)}")
             continue
         given = getattr(args, dest)
-        same = (_effective_ffn(given, args.d_model) == _effective_ffn(value, saved["d_model"]) if dest == "ffn_size"
+        same = ((given or args.d_model) == (value or saved["d_model"]) if dest == "ffn_size"    # 0: d_model
                 else given == value)
         if same:
             continue
-        if dest in SIZES:
+        if MODEL_FLAGS[dest] in SHAPE_FIELDS or dest == "ffn_size":      # (SHAPE_FIELDS names the effective "ffn")
             raise UserError(f"{explicit[dest]} {_show(given)} conflicts with checkpoint {path}, whose weights have "
                             f"{dest}={_show(value)}: they cannot load into another shape. Leave {explicit[dest]} out "
                             f"to continue with the checkpoint's (the layout, dropout and schedule may change)")
@@ -94,8 +87,8 @@ def inherit(args: argparse.Namespace, explicit: dict[str, str]) -> list[str]:
 
     order = meta.get("data_order")
     if isinstance(order, dict) and order.get("batching") in DATA_ORDER_FLAGS:
-        if "max_tokens" not in explicit:
-            args.max_tokens = order.get("max_tokens", 0) if order["batching"] == "tokens" else 0
+        if order["batching"] == "fixed" and "max_tokens" not in explicit:
+            args.max_tokens = 0                           # fixed batches: no token batching
         for dest in DATA_ORDER_FLAGS[order["batching"]]:
             if dest in order and dest not in explicit:
                 setattr(args, dest, order[dest])

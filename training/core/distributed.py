@@ -17,7 +17,7 @@ from model.parallel.topology import init_deepspeed_comm
 from training.faults.job_watch import JobWatch, mark_store_served
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -56,7 +56,7 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None) -> i
                             "use --distribute true (or auto)")
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     world, rank = world_and_rank_from_env()
     if world > 1:                # hear at once when a rank on any node fails (before the rendezvous: rank 0 may
         JobWatch.start(rank, world)                        # refuse before it serves the store)

@@ -1,4 +1,4 @@
-"""The flags run_scripts/evaluate.py and run_scripts/translate.py share — which checkpoint, which tokenizer, how to
+"""The flags run_scripts/evaluate.py and run_scripts/translate.py share (export_hf.py the checkpoint's) — which checkpoint, which tokenizer, how to
 decode — and the translator they build from them, so the two decode alike and say the same about truncated sources.
 """
 from __future__ import annotations
@@ -9,12 +9,22 @@ import sys
 from common.errors import UserError
 
 
-def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
+    """Which checkpoint, which tokenizer, and how they are checked (evaluate.py, translate.py, export_hf.py)."""
     p.add_argument("--ckpt_file", required=True, help="a step_* folder, a checkpoints/ folder, a run's output_dir, "
                                                       "or a merged/averaged .pt")
     p.add_argument("--tokenizer", default=None,
                    help="the tokenizer.json the checkpoint was trained with, or its folder (default: the copy the "
                         "checkpoint holds; only checkpoints saved before checkpoints recorded it need this)")
+    p.add_argument("--ignore_tokenizer_hash", action="store_true",
+                   help="go on even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
+    p.add_argument("--no_verify", action="store_true",
+                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
+                        "(default: checked; a damaged file is refused naming it)")
+
+
+def add_decoding_flags(p: argparse.ArgumentParser) -> None:
+    add_checkpoint_flags(p)
     p.add_argument("--beam", type=int, default=1, help="beam size (default: 1 = greedy)")
     p.add_argument("--lenpen", type=float, default=1.0,
                    help="beam length penalty: score = sum log-prob / length ** lenpen (default 1.0; 0 = none)")
@@ -24,12 +34,7 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no_cache", action="store_true",
                    help="recompute the whole target prefix every step instead of using the KV cache (slower, the "
                         "same translations; for comparisons)")
-    p.add_argument("--ignore_tokenizer_hash", action="store_true",
-                   help="decode even if --tokenizer is not byte-identical to the one recorded in the checkpoint")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
-    p.add_argument("--no_verify", action="store_true",
-                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
-                        "(default: checked; a damaged file is refused naming it)")
 
 
 def check_decoding_flags(args: argparse.Namespace) -> None:

@@ -17,6 +17,7 @@ Sentences are decoded in batches of similar length (sorted, then put back in inp
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass
@@ -66,11 +67,13 @@ class Translator:
                                 f"(--tokenizer)")
             tokenizer = tokenizer_from_json(state["tokenizer_json"], f"the tokenizer of {state['checkpoint']}")
             tokenizer_path = f"{state['checkpoint']} (recorded)"
+            loaded_sha = hashlib.sha256(state["tokenizer_json"].encode("utf-8")).hexdigest()
         else:
             if os.path.isdir(tokenizer_path):
                 tokenizer_path = os.path.join(tokenizer_path, TOKENIZER_FILE)
             tokenizer = load_tokenizer(tokenizer_path)
-        cls._check_tokenizer(state, tokenizer, tokenizer_path, ignore_tokenizer_hash)
+            loaded_sha = file_sha256(tokenizer_path)
+        cls._check_tokenizer(state, tokenizer, tokenizer_path, loaded_sha, ignore_tokenizer_hash)
         model = Seq2SeqTransformer(ModelConfig(**state["model_config"]))
         model.load_state_dict(state["model"], strict=True)
         if device is None:
@@ -79,7 +82,9 @@ class Translator:
         return cls(model.to(device).eval(), tokenizer, tokenizer_path, state)
 
     @staticmethod
-    def _check_tokenizer(state: dict, tokenizer, tokenizer_path: str, ignore_hash: bool) -> None:
+    def _check_tokenizer(state: dict, tokenizer, tokenizer_path: str, loaded_sha: str, ignore_hash: bool) -> None:
+        """The tokenizer the checkpoint was trained with: its vocabulary fits, PAD is the same id, and the bytes
+        loaded (a file, or the copy a consolidated .pt holds) have the sha256 the checkpoint recorded."""
         ckpt, model_cfg = state["checkpoint"], state["model_config"]
         ids = special_ids(tokenizer)
         tok_vocab = tokenizer.get_vocab_size(with_added_tokens=True)
@@ -91,7 +96,7 @@ class Translator:
             raise UserError(f"tokenizer {tokenizer_path} has PAD id {ids.pad} but checkpoint {ckpt} was trained with "
                             f"pad_id {model_cfg['pad_id']}: it is not the tokenizer of this checkpoint")
         saved = state.get("tokenizer_sha256")
-        if saved and not ignore_hash and os.path.isfile(tokenizer_path) and file_sha256(tokenizer_path) != saved:
+        if saved and not ignore_hash and loaded_sha != saved:
             raise UserError(f"tokenizer {tokenizer_path} is not the one checkpoint {ckpt} was trained with (sha256 "
                             f"differs); token ids would not match. Pass the run's tokenizer, or "
                             f"--ignore_tokenizer_hash if it is a byte-different copy of the same vocabulary")

@@ -15,6 +15,7 @@ import dataclasses
 from typing import Callable, Optional
 
 from common.errors import UserError
+from model.config import ParallelConfig
 from training.config.sections import TrainConfig
 
 GIB = 2 ** 30
@@ -48,11 +49,14 @@ def _with(cfg: TrainConfig, **parallel) -> TrainConfig:
     return dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, **parallel))
 
 
-def candidates(cfg: TrainConfig, world: int, dp: int, blocks: int) -> list[tuple[str, str, TrainConfig, int]]:
+def candidates(cfg: TrainConfig, world: int, parallel: ParallelConfig,
+               blocks: int) -> list[tuple[str, str, TrainConfig, int]]:
     """(kind of change, the flags to change, the changed config, the world it runs on), the least disruptive first;
-    within a kind, the smallest change first."""
-    p = cfg.parallel
-    zero = p.zero_stage if p.zero_stage is not None else (1 if p.optimizer_shard else 0)
+    within a kind, the smallest change first. A ZeRO stage is offered only above the one DeepSpeed already runs
+    (bf16 and fp16 run at least stage 1)."""
+    from training.core.engine import optimizer_zero_stage     # (imports DeepSpeed: only when a stage does not fit)
+    p, dp = cfg.parallel, parallel.data_parallel
+    zero = optimizer_zero_stage(parallel, p.precision)
     out: list[tuple[str, str, TrainConfig, int]] = []
     if not p.recompute:
         out.append(("recompute", "--recompute 1", _with(cfg, recompute=True), world))
@@ -79,12 +83,12 @@ def candidates(cfg: TrainConfig, world: int, dp: int, blocks: int) -> list[tuple
     return out
 
 
-def remedies(cfg: TrainConfig, world: int, dp: int, blocks: int, memory: float,
+def remedies(cfg: TrainConfig, world: int, parallel: ParallelConfig, blocks: int, memory: float,
              stage_peaks: Callable[[TrainConfig, int], list[int]], limit: int = 4) -> list[str]:
     """The changes under which every stage fits (each re-planned with `stage_peaks(config, world)`), with the largest
     stage's peak: the smallest change of each kind, the least disruptive kinds first; empty when none is enough."""
     found, kinds, fitting = [], set(), set()
-    for kind, flags, changed, w in candidates(cfg, world, dp, blocks):
+    for kind, flags, changed, w in candidates(cfg, world, parallel, blocks):
         if kind in kinds or (kind.startswith("recompute+") and ("recompute" in kinds
                                                                  or flags[len("--recompute 1 "):] in fitting)):
             continue                                   # a smaller change of this kind already fits

@@ -232,7 +232,7 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
 
     verdict = mem.verdict([st["peak_bytes"] for st in stages], memory)
     fixes = [] if all(v["fits"] for v in verdict) else mem.remedies(
-        cfg, world_size, dp, model.num_blocks, memory, lambda c, w: stage_peaks(c, w, device_type))
+        cfg, world_size, parallel, model.num_blocks, memory, lambda c, w: stage_peaks(c, w, device_type))
     batch_at_dp1 = cfg.data.batch_size // parallel.micro_batch_num
     return {
         "recipe": cfg.recipe, "world_size": world_size,
@@ -288,6 +288,9 @@ examples:
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
   python run_scripts/plan.py --recipe recipes/cpu-tiny/cpu-tiny.json --world_size 2 --vocab_size 2000
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 4096 --device a100-40gb
+  python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 2048 --num_heads 16 \
+      --ffn_size 8192 --encoder_layer 12 --decoder_layer 12 --src_len 512 --tgt_len 512 --batch_size 256
+      (does not fit an h100: the verdict names --recompute 1 and --micro_batch_num 4)
 
 Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
 largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 80% of the
