@@ -16,6 +16,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
+def cpu_model(default: str = "unknown") -> str:
+    """The processor's name from /proc/cpuinfo (`default` where there is none)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return default
+
+
 # The configuration of issue 11: d_model 256, 3+3 layers, FFN 1024, 4 heads, batch 64 × 32 tokens, dropout 0.1, fp32
 BENCH_MODEL = ["--d_model", "256", "--encoder_layer", "3", "--decoder_layer", "3", "--ffn_size", "1024",
                "--num_heads", "4", "--batch_size", "64", "--src_len", "32", "--tgt_len", "32", "--dropout", "0.1",

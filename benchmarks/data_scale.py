@@ -319,12 +319,8 @@ def formats(store_folder: str, work: Path) -> dict:
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    from benchmarks.common import cpu_model
+    cpu = cpu_model(platform.processor() or platform.machine())
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 

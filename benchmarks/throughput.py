@@ -29,7 +29,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.common import BENCH_MODEL  # noqa: E402
+from benchmarks.common import BENCH_MODEL, cpu_model  # noqa: E402
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results.json")
 REPORT = os.path.join(ROOT, "BENCHMARKS.md")
@@ -115,12 +115,7 @@ def machine() -> dict:
     import torch
     import deepspeed
     import transformers
-    model = "unknown"
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    model = cpu_model()
     flags = ""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:

@@ -40,7 +40,8 @@ from common.hashing import file_sha256
 from preprocess.store_builder import build_store
 from preprocess.textio import check_readable
 from preprocess.token_batches import compact_permutation
-from preprocess.token_store import FORMAT_VERSION, TokenStore, human_bytes
+from common.units import human_bytes
+from preprocess.token_store import FORMAT_VERSION, TokenStore
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 
 CACHE_DIRNAME = ".tokcache"
@@ -67,6 +68,8 @@ class TranslationDataset:
         for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
             if int(value) != value or value < 2:
                 fail(f"{name}={value} must be an integer >= 2 (at least one token plus BOS/EOS)")
+        if num_proc is not None and num_proc < 1:
+            fail(f"--num_proc {num_proc} must be >= 1")
         self.src_len, self.tgt_len = int(src_len), int(tgt_len)
         self.tsv_path = check_readable(tsv_path)
         tokenizer_path = Path(tokenizer_path)
@@ -85,13 +88,11 @@ class TranslationDataset:
         self.cache_hit = self.cache_path.is_dir()
         self.build_info: Optional[dict] = None          # how the store was built, when this object built it
         if not self.cache_hit:
-            extra = {} if block_bytes is None else {"block_bytes": block_bytes}
             self.build_info = build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len,
                                           self.tgt_len, self.cache_path, sha, num_proc=num_proc, progress=progress,
-                                          **extra)
+                                          block_bytes=block_bytes)
         self.store = TokenStore(self.cache_path)
         self.num_samples = self.store.pairs
-        self._flags = self.store.flags
 
     # -- access ---------------------------------------------------------------------------------------------
 
@@ -134,12 +135,12 @@ class TranslationDataset:
     @property
     def src_truncated(self) -> np.ndarray:
         """bool [pairs]: the source had more than src_len-1 tokens and was cut."""
-        return (np.asarray(self._flags) & 1).astype(bool)
+        return (np.asarray(self.store.flags) & 1).astype(bool)
 
     @property
     def tgt_truncated(self) -> np.ndarray:
         """bool [pairs]: the target had more than tgt_len-1 tokens and was cut."""
-        return (np.asarray(self._flags) & 2).astype(bool)
+        return (np.asarray(self.store.flags) & 2).astype(bool)
 
     def stats(self) -> dict[str, float]:
         """Figures counted while the store was built (meta.json), and its size."""
@@ -286,8 +287,6 @@ def main() -> int:
                              "process alone)")
     parser.add_argument("--no_progress", action="store_true", help="hide progress bars")
     args = parser.parse_args()
-    if args.num_proc is not None and args.num_proc < 1:
-        fail(f"--num_proc {args.num_proc} must be >= 1")
     start = time.perf_counter()
     dataset = TranslationDataset(args.file_path, args.tokenizer, args.src_len, args.tgt_len,
                                  cache_dir=args.cache_dir, progress=not args.no_progress, num_proc=args.num_proc)
@@ -300,7 +299,7 @@ def main() -> int:
           f"mean tokens before truncation: src {stats['mean_src_tokens']:.2f} tgt {stats['mean_tgt_tokens']:.2f}  "
           f"unk {stats['unk_pct']:.3f}%  target tokens {stats['target_tokens']}")
     itemsize = np.dtype(stats["token_dtype"]).itemsize
-    print(f"store {human_bytes(stats['store_bytes'])} ({stats['token_dtype']} ids): "
+    print(f"store {human_bytes(stats['store_bytes'], base=1000)} ({stats['token_dtype']} ids): "
           f"{stats['store_bytes'] / (stats['real_tokens'] * itemsize):.2f}x its {stats['real_tokens']} real tokens "
           f"x {itemsize} bytes")
     return 0

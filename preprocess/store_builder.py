@@ -3,8 +3,9 @@
 The TSV is read in blocks of whole lines (`LineBlocks`, about 4 MB each, hashing the file as it goes); each block is
 validated, tokenized and cut to the lengths (`ChunkEncoder`), in this process or in `num_proc` worker processes;
 the chunks come back in file order and are appended to the store as they arrive. At most two blocks per worker are
-in flight, so memory does not depend on the corpus's size. Afterwards the file's hash, size and modification time
-are compared with the ones the store's key was made from: a TSV that changed while it was read is refused, and
+in flight, so memory does not depend on the corpus's size. Afterwards the file's hash is compared with the one the
+store's key was made from, its size and modification time with the ones the build started with: a TSV that changed
+while it was read is refused, and
 nothing is left under the store's name.
 
 Worker processes are forked (spawned where fork does not exist): they only read the tokenizer file and run
@@ -45,7 +46,8 @@ class ChunkEncoder:
         self.keep = {"src": src_len - 1, "tgt": tgt_len - 1}
         self.dtype, self.name = np.dtype(dtype), name
 
-    def _side(self, texts: list[str], keep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _side(self, texts: list[str], keep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(the kept ids back to back, kept tokens per text, tokens before the cut, which texts were cut)"""
         rows = [enc.ids for enc in self.encode(texts, add_special_tokens=False)]
         before = np.fromiter(map(len, rows), dtype=np.int64, count=len(rows))
         cut = before > keep
@@ -160,7 +162,7 @@ def _file_state(path: Path) -> tuple[int, int, int]:
 
 
 def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: int, tgt_len: int, final: Path,
-                expected_sha256: str, num_proc: Optional[int] = None, block_bytes: int = BLOCK_BYTES,
+                expected_sha256: str, num_proc: Optional[int] = None, block_bytes: Optional[int] = None,
                 progress: bool = True) -> dict:
     """Tokenize `tsv_path` into a store at `final` (atomically). `expected_sha256`: the TSV hash the store's key
     was made from; the file is hashed again while read and must not differ. Returns how it went: the worker
@@ -171,10 +173,9 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
         print(f"note: the vocabulary of {tokenizer_path} has {vocab_size} ids, more than 16 bits hold: token ids "
               f"are stored as uint32 (4 bytes each instead of 2)", flush=True)
     before = _file_state(tsv_path)
+    block_bytes = block_bytes or BLOCK_BYTES
     blocks = LineBlocks(tsv_path, block_bytes)
-    workers = default_num_proc() if num_proc is None else int(num_proc)
-    if workers < 1:
-        fail(f"--num_proc {num_proc} must be >= 1")
+    workers = default_num_proc() if num_proc is None else int(num_proc)    # (>= 1: TranslationDataset checks)
     if blocks.size <= block_bytes:
         workers = 1                                      # one block: a worker would only add its start-up
     encoder_args = (str(tokenizer_path), src_len, tgt_len, dtype.name, str(tsv_path))

@@ -254,15 +254,21 @@ def read_json(path: PathLike, what: str):
         fail(f"{what} {path} is not UTF-8 text ({exc.reason} at byte {exc.start})")
 
 
+def nearest_existing(path: PathLike) -> Path:
+    """`path` made absolute, or the nearest folder above it that exists (where creating it would start)."""
+    existing = Path(path).absolute()
+    while not existing.exists():
+        existing = existing.parent
+    return existing
+
+
 def check_output_file(path: PathLike, what: str) -> Path:
     """Before any work: `path` can become a file — it is not a folder, and no folder above it is a file. Returns it
     as a Path (its folder is created by the writer)."""
     path = Path(path)
     if path.is_dir():
         fail(f"{what} {path} is a folder; give a file name (e.g. {path / 'out'})")
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
+    parent = nearest_existing(path.absolute().parent)
     if not parent.is_dir():
         fail(f"{what} {path} cannot be written: {parent} is a file, not a folder")
     return path

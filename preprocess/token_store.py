@@ -36,6 +36,7 @@ from typing import Optional
 import numpy as np
 
 from common.errors import NO_ROOM, UserError, fail
+from common.units import human_bytes
 
 FORMAT_VERSION = 2                      # 1 was three padded int64 Arrow columns (datasets.save_to_disk)
 META_FILE = "meta.json"
@@ -55,14 +56,6 @@ def tokens_file(side: str) -> str:
 
 def offsets_file(side: str) -> str:
     return f"{side}.offsets"
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n:.1f} TB"
 
 
 @dataclass
@@ -89,8 +82,8 @@ class TokenChunk:
 STAT_COUNTS = ("src_tokens_before_cut", "tgt_tokens_before_cut", "src_truncated", "tgt_truncated", "unk")
 
 
-def cannot_write(folder: Path, exc: OSError, flag: str = "--cache_dir") -> UserError:
-    return UserError(f"cannot write the token store under {folder} ({exc.strerror or exc}); pass {flag} DIR, "
+def cannot_write(folder: Path, exc: OSError) -> UserError:
+    return UserError(f"cannot write the token store under {folder} ({exc.strerror or exc}); pass --cache_dir DIR, "
                      f"a folder this process can write (the data folder may stay read-only)")
 
 
@@ -127,8 +120,12 @@ class StoreWriter:
         if kind is not None:
             self.abort()
 
-    def _free(self) -> int:
-        return shutil.disk_usage(self.tmp).free
+    def _free(self) -> Optional[int]:
+        """Free bytes on the store's disk (None when the system will not say)."""
+        try:
+            return shutil.disk_usage(self.final.parent).free
+        except OSError:
+            return None
 
     def _write(self, name: str, array: np.ndarray) -> None:
         try:
@@ -142,31 +139,22 @@ class StoreWriter:
     def _no_room(self, exc: OSError) -> None:
         self.abort()
         raise UserError(f"{NO_ROOM[exc.errno]} writing the token store for {self.source_name} in "
-                        f"{self.final.parent} ({human_bytes(self._free_or_zero())} free there, "
-                        f"{human_bytes(self.written)} written); free space or pass --cache_dir DIR on a larger "
+                        f"{self.final.parent} ({human_bytes(self._free() or 0, base=1000)} free there, "
+                        f"{human_bytes(self.written, base=1000)} written); free space or pass --cache_dir DIR on a larger "
                         f"disk") from None
-
-    def _free_or_zero(self) -> int:
-        try:
-            return shutil.disk_usage(self.final.parent).free
-        except OSError:
-            return 0
 
     def append(self, chunk: TokenChunk, fraction_read: float) -> None:
         """Write one chunk. `fraction_read`: how much of the input has been read so far (0..1): with the bytes
         written it projects the store's size, and a store that cannot fit stops now rather than at a full disk."""
-        try:
-            free = self._free()
-        except OSError:                       # no figure to check against: the writes themselves will tell
-            free = float("inf")
+        free = self._free()                   # None: no figure to check against; the writes themselves will tell
         expected_more = chunk.nbytes
         if fraction_read > 0:
             projected = (self.written + chunk.nbytes) / fraction_read
             expected_more = max(expected_more, projected - self.written)
-        if expected_more > free:
+        if free is not None and expected_more > free:
             self.abort()
-            fail(f"the token store for {self.source_name} needs about {human_bytes(self.written + expected_more)} "
-                 f"but {self.final.parent} has {human_bytes(free)} free; free space there or pass --cache_dir DIR "
+            fail(f"the token store for {self.source_name} needs about {human_bytes(self.written + expected_more, base=1000)} "
+                 f"but {self.final.parent} has {human_bytes(free, base=1000)} free; free space there or pass --cache_dir DIR "
                  f"on a larger disk")
         for side, ids, lengths in (("src", chunk.src_ids, chunk.src_lengths), ("tgt", chunk.tgt_ids,
                                                                                chunk.tgt_lengths)):

@@ -35,7 +35,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from common.errors import fail, run_cli
 from common.hashing import file_sha256
-from preprocess.textio import atomic_write, iter_tsv_pairs
+from preprocess.textio import atomic_write, iter_tsv_pairs, nearest_existing
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"
@@ -120,9 +120,7 @@ def _cannot_write(folder: Path, why: str) -> None:
 
 def _check_writable(folder: Path) -> None:
     """The folder, or the nearest one above it that exists, can be written (access(2) also says EROFS)."""
-    existing = folder.absolute()
-    while not existing.exists():
-        existing = existing.parent
+    existing = nearest_existing(folder)
     if not existing.is_dir():
         _cannot_write(folder, f"{existing} is a file")
     if not os.access(existing, os.W_OK | os.X_OK):

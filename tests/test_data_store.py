@@ -51,7 +51,7 @@ def test_round_trip_equals_the_tokenizer_and_nothing_is_padded(val_tsv, bpe_toke
     sources, targets = read_tsv_pairs(val_tsv)
     store = ds.store
     assert store.dtype == np.uint16 and ds.num_samples == len(sources) == 1014
-    kept = {"src": 15, "tgt": 11}
+    kept, kept_tokens = {"src": 15, "tgt": 11}, 0
     for side, texts in (("src", sources), ("tgt", targets)):
         encoded = [e.ids for e in tok.encode_batch(texts, add_special_tokens=False)]
         off, ids = store.offsets[side], store.tokens[side]
@@ -59,13 +59,38 @@ def test_round_trip_equals_the_tokenizer_and_nothing_is_padded(val_tsv, bpe_toke
             assert ids[off[i]:off[i + 1]].tolist() == want[:kept[side]], (side, i)
         # no padding and no specials on disk: exactly the kept tokens, 2 bytes each
         total = sum(min(len(e), kept[side]) for e in encoded)
+        kept_tokens += total
         assert (ds.cache_path / f"{side}.tokens").stat().st_size == 2 * total
         assert (ds.cache_path / f"{side}.offsets").stat().st_size == 8 * (len(texts) + 1)
         flagged = ds.src_truncated if side == "src" else ds.tgt_truncated
         assert flagged.tolist() == [len(e) > kept[side] for e in encoded]
     stats = ds.stats()
     assert stats["real_tokens"] == sum(int(x.sum()) for x in ds.real_lengths())
-    assert stats["store_bytes"] == sum(p.stat().st_size for p in ds.cache_path.iterdir())
+    # the documented size: 2 bytes a kept token, 17 bytes a pair (two int64 offsets, one flag byte), plus the
+    # offsets' closing entries and meta.json
+    pairs = len(sources)
+    assert stats["store_bytes"] == (2 * kept_tokens + 17 * pairs + 2 * 8
+                                    + (ds.cache_path / "meta.json").stat().st_size)
+
+
+def test_two_builders_of_one_store_leave_the_first_one_and_nothing_else(tmp_path):
+    """Two ranks (or nodes) that find no store build it at once: each writes its own temporary folder, the first
+    rename wins, the second writer drops its copy; what stays is the first one's, whole, and no `.tmp-*`."""
+    from preprocess.token_store import StoreWriter, TokenChunk
+
+    def chunk(token: int) -> TokenChunk:
+        return TokenChunk(np.full(3, token, np.uint16), np.array([3], np.int64), np.full(2, token, np.uint16),
+                          np.array([2], np.int64), np.zeros(1, np.uint8))
+    final = tmp_path / "store"
+    first, second = StoreWriter(final, np.uint16, "a.tsv"), StoreWriter(final, np.uint16, "a.tsv")
+    with first, second:
+        first.append(chunk(7), 1.0)
+        second.append(chunk(9), 1.0)
+        first.commit({"src_len": 4, "tgt_len": 3})
+        second.commit({"src_len": 4, "tgt_len": 3})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
+    store = TokenStore(final)
+    assert store.pairs == 1 and store.tokens["src"].tolist() == [7, 7, 7] and store.tokens["tgt"].tolist() == [7, 7]
 
 
 def test_the_store_is_memory_mapped_read_only(val_tsv, bpe_tokenizer, tmp_path):

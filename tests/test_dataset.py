@@ -167,14 +167,21 @@ def test_batch_and_seed_fields(multi30k_dataset_factory, multi30k_tsv):
         assert torch.equal(fields["memory_mask"][b], expected_mem)
 
 
-def test_count_target_tokens(multi30k_dataset_factory):
+def test_count_target_tokens(multi30k_dataset_factory, multi30k_tsv, bpe_tokenizer):
+    """The tokens the loss is normalised by, against the tokenizer itself: each target's tokens cut to tgt_len - 1,
+    plus EOS (each source's likewise, plus EOS)."""
     ds = multi30k_dataset_factory(32, 32)
     batch = ds.batch(np.arange(10))
-    expected = int((batch["labels"] != ds.pad_id).sum())
+    tok = load_tokenizer(bpe_tokenizer)
+    sources, targets = read_tsv_pairs(multi30k_tsv)
+
+    def real(texts, length):
+        return sum(min(len(tok.encode(t, add_special_tokens=False).ids), length - 1) + 1 for t in texts[:10])
+    expected = real(targets, 32)
     assert count_target_tokens(batch["labels"], ds.pad_id) == expected
     assert count_target_tokens(batch["labels"].numpy(), ds.pad_id) == expected
     assert ds.target_tokens(np.arange(10)) == expected                 # from the store's offsets
-    assert ds.source_tokens(np.arange(10)) == int((batch["src_ids"] != ds.pad_id).sum())
+    assert ds.source_tokens(np.arange(10)) == real(sources, 32)
     assert count_target_tokens(np.array([[5, 3, 0, 0]]), 0) == 2
 
 

@@ -167,3 +167,10 @@ def test_sample_size_trains_on_a_fixed_uniform_sample(multi30k_tsv, bpe_tokenize
     assert sample_pairs(29_000, None) is None and sample_pairs(100, 500) is None
     with pytest.raises(UserError, match="--sample_size 0 must be >= 1"):
         train_tokenizer([multi30k_tsv], tmp_path / "d", sample_size=0)
+    bad = tmp_path / "bad.tsv"                      # a broken line outside any sample of 5 is still found
+    lines = [f"une phrase {i}\ta sentence {i}" for i in range(50)]
+    lines[40] = "no tab on this line"
+    bad.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    assert 40 not in sample_pairs(50, 5)
+    with pytest.raises(UserError, match="bad.tsv:41: no tab"):
+        train_tokenizer([bad], tmp_path / "e", vocab_size=100, sample_size=5)

@@ -30,10 +30,9 @@ def _barrier() -> None:
         dist.barrier()
 
 
-def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: Optional[str] = None,
-                        tsv_sha256: Optional[str] = None) -> str:
+def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: Optional[str], tsv_sha256: str) -> str:
     """Where the BPE tokenizer built for a TSV (when --tokenizer is not given) is cached."""
-    digest = (tsv_sha256 or file_sha256(tsv_path))[:16]
+    digest = tsv_sha256[:16]
     root = cache_dir if cache_dir is not None else default_cache_root(os.path.abspath(tsv_path))
     return os.path.join(root, f"bpe{vocab_size}-{digest}", "tokenizer.json")
 

@@ -22,6 +22,7 @@ from typing import Optional
 
 from common.errors import UserError
 from common.ranks import global_rank_from_env
+from preprocess.textio import nearest_existing
 from training.checkpoint.folder import remove_partial_saves
 from training.checkpoint.resume import check_start_point, resume_source
 from training.config.sections import CheckpointSection
@@ -40,9 +41,7 @@ FILES = ("metrics.jsonl", "run.json")
 def check_writable_folder(output_dir: str) -> str:
     """Create OUTPUT_DIR if needed; UserError when it, or a folder above it, is a file, or it cannot be written."""
     path = os.path.abspath(output_dir)
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
+    existing = str(nearest_existing(path))
     if not os.path.isdir(existing):
         where = "is a file" if existing == path else f"cannot be created: {existing} is a file, not a folder"
         raise UserError(f"--output_dir {output_dir} {where}; choose a folder for the run's checkpoints and logs")

@@ -4,13 +4,7 @@ from __future__ import annotations
 import json
 from typing import Sequence
 
-
-def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+from common.units import human_bytes as human
 
 
 def compact_layers(layers: Sequence[str]) -> str:
