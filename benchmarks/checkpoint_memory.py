@@ -135,4 +135,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from common.errors import run_cli
+    run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)

@@ -19,6 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from benchmarks.common import BENCH_MODEL, build_hf, build_ours  # noqa: E402
+from common.errors import run_cli  # noqa: E402
 
 
 def main() -> int:
@@ -52,4 +53,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_cli(main)

@@ -143,6 +143,14 @@ def run_many(nproc: int, runs: list, workdir, *driver_flags, timeout: float = 90
     return proc
 
 
+def attempt_dir(root, what: str) -> Path:
+    """A new folder under `root` for one launch: a fixture that launches again after a failed launch (its tests ask
+    for a run the failure left undone) never writes into the failed attempt's output folders, which train.py would
+    refuse ("already holds checkpoints") — one failure must not fail every later case."""
+    import tempfile
+    return Path(tempfile.mkdtemp(prefix=f"{what}-", dir=root))
+
+
 def concurrently(*calls, workers: int = 2) -> list:
     """Call each zero-argument function (each starts a process and waits for it) two at a time; their results in
     order. A single-process CLI run spends most of its time importing torch on one core: two at once keep both of

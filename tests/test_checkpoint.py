@@ -23,7 +23,8 @@ import pytest
 import torch
 
 from tests import accelerator
-from tests.launch import REPO_ROOT, TINY, concurrently, env, launch_cmd, losses, run_many, run_python, run_train
+from tests.launch import (REPO_ROOT, TINY, attempt_dir, concurrently, env, launch_cmd, losses, run_many, run_python,
+                          run_train)
 
 STEPS, CUT = 4, 2
 LR = float(TINY[TINY.index("--lr") + 1])
@@ -123,26 +124,27 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     data = (multi30k_tsv, bpe_tokenizer)
     done: dict = {}
 
-    def ref_args(name):
+    def ref_args(name, out):
         layout, dropout = REFERENCES[name]
-        return flags(*data, root / name, "--steps", STEPS, "--save_checkpoint_steps", 1, "--keep_checkpoint_max",
+        return flags(*data, out / name, "--steps", STEPS, "--save_checkpoint_steps", 1, "--keep_checkpoint_max",
                      10, *layout_flags(layout, dropout))
 
-    def launch(what, nproc, batch):
+    def launch(what, nproc, batch, out):
         start = time.time()
-        run_many(nproc, batch, root)
+        run_many(nproc, batch, out)
         print(f"[{what}: {len(batch)} runs on {nproc} process(es) in one launch, {time.time() - start:.0f} s]")
 
     def references(nproc):
         names = [n for n in REFERENCES if LAYOUTS[REFERENCES[n][0]][0] == nproc and runnable(n)]
-        launch("references", nproc, [ref_args(n) for n in names])
+        out = attempt_dir(root, f"references{nproc}")     # a retry after a failed launch starts in new folders
+        launch("references", nproc, [ref_args(n, out) for n in names], out)
         for n in names:
-            done[n] = root / n
-            info = json.loads((root / n / "run.json").read_text())
+            done[n] = out / n
+            info = json.loads((out / n / "run.json").read_text())
             assert info["optimizer"] == LAYOUTS[REFERENCES[n][0]][3], (n, info)
 
-    def kill(crash):
-        out = root / f"kill-{crash.replace(':', '-')}"
+    def kill(crash, attempt):
+        out = attempt / f"kill-{crash.replace(':', '-')}"
         argv = flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1, *layout_flags("tp2", True))
         start = time.time()
         proc = subprocess.run(launch_cmd(2) + [str(a) for a in argv], cwd=REPO_ROOT,
@@ -158,7 +160,8 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         for nproc in (2, 4):
             if not any(n in done for n in REFERENCES if LAYOUTS[REFERENCES[n][0]][0] == nproc):
                 references(nproc)
-        killed = {crash: kill(crash) for crash in CRASHES}
+        attempt = attempt_dir(root, "continuations")
+        killed = {crash: kill(crash, attempt) for crash in CRASHES}
         batches: dict = {1: [], 2: []}
 
         def add(name, layout, argv, resave=False):
@@ -168,25 +171,25 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         for name in SAME_LAYOUT:
             if runnable(name):
                 layout, dropout = REFERENCES[name]
-                add(f"resume {name}", layout, flags(*data, root / f"resume-{name}", "--steps", STEPS, "--ckpt_file",
-                                                    step_dir(root / name), "--save_checkpoint_steps", 1,
+                add(f"resume {name}", layout, flags(*data, attempt / f"resume-{name}", "--steps", STEPS,
+                                                    "--ckpt_file", step_dir(done[name]), "--save_checkpoint_steps", 1,
                                                     *layout_flags(layout, dropout)))
         for src, dst in RESHARD + ACROSS_PRECISION:
             if runnable(src) and runnable(dst):
                 tag = f"{src}-to-{dst}"
                 if (src, dst) in RESHARD:
-                    add(f"reshard {src}->{dst}", dst, flags(*data, root / f"reshard-{tag}", "--steps", STEPS,
-                                                            "--ckpt_file", step_dir(root / src),
+                    add(f"reshard {src}->{dst}", dst, flags(*data, attempt / f"reshard-{tag}", "--steps",
+                                                            STEPS, "--ckpt_file", step_dir(done[src]),
                                                             "--save_checkpoint_steps", 1, *layout_flags(dst)))
-                add(f"load+save {src}->{dst}", dst, flags(*data, root / f"resave-{tag}", "--steps", STEPS,
-                                                          "--ckpt_file", step_dir(root / src), *layout_flags(dst)),
+                add(f"load+save {src}->{dst}", dst, flags(*data, attempt / f"resave-{tag}", "--steps", STEPS,
+                                                          "--ckpt_file", step_dir(done[src]), *layout_flags(dst)),
                     resave=True)
         for crash, out in killed.items():
             add(f"resume {crash}", "tp2", flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1,
                                                 *layout_flags("tp2", True), "--resume"))
         for nproc, batch in batches.items():
             if batch:
-                launch("continuations", nproc, batch)
+                launch("continuations", nproc, batch, attempt)
 
     def get(name):
         if name not in done:

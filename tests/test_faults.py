@@ -641,3 +641,30 @@ def test_a_full_disk_anywhere_is_one_line(capsys):
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
         "error: no space left on the device: free space (or raise the limit), or write to another disk"]
+
+
+LEAVE_SCRIPT = """
+import atexit, os, sys
+sys.path.insert(0, {root!r})
+from common.errors import run_cli
+atexit.register(lambda: print("interpreter teardown ran", flush=True))
+def main():
+    print("rank output", end="", flush=False)      # unflushed: leave() must flush it
+    return int(os.environ["CODE"])
+run_cli(main)
+"""
+
+
+@pytest.mark.parametrize("world,code", [("2", "0"), ("2", "3"), ("1", "0")])
+def test_a_launched_rank_leaves_without_interpreter_teardown(world, code, tmp_path):
+    """Every entry point leaves through common.errors.run_cli → leave(): a rank of a launched job (WORLD_SIZE > 1)
+    skips the interpreter's teardown — success included — because tearing it down around the process group's native
+    threads can abort the rank (SIGABRT, exit 134) after its work is done; a single process exits normally."""
+    script = tmp_path / "leave.py"
+    script.write_text(LEAVE_SCRIPT.format(root=str(REPO_ROOT)))
+    e = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(script)], env=dict(e, WORLD_SIZE=world, RANK="1", CODE=code),
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == int(code), proc.stderr
+    assert proc.stdout.startswith("rank output")
+    assert ("interpreter teardown ran" in proc.stdout) == (world == "1"), proc.stdout

@@ -40,7 +40,7 @@ import pytest
 import torch
 
 from tests import accelerator
-from tests.launch import TINY, read_metrics, run_many
+from tests.launch import TINY, attempt_dir, read_metrics, run_many
 
 STEPS = 20
 CLIP = 0.5
@@ -155,18 +155,19 @@ def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
         return ["--valid_file", valid, "--valid_interval", 10] if name in VALIDATED else []
 
     def launch(nproc):
+        out = attempt_dir(root, f"world{nproc}")          # a retry after a failed launch starts in new folders
         if nproc == 1:
-            batch = [(name, _args(data, root / name, precision, *flags, *validated(name)))
+            batch = [(name, _args(data, out / name, precision, *flags, *validated(name)))
                      for name, (precision, flags) in REFERENCES.items()]
         else:
             batch = []
             for name, (n, flags) in CASES.items():
                 if n == nproc:
                     dropout = ["--dropout", "0.1"] if name.endswith("-dropout") else []
-                    batch.append((name, _args(data, root / name, PRECISION.get(name, "fp32"), *flags, *dropout,
+                    batch.append((name, _args(data, out / name, PRECISION.get(name, "fp32"), *flags, *dropout,
                                               *validated(name))))
-        run_many(nproc, [argv for _, argv in batch], root)
-        done.update({name: root / name for name, _ in batch})
+        run_many(nproc, [argv for _, argv in batch], out)
+        done.update({name: out / name for name, _ in batch})
 
     def get(name):
         if name not in done:

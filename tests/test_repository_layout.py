@@ -184,3 +184,38 @@ def test_the_installed_package_holds_every_package():
                for p in (REPO_ROOT / package).rglob("__init__.py")}
     assert on_disk and on_disk <= installed, sorted(on_disk - installed)
     assert all(name.split(".")[0] in PACKAGES for name in installed), installed
+
+
+# what starts a process group (directly or through train.py's or the demos' code)
+PROCESS_GROUP_STARTERS = re.compile(r"\b(init_distributed|init_process_group|run_training|build_ours|train_digits|"
+                                    r"run_distributed|import train|from demos\.\w+\.train)\b")
+ENTRY_FOLDERS = ("run_scripts", "benchmarks", "tests/drivers", "demos")
+
+
+def _main_block(tree: ast.Module):
+    for node in tree.body:
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
+                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+            return node
+    return None
+
+
+def test_every_entry_point_that_starts_a_process_group_leaves_through_run_cli():
+    """One exit path (common.errors.run_cli → leave): a launched rank leaving through the interpreter's teardown can
+    abort after its work is done (SIGABRT around the process group's native threads)."""
+    checked, wrong = [], []
+    for folder in ENTRY_FOLDERS:
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            source = path.read_text()
+            tree = ast.parse(source, str(path))
+            block = _main_block(tree)
+            if block is None or not PROCESS_GROUP_STARTERS.search(source):
+                continue
+            calls = {getattr(n.func, "attr", getattr(n.func, "id", None))
+                     for n in ast.walk(block) if isinstance(n, ast.Call)}
+            checked.append(path.relative_to(REPO_ROOT).as_posix())
+            if "run_cli" not in calls:
+                wrong.append(checked[-1])
+    assert not wrong, f"entry points that start a process group but do not leave through run_cli: {wrong}"
+    assert {"run_scripts/train.py", "run_scripts/sharded_mlp.py", "tests/drivers/train_many.py",
+            "benchmarks/profile_step.py"} <= set(checked), checked
