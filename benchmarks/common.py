@@ -35,11 +35,12 @@ class OursRunner:
     def __init__(self, cfg):
         from model.config import validate_layout
         from training.core.data import BatchFeeder, batch_schedule, prepare_data
-        from training.core.distributed import device, init_distributed
+        from training.core.distributed import device
+        from training.run.job import join_job
         from training.core.engine import build_engine
         from training.core.schedule import lr_factor
         m, d, o = cfg.model, cfg.data, cfg.optimization
-        world = init_distributed(cfg.parallel.distribute)
+        world = join_job(cfg.parallel.distribute)
         self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False,
                                  cache_dir=d.cache_dir)
         model_cfg = m.model_config(vocab_size=m.vocab_size or self.data.vocab_size, pad_id=self.data.pad_id)

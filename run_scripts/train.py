@@ -21,20 +21,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 from common import launch_payload  # noqa: E402
 from common.errors import run_cli  # noqa: E402
-from training.faults.rank_supervisor import reported_collective_failures, supervise_rank  # noqa: E402
+from training.run.rank_supervisor import reported_collective_failures, supervise_rank  # noqa: E402
 
 
 def main(argv=None) -> int:
     # run_cluster.sh sends the arguments as one token, so no remote shell re-parses a path (common/launch_payload)
     argv = launch_payload.apply(sys.argv[1:] if argv is None else argv)
     supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
-    from common.ranks import global_rank_from_env
     from training.config.flags import parse_config
-    config = parse_config(argv, report=lambda line: print(line, flush=True) if global_rank_from_env() == 0 else None)
+    config = parse_config(argv)
     from training.trainer import run_training
     with reported_collective_failures(config.faults.comm_timeout):   # a peer died or hung: one line, no traceback
         rc = run_training(config)
-        from training.faults.job_watch import JobWatch
+        from training.run.job_watch import JobWatch
         if JobWatch.current is not None:      # before the barrier: rank 0 leaves (taking the job's store with it)
             JobWatch.current.close()          # only after every rank's watcher has stopped
         # Leave together: a rank that tears its process group down while a peer still talks to it can abort the

@@ -196,7 +196,7 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
 
     from common.errors import UserError
     from training.config.flags import parse_args
-    from training.faults.output_lock import claim_output_dir
+    from training.run.output_lock import claim_output_dir
 
     base = args[:-6]                                         # without --steps / --save_checkpoint_steps / --keep
 
@@ -229,7 +229,7 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     assert "layout:" not in proc.stdout and time.time() - start < 60               # no model was built
 
     from common.errors import UserError
-    from training.faults.output_lock import check_writable_folder
+    from training.run.output_lock import check_writable_folder
     with pytest.raises(UserError, match="is a file; choose a folder"):
         check_writable_folder(str(a_file))
     (tmp_path / "d1" / "checkpoints").parent.mkdir()
@@ -240,7 +240,7 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     with pytest.raises(UserError, match="metrics.jsonl is a folder, but train.py writes a file there"):
         check_writable_folder(str(tmp_path / "d2"))
     with _read_only_folder(tmp_path / "ro") as ro:
-        from training.faults.output_lock import OutputDirLock
+        from training.run.output_lock import OutputDirLock
         with pytest.raises(UserError, match=r"cannot be (written|created) \((Read-only file system|Permission "
                                             r"denied)"):
             OutputDirLock(check_writable_folder(str(ro / "run")), str(ro / "run"))
@@ -506,7 +506,7 @@ def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path)
     script.write_text(
         "import os, sys\n"
         f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
-        "from training.faults.rank_supervisor import supervise_rank\n"
+        "from training.run.rank_supervisor import supervise_rank\n"
         "supervise_rank()\n"
         f"print({WATCHDOG_LINE!r}, file=sys.stderr, flush=True)\n"
         "os.abort()\n")

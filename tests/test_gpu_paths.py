@@ -2,7 +2,7 @@
 here and a lot on a GPU, where every host read of a device value waits for the queue of kernels to drain.
 
 - clipping (`training.core.grad_norm.ClippingAdamW`): one fused multiply over every gradient, not one per parameter;
-- the finiteness check before every save (`training.faults.nonfinite`): one host read per rank, not one per
+- the finiteness check before every save (`training.checkpoint.nonfinite`): one host read per rank, not one per
   parameter;
 - the row-parallel all-reduce (`model.parallel.mappings`): in place on the partial product, no copy;
 - greedy decoding's KV cache (`model.inference.KVCache`): written in place into buffers allocated once, not
@@ -39,7 +39,7 @@ def test_clipping_is_one_fused_multiply_not_one_per_parameter():
 
 def _finiteness_reads(rank, world, poison):
     from common.errors import UserError
-    from training.faults.nonfinite import refuse_non_finite_weights
+    from training.checkpoint.nonfinite import refuse_non_finite_weights
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)])        # 20 parameters
     if poison and rank == 1:

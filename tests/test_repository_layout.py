@@ -101,6 +101,27 @@ def test_packages_import_only_the_layers_below():
     assert not bad, f"imports against the layering {ALLOWED}: {bad}"
 
 
+# training/'s sub-packages, bottom up: each imports only the levels below its own (the trainer sits on top)
+TRAINING_LEVELS = {"core": 0, "config": 1, "checkpoint": 2, "run": 3, "evaluation": 3, "plan": 3, "trainer": 4}
+
+
+def _training_part(module: str):
+    parts = module.split(".")
+    return parts[1] if parts[0] == "training" and len(parts) > 1 else None
+
+
+def test_training_sub_packages_import_only_the_levels_below():
+    """No upward import inside training/: the run's lifecycle (run/) above config/ and checkpoint/, the guards of a
+    checkpoint write inside checkpoint/, the process group (core/) below all of them."""
+    edges = [(m, d) for m, deps in graph().items() for d in deps
+             if _training_part(m) and _training_part(d) and _training_part(m) != _training_part(d)]
+    unknown = {_training_part(m) for m in modules() if _training_part(m)} - set(TRAINING_LEVELS)
+    assert not unknown, f"sub-packages of training/ without a level in TRAINING_LEVELS: {unknown}"
+    bad = [(m, d) for m, d in edges if TRAINING_LEVELS[_training_part(d)] >= TRAINING_LEVELS[_training_part(m)]]
+    assert not bad, f"imports against training/'s levels {TRAINING_LEVELS}: {bad}"
+    assert edges                                       # the graph was read
+
+
 def what_is_where() -> dict[str, str]:
     """README's "What is where" code block as {package folder: the text of its entry}."""
     readme = (REPO_ROOT / "README.md").read_text()
@@ -188,7 +209,7 @@ def test_the_installed_package_holds_every_package():
 
 # what starts a process group (directly or through train.py's or the demos' code)
 PROCESS_GROUP_STARTERS = re.compile(r"\b(init_distributed|init_process_group|run_training|build_ours|train_digits|"
-                                    r"run_distributed|import train|from demos\.\w+\.train)\b")
+                                    r"run_distributed|join_job|import train|from demos\.\w+\.train)\b")
 ENTRY_FOLDERS = ("run_scripts", "benchmarks", "tests/drivers", "demos")
 
 

@@ -3,8 +3,9 @@
     Trainer(config).train()        config: training.config.sections.TrainConfig (flags.parse_config(argv))
 
 `setup()` does everything that can fail on a user's mistake before any step, cheapest first: the output folder and
-its lock (rank 0, before the process group), the process group, the layout against the world size, the accelerator's
-precision, the data, the engine, and the checkpoint to start from. `train()` then runs the loop; checkpoints,
+its lock (rank 0, before the process group), the process group, where the run starts and the settings it takes from
+that checkpoint (decided once, on rank 0), the layout against the world size, the accelerator's precision, the data,
+the engine. `train()` then runs the loop; checkpoints,
 validation, non-finite steps and metrics each live in their own module and are driven from here.
 """
 from __future__ import annotations
@@ -21,18 +22,20 @@ from training.checkpoint.manager import CheckpointManager
 from training.config.preflight import check_run
 from training.config.sections import TrainConfig
 from training.core.data import BatchFeeder, batch_schedule, prepare_data
-from training.core.distributed import device, init_distributed
+from training.core.distributed import device
 from training.core.engine import build_engine, check_precision
 from training.core.metrics import MetricsWriter
 from training.core.schedule import lr_factor
 from training.core.speed import SpeedMeter
 from training.core.step import StepTimer, current_lr, eval_step, train_step
 from training.evaluation.validation import BEST, BestTracker, Validator
-from training.faults import injection
-from training.faults.nonfinite import NonFiniteSteps
-from training.faults.output_lock import claim_output_dir
-from training.faults.shared_folder import check_output_folder
-from training.faults.stop_request import StopRequest
+from training.run import injection
+from training.run.nonfinite_steps import NonFiniteSteps
+from training.run.job import join_job
+from training.run.output_lock import claim_output_dir
+from training.run.start_point import agree, take_settings, trajectory
+from training.checkpoint.shared_folder import check_output_folder
+from training.run.stop_request import StopRequest
 
 LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
 
@@ -47,11 +50,16 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
-        cfg = self.cfg
-        self.lock = claim_output_dir(cfg.checkpoint)      # rank 0: the folder, its lock and the start point, first
-        self.world = init_distributed(cfg.parallel.distribute, cfg.faults.comm_timeout)
+        self.lock = claim_output_dir(self.cfg.checkpoint)     # rank 0: the folder and its lock, first
+        self.world = join_job(self.cfg.parallel.distribute, self.cfg.faults.comm_timeout)
         self.rank = dist.get_rank()
-        check_output_folder(cfg.checkpoint.output_dir)    # every node sees the folder rank 0 claimed
+        check_output_folder(self.cfg.checkpoint.output_dir)  # every node sees the folder rank 0 claimed
+        # where the run starts, decided once on rank 0, and the settings the checkpoint carries
+        self.start = agree(self.cfg.checkpoint, report=self._say)
+        self.cfg, lines = take_settings(self.cfg, self.start)
+        for line in lines:
+            self._say(line)
+        cfg = self.cfg
         # the layout and the DeepSpeed settings before touching data (cheap, and the error users need first); the
         # same checks as plan.py --check, which the launch scripts run before any rank starts
         _, self.parallel = check_run(cfg, self.world)
@@ -73,11 +81,13 @@ class Trainer:
                                   cfg.data.batch_multiple, cfg.data.pad_multiple)
         opt = cfg.optimization
         self.total_steps = opt.steps if opt.steps is not None else opt.epochs * schedule.batches_per_epoch
-        lr_schedule = lr_factor(opt.lr_schedule, opt.warmup_steps, self.total_steps, opt.min_lr_ratio, opt.lr_power)
+        lr_schedule = lr_factor(opt.lr_schedule, opt.warmup_steps, opt.horizon(self.total_steps), opt.min_lr_ratio,
+                                opt.lr_power)
 
         self.engine = build_engine(self.model_cfg, self.parallel, world_size=self.world, global_batch=batch_unit,
                                    seed=opt.seed, lr=opt.lr, weight_decay=opt.weight_decay, lr_schedule=lr_schedule,
-                                   clip_grad=opt.clip_grad, precision=cfg.parallel.precision,
+                                   clip_grad=opt.clip_grad, betas=opt.betas, eps=opt.adam_eps,
+                                   precision=cfg.parallel.precision,
                                    pipeline_func=cfg.parallel.pipeline_func,
                                    ds_overrides=cfg.parallel.deepspeed_overrides,
                                    ds_config_file=cfg.parallel.deepspeed_config)
@@ -85,11 +95,16 @@ class Trainer:
                                   self.parallel.micro_batch_num, device())
         self.checkpoints = CheckpointManager(self.engine, cfg.checkpoint, cfg.data, opt.seed, self.model_cfg,
                                              self.parallel, self.data.tokenizer_path,
-                                             validating=bool(cfg.validation.valid_file))
+                                             validating=bool(cfg.validation.valid_file),
+                                             trajectory=trajectory(cfg, self.total_steps))
+
+    def _say(self, line: str) -> None:
+        if self.rank == 0:
+            print(line, flush=True)
 
     def load(self) -> int:
         """The checkpoint to start from (if any), then validation's state, which depends on the start step."""
-        self.start_step = self.checkpoints.resume()
+        self.start_step = self.checkpoints.resume(self.start)
         val = self.cfg.validation
         if val.valid_file and self.cfg.optimization.train:
             # the weights alone (no moments, no RNG): what decoding needs, a third of a checkpoint's bytes

@@ -22,7 +22,7 @@ from model.parallel.mappings import gather_from_tp
 from demos.interleaved_mlp.network import MLPClassifier
 from model.parallel.topology import ParallelContext, build_grid
 from preprocess.digits import load_digits_28x28
-from training.core.distributed import init_distributed
+from training.run.job import join_job
 
 
 def layout(world: int, mp: int, interleave_num: int, batch_size: int) -> ParallelConfig:
@@ -57,7 +57,7 @@ def accuracy(model: MLPClassifier, images: torch.Tensor, labels: torch.Tensor) -
 def train_digits(args) -> dict:
     import deepspeed
 
-    world = init_distributed(args.distribute)
+    world = join_job(args.distribute)
     parallel = layout(world, args.mp, args.interleave_num, args.batch_size)
     train, held_out = load_digits_28x28(args.train_size)
     grid = build_grid(parallel)

@@ -226,8 +226,8 @@ def run_distributed(cfg: MLPConfig, out_dir: Optional[str]) -> int:
     import torch.distributed as dist
 
     from demos.strategy.execute import make_mesh
-    from training.core.distributed import init_distributed
-    world = init_distributed("auto")
+    from training.run.job import join_job
+    world = join_job("auto")
     rank = dist.get_rank()
     try:
         if world != cfg.world:

@@ -16,7 +16,7 @@ def load_and_save(config) -> str:
     from training.trainer import Trainer
     trainer = Trainer(config)
     trainer.setup()
-    step = trainer.checkpoints.resume()
+    step = trainer.checkpoints.resume(trainer.start)
     path = trainer.checkpoints.save(step, keep=0)
     if dist.get_rank() == 0:
         print(f"load_and_save: {config.checkpoint.ckpt_file} -> {path} under "

@@ -21,7 +21,7 @@ from typing import Optional
 
 from common.errors import UserError
 from training.checkpoint.format import read_meta
-from training.faults.disk_full import checkpoint_file_guard
+from training.checkpoint.disk_full import checkpoint_file_guard
 
 
 # ----------------------------------------------------------------------------------------------- paths
@@ -71,7 +71,7 @@ def resolve(path: str) -> str:
 
 def write_atomic(path: str, write) -> None:
     tmp = path + ".part"
-    with checkpoint_file_guard(tmp):        # out of room: one line, the partial save removed (training.faults.disk_full)
+    with checkpoint_file_guard(tmp):        # out of room: one line, the partial save removed (training.checkpoint.disk_full)
         with open(tmp, "wb") as f:
             write(f)
             f.flush()

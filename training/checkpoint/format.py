@@ -24,7 +24,7 @@ Integrity: meta.json's "sha256" holds every file's digest, computed by its write
 each file it reads data from against it (`verify=False` skips that: `--verify 0`), so bytes changed on disk after
 the save — a flipped bit in a shard — are refused with the file's name instead of trained on. Weights that are not
 finite are refused at every load (resume, evaluate, export, averaging) naming the tensor; saves already refuse to
-write them (training.faults.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1 (torch .pt shards) is
+write them (training.checkpoint.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1 (torch .pt shards) is
 converted by run_scripts/convert_checkpoint.py (training.checkpoint.convert).
 """
 from __future__ import annotations

@@ -28,21 +28,24 @@ from model.config import ModelConfig, ParallelConfig
 from model.parallel.random import RNG
 from model.parallel.sharding import partition_dim
 from training.checkpoint import optimizer_state
-from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, prune, step_checkpoints, step_dirname,
+from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, prune, step_dirname,
                                         write_atomic)
 from training.checkpoint.format import (FORMAT_VERSION, SHARD_FORMAT, TOKENIZER, ShardIndex, canonical_name,
                                         check_compatible, check_identity, collect_digests, read_meta, rng_file,
                                         rng_state, rng_tensors, shard_file, tensor_name, verify_file, write_digest)
 from training.checkpoint.optimizer_state import KEYS, local_shape
-from training.checkpoint.resume import AUTO, resume_source
 from training.checkpoint.shard_io import ShardWriter, read_all, read_header, write_tensors
 from training.config.sections import CheckpointSection, DataSection
 from training.core.data import check_data_order, data_order, legacy_data_order
-from training.faults import injection
-from training.faults.disk_full import checkpoint_file_guard
-from training.faults.nonfinite import refuse_non_finite_weights
-from training.faults.shared_folder import check_checkpoint
-from training.faults.tied_copies import refuse_drifted_tied_copies
+from training.checkpoint.disk_full import checkpoint_file_guard
+from training.checkpoint.nonfinite import refuse_non_finite_weights
+from training.checkpoint.shared_folder import check_checkpoint
+from training.checkpoint.tied_copies import refuse_drifted_tied_copies
+
+
+# called with the step once a save's files are written, before they are committed (moved into place, `latest`):
+# where the failure tests' crash injection hooks in (training.run.injection), from above this package
+BEFORE_COMMIT: list = []
 
 
 def _tokenizer_sha256(path: Optional[str]) -> Optional[str]:
@@ -69,11 +72,12 @@ def _ids(engine) -> tuple[str, str]:
 # ----------------------------------------------------------------------------------------------- save
 def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
          tokenizer_path: Optional[str], keep: int, name: Optional[str] = None,
-         validation: Optional[dict] = None, weights_only: bool = False) -> str:
+         validation: Optional[dict] = None, weights_only: bool = False, trajectory: Optional[dict] = None) -> str:
     """Save step `step` as checkpoints/step_N (moving `latest`, pruning to `keep`), or as checkpoints/<name>
     (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json. `weights_only`: the
     fp32 weights alone — no AdamW moments, no RNG states — for decoding (the validation BLEU model), a third of the
-    bytes; such a checkpoint is not resumable."""
+    bytes; such a checkpoint is not resumable. `trajectory`: the optimisation settings a resumed run takes
+    (training.run.start_point.trajectory), meta.json's "optimization"."""
     ctx, rank = engine.ctx, dist.get_rank()
     state = optimizer_state.for_engine(engine)        # an optimizer it does not know: refused before any file
     run_id, checkpoint_id = _ids(engine)
@@ -106,7 +110,8 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
         rng_path = os.path.join(tmp, rng_file(rank))
         with checkpoint_file_guard(rng_path + ".part"):
             write_digest(rng_path, write_tensors(rng_path, rng_tensors(RNG.get_state()), {**ids, "rank": rank}))
-    injection.crash_point("save", step)
+    for hook in BEFORE_COMMIT:
+        hook(step)
     dist.barrier()
     if rank == 0:
         sched = engine.ds.lr_scheduler
@@ -122,6 +127,8 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
                        for t in range(parallel.model_parallel)],
             "rng": [] if weights_only else [rng_file(r) for r in range(dist.get_world_size())],
         }
+        if trajectory is not None:
+            meta["optimization"] = trajectory
         if weights_only:
             meta["weights_only"] = True
         if meta["tokenizer_sha256"]:                 # the checkpoint carries its tokenizer: decoding needs no flag
@@ -237,8 +244,10 @@ class CheckpointManager:
     rotation (`best`, the validation BLEU model), and the load at start."""
 
     def __init__(self, engine, section: CheckpointSection, data: DataSection, seed: int, model_cfg: ModelConfig,
-                 parallel: ParallelConfig, tokenizer_path: Optional[str], validating: bool = False):
+                 parallel: ParallelConfig, tokenizer_path: Optional[str], validating: bool = False,
+                 trajectory: Optional[dict] = None):
         self.engine, self.section, self.data, self.seed = engine, section, data, seed
+        self.trajectory = trajectory
         self.model_cfg, self.parallel, self.tokenizer_path = model_cfg, parallel, tokenizer_path
         self.root = checkpoints_dir(section.output_dir)
         # a run that will save or load needs an optimizer whose state the checkpoint code knows; refused now, not
@@ -246,37 +255,24 @@ class CheckpointManager:
         if section.will_touch_checkpoints or validating:
             optimizer_state.for_engine(engine)
 
-    def resume(self) -> int:
-        """Load the checkpoint --resume / --ckpt_file name (training.checkpoint.resume); the step to start at.
-        Rank 0 decides and tells the others, so every rank loads the same folder (or none); with --resume auto it
-        checks the candidates' checksums once, not on every rank."""
-        rank = dist.get_rank()
-        decided = [None, False]                   # (path, its checksums already verified on rank 0)
-        if rank == 0:
-            if self.section.resume == AUTO:
-                path = resume_source(self.section, verify=self.section.verify,
-                                     report=lambda line: print(line, flush=True))
-                decided = [path, self.section.verify and path in step_checkpoints(self.root)]
-            else:
-                decided = [resume_source(self.section), False]
-        if dist.get_world_size() > 1:
-            dist.broadcast_object_list(decided, src=0)
-        path, verified = decided
-        if path is None:
+    def resume(self, start) -> int:
+        """Load the checkpoint of the run's start point (training.run.start_point.StartPoint, the same on every
+        rank); the step to start at (0 for a fresh start)."""
+        if start.path is None:
             return 0
-        check_checkpoint(path)  # every node sees the folder rank 0 chose, with the same meta.json
-        step = load(self.engine, path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
-                    verify=self.section.verify and not (rank == 0 and verified))
+        rank = dist.get_rank()
+        check_checkpoint(start.path)  # every node sees the folder rank 0 chose, with the same meta.json
+        step = load(self.engine, start.path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
+                    verify=self.section.verify and not (rank == 0 and start.verified))
         if rank == 0:
-            saved = read_meta(path)["optimizer"]
-            print(f"resumed from {path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "
+            saved = start.meta["optimizer"]
+            print(f"resumed from {start.path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "
                   f"{saved['zero_stage']})", flush=True)
         return step
 
     def after_step(self, step: int, last: bool = False) -> None:
         """Every --save_checkpoint_steps steps, and at the run's last step (its end or an early stop), so the final
         weights are always in the rotation (checkpoint averaging takes the last K)."""
-        injection.crash_point("train", step)
         every = self.section.save_checkpoint_steps
         if every and (step % every == 0 or last):
             self.save(step)
@@ -287,7 +283,8 @@ class CheckpointManager:
         if keep is None:
             keep = self.section.keep_checkpoint_max if name is None else 0
         return save(self.engine, self.section.output_dir, step, self.model_cfg, self.parallel, self.data,
-                    self.tokenizer_path, keep, name=name, validation=validation, weights_only=weights_only)
+                    self.tokenizer_path, keep, name=name, validation=validation, weights_only=weights_only,
+                    trajectory=self.trajectory)
 
     def latest(self) -> Optional[str]:
         return latest_checkpoint(self.root, strict=False) if os.path.isdir(self.root) else None

@@ -144,6 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--min_lr_ratio", type=float, default=0.0,
                    help="cosine/polynomial: final learning rate as a fraction of --lr (default 0)")
     g.add_argument("--lr_power", type=float, default=1.0, help="polynomial decay power (default 1: linear)")
+    g.add_argument("--decay_steps", type=int, default=None,
+                   help="cosine/polynomial: the step at which the decay reaches --min_lr_ratio (default: the run's "
+                        "last step). A resumed run keeps its checkpoint's, so raising --steps trains on at the "
+                        "final rate; set it to stretch the schedule")
+    g.add_argument("--adam_beta1", type=float, default=0.9, help="AdamW beta1 (default 0.9)")
+    g.add_argument("--adam_beta2", type=float, default=0.98, help="AdamW beta2 (default 0.98, as fairseq's "
+                                                                  "Transformer recipes)")
+    g.add_argument("--adam_eps", type=float, default=1e-8, help="AdamW epsilon (default 1e-8)")
     g.add_argument("--clip_grad", type=float, default=0.0,
                    help="clip the global gradient norm (the serial model's, under any layout) to this value "
                         "(default 0 = off); the pre-clip norm is logged as grad_norm")
@@ -268,18 +276,22 @@ def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentPa
     return args
 
 
-def parse_config(argv: Optional[list] = None, report=None) -> TrainConfig:
-    """train.py's command line → the typed, checked configuration the trainer runs. A run that starts from a
-    checkpoint takes the checkpoint's model, tokenizer and batching for every flag not given
-    (training.config.from_checkpoint); `report(line)` is told which settings came from it."""
-    from training.config.from_checkpoint import given_flags, inherit
+def given_flags(parser: argparse.ArgumentParser, argv: Optional[list]) -> set[str]:
+    """The dests of the flags on the command line itself, not their defaults (`parser`: a fresh build_parser())."""
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    found, _ = parser.parse_known_args(argv)
+    return set(vars(found))
+
+
+def parse_config(argv: Optional[list] = None) -> TrainConfig:
+    """train.py's command line → the typed, checked configuration the trainer runs. It remembers which flags the
+    user set (command line, then recipe): a run that starts from a checkpoint takes the checkpoint's value for every
+    other setting it carries (training.run.start_point, once the start point is decided)."""
     args = parse_args(argv)
-    if args.resume is not None or args.ckpt_file:
-        explicit = {dest: f"--{dest}" for dest in given_flags(build_parser(), argv)}
-        if args.recipe:
-            for dest in load_recipe(args.recipe):
-                explicit.setdefault(dest, f"recipe {args.recipe}'s {dest}")
-        for line in inherit(args, explicit):
-            if report is not None:
-                report(line)
+    explicit = {dest: f"--{dest}" for dest in given_flags(build_parser(), argv)}
+    if args.recipe:
+        for dest in load_recipe(args.recipe):
+            explicit.setdefault(dest, f"recipe {args.recipe}'s {dest}")
+    args.explicit = explicit
     return TrainConfig.from_flags(args)

@@ -97,12 +97,31 @@ class OptimizationSection:
     min_lr_ratio: float = 0.0
     lr_power: float = 1.0
     clip_grad: float = 0.0
+    decay_steps: Optional[int] = None         # the schedule's horizon; None: the run's steps
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.98
+    adam_eps: float = 1e-8
     steps: Optional[int] = None               # None: epochs worth
     epochs: int = 1
     seed: int = 1234                          # weights and dropout (the data order's seed is DataSection.seed)
     train: bool = True                        # False: only evaluate the loss
 
+    def horizon(self, total_steps: int) -> int:
+        """The step at which a decaying schedule reaches its end (--decay_steps, else the run's last step)."""
+        return self.decay_steps or total_steps
+
+    @property
+    def betas(self) -> tuple[float, float]:
+        return self.adam_beta1, self.adam_beta2
+
     def __post_init__(self):
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise UserError(f"--{name} {getattr(self, name)} must be in [0, 1) (AdamW's moment decay)")
+        if not 0 < self.adam_eps < float("inf"):
+            raise UserError(f"--adam_eps {self.adam_eps} must be a finite number > 0")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            raise UserError(f"--decay_steps {self.decay_steps} must be >= 1 (leave it out: the run's last step)")
         if not self.lr >= 0:            # 0 is allowed: frozen weights (tests use it)
             raise UserError(f"--lr {self.lr:g} must be >= 0 (the peak learning rate)")
         if self.clip_grad < 0:
@@ -219,6 +238,9 @@ class TrainConfig:
     faults: FaultsSection = field(default_factory=FaultsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     recipe: Optional[str] = None
+    # the flags the user set (command line or recipe): {dest: where, e.g. "--lr" or "recipe R's lr"} — a run
+    # that starts from a checkpoint takes the checkpoint's value for every other one (training.run.start_point)
+    explicit: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):
         """Checks across sections (each section checked itself when it was built)."""
@@ -239,7 +261,7 @@ class TrainConfig:
         values = {name: {} for name in SECTIONS}
         owners = {f.name: name for name, kind in SECTIONS.items() for f in dataclasses.fields(kind)}
         for dest, value in vars(args).items():
-            if dest in ("recipe", "local_rank"):
+            if dest in ("recipe", "local_rank", "explicit"):
                 continue
             if dest in SHARED:
                 for name in SHARED[dest]:
@@ -249,8 +271,27 @@ class TrainConfig:
             if section is None:
                 continue                         # a caller's own extra flags (plan.py's --world_size ...)
             values[section][name] = value
-        return cls(**{name: SECTIONS[name](**kw) for name, kw in values.items()}, recipe=getattr(args, "recipe", None))
+        return cls(**{name: SECTIONS[name](**kw) for name, kw in values.items()}, recipe=getattr(args, "recipe", None),
+                   explicit=dict(getattr(args, "explicit", None) or {}))
+
+    def to_flags(self) -> argparse.Namespace:
+        """The flags that build this configuration again (from_flags' inverse)."""
+        dest_of = {where: dest for dest, where in RENAMED.items()}
+        flags = {"recipe": self.recipe, "explicit": dict(self.explicit)}
+        for name, kind in SECTIONS.items():
+            for f in dataclasses.fields(kind):
+                flags.setdefault(dest_of.get((name, f.name), f.name), getattr(getattr(self, name), f.name))
+        return argparse.Namespace(**flags)
+
+    def with_flags(self, **changes) -> "TrainConfig":
+        """The same configuration with some flags changed, every section checked again."""
+        flags = self.to_flags()
+        for dest, value in changes.items():
+            setattr(flags, dest, value)
+        return TrainConfig.from_flags(flags)
 
     def to_dict(self) -> dict:
         """Every resolved setting, by section (run.json)."""
-        return dataclasses.asdict(self)
+        settings = dataclasses.asdict(self)
+        del settings["explicit"]
+        return settings

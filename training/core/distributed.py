@@ -14,7 +14,6 @@ import torch
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
 from model.parallel.topology import init_deepspeed_comm
-from training.faults.job_watch import JobWatch, mark_store_served
 
 
 def free_port() -> int:
@@ -40,9 +39,12 @@ def adopt_mpi_env(environ=os.environ) -> bool:
     return True
 
 
-def init_distributed(distribute: str, comm_timeout: Optional[float] = None) -> int:
+def init_distributed(distribute: str, comm_timeout: Optional[float] = None, before_rendezvous=None,
+                     after_rendezvous=None) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size. `comm_timeout`:
-    seconds any collective waits for its peers before failing (model.parallel.topology.init_deepspeed_comm)."""
+    seconds any collective waits for its peers before failing (model.parallel.topology.init_deepspeed_comm).
+    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes, `after_rendezvous()`
+    once the process group exists (the job watch: training.run.job.join_job)."""
     import deepspeed.comm as ds_dist
     if distribute != "false":
         adopt_mpi_env()
@@ -58,14 +60,16 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None) -> i
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     world, rank = world_and_rank_from_env()
-    if world > 1:                # hear at once when a rank on any node fails (before the rendezvous: rank 0 may
-        JobWatch.start(rank, world)                        # refuse before it serves the store)
+    several = world > 1
+    if several and before_rendezvous is not None:
+        before_rendezvous(rank, world)
     from deepspeed.accelerator import get_accelerator
     backend = get_accelerator().communication_backend_name()
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
         backend = "gloo"
     init_deepspeed_comm(backend, comm_timeout)
-    mark_store_served()          # rank 0's store exists now: its end tells every rank (training.faults.job_watch)
+    if after_rendezvous is not None:
+        after_rendezvous()
     acc = get_accelerator()
     if acc.device_name() == "cuda":
         acc.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -240,7 +240,7 @@ class Engine:
 
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
                  seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
-                 precision: str = "fp32", pipeline_func: Optional[str] = None,
+                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8, precision: str = "fp32", pipeline_func: Optional[str] = None,
                  ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
     """The DeepSpeed engine for a layout the caller has validated (model.config.validate_layout, once, in
     training.trainer.Trainer.setup). With token batches (shapes that change between steps, `Engine.expect_shape`)
@@ -265,7 +265,7 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
     # fused: one kernel over all parameters instead of ~10 elementwise passes per tensor (on this repository's
     # CPU benchmark 2.5 s → 0.14 s per step for 13 M parameters; CUDA has a fused AdamW too). Elementwise, so every
     # layout and ZeRO partitioning computes each element alike.
-    adamw = dict(lr=lr, betas=(0.9, 0.98), eps=1e-8, fused=True)
+    adamw = dict(lr=lr, betas=tuple(betas), eps=eps, fused=True)
     if clips_in_client_optimizer(parallel, precision):
         optimizer = ClippingAdamW(groups, max_norm=clip_grad, tp_rank=ctx.tp_rank,
                                   norm_group=grid.get_model_parallel_group(), **adamw)

@@ -1,4 +1,4 @@
-"""Non-finite steps (`--nan_policy stop|skip`) and the rule that no checkpoint holds non-finite weights.
+"""Non-finite steps (`--nan_policy stop|skip`): what the run does after one.
 
 A step whose gradient is not finite never changes the weights, under every optimizer this repository builds:
 DeepSpeed's wrappers (ZeRO 1-3, BF16_Optimizer, the fp16 loss scaler) treat an inf/nan global gradient norm as an
@@ -15,20 +15,13 @@ engine's skipped-step count):
   steps in a row it stops too, since the weights will not recover by themselves. fp16's loss scaler skips steps
   whose gradient overflowed while the loss was finite: that is calibration, never a reason to stop.
 
-`refuse_non_finite_weights` is checked at the start of every save (a collective), so a checkpoint is never written
-from non-finite weights and `latest` and the keep-K pruning never move past the last finite checkpoint.
-
-The tests make real non-finite steps and weights through training.faults.injection.
+No checkpoint holds non-finite weights: training.checkpoint.nonfinite. The tests make real non-finite steps through
+training.run.injection.
 """
 from __future__ import annotations
 
 import math
 from typing import Optional
-
-import torch
-import torch.distributed as dist
-
-from common.errors import UserError
 
 
 class NonFiniteSteps:
@@ -64,24 +57,3 @@ class NonFiniteSteps:
             return (f"step {step}: {self.in_a_row} non-finite {steps} in a row (--nan_skip_limit {self.skip_limit}), "
                     f"so training stopped; the weights are not recovering ({keep}). Lower --lr (now {self.lr:g})")
         return None
-
-
-def refuse_non_finite_weights(engine, step: int, latest: Optional[str]) -> None:
-    """UserError on every rank when any rank holds a non-finite weight. Collective over the whole job: every rank
-    calls it at the same point of save(); the flag is on the engine's device."""
-    names, found = [], []
-    for name, p in engine.module.named_parameters():
-        local = p.ds_tensor if hasattr(p, "ds_tensor") else p.data     # ZeRO-3 keeps this rank's partition
-        if local.numel():
-            names.append(name)
-            found.append((~torch.isfinite(local)).any())
-    # one flag for the rank, read once (a read per parameter was a host sync per parameter on a GPU)
-    bad = torch.stack(found).any().float() if found else torch.zeros((), device=engine.device)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
-    if bool(bad):
-        first = next((n for n, f in zip(names, found) if bool(f)), None)      # the failure path only
-        where = f" ({first} on rank {dist.get_rank()})" if first else " (on another rank)"
-        keep = f"{latest} stays the latest" if latest else "there is no earlier checkpoint"
-        raise UserError(f"step {step}: the weights are not finite{where}, so the checkpoint was not written and "
-                        f"training stopped; {keep}. Lower --lr or set --clip_grad")

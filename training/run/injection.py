@@ -23,8 +23,16 @@ def crash_point(where: str, step: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def crash_in_save(step: int) -> None:
+    crash_point("save", step)
+
+
 def arm(engine) -> None:
-    """Once, after the engine is built: DSR_NAN_AT's steps get a nan loss."""
+    """Once, after the engine is built: DSR_CRASH_AT=save:N hooks into the saves, DSR_NAN_AT's steps get a nan
+    loss."""
+    from training.checkpoint import manager
+    if os.environ.get("DSR_CRASH_AT", "").startswith("save:") and crash_in_save not in manager.BEFORE_COMMIT:
+        manager.BEFORE_COMMIT.append(crash_in_save)
     steps = _steps("DSR_NAN_AT")
     if not steps:
         return
@@ -47,7 +55,8 @@ def _corrupt_one_weight(engine) -> None:
 
 def after_step(engine, step: int) -> None:
     """After every step: DSR_INF_WEIGHT_AT's steps leave an inf weight on global rank 0, DSR_UNTIE_AT's a replica
-    of the shared table that differs from its owner."""
+    of the shared table that differs from its owner; DSR_CRASH_AT=train:N ends rank 0 before step N saves."""
+    crash_point("train", step)
     if step in _steps("DSR_INF_WEIGHT_AT") and dist.get_rank() == 0:
         _corrupt_one_weight(engine)
     if step in _steps("DSR_UNTIE_AT"):

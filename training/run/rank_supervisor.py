@@ -11,9 +11,9 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
   a segfault), the parent prints `error: rank R (pid P on HOST) was killed by SIGKILL ...` and then dies by the same
   signal, so the launcher sees exactly what it saw before. SIGTERM, SIGHUP and SIGUSR1 sent to the parent (how
   launchers and schedulers stop a job) are forwarded to the child — with SIGCONT, so a stopped child ends too — and
-  reported by nobody (the child saves and says so: training.faults.stop_request). The child dies with the parent
+  reported by nobody (the child saves and says so: training.run.stop_request). The child dies with the parent
   (PR_SET_PDEATHSIG). Ctrl-C reaches both through the terminal's process group.
-- Every other node hears of it through the job's store (training.faults.job_watch): the parent of a rank that was
+- Every other node hears of it through the job's store (training.run.job_watch): the parent of a rank that was
   killed, or that exited with an error, writes what happened there, and every rank's watcher ends its process
   within a second or two (status job_watch.ABORTED), so each node's launcher ends too. A child that ended because
   of another rank's failure (that status) or because the job was told to stop is not news.
@@ -45,7 +45,7 @@ from typing import Iterator, Optional
 
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
-from training.faults import job_watch
+from training.run import job_watch
 
 PEER_LOST_DELAY = 5.0        # > DeepSpeed's launcher poll (1 s) + its SIGTERM to every rank
 TIMEOUT_DELAY_PER_RANK = 2.0

@@ -6,7 +6,7 @@ the shard and RNG writers in save; a new writer must keep doing so). When a writ
 removed and, on global rank 0, the whole `step_N.tmp/` folder of the interrupted save; the previous checkpoint and
 `latest` are untouched (they are only replaced after a complete save). Another rank leaves the folder to rank 0,
 which may still be writing there; what remains is removed when a run next starts in OUTPUT_DIR
-(training.faults.output_lock.remove_partial_saves). The error is recognised however the writer reports it: torch's zip
+(training.run.output_lock.remove_partial_saves). The error is recognised however the writer reports it: torch's zip
 writer raises `RuntimeError: ... unexpected pos` with the OSError as its context, safetensors a message naming the
 OS error.
 

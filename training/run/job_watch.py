@@ -13,7 +13,7 @@ rendezvous. So:
   ends the same way (seen on an idle second connection that the server's end closes, so no store call fails and
   torch logs no C++ stack). `close()` stops the thread before a job's normal end (train.py: before the last barrier, so
   rank 0 leaves, taking the store with it, only after every watcher has stopped).
-- **Writers** (`publish_abort`): the rank supervisor (training.faults.rank_supervisor) when its rank ended
+- **Writers** (`publish_abort`): the rank supervisor (training.run.rank_supervisor) when its rank ended
   abnormally — killed by a signal, or exited with an error — with the rank's own `error:` line. The first failure
   written is kept. When the failed rank is rank 0 and it never served the store (it refused before the process
   group: a busy output folder), its supervisor serves one itself for up to HOLD seconds, until every other rank

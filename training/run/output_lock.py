@@ -8,7 +8,7 @@ model), so every mistake here costs seconds and prints one line:
 - a lock: `OUTPUT_DIR/.train.lock`, held with flock(2) by rank 0 for the whole run. The kernel drops it when the
   process ends, however it ends, so a crash never leaves a stale lock. A second run into the same folder is refused
   with the holder's pid and host, before it has touched anything;
-- the start point (training.checkpoint.resume.check_start_point), checked under the lock;
+- the start point is then decided under the lock, once the process group exists (training.run.start_point);
 - partial saves a crash or a full disk left (`checkpoints/*.tmp`, `*.part`) are removed: with the lock held,
   nobody else can be writing them.
 """
@@ -24,7 +24,6 @@ from common.errors import UserError
 from common.ranks import global_rank_from_env
 from preprocess.textio import nearest_existing
 from training.checkpoint.folder import remove_partial_saves
-from training.checkpoint.resume import check_start_point, resume_source
 from training.config.sections import CheckpointSection
 
 
@@ -102,16 +101,11 @@ class OutputDirLock:
 
 
 def claim_output_dir(section: CheckpointSection) -> Optional[OutputDirLock]:
-    """On global rank 0: the folder, the lock, the start point — before any other work. Other ranks: None (rank 0
-    decides for the job; if it refuses, the launcher stops the others)."""
+    """On global rank 0: the folder and the lock — before any other work. Other ranks: None (rank 0 decides for the
+    job; if it refuses, the launcher stops the others)."""
     if global_rank_from_env() != 0:
         return None
     folder = check_writable_folder(section.output_dir)
     lock = OutputDirLock(folder, section.output_dir)
-    try:
-        check_start_point(section, resume_source(section))
-    except BaseException:
-        lock.release()
-        raise
     remove_partial_saves(folder)
     return lock
