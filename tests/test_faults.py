@@ -196,13 +196,21 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
 
     from common.errors import UserError
     from training.config.flags import parse_args
+    from training.config.sections import TrainConfig
     from training.run.output_lock import claim_output_dir
+    from training.run.start_point import decide
 
     base = args[:-6]                                         # without --steps / --save_checkpoint_steps / --keep
 
     def claim(*extra, output_dir=out):
+        """What rank 0 does: claim the folder, then decide the start point under its lock."""
         argv = [str(output_dir) if a == str(out) else a for a in base] + [str(a) for a in extra]
-        claim_output_dir(parse_args(argv)).release()
+        section = TrainConfig.from_flags(parse_args(argv)).checkpoint
+        lock = claim_output_dir(section)
+        try:
+            decide(section)
+        finally:
+            lock.release()
 
     newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
     with pytest.raises(UserError, match=f"already holds checkpoints up to step_{newest:08d} and this run starts "

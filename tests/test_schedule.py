@@ -1,5 +1,7 @@
 """Learning-rate schedules against independent references, and their exact continuation after a resume."""
 import math
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -62,33 +64,77 @@ def test_bad_schedules(kw, needle):
 
 
 SCHEDULES = ("inverse_sqrt", "cosine")
+# the trajectory the runs are started with; the resumed and continued runs are given none of it
+TRAJECTORY = ["--lr", "2e-3", "--warmup_steps", 3, "--min_lr_ratio", 0.1, "--clip_grad", 0.7, "--weight_decay", 0.05,
+              "--adam_beta1", 0.85, "--adam_beta2", 0.97, "--adam_eps", 1e-7]
+TP2XPP2 = ["--mp", 2, "--pipeline_stage", 2, "--micro_batch_num", 2]
+
+
+def _without_trajectory(flags: list) -> list:
+    """TINY without its --lr: the resumed runs name no optimisation setting at all."""
+    i = flags.index("--lr")
+    return flags[:i] + flags[i + 2:]
+
+
+def _stopped_at_4(full: Path, into: Path) -> None:
+    """What a run stopped after step 4 of 8 leaves: its folder with checkpoints up to step 4."""
+    shutil.copytree(full / "checkpoints", into / "checkpoints", ignore=shutil.ignore_patterns("step_00000008"))
+    (into / "checkpoints" / "latest").write_text("step_00000004")
 
 
 @pytest.fixture(scope="module")
 def schedule_runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
-    """Per schedule: 8 steps in one process saving at step 4, and the same run resumed from step 4 under dp2 —
-    the full runs in one launch, the resumed ones in another (tests/drivers/train_many.py)."""
+    """Per schedule, in one process and on tp2×pp2: 8 steps saving at step 4; the same folder stopped at step 4 and
+    resumed with `--resume` and no schedule flag; and (one process → dp2) continued from step 4 with --ckpt_file and
+    no schedule flag. Launches: one per world size and phase (tests/drivers/train_many.py)."""
     root = tmp_path_factory.mktemp("schedules")
+    data = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--tensorboard", 0]
 
-    def common(schedule):
-        return ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--steps", 8,
-                "--lr_schedule", schedule, "--warmup_steps", 3, "--min_lr_ratio", 0.1]
-    run_many(1, [common(s) + ["--output_dir", root / s / "full", "--save_checkpoint_steps", 4] for s in SCHEDULES],
-             root)
-    run_many(2, [common(s) + ["--output_dir", root / s / "resumed",
-                              "--ckpt_file", root / s / "full" / "checkpoints" / "step_00000004"] for s in SCHEDULES],
-             root)
+    def full(schedule, layout):
+        return [*data, *TINY, *TRAJECTORY, "--steps", 8, "--lr_schedule", schedule, *layout,
+                "--output_dir", root / schedule / f"full{'-tp2xpp2' if layout else ''}", "--save_checkpoint_steps", 4]
+
+    def resumed(schedule, layout):
+        name = f"resumed{'-tp2xpp2' if layout else ''}"
+        _stopped_at_4(root / schedule / f"full{'-tp2xpp2' if layout else ''}", root / schedule / name)
+        return [*data, "--output_dir", root / schedule / name, "--resume", *layout]
+
+    run_many(1, [full(s, []) for s in SCHEDULES], root)
+    run_many(4, [full(s, TP2XPP2) for s in SCHEDULES], root)
+    run_many(1, [resumed(s, []) for s in SCHEDULES], root)
+    run_many(4, [resumed(s, TP2XPP2) for s in SCHEDULES], root)
+    run_many(2, [[*data, *_without_trajectory(TINY), "--output_dir", root / s / "continued",
+                  "--ckpt_file", root / s / "full" / "checkpoints" / "step_00000004"] for s in SCHEDULES], root)
     return root
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_schedule_resumes_exactly_on_another_layout(schedule, schedule_runs):
-    """Saved at step 4 of 8 in one process, resumed under dp2: every later step's lr is the uninterrupted run's."""
-    full, resumed = read_metrics(schedule_runs / schedule / "full"), read_metrics(schedule_runs / schedule / "resumed")
-    peak = float(TINY[TINY.index("--lr") + 1])
+@pytest.mark.parametrize("layout", ["", "-tp2xpp2"])
+def test_resume_without_schedule_flags_is_the_uninterrupted_run(schedule, layout, schedule_runs):
+    """Stopped after step 4 of 8 and resumed with --resume alone: the checkpoint gives back the whole trajectory
+    (lr, schedule, warmup, horizon, floor, clipping, weight decay, AdamW's betas and eps, the planned 8 steps), so
+    steps 5-8 equal the uninterrupted run's bit for bit — loss, lr and grad_norm."""
+    full = read_metrics(schedule_runs / schedule / f"full{layout}")
+    resumed = read_metrics(schedule_runs / schedule / f"resumed{layout}")
+    assert [r["step"] for r in resumed] == [5, 6, 7, 8]
+    for key in ("lr", "loss", "grad_norm"):
+        assert [r[key] for r in resumed] == [r[key] for r in full[4:]], key
+    clipped = [r["grad_norm"] > 0.7 for r in full]
+    assert any(clipped), "clipping never acted: the test would not see a lost --clip_grad"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_schedule_continues_exactly_on_another_layout(schedule, schedule_runs):
+    """Saved at step 4 of 8 in one process, continued under dp2 with --ckpt_file and no optimisation flag: every
+    later step's lr is the uninterrupted run's, and the loss follows it."""
+    full, continued = (read_metrics(schedule_runs / schedule / "full"),
+                       read_metrics(schedule_runs / schedule / "continued"))
+    peak = float(TRAJECTORY[TRAJECTORY.index("--lr") + 1])
     f = lr_factor(schedule, 3, 8, 0.1)
     assert [r["lr"] for r in full] == pytest.approx([peak * f(k) for k in range(8)], rel=1e-12)
-    assert [r["step"] for r in resumed] == [5, 6, 7, 8]
-    assert [r["lr"] for r in resumed] == [r["lr"] for r in full[4:]]
-    assert [r["loss"] for r in resumed] == pytest.approx([r["loss"] for r in full[4:]], rel=1e-5)
+    assert [r["step"] for r in continued] == [5, 6, 7, 8]
+    assert [r["lr"] for r in continued] == [r["lr"] for r in full[4:]]
+    assert [r["loss"] for r in continued] == pytest.approx([r["loss"] for r in full[4:]], rel=1e-5)
+    assert [r["grad_norm"] for r in continued] == pytest.approx([r["grad_norm"] for r in full[4:]], rel=1e-5)
