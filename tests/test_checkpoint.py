@@ -469,9 +469,10 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
 
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"model": {"d_model": 64}}))
-    heads, from_recipe = concurrently(          # refused while parsing the flags: neither reaches the folder's lock
-        lambda: run_train(1, [*bare, "--steps", 4, "--num_heads", "2"], check=False),
-        lambda: run_train(1, [*bare, "--steps", 4, "--recipe", recipe], check=False))
+    # refused by rank 0's start-point decision, under the folder's lock (so one after the other), before the data
+    # and the model are built
+    heads = run_train(1, [*bare, "--steps", 4, "--num_heads", "2"], check=False)
+    from_recipe = run_train(1, [*bare, "--steps", 4, "--recipe", recipe], check=False)
     override = run_train(1, [*bare, "--steps", 4, "--dropout", "0"], check=False)
     assert override.returncode == 0, override.stderr[-2000:]
     assert "overridden by flags: dropout=0.0 (checkpoint 0.1)" in override.stdout

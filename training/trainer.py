@@ -228,6 +228,7 @@ class Trainer:
 
     def save(self, step: int, improved: bool, last: bool) -> None:
         if self.cfg.optimization.train:
+            injection.before_save(step)
             self.checkpoints.after_step(step, last=last)
         if improved:
             self.checkpoints.save(step, name=BEST, validation=self.tracker.best)

@@ -27,6 +27,11 @@ def crash_in_save(step: int) -> None:
     crash_point("save", step)
 
 
+def before_save(step: int) -> None:
+    """After step N is logged, before it may be saved: DSR_CRASH_AT=train:N ends rank 0 there."""
+    crash_point("train", step)
+
+
 def arm(engine) -> None:
     """Once, after the engine is built: DSR_CRASH_AT=save:N hooks into the saves, DSR_NAN_AT's steps get a nan
     loss."""
@@ -55,8 +60,7 @@ def _corrupt_one_weight(engine) -> None:
 
 def after_step(engine, step: int) -> None:
     """After every step: DSR_INF_WEIGHT_AT's steps leave an inf weight on global rank 0, DSR_UNTIE_AT's a replica
-    of the shared table that differs from its owner; DSR_CRASH_AT=train:N ends rank 0 before step N saves."""
-    crash_point("train", step)
+    of the shared table that differs from its owner."""
     if step in _steps("DSR_INF_WEIGHT_AT") and dist.get_rank() == 0:
         _corrupt_one_weight(engine)
     if step in _steps("DSR_UNTIE_AT"):

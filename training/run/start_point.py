@@ -156,13 +156,12 @@ def _trajectory(meta: dict, flags, explicit: dict, path: str, taken: list, overr
         if dest not in saved:
             continue
         value = saved[dest]
-        if dest == "steps" and ("epochs" in explicit or "steps" in explicit):
-            if "steps" not in explicit:
-                continue                                   # --epochs given: its length, not the checkpoint's
+        if dest == "steps" and "epochs" in explicit and "steps" not in explicit:
+            continue                                       # --epochs given: its length, not the checkpoint's
         if dest not in explicit:
             setattr(flags, dest, value)
             taken.append(f"{dest}={_show(value)}")
-        elif getattr(flags, dest) != value:
+        elif dest != "steps" and getattr(flags, dest) != value:      # (more --steps: the usual way to go on)
             overridden.append(f"{dest}={_show(getattr(flags, dest))} (checkpoint {_show(value)})")
     notes = []
     decays = flags.lr_schedule in ("cosine", "polynomial")
