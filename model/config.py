@@ -19,6 +19,14 @@ class ConfigError(UserError):
     """A parallel layout or model size that cannot run; the message names the value and what would fit."""
 
 
+# The most positions a source or target may have (src_len / tgt_len). Attention with a padding mask computes, and
+# for the backward pass keeps, length² fp32 scores per head and sequence: 1 GiB at 16,384, so a single sentence pair
+# of 8 heads already needs 8 GiB per layer there — 16 times fairseq's default limit of 1,024 positions, and far
+# beyond any sentence (WMT training uses 128-256). A longer length is a typo (a 100,000 asked torch for 2.5 TB),
+# refused in one line by train.py's flags (training.config.flags) before anything is built.
+MAX_POSITIONS = 16384
+
+
 @dataclass(frozen=True)
 class OpParallelConfig:
     """The seed's `OpParallelConfig`: the (dp, mp) pair an operator is sharded over."""

@@ -15,6 +15,8 @@ format's cache is never read as a new one) and an unchanged input opens in milli
 temporary folder and renamed into place, so a killed run never leaves a half-written cache under a valid name
 (only a `.tmp-*` folder, safe to delete); ranks that build it at the same time each write their own temporary
 folder and the first rename wins. A store that already exists is only read: the data folder may be read-only.
+Opening it checks it (preprocess.token_store: structure always; with `verify`, the files' sha256, once per unchanged
+file); a damaged store is rebuilt from the TSV, saying which file was damaged and how.
 
 `GlobalBatchSchedule` decides which samples form global batch k from (seed, epoch, global batch size) alone;
 `dp_slice` and `micro_slices` cut that batch for a data-parallel rank and its pipeline micro-batches. Because
@@ -28,20 +30,23 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import os
+import shutil
 import time
+import uuid
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 import torch
 
-from common.errors import fail, run_cli
+from common.errors import UserError, fail, run_cli
 from common.hashing import file_sha256
 from preprocess.store_builder import build_store
 from preprocess.textio import check_readable
 from preprocess.token_batches import compact_permutation
 from common.units import human_bytes
-from preprocess.token_store import FORMAT_VERSION, TokenStore
+from preprocess.token_store import FORMAT_VERSION, DamagedStore, TokenStore
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 
 CACHE_DIRNAME = ".tokcache"
@@ -61,10 +66,13 @@ def default_cache_root(tsv_path: Path) -> Path:
 
 
 class TranslationDataset:
-    """A TSV's pairs as a token store; see the module docstring for what `batch` builds."""
+    """A TSV's pairs as a token store; see the module docstring for what `batch` builds. `verify`: check the store's
+    files against their sha256 and rebuild a damaged one (False for a node's other ranks, which open it after the
+    one that verified it; they still make the structural checks, and refuse a damaged store)."""
 
     def __init__(self, tsv_path, tokenizer_path, src_len, tgt_len, cache_dir=None, progress=True,
-                 num_proc: Optional[int] = None, tsv_sha256: Optional[str] = None, block_bytes: Optional[int] = None):
+                 num_proc: Optional[int] = None, tsv_sha256: Optional[str] = None, block_bytes: Optional[int] = None,
+                 verify: bool = True):
         for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
             if int(value) != value or value < 2:
                 fail(f"{name}={value} must be an integer >= 2 (at least one token plus BOS/EOS)")
@@ -87,12 +95,37 @@ class TranslationDataset:
         self.cache_path = cache_root / f"{self.tsv_path.stem}-{key}"
         self.cache_hit = self.cache_path.is_dir()
         self.build_info: Optional[dict] = None          # how the store was built, when this object built it
+
+        def build() -> dict:
+            return build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len,
+                               self.cache_path, sha, num_proc=num_proc, progress=progress, block_bytes=block_bytes)
         if not self.cache_hit:
-            self.build_info = build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len,
-                                          self.tgt_len, self.cache_path, sha, num_proc=num_proc, progress=progress,
-                                          block_bytes=block_bytes)
-        self.store = TokenStore(self.cache_path)
+            self.build_info = build()
+        try:
+            self.store = TokenStore(self.cache_path, verify=verify)
+        except DamagedStore as damage:
+            if not verify:
+                raise
+            self._set_aside(damage)
+            self.cache_hit, self.build_info = False, build()
+            self.store = TokenStore(self.cache_path)      # damaged again: raised, never a second rebuild
         self.num_samples = self.store.pairs
+
+    def _set_aside(self, damage: DamagedStore) -> None:
+        """Say what is damaged, and move the store out of its name (a rename, so another node's builder never finds
+        half of it) before deleting it, for build_store to write it anew."""
+        print(f"warning: token store {self.cache_path}: {damage.name} {damage.reason}; rebuilding it from "
+              f"{self.tsv_path}", flush=True)
+        aside = self.cache_path.parent / f".damaged-{self.cache_path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        try:
+            os.rename(self.cache_path, aside)
+        except FileNotFoundError:
+            return                                      # another process set it aside first
+        except OSError as exc:
+            raise UserError(f"token store {self.cache_path}: {damage.name} {damage.reason}, and it cannot be rebuilt "
+                            f"there ({exc.strerror or exc}); pass --cache_dir DIR, a folder this process can write, "
+                            f"to build a new one there") from None
+        shutil.rmtree(aside, ignore_errors=True)
 
     # -- access ---------------------------------------------------------------------------------------------
 

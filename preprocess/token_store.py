@@ -2,12 +2,15 @@
 
 A store is one folder:
 
-    meta.json         format version, pairs, token dtype, the lengths it was cut to, statistics (written last)
+    meta.json         format version, pairs, token dtype, the lengths it was cut to, statistics, the sha256 of
+                      every other file (written last)
     src.tokens        the sources' ids back to back, each cut to its first src_len-1 tokens (uint16 or uint32)
     tgt.tokens        the targets' ids y back to back, each cut to its first tgt_len-1 tokens
     src.offsets       int64 [pairs + 1]: source i is src.tokens[offsets[i]:offsets[i + 1]]
     tgt.offsets       int64 [pairs + 1]
     truncated.flags   uint8 [pairs]: bit 0 = the source was cut, bit 1 = the target was cut
+    verified.json     which files, at which size and modification time, matched their sha256 (the verdict kept,
+                      so an unchanged store is not hashed again)
 
 Ids take the smallest width the vocabulary allows: uint16 below 65,536 ids, else uint32. No BOS, EOS or padding is
 stored; `padded_rows` adds them when a batch is built, so a batch is exactly what the fixed-width arrays held before
@@ -21,10 +24,22 @@ of a take + flatten + copy through Arrow; it also keeps `datasets`/pyarrow out o
 `StoreWriter` writes a store chunk by chunk into a hidden `.tmp-*` folder beside its final name, checks the free
 space as it goes (a store that will not fit stops after its first chunks, naming what it needs), and renames the
 folder into place only when complete: a killed run, a full disk or a bad line leaves nothing under a valid name.
+It hashes each file as it writes it (no second read) and records the sha256s in meta.json, as checkpoints do.
+
+Integrity. A store is checked at two costs. Every open makes the structural checks (numpy over the maps: each
+file's size, offsets that start at 0, never decrease and end at the token count, ids below the vocabulary) — what
+keeps a damaged store from being trained on as garbled pairs or failing hundreds of steps later; 0.05 s for 4.5 M
+pairs (docs/data.md). An open with `verify` (one process per node: the one that would build the store)
+also compares each file's sha256 with the one its writer recorded, unless verified.json already holds that file at
+its current size and modification time (the verdict of an earlier check, or of the writer); it then records its
+own verdict, so later opens of an unchanged store hash nothing. A timestamp no later than the verdict's own is not
+trusted (a change within the file system's clock tick would keep it), as git treats "racily clean" files. A damaged
+file raises `DamagedStore` naming it; preprocess.dataset.TranslationDataset, which has the TSV, rebuilds the store.
 """
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -36,13 +51,16 @@ from typing import Optional
 import numpy as np
 
 from common.errors import NO_ROOM, UserError, fail
+from common.hashing import file_sha256
 from common.units import human_bytes
 
-FORMAT_VERSION = 2                      # 1 was three padded int64 Arrow columns (datasets.save_to_disk)
+FORMAT_VERSION = 3                      # 2 had no checksums; 1 was three padded int64 Arrow columns
 META_FILE = "meta.json"
+VERIFIED_FILE = "verified.json"
 SIDES = ("src", "tgt")
 FLAGS_FILE = "truncated.flags"
 UINT16_IDS = 1 << 16
+CHECK_CHUNK = 1 << 22                   # offsets compared this many at a time: bounded temporary memory
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -56,6 +74,20 @@ def tokens_file(side: str) -> str:
 
 def offsets_file(side: str) -> str:
     return f"{side}.offsets"
+
+
+DATA_FILES = (tokens_file("src"), offsets_file("src"), tokens_file("tgt"), offsets_file("tgt"), FLAGS_FILE)
+
+
+class DamagedStore(UserError):
+    """A store file that is not what its writer wrote (or no meta.json this code can read): `name` is the file,
+    `reason` how it differs. The message says how to rebuild the store; TranslationDataset rebuilds it itself."""
+
+    def __init__(self, folder: Path, name: str, reason: str, source: Optional[str] = None):
+        self.folder, self.name, self.reason = Path(folder), name, reason
+        tsv = f"its TSV ({source})" if source else "the TSV it was built from"
+        super().__init__(f"token store {self.folder}: {name} {reason}; delete the folder and run train.py or "
+                         f"python -m preprocess.dataset with {tsv}, which rebuild it")
 
 
 @dataclass
@@ -107,6 +139,7 @@ class StoreWriter:
         except OSError as exc:
             self.abort()
             raise cannot_write(self.final.parent, exc) from None
+        self.digests = {name: hashlib.sha256() for name in self.files}    # of the bytes written, as they go
         self.position = {side: 0 for side in SIDES}   # tokens written per side
         self.pairs, self.written = 0, 0
         self.counts = {name: 0 for name in STAT_COUNTS}
@@ -128,12 +161,14 @@ class StoreWriter:
             return None
 
     def _write(self, name: str, array: np.ndarray) -> None:
+        data = memoryview(np.ascontiguousarray(array)).cast("B")
         try:
-            self.files[name].write(memoryview(np.ascontiguousarray(array)).cast("B"))
+            self.files[name].write(data)
         except OSError as exc:
             if exc.errno in NO_ROOM:
                 self._no_room(exc)
             raise
+        self.digests[name].update(data)
         self.written += array.nbytes
 
     def _no_room(self, exc: OSError) -> None:
@@ -175,7 +210,8 @@ class StoreWriter:
                 os.fsync(handle.fileno())     # the data is on disk before the name says it is complete
                 handle.close()
             full = {"format": FORMAT_VERSION, "pairs": self.pairs, "token_dtype": self.dtype.name,
-                    "tokens": dict(self.position), "counts": self.counts, **meta}
+                    "tokens": dict(self.position), "counts": self.counts,
+                    "sha256": {name: digest.hexdigest() for name, digest in self.digests.items()}, **meta}
             with open(self.tmp / META_FILE, "w", encoding="utf-8") as f:
                 json.dump(full, f, indent=1)
                 f.write("\n")
@@ -185,6 +221,8 @@ class StoreWriter:
             if exc.errno in NO_ROOM:
                 self._no_room(exc)
             raise
+        # the writer's hashes are the first verdict: a store just written is not read back to be hashed again
+        record_verified(self.tmp, full["sha256"], _stats(self.tmp))
         try:
             os.rename(self.tmp, self.final)
         except OSError:
@@ -200,27 +238,93 @@ class StoreWriter:
 
 
 class TokenStore:
-    """A store opened read-only: memory-mapped ids and offsets, and the figures of its meta.json."""
+    """A store opened read-only: memory-mapped ids and offsets, and the figures of its meta.json. Every open makes
+    the structural checks; `verify` also checks the files' sha256 (see the module docstring)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path, verify: bool = True):
         self.folder = Path(folder)
+        self.meta: dict = {}                      # until it is read: a damaged meta.json names no TSV
+        self.meta = self._read_meta()
+        self.pairs = int(self.meta["pairs"])
+        self.dtype = np.dtype(self.meta["token_dtype"])
+        self.tokens, self.offsets = {}, {}
+        for side in SIDES:
+            self.tokens[side] = self._map(tokens_file(side), self.dtype, int(self.meta["tokens"][side]))
+            self.offsets[side] = self._map(offsets_file(side), np.dtype(np.int64), self.pairs + 1)
+        self.flags = self._map(FLAGS_FILE, np.dtype(np.uint8), self.pairs)
+        for side in SIDES:
+            self._check_offsets(side)
+            self._check_ids(side)
+        self.hashed = self.verify() if verify else []
+
+    def _damaged(self, name: str, reason: str) -> DamagedStore:
+        return DamagedStore(self.folder, name, reason, self.meta.get("source"))
+
+    def _read_meta(self) -> dict:
         try:
             with open(self.folder / META_FILE, encoding="utf-8") as f:
-                self.meta = json.load(f)
-            if self.meta.get("format") != FORMAT_VERSION:
-                raise ValueError(f"format {self.meta.get('format')}, this code reads {FORMAT_VERSION}")
-            self.pairs = int(self.meta["pairs"])
-            self.dtype = np.dtype(self.meta["token_dtype"])
-            self.tokens, self.offsets = {}, {}
-            for side in SIDES:
-                count = int(self.meta["tokens"][side])
-                self.tokens[side] = _map(self.folder / tokens_file(side), self.dtype, count)
-                self.offsets[side] = _map(self.folder / offsets_file(side), np.dtype(np.int64), self.pairs + 1)
-                if self.offsets[side][0] != 0 or self.offsets[side][-1] != count:
-                    raise ValueError(f"{offsets_file(side)} does not end at the {count} tokens of {tokens_file(side)}")
-            self.flags = _map(self.folder / FLAGS_FILE, np.dtype(np.uint8), self.pairs)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            fail(f"{self.folder}: unreadable tokenization cache ({exc}); delete the folder to rebuild it")
+                meta = json.load(f)
+            if meta.get("format") != FORMAT_VERSION:
+                raise ValueError(f"names format {meta.get('format')}, this code reads {FORMAT_VERSION}")
+            int(meta["pairs"]), np.dtype(meta["token_dtype"]), int(meta["vocab_size"])
+            if sorted(meta["sha256"]) != sorted(DATA_FILES) or any(int(meta["tokens"][s]) < 0 for s in SIDES):
+                raise ValueError("does not list every file")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise self._damaged(META_FILE, f"cannot be read ({exc})") from None
+        return meta
+
+    def _map(self, name: str, dtype: np.dtype, count: int) -> np.ndarray:
+        """`count` items of `dtype` in file `name`, mapped read-only; a file of another size is damage, not data."""
+        path = self.folder / name
+        try:
+            size = path.stat().st_size
+        except OSError as exc:
+            raise self._damaged(name, f"cannot be read ({exc.strerror or exc})") from None
+        if size != count * dtype.itemsize:
+            raise self._damaged(name, f"holds {size} bytes, {count * dtype.itemsize} expected")
+        if count == 0:
+            return np.zeros(0, dtype=dtype)       # mmap cannot map an empty file
+        return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+    def _check_offsets(self, side: str) -> None:
+        """Pair i is tokens[off[i]:off[i+1]]: offsets from 0 to the token count, never decreasing, so every pair is
+        a slice of its side's tokens (a damaged offset would make garbled pairs, or an IndexError steps later)."""
+        off, count, name = self.offsets[side], len(self.tokens[side]), offsets_file(side)
+        if off[0] != 0 or off[-1] != count:
+            raise self._damaged(name, f"runs from {off[0]} to {off[-1]}, not from 0 to the {count} tokens of "
+                                      f"{tokens_file(side)}")
+        for start in range(0, self.pairs, CHECK_CHUNK):
+            part = off[start:start + CHECK_CHUNK + 1]
+            down = np.flatnonzero(part[1:] < part[:-1])
+            if down.size:
+                pair = start + int(down[0])
+                raise self._damaged(name, f"decreases at pair {pair} ({part[down[0]]} then {part[down[0] + 1]})")
+
+    def _check_ids(self, side: str) -> None:
+        """Every id is below the vocabulary the store was built with (the embedding tables' rows)."""
+        ids, vocab = self.tokens[side], int(self.meta["vocab_size"])
+        top = int(ids.max()) if len(ids) else 0
+        if top >= vocab:
+            where = int(np.argmax(ids >= vocab))
+            raise self._damaged(tokens_file(side), f"holds id {top} (first past the vocabulary at token {where}), "
+                                                   f"but the vocabulary has {vocab} ids")
+
+    def verify(self) -> list[str]:
+        """Compare each file with the sha256 its writer recorded, skipping those verified.json vouches for at their
+        current size and modification time; record the verdict. Returns the files hashed."""
+        recorded = self.meta["sha256"]
+        stats = _stats(self.folder)                   # before hashing: a file that changes meanwhile is hashed again
+        trusted = _trusted(self.folder, recorded, stats)
+        hashed = []
+        for name in DATA_FILES:
+            if name in trusted:
+                continue
+            if file_sha256(self.folder / name) != recorded[name]:
+                raise self._damaged(name, "does not match the sha256 recorded when the store was built")
+            hashed.append(name)
+        if hashed:
+            record_verified(self.folder, recorded, stats)
+        return hashed
 
     def lengths(self, side: str, idx: Optional[np.ndarray] = None) -> np.ndarray:
         """Stored (kept) tokens per pair, int64: all pairs, or those of `idx`."""
@@ -252,11 +356,40 @@ class TokenStore:
         return out
 
 
-def _map(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
-    """`count` items of `dtype` in `path`, mapped read-only; a file of another size is damage, not data."""
-    size = path.stat().st_size
-    if size != count * dtype.itemsize:
-        raise ValueError(f"{path.name} holds {size} bytes, {count * dtype.itemsize} expected")
-    if count == 0:
-        return np.zeros(0, dtype=dtype)       # mmap cannot map an empty file
-    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+def _stats(folder: Path) -> dict:
+    """{file: [size, mtime_ns]} of the data files (a missing file: absent)."""
+    out = {}
+    for name in DATA_FILES:
+        with contextlib.suppress(OSError):
+            st = (folder / name).stat()
+            out[name] = [st.st_size, st.st_mtime_ns]
+    return out
+
+
+def _trusted(folder: Path, recorded: dict, stats: dict) -> set:
+    """The files verified.json vouches for: same sha256 as meta.json, same size and mtime as now, and an mtime
+    before the verdict's own (one within the same clock tick may hide a later change)."""
+    path = folder / VERIFIED_FILE
+    try:
+        when = path.stat().st_mtime_ns
+        with open(path, encoding="utf-8") as f:
+            verdict = json.load(f)
+        return {name for name in DATA_FILES
+                if verdict["sha256"].get(name) == recorded[name] and verdict["files"].get(name) == stats.get(name)
+                and stats[name][1] < when}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return set()                              # no verdict (or an unreadable one): hash
+
+
+def record_verified(folder: Path, recorded: dict, stats: dict) -> None:
+    """Write verified.json (atomically). A folder this process cannot write keeps no verdict: its next open hashes
+    again, which costs time but is still safe."""
+    tmp = folder / f".{VERIFIED_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump({"sha256": recorded, "files": stats}, f, indent=1)
+            f.write("\n")
+        os.replace(tmp, folder / VERIFIED_FILE)
+    except OSError:
+        with contextlib.suppress(OSError):
+            tmp.unlink()

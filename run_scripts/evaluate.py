@@ -27,20 +27,21 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common.cli_args import Parser, integer  # noqa: E402
 from common.errors import UserError, run_cli  # noqa: E402
-from training.evaluation.decode_cli import (add_decoding_flags, check_decoding_flags, load_translator,  # noqa: E402
+from training.evaluation.decode_cli import (add_decoding_flags, load_translator,  # noqa: E402
                                             warn_truncated)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_flags(p)
     p.add_argument("--src", required=True, help="source sentences, one per line (plain or .gz)")
     p.add_argument("--ref", default=None,
                    help="reference translations, line-aligned with --src (plain or .gz); without it nothing is "
                         "scored (decoding speed, --output)")
-    p.add_argument("--limit", type=int, default=None, help="only the first N sentences")
+    p.add_argument("--limit", type=integer(1), default=None, help="only the first N sentences")
     p.add_argument("--output", default=None, help="write the hypotheses here, one per line")
     p.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU/chrF (e.g. for the lowercasing "
                                                             "`word` tokenizer)")
@@ -50,9 +51,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
-    check_decoding_flags(args)
-    if args.limit is not None and args.limit < 1:
-        raise UserError(f"--limit {args.limit} must be >= 1")
 
     from preprocess.textio import atomic_write, check_output_file, read_lines
     if args.output:

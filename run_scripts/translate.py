@@ -21,14 +21,15 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common.cli_args import Parser  # noqa: E402
 from common.errors import UserError, run_cli  # noqa: E402
-from training.evaluation.decode_cli import (add_decoding_flags, check_decoding_flags, load_translator,  # noqa: E402
+from training.evaluation.decode_cli import (add_decoding_flags, load_translator,  # noqa: E402
                                             warn_truncated)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+               formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_flags(p)
     p.add_argument("--input", "-i", default="-",
                    help="sentences to translate, one per line (plain or .gz; default '-': stdin)")
@@ -47,7 +48,6 @@ def read_input(path: str) -> list[str]:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    check_decoding_flags(args)
     from preprocess.textio import atomic_write, check_output_file
     if args.output:
         check_output_file(args.output, "--output")

@@ -13,6 +13,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -36,7 +37,8 @@ def val_tsv(multi30k_dir, tmp_path_factory):
 
 
 def store_files(folder) -> dict:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+    """The store's files, byte for byte (verified.json is a verdict about them, not data: its times differ)."""
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.name != "verified.json"}
 
 
 def leftovers(folder) -> list:
@@ -67,10 +69,11 @@ def test_round_trip_equals_the_tokenizer_and_nothing_is_padded(val_tsv, bpe_toke
     stats = ds.stats()
     assert stats["real_tokens"] == sum(int(x.sum()) for x in ds.real_lengths())
     # the documented size: 2 bytes a kept token, 17 bytes a pair (two int64 offsets, one flag byte), plus the
-    # offsets' closing entries and meta.json
+    # offsets' closing entries, meta.json and verified.json
     pairs = len(sources)
     assert stats["store_bytes"] == (2 * kept_tokens + 17 * pairs + 2 * 8
-                                    + (ds.cache_path / "meta.json").stat().st_size)
+                                    + sum((ds.cache_path / name).stat().st_size
+                                          for name in ("meta.json", "verified.json")))
 
 
 def test_two_builders_of_one_store_leave_the_first_one_and_nothing_else(tmp_path):
@@ -86,8 +89,8 @@ def test_two_builders_of_one_store_leave_the_first_one_and_nothing_else(tmp_path
     with first, second:
         first.append(chunk(7), 1.0)
         second.append(chunk(9), 1.0)
-        first.commit({"src_len": 4, "tgt_len": 3})
-        second.commit({"src_len": 4, "tgt_len": 3})
+        first.commit({"src_len": 4, "tgt_len": 3, "vocab_size": 10})
+        second.commit({"src_len": 4, "tgt_len": 3, "vocab_size": 10})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["store"]
     store = TokenStore(final)
     assert store.pairs == 1 and store.tokens["src"].tolist() == [7, 7, 7] and store.tokens["tgt"].tolist() == [7, 7]
@@ -204,21 +207,203 @@ def test_vocabulary_past_16_bits_is_stored_in_32(tmp_path, capsys):
     assert high > 65_535                                 # ids a uint16 would have wrapped, kept exactly
 
 
-def test_an_old_format_cache_is_rebuilt_never_misread(val_tsv, bpe_tokenizer, tmp_path):
+def test_an_old_format_cache_is_rebuilt_never_misread(val_tsv, bpe_tokenizer, tmp_path, capsys):
     old = tmp_path / f"{val_tsv.stem}-{cache_key(val_tsv, bpe_tokenizer, 16, 16, version=1)}"
     old.mkdir()
     (old / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')  # format 1's
     ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path, progress=False)
-    assert FORMAT_VERSION == 2 and not ds.cache_hit and ds.cache_path != old and old.is_dir()
-    # a store that says another format under the current name is refused, never read as this one
+    assert FORMAT_VERSION == 3 and not ds.cache_hit and ds.cache_path != old and old.is_dir()
+    # format 2 (no checksums) had its own key: never opened as format 3 either
+    assert cache_key(val_tsv, bpe_tokenizer, 16, 16, version=2) not in ds.cache_path.name
+    # a store that says another format under the current name is never read as this one: refused naming meta.json
+    # when opened alone, rebuilt when its TSV is there
     meta = json.loads((ds.cache_path / "meta.json").read_text())
     (ds.cache_path / "meta.json").write_text(json.dumps({**meta, "format": 1}))
-    with pytest.raises(UserError, match=r"unreadable tokenization cache \(format 1, this code reads 2\); delete"):
-        TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path, progress=False)
-    (ds.cache_path / "meta.json").write_text(json.dumps(meta))
-    (ds.cache_path / "src.offsets").write_bytes(b"\0" * 16)                       # a file cut short
-    with pytest.raises(UserError, match=r"src\.offsets holds 16 bytes, 8120 expected"):
+    with pytest.raises(UserError, match=r"meta\.json cannot be read \(names format 1, this code reads 3\); delete"):
         TokenStore(ds.cache_path)
+    capsys.readouterr()
+    again = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path, progress=False)
+    assert not again.cache_hit and json.loads((again.cache_path / "meta.json").read_text()) == meta
+    assert "meta.json cannot be read (names format 1, this code reads 3); rebuilding it from" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------------------ integrity
+DATA_FILES = ("src.tokens", "src.offsets", "tgt.tokens", "tgt.offsets", "truncated.flags")   # hashed, in this order
+def set_mtime(path, ns: int) -> None:
+    os.utime(path, ns=(path.stat().st_atime_ns, ns))
+
+
+def backdate(folder) -> None:
+    """The data files' modification times of a store written a while ago, one millisecond apart in DATA_FILES
+    order (a verdict written now is then later than all of them)."""
+    base = time.time_ns() - 100 * 10 ** 9
+    for i, name in enumerate(DATA_FILES):
+        set_mtime(folder / name, base + i * 10 ** 6)
+
+
+def write_at(path, index: int, value, dtype) -> None:
+    """Overwrite item `index` of a store file of `dtype` items in place (same size)."""
+    with open(path, "r+b") as f:
+        f.seek(index * np.dtype(dtype).itemsize)
+        f.write(np.array([value], dtype=dtype).tobytes())
+
+
+def shift_a_boundary(folder) -> None:
+    """Move one source boundary by a token: still a valid layout, but two pairs garbled (only the sha256 tells)."""
+    off = np.fromfile(folder / "src.offsets", dtype=np.int64)
+    i = int(np.flatnonzero(off[1:-1] < off[2:])[10]) + 1       # off[i] < off[i+1]: off[i] + 1 keeps the order
+    write_at(folder / "src.offsets", i, off[i] + 1, np.int64)
+
+
+def other_valid_id(folder) -> None:
+    ids = np.fromfile(folder / "tgt.tokens", dtype=np.uint16)
+    write_at(folder / "tgt.tokens", 100, (int(ids[100]) + 1) % 8000, np.uint16)
+
+
+def flip_offset_bytes(folder) -> None:
+    """Flipped bytes in the middle of the offsets (the issue's damage): a huge offset, then a decrease."""
+    with open(folder / "src.offsets", "r+b") as f:
+        f.seek(500 * 8 + 6)
+        f.write(b"\xff\x0f")
+
+
+def truncate(name: str, keep: int):
+    def damage(folder):
+        (folder / name).write_bytes((folder / name).read_bytes()[:keep])
+    return damage
+
+
+DAMAGES = {   # name: (damage, the file named, how its damage is said, found without the sha256)
+    "a token changed to another valid id": (other_valid_id, "tgt.tokens",
+                                            "does not match the sha256 recorded when the store was built", False),
+    "a pair boundary moved by one token": (shift_a_boundary, "src.offsets",
+                                           "does not match the sha256 recorded when the store was built", False),
+    "a truncation flag flipped": (lambda f: write_at(f / "truncated.flags", 3, 2, np.uint8), "truncated.flags",
+                                  "does not match the sha256 recorded when the store was built", False),
+    "flipped offset bytes": (flip_offset_bytes, "src.offsets", "decreases at pair 500", True),
+    "an id past the vocabulary": (lambda f: write_at(f / "tgt.tokens", 7, 65535, np.uint16), "tgt.tokens",
+                                  "holds id 65535 (first past the vocabulary at token 7), but the vocabulary has "
+                                  "8000 ids", True),
+    "a tokens file cut short": (truncate("src.tokens", 10), "src.tokens", "holds 10 bytes, ", True),
+    "an offsets file cut short": (truncate("tgt.offsets", 16), "tgt.offsets", "holds 16 bytes, 8120 expected", True),
+    "the last offset changed": (lambda f: write_at(f / "tgt.offsets", 1014, 5, np.int64), "tgt.offsets",
+                                "runs from 0 to 5, not from 0 to the", True),
+    "meta.json deleted": (lambda f: (f / "meta.json").unlink(), "meta.json", "cannot be read", True),
+}
+
+
+@pytest.fixture
+def store(val_tsv, bpe_tokenizer, tmp_path):
+    """A freshly built store of val (1,014 pairs) in tmp_path, its files as built."""
+    ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path, progress=False)
+    return ds.cache_path, {name: (ds.cache_path / name).read_bytes() for name in (*DATA_FILES, "meta.json")}
+
+
+def test_every_file_is_recorded_with_its_sha256_as_written(store):
+    folder, _ = store
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["sha256"] == {name: file_sha256(folder / name) for name in DATA_FILES}
+    verdict = json.loads((folder / "verified.json").read_text())
+    assert verdict["sha256"] == meta["sha256"] and sorted(verdict["files"]) == sorted(DATA_FILES)
+
+
+@pytest.mark.parametrize("case", DAMAGES)
+def test_a_damaged_store_opened_without_its_tsv_is_refused_naming_the_file(case, store, val_tsv):
+    """TokenStore alone has no TSV to rebuild from: one line naming the file, how it is damaged and the fix. Damage
+    the structural checks see is refused even when the file keeps its size and modification time (a verdict
+    recorded earlier would vouch for it) and by the ranks that do not hash (verify=False)."""
+    folder, _ = store
+    backdate(folder)
+    TokenStore(folder)                                         # verified: a verdict for every file, as they are
+    damage, name, reason, structural = DAMAGES[case]
+    before = {n: (folder / n).stat().st_mtime_ns for n in DATA_FILES}
+    damage(folder)
+    if structural:
+        for n, ns in before.items():
+            if (folder / n).exists():
+                set_mtime(folder / n, ns)                      # the verdict still matches: no hash will look
+    for verify in (True, False) if structural else (True,):
+        with pytest.raises(UserError) as err:
+            TokenStore(folder, verify=verify)
+        message = str(err.value)
+        assert message.startswith(f"token store {folder}: {name} {reason}"), message
+        assert message.endswith("delete the folder and run train.py or python -m preprocess.dataset with "
+                                + (f"its TSV ({val_tsv}), which rebuild it" if name != "meta.json"
+                                   else "the TSV it was built from, which rebuild it")), message
+
+
+@pytest.mark.parametrize("case", DAMAGES)
+def test_a_damaged_store_is_rebuilt_from_its_tsv_saying_why(case, store, val_tsv, bpe_tokenizer, tmp_path, capsys):
+    """With the TSV there (train.py, preprocess.dataset), the store is rebuilt, byte for byte what it was, after a
+    line naming the damaged file; the damaged copy is not left behind."""
+    folder, built = store
+    damage, name, reason, _ = DAMAGES[case]
+    damage(folder)
+    capsys.readouterr()
+    ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path, progress=False)
+    out = capsys.readouterr().out
+    assert f"warning: token store {folder}: {name} {reason}" in out and f"; rebuilding it from {val_tsv}" in out
+    assert not ds.cache_hit and ds.cache_path == folder and ds.num_samples == 1014
+    assert {n: (folder / n).read_bytes() for n in built} == built
+    assert leftovers(tmp_path) == [folder.name]                 # no .damaged-* or .tmp-* folder
+
+
+def test_an_unchanged_store_is_hashed_once(store, val_tsv, bpe_tokenizer, tmp_path, monkeypatch):
+    """The verdict (verified.json) spares every later open the hashing; a file whose modification time changed is
+    hashed again, alone; a verdict no later than a file's time is not trusted (a change within the same clock tick
+    keeps the time); a node's other ranks (verify=False) never hash."""
+    import preprocess.token_store as token_store
+    hashed = []
+
+    def counting(path):
+        hashed.append(os.path.basename(path))
+        return file_sha256(path)
+    monkeypatch.setattr(token_store, "file_sha256", counting, raising=False)
+    folder, _ = store
+    backdate(folder)                                           # the writer's verdict no longer matches the times
+    TokenStore(folder)
+    assert sorted(hashed) == sorted(DATA_FILES)
+    hashed.clear()
+    assert TokenStore(folder).hashed == [] and hashed == []
+    again = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path, progress=False)
+    assert again.cache_hit and hashed == []
+    set_mtime(folder / "verified.json", (folder / "truncated.flags").stat().st_mtime_ns)   # racy for that file
+    assert TokenStore(folder).hashed == ["truncated.flags"] == hashed
+    hashed.clear()
+    (folder / "src.tokens").write_bytes((folder / "src.tokens").read_bytes())              # rewritten: a new time
+    assert TokenStore(folder).hashed == ["src.tokens"] == hashed
+    hashed.clear()
+    (folder / "verified.json").unlink()
+    assert TokenStore(folder, verify=False).hashed == [] and hashed == []
+
+
+def test_a_damaged_store_that_cannot_be_rebuilt_in_place_is_one_line(val_tsv, bpe_tokenizer, tmp_path):
+    with Tmpfs(tmp_path / "ro", "64m") as disk:
+        tsv = disk.path / val_tsv.name
+        shutil.copy(val_tsv, tsv)
+        folder = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False).cache_path
+        shift_a_boundary(folder)
+        disk.read_only()
+        with pytest.raises(UserError, match=r"src\.offsets does not match the sha256 recorded when the store was "
+                                            r"built, and it cannot be rebuilt there \(Read-only file system\); "
+                                            r"pass --cache_dir DIR"):
+            TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
+        ds = TranslationDataset(tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "c", progress=False)
+        assert ds.num_samples == 1014
+        del ds
+
+
+def test_train_py_rebuilds_a_damaged_store_before_training(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """The issue's case: a prepared store whose offsets have flipped bytes. train.py (local rank 0 verifies) says
+    which file, rebuilds the store from the TSV, and trains on the real pairs."""
+    cache = tmp_path / "cache"
+    folder = TranslationDataset(multi30k_tsv, bpe_tokenizer, 12, 12, cache_dir=cache, progress=False).cache_path
+    flip_offset_bytes(folder)
+    proc = run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--cache_dir", cache,
+                         "--output_dir", tmp_path / "out", *TINY, "--steps", 1])
+    assert f"warning: token store {folder}: src.offsets decreases at pair 500" in proc.stdout, proc.stdout[-3000:]
+    assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1]
+    TokenStore(folder)                                         # whole again
 
 
 # ----------------------------------------------------------------------------------------------------- bad input

@@ -13,6 +13,7 @@ from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_t
 from common.errors import UserError
 from preprocess.parallel import make_tsv
 from preprocess.textio import read_tsv_pairs
+from preprocess.token_store import TokenStore
 from preprocess.tokenizer import load_tokenizer, train_tokenizer
 from tests.launch import concurrently
 
@@ -113,14 +114,24 @@ def test_default_cache_dir_and_stale_temp_is_ignored(multi30k_dir, bpe_tokenizer
     assert not grown.cache_hit and grown.num_samples == 1015
 
 
-def test_damaged_cache_is_a_user_error(multi30k_dir, bpe_tokenizer, tmp_path):
+def test_a_cache_with_missing_files_is_refused_alone_and_rebuilt_from_its_tsv(multi30k_dir, bpe_tokenizer, tmp_path,
+                                                                            capsys):
+    """(Every other kind of damage: tests/test_data_store.py.)"""
     tsv = tmp_path / "val.fr_en.tsv"
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
     built = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
+    want = padded(built)
     for tokens in built.cache_path.glob("*.tokens"):
         tokens.unlink()
-    with pytest.raises(UserError, match="unreadable tokenization cache"):
-        TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
+    with pytest.raises(UserError, match=r"src\.tokens cannot be read \(No such file or directory\); delete the "
+                                        r"folder and run train\.py or python -m preprocess\.dataset with its TSV"):
+        TokenStore(built.cache_path)
+    capsys.readouterr()
+    rebuilt = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
+    assert "src.tokens cannot be read (No such file or directory); rebuilding it from" in capsys.readouterr().out
+    assert not rebuilt.cache_hit
+    for got, expected in zip(padded(rebuilt), want):
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_word_tokenizer_dataset_uses_eot(multi30k_dir, tmp_path):

@@ -219,6 +219,36 @@ def translate(*args, stdin=None):
                           capture_output=True, text=True, timeout=300)
 
 
+DECODING_VALUES = [   # (script, flags, the start of its one error line)
+    ("translate", ["--beam", "3", "--lenpen", "nan"], "error: --lenpen nan must be a finite number in [0, 5]"),
+    ("translate", ["--beam", "3", "--lenpen", "-1e30"], "error: --lenpen -1e30 must be in [0, 5]"),
+    ("translate", ["--beam", "3", "--lenpen=inf"], "error: --lenpen inf must be a finite number in [0, 5]"),
+    ("translate", ["--beam", "3", "--lenpen", "-1"], "error: --lenpen -1 must be in [0, 5]"),
+    ("translate", ["--beam", "3", "--lenpen", "6"], "error: --lenpen 6 must be in [0, 5]"),
+    ("translate", ["--beam", "0"], "error: --beam 0 must be >= 1 (1 = greedy)"),
+    ("translate", ["--batch_size", "-4"], "error: --batch_size -4 must be >= 1"),
+    ("evaluate", ["--beam", "2", "--lenpen", "nan"], "error: --lenpen nan must be a finite number in [0, 5]"),
+    ("evaluate", ["--limit", "0"], "error: --limit 0 must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("script,flags,start", DECODING_VALUES,
+                         ids=[f"{s} {' '.join(f)}" for s, f, _ in DECODING_VALUES])
+def test_a_decoding_value_the_flag_does_not_accept_is_one_line(script, flags, start, trained, val50, tmp_path):
+    """Each would decode (a real checkpoint and input): NaN made every beam score NaN, -1e30 every translation
+    empty, exit 0. Refused while the flags are parsed, nothing written."""
+    src, ref = val50
+    out = tmp_path / "out.txt"
+    if script == "translate":
+        proc = translate("--ckpt_file", trained, "--input", src, "--output", out, *flags)
+    else:
+        proc = evaluate("--ckpt_file", trained, "--src", src, "--ref", ref, "--output", out, *flags)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(start), proc.stderr[-3000:]
+    assert not out.exists()
+
+
 def test_translate_needs_only_the_checkpoint(trained, bpe_tokenizer, val50, tmp_path, assert_user_error):
     """A checkpoint holds its tokenizer (a copy of tokenizer.json, and merged/averaged .pt files its text), so
     translate.py needs nothing but --ckpt_file: stdin or a file in, one translation per line out (stdout holds only

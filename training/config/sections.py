@@ -7,9 +7,11 @@ Namespace. A field keeps its flag's name (`--batch_size` → `DataSection.batch_
 field are one thing under one name; the seed's `--enable_parallel_optimizer` is `ParallelSection.optimizer_shard`,
 the recipe key it already had.
 
-What a section checks is what can be checked from the settings alone, before any process group, data or model
-exists; checks that need more (the world size: `model.config.validate_layout`; the accelerator: the precision it
-supports) run once in training.trainer.Trainer.
+A single setting's range (a positive size, a finite non-negative clip, a seed numpy and torch take) belongs to its
+flag's type (training.config.flags), which checks the command line and a recipe alike, so a field here holds an
+accepted value. What a section checks is what spans settings and can be checked from them alone, before any process
+group, data or model exists; checks that need more (the world size: `model.config.validate_layout`; the
+accelerator: the precision it supports) run once in training.trainer.Trainer.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ class ModelSection:
     def __post_init__(self):
         if self.attention_dropout is None:
             object.__setattr__(self, "attention_dropout", self.dropout)     # frozen: set once, here
-        # the dimensions and dropout ranges are checked with the layout (model.config.validate_layout)
+        # each field's range is its flag's type's; the dimensions against the layout: model.config.validate_layout
 
     def model_config(self, vocab_size: int, pad_id: int) -> ModelConfig:
         return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads,
@@ -114,24 +116,6 @@ class OptimizationSection:
     def betas(self) -> tuple[float, float]:
         return self.adam_beta1, self.adam_beta2
 
-    def __post_init__(self):
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise UserError(f"--{name} {getattr(self, name)} must be in [0, 1) (AdamW's moment decay)")
-        if not 0 < self.adam_eps < float("inf"):
-            raise UserError(f"--adam_eps {self.adam_eps} must be a finite number > 0")
-        if self.decay_steps is not None and self.decay_steps < 1:
-            raise UserError(f"--decay_steps {self.decay_steps} must be >= 1 (leave it out: the run's last step)")
-        if not self.lr >= 0:            # 0 is allowed: frozen weights (tests use it)
-            raise UserError(f"--lr {self.lr:g} must be >= 0 (the peak learning rate)")
-        if self.clip_grad < 0:
-            raise UserError(f"--clip_grad {self.clip_grad} must be >= 0 (0 turns clipping off)")
-        if self.steps is not None and self.steps < 0:
-            raise UserError(f"--steps {self.steps} must be >= 0")
-        if self.epochs < 1:
-            raise UserError(f"--epochs {self.epochs} must be >= 1")
-
-
 @dataclass(frozen=True)
 class DataSection:
     file_path: Optional[str] = None
@@ -141,11 +125,7 @@ class DataSection:
     batch_multiple: int = 16
     pad_multiple: int = 8
     seed: int = 1234
-
-    def __post_init__(self):
-        # batch_size against the layout: model.config.validate_layout (it names the sizes that would fit)
-        if self.max_tokens < 0:
-            raise UserError(f"--max_tokens {self.max_tokens} must be >= 0 (0: fixed batches of --batch_size)")
+    # batch_size against the layout: model.config.validate_layout (it names the sizes that would fit)
 
     @property
     def batch_unit(self) -> tuple[int, str]:
@@ -171,10 +151,6 @@ class CheckpointSection:
     verify: bool = True                       # check a loaded checkpoint's files against their saved sha256
     train: bool = True                        # an evaluation-only run never writes checkpoints
 
-    def __post_init__(self):
-        if self.save_checkpoint_steps < 0:
-            raise UserError(f"--save_checkpoint_steps {self.save_checkpoint_steps} must be >= 0 (0: never)")
-
     @property
     def will_touch_checkpoints(self) -> bool:
         return bool(self.save_checkpoint_steps or self.resume or self.ckpt_file)
@@ -187,12 +163,6 @@ class ValidationSection:
     valid_bleu: bool = False
     early_stop_patience: int = 0
 
-    def __post_init__(self):
-        if self.valid_interval < 0:
-            raise UserError(f"--valid_interval {self.valid_interval} must be >= 0 (0: once per epoch)")
-        if self.early_stop_patience < 0:
-            raise UserError(f"--early_stop_patience {self.early_stop_patience} must be >= 0 (0: never)")
-
 
 @dataclass(frozen=True)
 class FaultsSection:
@@ -201,21 +171,11 @@ class FaultsSection:
     comm_timeout: float = 1800.0
     save_on_signal: bool = True               # SIGTERM / SIGUSR1 / the launcher's end: save the step, then stop
 
-    def __post_init__(self):
-        if not self.comm_timeout > 0:
-            raise UserError(f"--comm_timeout {self.comm_timeout:g} must be > 0 seconds")
-        if self.nan_skip_limit < 1:
-            raise UserError(f"--nan_skip_limit {self.nan_skip_limit} must be >= 1")
-
 
 @dataclass(frozen=True)
 class LoggingSection:
     log_interval: int = 1
     tensorboard: bool = True
-
-    def __post_init__(self):
-        if self.log_interval < 1:
-            raise UserError(f"--log_interval {self.log_interval} must be >= 1")
 
 
 # flag dest → (section, field) where the two names differ

@@ -2,7 +2,8 @@
 
 Every rank hashes the TSV (at the same time: the hash names the token store); tokenizer training and tokenization
 then run once per node (local rank 0) while the other ranks wait at a barrier, and every rank maps the store
-read-only, so a node's ranks share its pages (preprocess.token_store). `cache_dir` (--cache_dir) is where the store
+read-only, so a node's ranks share its pages (preprocess.token_store). Local rank 0 also verifies the store's
+checksums (rebuilding a damaged one) before the barrier; the others make only the structural checks. `cache_dir` (--cache_dir) is where the store
 and an auto-built tokenizer go when the data folder is read-only or shared. Which samples make global batch `step`
 is `GlobalBatchSchedule.global_batch(step)`, layout-free; a rank takes its data-parallel slice and cuts it into
 micro-batches, padded only then. Each step also carries the global batch's non-PAD target-token count, which the
@@ -62,8 +63,10 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
         _barrier()
         return data
     _barrier()
+    # local rank 0 verified the store's checksums (or rebuilt it) before the barrier: hashing it again here would
+    # read every byte once more per rank; the structural checks still run
     return TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=False,
-                              tsv_sha256=sha)
+                              tsv_sha256=sha, verify=False)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:

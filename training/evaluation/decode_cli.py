@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from common.errors import UserError
+from common.cli_args import integer, number
 
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
@@ -23,25 +23,26 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
                         "(default: checked; a damaged file is refused naming it)")
 
 
+# A hypothesis's score is its summed log-probability / length ** lenpen, in float32. Tuned values lie in 0.6-2
+# (GNMT, fairseq, Marian); a negative one rewards short output (-1e30 made every hypothesis empty), NaN makes every
+# score NaN, and past 9 length ** lenpen overflows float32 at the longest lengths (16384 ** 9.2 > 3.4e38), so every
+# score ties: [0, 5] keeps all that is useful.
+LENPEN = number(0, 5, why="0 = no length penalty; tuned values are 0.6-2")
+
+
 def add_decoding_flags(p: argparse.ArgumentParser) -> None:
     add_checkpoint_flags(p)
-    p.add_argument("--beam", type=int, default=1, help="beam size (default: 1 = greedy)")
-    p.add_argument("--lenpen", type=float, default=1.0,
-                   help="beam length penalty: score = sum log-prob / length ** lenpen (default 1.0; 0 = none)")
-    p.add_argument("--batch_size", type=int, default=64, help="sentences decoded together (default: 64)")
+    p.add_argument("--beam", type=integer(1, why="1 = greedy"), default=1, help="beam size (default: 1 = greedy)")
+    p.add_argument("--lenpen", type=LENPEN, default=1.0,
+                   help="beam length penalty: score = sum log-prob / length ** lenpen (default 1.0; 0 = none; "
+                        f"{LENPEN.describe()})")
+    p.add_argument("--batch_size", type=integer(1), default=64, help="sentences decoded together (default: 64)")
     p.add_argument("--device", default=None, help="torch device to decode on (default: DeepSpeed's accelerator, "
                                                   "e.g. cuda:0, else cpu)")
     p.add_argument("--no_cache", action="store_true",
                    help="recompute the whole target prefix every step instead of using the KV cache (slower, the "
                         "same translations; for comparisons)")
     p.add_argument("--no_progress", action="store_true", help="hide the progress bar")
-
-
-def check_decoding_flags(args: argparse.Namespace) -> None:
-    if args.beam < 1:
-        raise UserError(f"--beam {args.beam} must be >= 1 (1 = greedy)")
-    if args.batch_size < 1:
-        raise UserError(f"--batch_size {args.batch_size} must be >= 1")
 
 
 def load_translator(args: argparse.Namespace):

@@ -28,8 +28,6 @@ USABLE = 0.8          # 1 / 1.22, the largest measured / counted peak (docs/memo
 def device_bytes(device: Optional[str], device_memory: Optional[float]) -> tuple[str, float]:
     """(a name for the report, the device's memory in bytes) from --device / --device_memory (GiB)."""
     if device_memory is not None:
-        if not device_memory > 0:
-            raise UserError(f"--device_memory {device_memory:g} must be > 0 (GiB of one device)")
         return (f"{device} " if device else "") + f"{device_memory:g} GiB (--device_memory)", device_memory * GIB
     name = (device or "h100").lower()
     if name not in DEVICE_MEMORY_GIB:

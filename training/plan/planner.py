@@ -19,6 +19,7 @@ from typing import Optional, Sequence
 
 from model.config import ModelConfig, ParallelConfig
 from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
+from common.cli_args import integer, number
 from common.errors import UserError
 from training.config.flags import build_parser, parse_args
 from training.config.sections import TrainConfig
@@ -82,8 +83,6 @@ def resolve_world(world_size: Optional[int], hostfile: Optional[str]) -> tuple[i
         return slots, hosts
     if world_size is None:
         raise UserError("give the world to plan for: --world_size N (processes) or --hostfile H (DeepSpeed hostfile)")
-    if world_size < 1:
-        raise UserError(f"--world_size {world_size} must be >= 1")
     return world_size, None
 
 
@@ -306,9 +305,9 @@ def build_plan_parser() -> argparse.ArgumentParser:
                      "contents, per-rank memory and communication — without starting training.")
     p.epilog = EPILOG
     g = p.add_argument_group("plan.py")
-    g.add_argument("--world_size", type=int, default=None, help="processes to plan for")
+    g.add_argument("--world_size", type=integer(1), default=None, help="processes to plan for")
     g.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: world = its slots, nodes = its hosts")
-    g.add_argument("--gpus_per_node", type=int, default=8,
+    g.add_argument("--gpus_per_node", type=integer(1), default=8,
                    help="ranks per node when no hostfile is given (default 8)")
     g.add_argument("--json", action="store_true", help="print the plan as JSON")
     g.add_argument("--check", action="store_true",
@@ -317,7 +316,8 @@ def build_plan_parser() -> argparse.ArgumentParser:
                         "before starting the ranks")
     g.add_argument("--device", default=None, metavar="NAME",
                    help=f"the GPU the memory verdict is for: {', '.join(mem.DEVICE_MEMORY_GIB)} (default h100)")
-    g.add_argument("--device_memory", type=float, default=None, metavar="GiB",
+    g.add_argument("--device_memory", type=number(0, low_open=True, why="GiB of one device"), default=None,
+                   metavar="GiB",
                    help="the memory of one device in GiB, for a GPU not in --device's list")
     g.add_argument("--write_hostfile", default=None, metavar="PATH",
                    help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
