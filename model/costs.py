@@ -23,13 +23,25 @@ memory     fp32: params 4n, grads 4n, AdamW exp_avg + exp_avg_sq 8n, and with Ze
            copy 4n more; fp16/bf16: 2n, 2n and 12n (fp32 master copy + 2 states). ZeRO >= 1 divides the optimizer
            state by dp, ZeRO >= 2 the grads, ZeRO 3 the params (⌈n/dp⌉; DeepSpeed's bucket alignment padding is
            ignored).
-DeepSpeed's buffers (deepspeed_buffer_bytes; DeepSpeed 0.19.8's engine and ZeRO optimizers), per rank:
-           ZeRO 0: the gradient all-reduce (engine.allreduce_gradients, also at dp 1) flattens the gradients into one
-           buffer of up to 5e8 elements, after backward: min(n, 5e8)·G. ZeRO 1/2: the fp32 gradient partition the
-           optimizer steps (⌈n/dp⌉·4), and the reduce bucket's flattened copy (bucket·G); with overlap_comm (the GPU
-           default) two contiguous bucket buffers more, live during backward. ZeRO 3 adds the parameters gathered for
-           the layer being computed plus a prefetch bucket (5e7 elements). fp16/bf16 with fp32 gradient accumulation:
-           the fp32 accumulation buffer (n·4; ⌈n/dp⌉·4 from ZeRO 2). G = 4 (gradients are reduced in fp32).
+DeepSpeed's buffers (deepspeed_buffer_bytes; DeepSpeed 0.19.8's engine and ZeRO optimizers), per rank, with
+           G = 4: every gradient reduction is in fp32 under every precision (training.core.engine sets
+           communication_data_type fp32), and half precision accumulates gradients in fp32. b = the reduce bucket
+           (min(reduce_bucket_size, n) elements), p = ⌈n/dp⌉.
+           ZeRO 0 (fp32) and BF16_Optimizer (bf16 at ZeRO 0/1, pipelined or not): the all-reduce after backward
+           (engine.allreduce_gradients → buffered_allreduce_fallback → allreduce_bucket, also at dp 1) concatenates
+           the gradients — BF16_Optimizer's fp32 accumulation groups — into one fp32 buffer of up to 5e8 elements:
+           min(n, 5e8)·G, reduced in place (no cast). BF16_Optimizer also holds its fp32 accumulation, n·4.
+           ZeRO 1/2 (DeepSpeedZeroOptimizer): the bucket's gradients are staged in fp32 at ZeRO 1 (fp32 gradients,
+           or fp16's fp32 grad_accum copies, n·4 more) and in the training precision at ZeRO 2 (s = 4 or 2 bytes:
+           stage_1_and_2's _gradient_reduction_buffer_dtype); with contiguous_gradients (the GPU default) they are
+           copied into a contiguous buffer of b·s, two with overlap_comm; allreduce_bucket flattens a bucket (b·s)
+           and casts it to fp32 when staged in half (b·G more); the fp32 gradient partition the optimizer steps is
+           p·4 (in half precision also where gradients accumulate: counted once). ZeRO 2 reduces in backward every
+           micro-batch, ZeRO 1 after backward, or in the last micro-batch's backward with overlap_comm.
+           ZeRO 3: its bucket is a buffer of the communication dtype (b·G, with contiguous_gradients; without, a half
+           bucket is cast to fp32: b·G too), reduce_scatter_coalesced concatenates it (b·G), the fp32 gradient
+           partitions (p·4) exist from the start, and the parameters gathered for the layer being computed plus a
+           prefetch bucket (5e7 elements) are in the training precision.
            peak = state + activations + every buffer (`rank_peak`). The buffers made after backward (the ZeRO 0/1
            flattened gradients, the fp32 gradient partition) come when the activations are freed, yet they add:
            measured on a CPU, the freed activation memory stays resident and the 131 MiB flattened gradients of a
@@ -61,10 +73,16 @@ pipeline   per micro-batch across each stage boundary (`model.pipeline`): after 
            tp > 1 DeepSpeed splits the float over the TP ranks (pipe_partitioned / grad_partitioned, on by default:
            training.core.engine), so each TP rank sends 1/tp of it and of its gradient (plus a few bytes of split
            layout, not counted); with the split off every TP rank sends its own full copy.
-data parallel  ring volume sent per rank, G = grad bytes, P = param bytes of the rank, r = (dp-1)/dp:
-           ZeRO 0 all-reduce 2r·G per step; ZeRO 1 reduce-scatter r·G + all-gather r·P per step; ZeRO 2 reduce-scatter
-           r·G every micro-batch + all-gather r·P per step; ZeRO 3 per micro-batch all-gather 2r·P (forward and
-           backward) + reduce-scatter r·G.
+data parallel  ring volume sent per rank, G = the rank's gradient bytes in fp32 (4 per parameter, under every
+           precision), P = its parameter bytes in the training precision, r = (dp-1)/dp; an all-reduce sends 2r
+           times its size, a reduce-scatter or an all-gather r times the whole. By the optimizer DeepSpeed builds:
+           ZeRO 0 (fp32) all-reduce 2r·G per step; BF16_Optimizer (bf16 at ZeRO 0/1) all-reduce 2r·G + all-gather of
+           the updated parameters r·P per step; ZeRO 1 (fp32, fp16 at ZeRO 0/1) the gradient buckets all-reduced
+           whole (DeepSpeed's default use_multi_rank_bucket_allreduce; each rank keeps its partition's slice) 2r·G
+           + all-gather r·P per step — with use_multi_rank_bucket_allreduce false each slice is reduced to its owner,
+           r·G; ZeRO 2 the same every micro-batch + all-gather r·P per step; ZeRO 3 per micro-batch all-gather 2r·P
+           (forward and backward) + reduce-scatter r·G. tests/test_grad_reduce_dtype.py checks the gradient part
+           against the collectives DeepSpeed issues.
 """
 from __future__ import annotations
 
@@ -132,35 +150,66 @@ def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> d
 
 ALLREDUCE_BUCKET = 500_000_000      # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's flattened gradients
 ZERO3_PREFETCH = 50_000_000         # DeepSpeed's stage3_prefetch_bucket_size default (elements)
-GRAD_BYTES = 4                      # gradients are reduced (and, in half precision, accumulated) in fp32
+# bytes of a gradient element on the data-parallel wire and in DeepSpeed's reduction buffers: fp32 under every
+# precision (training.core.engine.GRAD_REDUCE_DTYPE, DeepSpeed's communication_data_type), and half precision
+# accumulates gradients in fp32 too
+GRAD_BYTES = 4
+
+
+def uses_bf16_optimizer(zero: int, precision: str) -> bool:
+    """bf16 at DeepSpeed's stage 1 (ZeRO 0 and 1 here) runs BF16_Optimizer: ZeRO 0's flat all-reduce, no reduce
+    bucket (training.core.engine.optimizer_zero_stage)."""
+    return precision == "bf16" and zero == 1
+
+
+def _flat_allreduce_buffers(n_params: int, precision: str) -> tuple[int, int]:
+    """(during, after) backward for fp32 ZeRO 0 and BF16_Optimizer: the gradients flattened into one fp32 buffer for
+    the all-reduce after backward, and BF16_Optimizer's fp32 gradient accumulation."""
+    during = n_params * GRAD_BYTES if precision == "bf16" else 0
+    return during, min(n_params, ALLREDUCE_BUCKET) * GRAD_BYTES
+
+
+def _zero12_buffers(n_params: int, dp: int, zero: int, half: bool, bucket: int, overlap_comm: bool,
+                    contiguous: bool) -> tuple[int, int]:
+    """(during, after) backward for DeepSpeedZeroOptimizer (module docstring)."""
+    staged = 2 if half and zero == 2 else GRAD_BYTES
+    ipg = (int(contiguous) + int(contiguous and overlap_comm)) * bucket * staged
+    reduce = bucket * staged + (bucket * GRAD_BYTES if staged != GRAD_BYTES else 0)     # flattened, cast to fp32
+    partition = -(-n_params // dp) * GRAD_BYTES
+    accumulation = n_params * GRAD_BYTES if half and zero == 1 else 0                  # fp16's fp32 grad_accum
+    in_backward = zero == 2 or overlap_comm
+    accumulates_in_partition = half and zero == 2
+    during = ipg + accumulation + (reduce if in_backward else 0) + (partition if accumulates_in_partition else 0)
+    after = (0 if in_backward else reduce) + (0 if accumulates_in_partition else partition)
+    return during, after
+
+
+def _zero3_buffers(n_params: int, dp: int, half: bool, bucket: int, contiguous: bool,
+                   largest_block: int) -> tuple[int, int]:
+    """(during, after) backward for DeepSpeedZeroOptimizer_Stage3 (module docstring); all of it lives during
+    backward."""
+    staging = bucket * GRAD_BYTES if contiguous or half else 0
+    gathered = (min(largest_block, n_params) + min(ZERO3_PREFETCH, n_params)) * (2 if half else 4)
+    return staging + bucket * GRAD_BYTES + -(-n_params // dp) * GRAD_BYTES + gathered, 0
 
 
 def deepspeed_buffer_bytes(n_params: int, dp: int, zero: int, precision: str, reduce_bucket: int,
-                           overlap_comm: bool, largest_block: int = 0) -> dict[str, int]:
+                           overlap_comm: bool, largest_block: int = 0,
+                           contiguous_gradients: bool = False) -> dict[str, int]:
     """DeepSpeed's own allocations beyond params / grads / optimizer state on one rank of `n_params` parameters
     (module docstring): {"during_backward": bytes live while activations are, "after_backward": bytes that exist
-    only once backward is done}. `reduce_bucket`: the ZeRO reduce bucket in elements; `largest_block`: the
-    parameters of the largest block (ZeRO 3 gathers one at a time)."""
+    only once backward is done}. `zero`: the stage DeepSpeed runs (training.core.engine.optimizer_zero_stage);
+    `reduce_bucket`: the ZeRO reduce bucket in elements; `overlap_comm` / `contiguous_gradients`: the ZeRO settings
+    DeepSpeed applies (a pipeline runs without overlap); `largest_block`: the parameters of the largest block
+    (ZeRO 3 gathers one at a time)."""
     half = precision in ("fp16", "bf16")
-    part = -(-n_params // dp)
-    during = after = 0
-    # bf16 at ZeRO 1 runs DeepSpeed's BF16_Optimizer (fp32 gradient accumulation), which has no reduce bucket: it
-    # all-reduces its fp32 gradients flattened, as ZeRO 0 does, and steps on views of them
-    if zero == 0 or (precision == "bf16" and zero == 1):
-        after += min(n_params, ALLREDUCE_BUCKET) * GRAD_BYTES
+    bucket = min(reduce_bucket, n_params)
+    if zero == 0 or uses_bf16_optimizer(zero, precision):
+        during, after = _flat_allreduce_buffers(n_params, precision)
+    elif zero == 3:
+        during, after = _zero3_buffers(n_params, dp, half, bucket, contiguous_gradients, largest_block)
     else:
-        bucket = min(reduce_bucket, n_params) * GRAD_BYTES
-        if zero >= 2:
-            during += bucket                                   # ZeRO 2/3 reduce while backward runs
-        else:
-            after += bucket
-        after += part * GRAD_BYTES                             # the fp32 gradient partition the optimizer steps
-        if overlap_comm:
-            during += 2 * bucket                               # contiguous_gradients' double buffer
-        if zero == 3:
-            during += (min(largest_block, n_params) + min(ZERO3_PREFETCH, n_params)) * (2 if half else 4)
-    if half:
-        during += (part if zero >= 2 else n_params) * GRAD_BYTES      # fp32 gradient accumulation
+        during, after = _zero12_buffers(n_params, dp, zero, half, bucket, overlap_comm, contiguous_gradients)
     return {"during_backward": during, "after_backward": after}
 
 
@@ -295,24 +344,34 @@ def boundary_bytes(tensors: list[dict], float_bytes: int, tp: int, split_forward
     return share(floats, split_forward) + ids, share(floats, split_backward)
 
 
-def dp_bytes(grad_bytes_full: int, param_bytes_full: int, p: ParallelConfig) -> dict:
-    """Bytes one rank sends per step for data-parallel gradient sync (ring volumes; see module docstring)."""
-    dp, zero, mb = p.data_parallel, p.effective_zero_stage, p.micro_batch_num
+def dp_bytes(n_params: int, precision: str, zero: int, p: ParallelConfig,
+             bucket_allreduce: bool = True) -> dict:
+    """Bytes one rank of `n_params` parameters sends per step for data-parallel sync (ring volumes; module
+    docstring): `zero` is the stage DeepSpeed runs, `bucket_allreduce` ZeRO 1/2's use_multi_rank_bucket_allreduce.
+    Gradients travel in fp32 (GRAD_BYTES) under every precision, parameters in the training precision."""
+    dp, mb = p.data_parallel, p.micro_batch_num
     if dp == 1:
-        return {"bytes_per_step": 0, "how": "dp = 1: no data-parallel communication"}
+        return {"bytes_per_step": 0, "grad_bytes_per_step": 0, "param_bytes_per_step": 0,
+                "how": "dp = 1: no data-parallel communication"}
     r = (dp - 1) / dp
-    G, P = grad_bytes_full, param_bytes_full
+    G, P = n_params * GRAD_BYTES, n_params * (2 if precision in ("fp16", "bf16") else 4)
+    gather = r * P
     if zero == 0:
-        total, how = 2 * r * G, "all-reduce of the gradients once per step: 2·(dp-1)/dp × grads"
-    elif zero == 1:
-        total, how = r * G + r * P, ("reduce-scatter of the gradients + all-gather of the updated parameters once "
-                                     "per step: (dp-1)/dp × (grads + params)")
-    elif zero == 2:
-        total, how = mb * r * G + r * P, ("reduce-scatter of the gradients every micro-batch + all-gather of the "
-                                          "parameters per step")
+        grads, gather, how = 2 * r * G, 0, "all-reduce of the fp32 gradients once per step: 2·(dp-1)/dp × grads"
+    elif uses_bf16_optimizer(zero, precision):
+        grads, how = 2 * r * G, ("BF16_Optimizer: all-reduce of the fp32 gradients + all-gather of the updated bf16 "
+                                 "parameters once per step: (dp-1)/dp × (2·grads + params)")
+    elif zero in (1, 2):
+        per_reduction = (2 if bucket_allreduce else 1) * r * G
+        how_reduce = ("all-reduce of the fp32 gradient buckets" if bucket_allreduce
+                      else "reduce of each fp32 gradient slice to its owner")
+        if zero == 1:
+            grads, how = per_reduction, f"{how_reduce} + all-gather of the updated parameters once per step"
+        else:
+            grads, how = mb * per_reduction, (f"{how_reduce} every micro-batch + all-gather of the parameters "
+                                              f"per step")
     else:
-        total, how = mb * (2 * r * P + r * G), ("per micro-batch: all-gather of the parameters in forward and "
-                                               "backward + reduce-scatter of the gradients")
-    return {"bytes_per_step": int(round(total)), "how": how}
-
-
+        grads, gather, how = mb * r * G, mb * 2 * r * P, ("per micro-batch: all-gather of the parameters in forward "
+                                                          "and backward + reduce-scatter of the fp32 gradients")
+    return {"bytes_per_step": int(round(grads + gather)), "grad_bytes_per_step": int(round(grads)),
+            "param_bytes_per_step": int(round(gather)), "how": how}

@@ -574,6 +574,8 @@ def bad_inputs(tmp_path):
     (d / "ds_bool.json").write_text('{"deepspeed": {"zero_optimization": {"overlap_comm": "no"}}}')
     (d / "ds_typo.json").write_text('{"deepspeed": {"zero_optimization": {"stag": 1}}}')
     (d / "ds_bf16.json").write_text('{"deepspeed": {"bf16": {"enabled": true}}}')
+    (d / "ds_comm.json").write_text('{"deepspeed": {"communication_data_type": "bf16"}}')
+    (d / "ds_comm_file.json").write_text('{"communication_data_type": null}')
     (d / "hostfile").write_bytes(b"localhost slots=2\n\xff\xfe\n")
     return d
 
@@ -586,6 +588,13 @@ SWEEP = [  # (CLI, arguments with {d} = the inputs folder, what the one line mus
     ("train", ["--recipe", "{d}/ds_bool.json"], 'zero_optimization.overlap_comm is "no"; DeepSpeed expects true or'),
     ("train", ["--recipe", "{d}/ds_typo.json"], "zero_optimization.stag is not a DeepSpeed setting"),
     ("train", ["--recipe", "{d}/ds_bf16.json"], "bf16.enabled is true but --precision is fp32"),
+    # gradients are reduced in fp32 under every precision: a half (or DeepSpeed's precision default, null) is refused
+    ("train", ["--recipe", "{d}/ds_comm.json", "--precision", "bf16"],
+     'deepspeed: communication_data_type is "bf16", but gradients are averaged over the data-parallel ranks in fp32'),
+    ("train", ["--deepspeed_config", "{d}/ds_comm_file.json"],
+     "ds_comm_file.json: communication_data_type is null, but gradients are averaged over the data-parallel ranks"),
+    ("plan", ["--world_size", "2", "--vocab_size", "64", "--recipe", "{d}/ds_comm.json"],
+     'remove the key or set it to "fp32"'),
     ("train", ["--deepspeed_config", "{d}/folder"], "--deepspeed_config {d}/folder is a folder"),
     ("train", ["--deepspeed_config", "{d}/binary"], "--deepspeed_config {d}/binary is not UTF-8 text"),
     ("plan", ["--world_size", "2", "--vocab_size", "64", "--recipe", "{d}/dup.json"], "appears twice"),

@@ -17,15 +17,19 @@ gradient accumulation)
     loss        every step within HALF_LOSS_TOL = 5e-4 relative of the same-precision single-process run, and
     grad_norm   within HALF_NORM_TOL = 1e-2. Rounding alone gives: layouts vs the bf16 single-process run
                 ≤ 5.1e-5 (loss) and ≤ 1.2e-3 (norm); the bf16 single-process run vs fp32 ≤ 1.3e-4 / 2.3e-3 — a
-                layout may round differently, by no more than bf16 itself does. Real bugs are larger: a
-                micro-batch or data-parallel share dropped or counted twice, a loss normalised by the wrong token
+                layout may round differently, by no more than bf16 itself does. Gradients are averaged over the dp
+                ranks in fp32 (on a 2-core avx512_bf16 CPU the layouts' worst went from 4.5e-5 / 1.2e-3 with
+                DeepSpeed's bf16 reduction to 3.7e-5 / 9.8e-4): what is left is bf16 compute — bf16-tp2, which has
+                no data-parallel reduction, is 2.7e-5 / 9.6e-4 either way — so the bounds stay. Real bugs are
+                larger: a micro-batch or data-parallel share dropped or counted twice, a loss normalised by the wrong token
                 count or a missing tensor-parallel reduction change the loss by 1e-2 to 1 from the first steps;
                 the bf16 data-parallel path this repository used to take (DeepSpeed's ZeRO-0 wrapper, bf16
                 gradients all-reduced and accumulated in bf16) is off by 3.0e-3 (loss) and 8e-2 (norm). Smaller
                 bugs are below bf16's resolution — DeepSpeed's own fp32 clipping under pp2, which left stage 1's
                 LayerNorms out of the norm, moved the loss by 3.7e-4 — and the fp32 checks above catch them (that
                 one: 3.7e-4 in loss, 0.6·lr RMS in weights, no norm logged). Each half-precision run also
-                reports (run.json) the optimizer DeepSpeed built and its gradient accumulation dtype: float32.
+                reports (run.json) the optimizer DeepSpeed built and the dtypes it accumulates and reduces
+                gradients in: float32 (every reduction traced: tests/test_grad_reduce_dtype.py).
 shared embeddings (--share_embeddings: one table for source, target and output projection; vocab-parallel under
 TP, a replica on the pipeline's last stage whose gradient DeepSpeed sums with stage 0's) meet the fp32 bounds
 above against a shared-embedding single-process run, and the bf16 ones through BF16_Optimizer.
@@ -231,8 +235,10 @@ def test_half_precision_layout_matches_single_process(name, runs, serial):
     norm = max(rel(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref))
     info = json.loads((runs(name) / "run.json").read_text())
     print(f"PARITY {name}: loss worst {loss:.2e} (tol {HALF_LOSS_TOL:.0e}); grad_norm worst {norm:.2e} "
-          f"(tol {HALF_NORM_TOL:.0e}); {info['optimizer']}, gradient accumulation in {info['grad_accum_dtype']}")
+          f"(tol {HALF_NORM_TOL:.0e}); {info['optimizer']}, gradient accumulation in {info['grad_accum_dtype']}, "
+          f"reduction in {info['grad_reduce_dtype']}")
     assert info["precision"] == PRECISION[name] and info["grad_accum_dtype"] == "float32", info
+    assert info["grad_reduce_dtype"] == "float32" and info["grad_reduce_overlap"] is False, info     # CPU: no overlap
     assert info["pipe_partitioned"] == (info["mp"] > 1 and info["pp"] > 1), info
     assert info["optimizer"] == ("BF16_Optimizer" if info["precision"] == "bf16" and info["zero_stage"] == 1
                                  else "DeepSpeedZeroOptimizer_Stage3" if info["zero_stage"] == 3

@@ -1,7 +1,6 @@
 """plan.py: the layout, rank placement, per-rank bytes and communication it reports, checked against independent
 hand calculations, the collectives the real TP model issues, and the shapes every rank of the 16pcs run builds."""
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -119,10 +118,12 @@ def test_bytes_match_hand_calculation(name, world, flags, dims):
 
 
 def test_zero_and_pipeline_traffic_by_hand():
-    # dp 4 × mp 2, ZeRO 2, one micro-batch: reduce-scatter 3/4·G per micro-batch + all-gather 3/4·P per step
+    # dp 4 × mp 2, ZeRO 2, one micro-batch: the fp32 gradient buckets all-reduced whole (DeepSpeed's
+    # use_multi_rank_bucket_allreduce) 2·3/4·G per micro-batch + all-gather 3/4·P per step
     plan = plan_for(8, *LAYOUTS[1][2])
     n = plan["stages"][0]["params_per_rank"]
-    assert plan["stages"][0]["dp"]["bytes_per_step"] == round(0.75 * 4 * n + 0.75 * 4 * n)
+    assert plan["stages"][0]["dp"]["bytes_per_step"] == round(2 * 0.75 * 4 * n + 0.75 * 4 * n)
+    assert plan["stages"][0]["dp"]["grad_bytes_per_step"] == round(2 * 0.75 * 4 * n)
     # dp 2 × mp 2 × pp 2, ZeRO 1: blocks [enc0, enc1 | enc2, dec0] → the cut is inside the encoder
     plan = plan_for(8, *LAYOUTS[2][2])
     s0, s1 = plan["stages"]
@@ -137,13 +138,37 @@ def test_zero_and_pipeline_traffic_by_hand():
     assert nxt["backward_bytes_per_micro_batch"] == 4 * b * (s + t) * h // 2
     assert nxt["bytes_per_step"] == 2 * (4 * b * (s + t) * h + 8 * b * (s + t))
     r = 1 / 2
-    for st in plan["stages"]:
+    for st in plan["stages"]:                        # ZeRO 1: bucket all-reduce 2r·G + all-gather r·P, once per step
         G = 4 * st["params_per_rank"]
-        assert st["dp"]["bytes_per_step"] == round(r * G + r * G)
+        assert st["dp"]["bytes_per_step"] == round(2 * r * G + r * G)
     # 16pcs: the cut after the (last) encoder sends (tgt_h and memory joined, ids), 1/8 of the float per TP rank
     nxt = plan_for(16, "--recipe", R16)["stages"][0]["send_next"]
     assert [x["name"] for x in nxt["tensors"]] == ["tgt_h+memory", "src_ids", "tgt_ids"]
     assert nxt["forward_bytes_per_micro_batch"] == 4 * 16 * 20 * 128 // 8 + 8 * 16 * 20
+
+
+def test_half_precision_gradients_travel_in_fp32_by_hand(tmp_path):
+    """Data-parallel bytes per step and rank when the weights are half: gradients cross the wire in fp32 (4 bytes),
+    the parameters DeepSpeed all-gathers in the training precision (2 bytes); r = (dp-1)/dp."""
+    def dp_of(world, *flags):
+        st = plan_for(world, *SMALL, *flags)["stages"][0]
+        return st["params_per_rank"], st["dp"]
+    # bf16 at ZeRO 0 is BF16_Optimizer: all-reduce of the fp32 gradients + all-gather of the bf16 parameters
+    n, d = dp_of(2, "--precision", "bf16")
+    assert (d["grad_bytes_per_step"], d["param_bytes_per_step"]) == (round(2 * 0.5 * 4 * n), round(0.5 * 2 * n))
+    # fp16 ZeRO 2, 2 micro-batches: the fp32 buckets all-reduced every micro-batch
+    n, d = dp_of(2, "--precision", "fp16", "--zero_stage", 2, "--micro_batch_num", 2)
+    assert (d["grad_bytes_per_step"], d["param_bytes_per_step"]) == (round(2 * 2 * 0.5 * 4 * n), round(0.5 * 2 * n))
+    # bf16 ZeRO 3 at dp 4, 2 micro-batches: per micro-batch a reduce-scatter of the fp32 gradients and the bf16
+    # parameters gathered in forward and backward
+    n, d = dp_of(4, "--precision", "bf16", "--zero_stage", 3, "--micro_batch_num", 2)
+    assert (d["grad_bytes_per_step"], d["param_bytes_per_step"]) == (round(2 * 0.75 * 4 * n),
+                                                                     round(2 * 2 * 0.75 * 2 * n))
+    # a DeepSpeed config that reduces each slice to its owner instead of all-reducing whole buckets: r·G
+    ds = tmp_path / "ds.json"
+    ds.write_text(json.dumps({"zero_optimization": {"use_multi_rank_bucket_allreduce": False}}))
+    n, d = dp_of(2, "--precision", "fp16", "--deepspeed_config", ds)
+    assert d["grad_bytes_per_step"] == round(0.5 * 4 * n) and "to its owner" in d["how"]
 
 
 # ---------------------------------------------------------------------- TP collectives: plan vs the real model
@@ -389,6 +414,23 @@ def test_zero_overlap_defaults_follow_the_device():
     mine = deepspeed_config(zero1, 32, "fp32", 0.0, 1000, {"zero_optimization": {"overlap_comm": False}},
                             device_type="cuda")
     assert mine["zero_optimization"]["overlap_comm"] is False
+    # a pipeline reduces after its last micro-batch and DeepSpeed disables overlap_comm for it: the config says so
+    piped = ParallelConfig(data_parallel=2, pipeline_stage=2, micro_batch_num=2, optimizer_shard=True)
+    z = deepspeed_config(piped, 32, "fp32", 0.0, 1000, device_type="cuda")["zero_optimization"]
+    assert (z["overlap_comm"], z["contiguous_gradients"]) == (False, True)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("zero,pp", [(0, 1), (1, 1), (2, 1), (3, 1), (1, 2)])
+def test_every_generated_config_reduces_gradients_in_fp32(precision, zero, pp):
+    """DeepSpeed reduces in the training precision unless communication_data_type says otherwise: the generated
+    config says fp32 for every precision, ZeRO stage and pipeline (what each optimizer does with it: docs/
+    parallelism.md; the collectives themselves: tests/test_grad_reduce_dtype.py)."""
+    from training.core.engine import deepspeed_config
+    parallel = ParallelConfig(data_parallel=2, pipeline_stage=pp, micro_batch_num=pp, zero_stage=zero)
+    for device in ("cpu", "cuda"):
+        assert deepspeed_config(parallel, 32, precision, 1.0, 1000, device_type=device)[
+            "communication_data_type"] == "fp32"
 
 
 def test_buckets_are_even_for_every_parameter_count_and_group_number():
@@ -492,32 +534,55 @@ def test_peak_flops_are_known_for_listed_gpus_only():
 
 # ------------------------------------------------------------------------------------------ the memory verdict
 
-def test_deepspeed_buffers_by_hand():
-    """What DeepSpeed allocates beyond params/grads/optimizer (DeepSpeed 0.19.8): ZeRO 0 flattens all gradients
-    (up to 5e8 elements) for the all-reduce, even at dp 1; ZeRO 1 its fp32 gradient partition and a flattened reduce
-    bucket, on GPUs (overlap_comm, contiguous_gradients) two bucket buffers more; bf16 (BF16_Optimizer) its fp32
-    gradient accumulation and ZeRO 0's flattened all-reduce. Written from DeepSpeed's source, not measured: the
-    engines' totals are compared with measured peaks in benchmarks/plan_memory.py (docs/memory.md)."""
+SMALL = ("--vocab_size", 1000, "--d_model", 64, "--num_heads", 4)
+PP2 = ("--pipeline_stage", 2, "--micro_batch_num", 2)
+# (world, flags, device, hand-worked buffers of a rank with n parameters, reduce bucket b = min(n/4, n) elements
+# (gradient_aggregation_group 4), partition p = ⌈n/dp⌉, largest block L). Gradients are reduced in fp32 under every
+# precision (4 bytes an element on the wire and in the reduction buffers).
+BUFFER_CASES = [
+    # fp32 ZeRO 0: all gradients flattened for the all-reduce after backward, even at dp 1
+    (1, [], "cpu", lambda n, b, p, L: (0, 4 * n)),
+    # fp32 ZeRO 1 on a CPU: the bucket flattened after backward, the fp32 partition the optimizer steps
+    (2, ["--enable_parallel_optimizer", 1], "cpu", lambda n, b, p, L: (0, 4 * b + 4 * p)),
+    # on a GPU (overlap_comm, contiguous_gradients): two contiguous fp32 bucket buffers, and the flattened bucket
+    # reduced in the last micro-batch's backward
+    (2, ["--enable_parallel_optimizer", 1], "cuda", lambda n, b, p, L: (2 * 4 * b + 4 * b, 4 * p)),
+    (2, ["--zero_stage", 2], "cuda", lambda n, b, p, L: (3 * 4 * b, 4 * p)),
+    # a pipeline runs without overlap (DeepSpeed turns it off): one contiguous buffer, the reduction after backward
+    (4, [*PP2, "--enable_parallel_optimizer", 1], "cuda", lambda n, b, p, L: (4 * b, 4 * b + 4 * p)),
+    # bf16 at ZeRO 0/1 is BF16_Optimizer: its fp32 accumulation (n·4) and its fp32 gradients flattened for the
+    # all-reduce (n·4, no bf16 copy) — no reduce bucket, no overlap; pipelined alike
+    (1, ["--precision", "bf16"], "cuda", lambda n, b, p, L: (4 * n, 4 * n)),
+    (4, [*PP2, "--precision", "bf16"], "cuda", lambda n, b, p, L: (4 * n, 4 * n)),
+    # fp16 at ZeRO 0 runs the ZeRO 1 optimizer: fp32 grad_accum copies (n·4) staged in two fp32 bucket buffers,
+    # the flattened bucket (fp32 already), the fp32 partition
+    (2, ["--precision", "fp16"], "cuda", lambda n, b, p, L: (4 * n + 2 * 4 * b + 4 * b, 4 * p)),
+    # bf16 ZeRO 2 stages the bf16 gradients: two bf16 bucket buffers, the bucket flattened in bf16 (b·2) and cast to
+    # fp32 for the reduction (b·4), and the fp32 partition where the reduced gradients accumulate, from the first
+    # micro-batch on
+    (2, ["--precision", "bf16", "--zero_stage", 2], "cuda", lambda n, b, p, L: (2 * 2 * b + 2 * b + 4 * b + 4 * p, 0)),
+    (2, ["--precision", "bf16", "--zero_stage", 2], "cpu", lambda n, b, p, L: (2 * b + 4 * b + 4 * p, 0)),
+    # bf16 ZeRO 3: its bucket buffer is of the communication dtype (fp32), concatenated for the reduce-scatter, the
+    # fp32 gradient partitions, and the largest block plus the 5e7-element prefetch bucket gathered in bf16
+    (2, ["--precision", "bf16", "--zero_stage", 3], "cuda",
+     lambda n, b, p, L: (4 * b + 4 * b + 4 * p + 2 * (L + min(50_000_000, n)), 0)),
+]
+
+
+@pytest.mark.parametrize("world,flags,device,want", BUFFER_CASES,
+                         ids=[f"{w}-{'_'.join(map(str, f)) or 'fp32'}-{d}" for w, f, d, _ in BUFFER_CASES])
+def test_deepspeed_buffers_by_hand(world, flags, device, want):
+    """What DeepSpeed 0.19.8 allocates beyond params / grads / optimizer state, per optimizer, with gradients
+    reduced in fp32 (model/costs.py's docstring cites where). Written from DeepSpeed's source: the totals are
+    compared with measured peaks in benchmarks/plan_memory.py (docs/memory.md)."""
     from training.core.engine import bucket_elements
-    for world, flags, device, zero in ((1, [], "cpu", 0), (2, ["--enable_parallel_optimizer", 1], "cpu", 1),
-                                       (2, ["--enable_parallel_optimizer", 1], "cuda", 1),
-                                       (2, ["--zero_stage", 2], "cuda", 2)):
-        plan = P.make_plan(args_for("--vocab_size", 1000, "--d_model", 64, "--num_heads", 4, *flags), world,
-                           device_type=device)
-        for r in plan["ranks"]:
-            n, dp = r["params"], plan["layout"]["data_parallel"]
-            bucket = min(bucket_elements(n, 4), n) * 4
-            want = {0: {"during_backward": 0, "after_backward": 4 * n},
-                    1: {"during_backward": 2 * bucket if device == "cuda" else 0,
-                        "after_backward": bucket + 4 * -(-n // dp)},
-                    2: {"during_backward": 3 * bucket, "after_backward": 4 * -(-n // dp)}}[zero]
-            assert r["buffers"] == want, (world, flags, device, r["buffers"], want)
-    plan = P.make_plan(args_for("--vocab_size", 1000, "--d_model", 64, "--num_heads", 4, "--precision", "bf16"), 1,
-                       device_type="cpu")
-    # bf16 runs DeepSpeed's BF16_Optimizer (tests/test_checkpoint.py checks that it is the one built): its fp32
-    # accumulation of the bf16 gradients, and ZeRO 0's flattened all-reduce of them — no ZeRO reduce bucket
-    r = plan["ranks"][0]
-    assert r["buffers"] == {"during_backward": 4 * r["params"], "after_backward": 4 * r["params"]}
+    plan = P.make_plan(args_for(*SMALL, *flags), world, device_type=device)
+    for r in plan["ranks"]:
+        n, dp = r["params"], plan["layout"]["data_parallel"]
+        by_layer = plan["stages"][r["pp"]]["params_by_layer"]
+        largest = max((v for k, v in by_layer.items() if k.startswith(("encoder.", "decoder."))), default=0)
+        during, after = want(n, min(bucket_elements(n, 4), n), -(-n // dp), largest)
+        assert r["buffers"] == {"during_backward": during, "after_backward": after}, (r["rank"], r["buffers"])
 
 
 BIG_ACTIVATIONS = ["--recipe", str(RECIPES / "2pcs" / "2pcs.json"), "--batch_size", 4096, "--src_len", 64,

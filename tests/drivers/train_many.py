@@ -14,6 +14,9 @@ at once (tests/drivers/load_and_save.py): what a layout and optimizer loaded, wr
 
 --check_devices first installs `tests.device_check.HostTensorChecker`: a collective given a host tensor fails the
 run (nccl only accepts device tensors; on a CPU machine this is how the rule is enforced).
+
+--trace_collectives records every collective of each run (tests.collective_trace.CollectiveTrace: op, dtype, element
+count, group ranks) and writes it, per rank, to the run's OUTPUT_DIR/collectives-rank{R}.json.
 """
 from __future__ import annotations
 
@@ -25,6 +28,19 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, ROOT)
 
 from common.errors import run_cli  # noqa: E402
+
+
+def traced_training(config) -> None:
+    """train.py's run under a collective trace; the records go to OUTPUT_DIR/collectives-rank{R}.json."""
+    import torch.distributed as dist
+
+    from tests.collective_trace import CollectiveTrace
+    from training.trainer import run_training
+    with CollectiveTrace() as trace:
+        run_training(config)
+    path = os.path.join(config.checkpoint.output_dir, f"collectives-rank{dist.get_rank()}.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(trace.records, f)
 
 
 def main() -> int:
@@ -44,6 +60,8 @@ def main() -> int:
         if isinstance(entry, dict):
             from tests.drivers.load_and_save import load_and_save
             load_and_save(parse_config([str(a) for a in entry["load_and_save"]]))
+        elif "--trace_collectives" in flags:
+            traced_training(parse_config([str(a) for a in entry]))
         else:
             run_training(parse_config([str(a) for a in entry]))
         dist.barrier()

@@ -10,7 +10,10 @@ ends in `TypeError: '>' not supported` after the model is built), and its pydant
   annotations — a boolean is true/false, an integer is an integer (5e8 is fine), an enum one of its values — and
   then the model itself, which also refuses keys it does not know;
 - `fp16.enabled` / `bf16.enabled` must agree with --precision: the engine, the plan and the metrics are built for
-  the precision the flags name.
+  the precision the flags name;
+- `communication_data_type`, if given, must be "fp32": gradients are averaged over the data-parallel ranks in fp32
+  under every precision (training.core.engine.GRAD_REDUCE_DTYPE), which the parity tests, plan.py's figures and
+  run.json's grad_reduce_dtype rely on; a bf16 average over 8 dp ranks is off by about 4e-3 relative.
 
 Keys starting with "_" are comments, as elsewhere in recipes.
 """
@@ -115,10 +118,20 @@ def strip_comments(values):
     return values
 
 
+def check_communication_dtype(values: dict, where: str) -> None:
+    """Refuse a gradient-reduction dtype other than fp32 (module docstring). null is refused too: DeepSpeed would
+    then reduce in the training precision."""
+    if "communication_data_type" in values and str(values["communication_data_type"]).lower() != "fp32":
+        raise UserError(f"{where}: communication_data_type is {json.dumps(values['communication_data_type'])}, but "
+                        f"gradients are averaged over the data-parallel ranks in fp32 under every --precision here "
+                        f"(a bf16 average is off by about 4e-3 relative at dp 8); remove the key or set it to \"fp32\"")
+
+
 def check_deepspeed_config(values: dict, where: str, precision: str) -> None:
     """UserError naming the first value DeepSpeed would misread (see the module docstring)."""
     if not isinstance(values, dict):
         raise UserError(f"{where} must be a JSON object of DeepSpeed settings")
+    check_communication_dtype(values, where)
     for key, value in values.items():
         if key.startswith("_"):
             continue

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import torch
 
 from model.config import ModelConfig, ParallelConfig
+from model.costs import GRAD_BYTES
 from model.pipeline import build_pipeline_module
 from model.placement import load_pipeline_func
 from model.parallel.random import RNG
@@ -77,7 +78,13 @@ def clips_in_client_optimizer(parallel: ParallelConfig, precision: str) -> bool:
 # default, 5e8 elements, is 2 GB in fp32). PyTorch DDP's default bucket is 25 MB; Megatron-DeepSpeed's recipes use
 # 50-500 MB.
 BUCKET_CAP_BYTES = 100 * 2 ** 20
-GRAD_BYTES = 4          # gradients are reduced in fp32 (grad_accum_dtype fp32 for half precision too)
+
+# Gradients are averaged over the data-parallel ranks in fp32 under every precision (DeepSpeed's
+# `communication_data_type`; without it DeepSpeed reduces in the training precision: a bf16 average over 8 to 64
+# ranks is off by 4e-3 to 8e-3 relative, an fp32 one by 6e-8). Weights and activations stay in half precision; the
+# reduction buckets and model.costs count GRAD_BYTES = 4 bytes an element. Each optimizer's reduction and where it
+# casts: docs/parallelism.md#mixed-precision-and-clipping.
+GRAD_REDUCE_DTYPE = "fp32"
 
 
 # DeepSpeed's ZeRO 1/2 optimizer asserts that the all-gather bucket is a multiple of 2 elements (4-byte alignment
@@ -97,9 +104,20 @@ def bucket_elements(num_grad_elements: int, groups: int) -> int:
 # ZeRO's communication overlap, by device: on GPUs what DeepSpeed recommends (its ZeRO-3 default, and the ZeRO-1/2
 # settings of its tutorials: gradient reduction overlapped with the backward pass, gradients copied into one
 # contiguous buffer); on CPUs/gloo off, as measured (no faster, slightly slower: BENCHMARKS.md). A recipe's
-# "deepspeed" section overrides either.
+# "deepspeed" section overrides either. Which optimizers overlap at all: docs/speed.md.
 ZERO_OVERLAP = {"cuda": {"overlap_comm": True, "contiguous_gradients": True},
                 "cpu": {"overlap_comm": False, "contiguous_gradients": False}}
+
+
+def zero_overlap(parallel: ParallelConfig, device_type: str) -> dict:
+    """The overlap settings for a layout on a device. A pipeline reduces its gradients once, after the last
+    micro-batch's backward (PipelineEngine._exec_reduce_grads), and DeepSpeed turns overlap_comm off for a
+    PipelineModule anyway (engine._configure_zero_optimizer, with a warning on every rank): off here, so the config
+    says what runs."""
+    settings = dict(ZERO_OVERLAP.get(device_type, ZERO_OVERLAP["cuda"]))
+    if parallel.pipeline_stage > 1:
+        settings["overlap_comm"] = False
+    return settings
 
 
 def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
@@ -120,9 +138,12 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
         "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
-                              **ZERO_OVERLAP.get(device_type, ZERO_OVERLAP["cuda"])},
+                              **zero_overlap(parallel, device_type)},
         "fp16": {"enabled": precision == "fp16"},
         "bf16": {"enabled": precision == "bf16"},
+        # every optimizer DeepSpeed builds here casts to this before its gradient all-reduce / reduce-scatter
+        # (GRAD_REDUCE_DTYPE); a user's DeepSpeed config may not change it (training.config.deepspeed_check)
+        "communication_data_type": GRAD_REDUCE_DTYPE,
         # Between pipeline stages each TP rank sends 1/mp of the activation and of its gradient, and the receiving
         # stage all-gathers them over its TP ranks (the tensors are replicated over them), instead of every TP rank
         # sending its full copy. DeepSpeed splits one grad-carrying tensor per boundary: model.pipeline joins
@@ -205,11 +226,24 @@ class Engine:
                 "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "interleave_num": p.interleave_num,
                 "zero_stage": self.zero_stage,
                 "recompute": p.recompute, "precision": self.precision, "optimizer": type(self.ds.optimizer).__name__,
-                "grad_accum_dtype": str(accum_dtype).replace("torch.", ""), "backend": dist.get_backend(),
+                "grad_accum_dtype": str(accum_dtype).replace("torch.", ""),
+                # the dtype DeepSpeed casts gradients to for the data-parallel reduction, and whether the optimizer
+                # it built overlaps that reduction with the backward pass (ZeRO 1-3 with overlap_comm; docs/speed.md)
+                "grad_reduce_dtype": str(self.ds.communication_data_type).replace("torch.", ""),
+                "grad_reduce_overlap": self.reduction_overlaps_backward(),
+                "backend": dist.get_backend(),
                 "device": self.device.type,
                 # stage boundaries split over the TP ranks on the wire (the pipeline engine's own flags)
                 "pipe_partitioned": bool(getattr(self.ds, "is_pipe_partitioned", False)),
                 "grad_partitioned": bool(getattr(self.ds, "is_grad_partitioned", False))}
+
+    def reduction_overlaps_backward(self) -> bool:
+        """Whether the optimizer DeepSpeed built reduces gradients on a stream of its own while backward runs: ZeRO 1/2
+        with overlap_comm (DeepSpeedZeroOptimizer.overlap_comm, which DeepSpeed clears for a PipelineModule) and ZeRO 3
+        with overlap_comm (its reduce_and_partition_stream). BF16_Optimizer and fp32 ZeRO 0 reduce after backward."""
+        if self.zero_stage == 3:
+            return bool(self.ds.zero_overlap_comm())
+        return bool(getattr(self.ds.optimizer, "overlap_comm", False))
 
     def grad_norm(self) -> float:
         """The last step's global gradient norm before clipping (the serial model's norm under any layout)."""

@@ -98,17 +98,19 @@ def configs(cfg: TrainConfig, world_size: int, need_vocab: bool = True) -> tuple
 
 def _layout_memory(cfg: TrainConfig, model: ModelConfig, parallel: ParallelConfig, func, device_type: str) -> dict:
     """What memory depends on, for every distinct (stage, TP rank): its parameters by layer (the blocks it really
-    builds, on the meta device), and the DeepSpeed config train.py would generate (buckets, ZeRO stage)."""
+    builds, on the meta device), and the DeepSpeed config train.py would generate there (each rank sizes its
+    buckets from its own gradient elements: training.core.engine.build_engine); "ds_cfg" is rank 0's."""
+    from training.core.engine import deepspeed_config  # the DeepSpeed config train.py would use: checks the overrides
     counts: dict[tuple[int, int], dict[str, int]] = {}
+    ds_cfgs: dict[tuple[int, int], dict] = {}
     for k in range(parallel.pipeline_stage):
         for r in range(parallel.model_parallel):
             counts[(k, r)] = count_params(build_stage_modules(model, parallel, k, r, func, seed=cfg.optimization.seed))
-    from training.core.engine import deepspeed_config  # the DeepSpeed config train.py would use: checks the overrides
-    ds_cfg = deepspeed_config(parallel, cfg.data.batch_size, cfg.parallel.precision, cfg.optimization.clip_grad,
-                              sum(counts[(0, 0)].values()),          # rank 0's gradient elements, as train.py
-                              cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config,
-                              device_type=device_type)
-    return {"counts": counts, "ds_cfg": ds_cfg}
+            ds_cfgs[(k, r)] = deepspeed_config(parallel, cfg.data.batch_size, cfg.parallel.precision,
+                                               cfg.optimization.clip_grad, sum(counts[(k, r)].values()),
+                                               cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config,
+                                               device_type=device_type)
+    return {"counts": counts, "ds_cfgs": ds_cfgs, "ds_cfg": ds_cfgs[(0, 0)]}
 
 
 def stage_activations(cfg: TrainConfig, model: ModelConfig, parallel: ParallelConfig, func) -> list[dict]:
@@ -136,7 +138,8 @@ def rank_memory(n_params: int, by_layer: dict, activations: int, parallel: Paral
     blocks = [n for name, n in by_layer.items() if name.startswith(("encoder.", "decoder."))]
     buffers = deepspeed_buffer_bytes(n_params, parallel.data_parallel, zero, precision,
                                      int(zero_cfg.get("reduce_bucket_size", 5e8)),
-                                     bool(zero_cfg.get("overlap_comm", False)), max(blocks, default=0))
+                                     bool(zero_cfg.get("overlap_comm", False)), max(blocks, default=0),
+                                     contiguous_gradients=bool(zero_cfg.get("contiguous_gradients", False)))
     return {**state, "state_bytes": state["total_bytes"], "activation_bytes": activations,
             "buffer_bytes": buffers["during_backward"] + buffers["after_backward"], "buffers": buffers,
             "total_bytes": rank_peak(state["total_bytes"], activations, buffers)}
@@ -150,7 +153,7 @@ def stage_peaks(cfg: TrainConfig, world_size: int, device_type: str = "cuda") ->
     built = _layout_memory(cfg, model, parallel, func, device_type)
     acts = stage_activations(cfg, model, parallel, func)
     return [max(rank_memory(sum(built["counts"][(k, r)].values()), built["counts"][(k, r)], acts[k]["peak"],
-                            parallel, built["ds_cfg"], cfg.parallel.precision)["total_bytes"]
+                            parallel, built["ds_cfgs"][(k, r)], cfg.parallel.precision)["total_bytes"]
                 for r in range(parallel.model_parallel))
             for k in range(parallel.pipeline_stage)]
 
@@ -184,7 +187,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
     for c in rank_map(parallel):
         n = sum(counts[(c.pp, c.tp)].values())
         node, host, local = nodes[c.rank]
-        memory_of = rank_memory(n, counts[(c.pp, c.tp)], acts_by_stage[c.pp]["peak"], parallel, ds_cfg, prec)
+        memory_of = rank_memory(n, counts[(c.pp, c.tp)], acts_by_stage[c.pp]["peak"], parallel,
+                                built["ds_cfgs"][(c.pp, c.tp)], prec)
         ranks.append({"rank": c.rank, "node": node, "host": host, "local_rank": local, "pp": c.pp, "dp": c.dp,
                       "tp": c.tp, "params": n, **memory_of})
 
@@ -215,7 +219,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
                              "bytes_per_step": bytes_per_micro * parallel.micro_batch_num,
                              "sent_per_rank_per_step": int(round(2 * (tp - 1) / tp * bytes_per_micro
                                                                  * parallel.micro_batch_num))},
-            "dp": dp_bytes(n0 * el, n0 * el, parallel),
+            "dp": dp_bytes(n0, prec, ds_cfg["zero_optimization"]["stage"], parallel,
+                           bool(ds_cfg["zero_optimization"].get("use_multi_rank_bucket_allreduce", True))),
         }
         if k < pp - 1:
             tensors = boundary_tensors(model, layer_list[-1], micro)

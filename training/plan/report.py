@@ -104,8 +104,9 @@ def format_plan(plan: dict) -> str:
                f" per parameter; ZeRO {L['zero_stage']} divides "
                + {0: "nothing", 1: "the optimizer state", 2: "optimizer state and grads",
                   3: "optimizer state, grads and params"}[L["zero_stage"]] + f" by dp = {L['data_parallel']}")
-    out.append("  DS buffers: DeepSpeed's own (flattened gradients for the all-reduce, ZeRO's reduce buckets and fp32 "
-               "gradient partition, fp32 gradient accumulation in half precision): model/costs.py")
+    out.append("  DS buffers: DeepSpeed's own (gradients flattened for the all-reduce, ZeRO's reduce buckets and fp32 "
+               "gradient partition, fp32 gradient accumulation in half precision; gradients are reduced in fp32): "
+               "model/costs.py")
     out.append("")
     out.extend(format_memory(plan))
     out.append("")
