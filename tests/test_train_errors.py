@@ -133,6 +133,10 @@ BAD_VALUES = [   # (train.py arguments, the start of its one error line)
     (["--min_lr_ratio", "1.5"], "error: --min_lr_ratio 1.5 must be in [0, 1] (a fraction of --lr)"),
     (["--lr_power", "0"], "error: --lr_power 0 must be > 0"),
     (["--comm_timeout", "0"], "error: --comm_timeout 0 must be in (0, 1000000000] (seconds)"),
+    (["--adam_beta1", "1"], "error: --adam_beta1 1 must be in [0, 1) (AdamW's first-moment decay)"),
+    (["--adam_beta2", "nan"], "error: --adam_beta2 nan must be a finite number in [0, 1)"),
+    (["--adam_eps", "0"], "error: --adam_eps 0 must be > 0"),
+    (["--decay_steps", "0"], "error: --decay_steps 0 must be >= 1"),
     # the probe's values
     (["--batch_size", "-4"], "error: --batch_size -4 must be >= 1"),
     (["--ffn_size", "-1"], "error: --ffn_size -1 must be >= 0 (0 = d_model)"),
