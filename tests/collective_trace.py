@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.device_check import _tensors      # every tensor in a collective's (nested) arguments
+
 # the c10d ops that combine values from several ranks (as opposed to moving them: gathers, broadcasts, sends)
 REDUCTIONS = {"allreduce_", "allreduce_coalesced_", "reduce_", "reduce_scatter_", "_reduce_scatter_base_",
               "reduce_scatter_tensor_coalesced_"}
@@ -24,14 +26,6 @@ HALF = {"float16", "bfloat16"}
 # the c10d ops whose first argument is what the rank contributes (the others take their output first)
 INPUT_FIRST = {"allreduce_", "allreduce_coalesced_", "reduce_", "broadcast_", "send", "recv_", "recv_any_source_",
                "barrier", "monitored_barrier_"}
-
-
-def _tensors(obj):
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (list, tuple)):
-        for item in obj:
-            yield from _tensors(item)
 
 
 def _group_ranks(args) -> list[int]:

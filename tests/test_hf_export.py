@@ -15,7 +15,6 @@ AutoTokenizer and computes what our model computes.
 - bad input (non-empty --output, --beam 0, another tokenizer): one `error:` line, nothing written.
 """
 import gzip
-import subprocess
 import sys
 
 import pytest

@@ -2,7 +2,6 @@
 a function receives supports `pipeline_stage`, `recompute()` (per block, exact) and `set_comm_fusion()` (reported by
 plan.py), and a function that misbehaves gives one `error:` line. The pipelined run of the tutorial's own lambda
 against the serial loss is a case of tests/test_parity.py ("pp2-seed-lambda-recompute")."""
-import subprocess
 import sys
 
 import pytest

@@ -2,7 +2,6 @@
 the seed's ReLU ((2, 4),) and MatMul ((2, 4), (4, 1)), bad strategies as one error naming op, strategy and shapes,
 and the seed's network simulated in one process at 8 and 64 ranks: the serial loss at every step, the seed's
 per-rank shapes, the collectives counted. The runs in real processes are in tests/test_sharded_mlp.py."""
-import subprocess
 import sys
 
 import pytest
@@ -14,7 +13,7 @@ from demos.strategy.graph import trace
 from demos.strategy.layout import StrategyError
 from demos.strategy.ops import MatMul, ReduceMean, ReLU, Sub, shard
 from demos.strategy.propagate import layouts_for, propagate, redistribution_cost
-from tests.launch import REPO_ROOT, env, run_python
+from tests.launch import env, run_python
 from demos.sharded_mlp.train import MLPConfig, build, run_simulated, train_serial
 
 SEED_IR_RANK0 = {           # the seed's 18_execute IR on rank 0: inputs → output of each op, local shapes
