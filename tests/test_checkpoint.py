@@ -476,7 +476,10 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
     override = run_train(1, [*bare, "--steps", 4, "--dropout", "0"], check=False)
     assert override.returncode == 0, override.stderr[-2000:]
     assert "overridden by flags: dropout=0.0 (checkpoint 0.1)" in override.stdout
-    assert json.loads((cut / "run.json").read_text())["config"]["model"]["attention_dropout"] == 0.0
+    info = json.loads((cut / "run.json").read_text())
+    assert info["config"]["model"]["attention_dropout"] == 0.0
+    assert info["started_from"]["how"] == "--resume"                  # rank 0's start point, recorded
+    assert info["started_from"]["checkpoint"].endswith("checkpoints/step_00000003"), info["started_from"]
     _expect_error(heads, "--num_heads 2 conflicts with checkpoint", "num_heads=4", "Leave --num_heads out")
     _expect_error(from_recipe, f"recipe {recipe}'s d_model 64 conflicts with checkpoint")
     assert len([l for l in heads.stderr.splitlines() if l.strip()]) == 1

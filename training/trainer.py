@@ -122,7 +122,8 @@ class Trainer:
     def _describe(self) -> dict:
         n_params = sum(getattr(p, "ds_numel", p.numel()) for p in self.engine.module.parameters())   # ZeRO-3: full
         return {**self.engine.describe(), "vocab": self.vocab, "params_rank0": n_params,
-                "start_step": self.start_step, "total_steps": self.total_steps, **self._provenance,
+                "start_step": self.start_step, "total_steps": self.total_steps,
+                "started_from": {"how": self.start.how, "checkpoint": self.start.path}, **self._provenance,
                 "config": self.cfg.to_dict()}
 
     def _where_from(self) -> dict:
