@@ -7,8 +7,9 @@
 #   launch RANK0_LOG_GLOB CMD...  → records command.sh / env.log, runs CMD (its console output also in
 #                              launcher.log), shows rank 0's log while it runs, reports where everything is,
 #                              exits with the launcher's status. CMD runs in a process group of its own: SIGTERM,
-#                              SIGINT or SIGHUP to this script stop the launcher and every rank (DeepSpeed's
-#                              runner does not pass signals on to a local launch, so its ranks would go on alone)
+#                              SIGINT, SIGHUP or SIGUSR1 to this script stop the launcher and every rank, each
+#                              rank saving its step (DeepSpeed's runner does not pass signals on to a local launch,
+#                              so its ranks would go on alone)
 #
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
 # MASTER_PORT (default: a port free on this machine, chosen when sourced; a given one that is busy here stops
@@ -158,6 +159,8 @@ _follow() {  # print rank 0's log while it grows (started in the background)
     done
 }
 
+PASS_ON="HUP USR1"   # stop signals sent on unchanged (run_cluster.sh: none, its other nodes hear only TERM)
+
 _stop_job() {  # a signal to this script stops the whole job: the launcher, every rank and their children
     local sig="$1"
     [ -n "${JOB_PGID:-}" ] || exit $((128 + $(kill -l "$sig")))
@@ -165,8 +168,12 @@ _stop_job() {  # a signal to this script stops the whole job: the launcher, ever
         echo "$(basename "$0"): got SIG$sig: stopping the launcher and every rank (process group $JOB_PGID)" >&2
     fi
     JOB_STOPPING="$sig"
-    # TERM whatever the signal: the launcher and the ranks end quietly on it (an INT makes Python print tracebacks)
-    kill -s TERM -- "-$JOB_PGID" 2>/dev/null
+    # The signals in PASS_ON go on as they came, so that the ranks' line names the signal the job was sent (every
+    # rank is in the group and saves on them; DeepSpeed's runner and launch.py die of them at once, and the ranks'
+    # save outlives them). The rest become TERM: the launcher and the ranks end quietly on it (an INT makes Python
+    # print tracebacks), and it is the one DeepSpeed's runner passes on to other nodes.
+    case " $PASS_ON " in *" $sig "*) ;; *) sig=TERM ;; esac
+    kill -s "$sig" -- "-$JOB_PGID" 2>/dev/null
 }
 
 _run_job() {  # CMD...: run the launcher in a process group of its own (its console output also in launcher.log)
@@ -180,6 +187,7 @@ _run_job() {  # CMD...: run the launcher in a process group of its own (its cons
     trap '_stop_job TERM' TERM
     trap '_stop_job INT' INT
     trap '_stop_job HUP' HUP
+    trap '_stop_job USR1' USR1
     while true; do
         wait "$pid"
         JOB_RC=$?
@@ -195,7 +203,7 @@ _run_job() {  # CMD...: run the launcher in a process group of its own (its cons
         kill -s KILL -- "-$JOB_PGID" 2>/dev/null
         JOB_RC=$((128 + $(kill -l "$JOB_STOPPING")))
     fi
-    trap - TERM INT HUP
+    trap - TERM INT HUP USR1
     JOB_PGID=""
 }
 

@@ -40,6 +40,9 @@ USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [
 example: bash run_scripts/run_cluster.sh /shared/data/train.fr_en.tsv run_scripts/hostfiles/hostfile_2nodes"
 
 source "$(dirname "${BASH_SOURCE[0]}")/launch_common.sh"
+# Every stop signal reaches the launcher as SIGTERM: on other nodes the ranks hear only what DeepSpeed's runner
+# passes on through pdsh (its kill command runs on SIGTERM and SIGINT; a SIGHUP would kill the runner without it)
+PASS_ON=""
 
 require_plain_path() {  # PATH WHAT: refuse a path the remote shell would re-read (it is sent unquoted)
     [[ "$1" =~ ^[A-Za-z0-9_./@%+=:,-]+$ ]] || die "$2 ($1) holds characters a remote shell would re-read (spaces, quotes, \$, backticks...): DeepSpeed sends it unquoted to every node, so clone or move it to a plain path (letters, digits, _ . / - + @ % = : ,)"

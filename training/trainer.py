@@ -146,7 +146,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> int:
-        request = StopRequest().install()     # SIGTERM / SIGUSR1 / the launcher's end: finish the step, save, stop
+        request = StopRequest().install()     # SIGTERM / SIGUSR1 / SIGHUP / the launcher's end: save the step, stop
         self.setup()
         self.load()
         self.start_logging()

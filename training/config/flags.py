@@ -188,9 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of "
                         "hanging it. Raise it if a step, a save or data preparation legitimately takes longer")
     g.add_argument("--save_on_signal", type=_bool, default=True,
-                   help="1 (default): on SIGTERM or SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) to "
-                        "any rank or to the launcher, every rank finishes its step, a checkpoint of that step is "
-                        "saved and the job exits non-zero, saying how to resume; 0: stop after the step, no save")
+                   help="1 (default): on SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) or "
+                        "SIGHUP (a closed terminal) to any rank or to the launcher, every rank finishes its step, a "
+                        "checkpoint of that step is saved and the job exits non-zero, saying how to resume; 0: stop "
+                        "after the step, no save")
 
     p.add_argument("--recipe", default=None, help="JSON recipe (recipes/*/*.json); flags given here override it")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)

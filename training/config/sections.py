@@ -180,7 +180,7 @@ class FaultsSection:
     nan_policy: str = "stop"
     nan_skip_limit: int = 10
     comm_timeout: float = 1800.0
-    save_on_signal: bool = True               # SIGTERM / SIGUSR1 / the launcher's end: save the step, then stop
+    save_on_signal: bool = True               # SIGTERM / SIGUSR1 / SIGHUP / the launcher's end: save, then stop
 
     def __post_init__(self):
         if not self.comm_timeout > 0:
