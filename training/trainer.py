@@ -51,6 +51,9 @@ class Trainer:
         self.lock = claim_output_dir(cfg.checkpoint)      # rank 0: the folder, its lock and the start point, first
         self.world = init_distributed(cfg.parallel.distribute, cfg.faults.comm_timeout)
         self.rank = dist.get_rank()
+        note = cfg.parallel.world_size_note(self.world)
+        if note and self.rank == 0:
+            print(note, flush=True)
         check_output_folder(cfg.checkpoint.output_dir)    # every node sees the folder rank 0 claimed
         # the layout and the DeepSpeed settings before touching data (cheap, and the error users need first); the
         # same checks as plan.py --check, which the launch scripts run before any rank starts

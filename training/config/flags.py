@@ -22,7 +22,7 @@ PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "mi
                  "optimizer_shard": "enable_parallel_optimizer", "gradient_aggregation_group":
                  "gradient_aggregation_group", "recompute": "recompute", "vocab_emb_dp": "vocab_emb_dp",
                  "zero_stage": "zero_stage", "pipeline_func": "pipeline_func", "data_parallel": "data_parallel",
-                 "interleave_num": "interleave_num"}
+                 "interleave_num": "interleave_num", "world_size": "world_size"}
 
 EXAMPLES = """\
 examples (CPU, bundled Multi30k; see README):
@@ -93,6 +93,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder")
 
     g = p.add_argument_group("parallelism and memory")
+    g.add_argument("--world_size", type=int, default=None,
+                   help="the processes the layout is written for (a recipe's parallel.world_size): run.sh and a "
+                        "recipe's run.sh start that many, plan.py plans for it; train.py runs on the world its "
+                        "launcher gives it and says so when that differs")
     g.add_argument("--data_parallel", type=int, default=None,
                    help="optional check: the dp size you expect (derived from the world size otherwise)")
     g.add_argument("--zero_stage", type=int, default=None, choices=[0, 1, 2, 3],
