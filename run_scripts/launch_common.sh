@@ -1,18 +1,27 @@
 # Shared by run_scripts/run.sh and run_scripts/run_cluster.sh (sourced, not run).
 #
 # A launch script sets USAGE, then calls, in order:
-#   parse_extras "$@"        → EXTRA (flags for train.py), LAUNCHER (deepspeed|pdsh|openmpi), USER_OUTPUT_DIR
+#   parse_extras "$@"        → EXTRA (flags for train.py), LAUNCHER (deepspeed|pdsh|openmpi), USER_OUTPUT_DIR,
+#                              RESUME (train.py's --resume value: latest, auto, a path; empty without it),
+#                              FLAG_WORLD_SIZE (a --world_size among the flags)
+#   recipe_world_size RECIPE [FLAGS...] → prints the processes the recipe is written for (its parallel.world_size,
+#                              or --world_size among FLAGS), nothing when neither says
 #   preflight PLAN_ARGS...   → checks the layout with plan.py --check before any rank starts; exit 2 on error
-#   make_run_dir NAME        → RUN_DIR = $RUNS_DIR/NAME-YYYYmmdd-HHMMSS (absolute), OUTPUT_DIR, LOG_DIR
+#   make_run_dir NAME        → RUN_DIR = $RUNS_DIR/NAME[-$RUN_NAME] (absolute; the same for every launch, so that
+#                              --resume finds the run), OUTPUT_DIR = RUN_DIR/output, LOG_DIR = RUN_DIR/logs/<time>
+#                              (this launch's command.sh, env.log, layout.txt, launcher.log and rank logs); a
+#                              launch without --resume into a RUN_DIR that holds checkpoints stops here (one line)
 #   launch RANK0_LOG_GLOB CMD...  → records command.sh / env.log, runs CMD (its console output also in
 #                              launcher.log), shows rank 0's log while it runs, reports where everything is,
 #                              exits with the launcher's status. CMD runs in a process group of its own: SIGTERM,
-#                              SIGINT or SIGHUP to this script stop the launcher and every rank (DeepSpeed's
-#                              runner does not pass signals on to a local launch, so its ranks would go on alone)
+#                              SIGINT, SIGHUP or SIGUSR1 to this script stop the launcher and every rank, each
+#                              rank saving its step (DeepSpeed's runner does not pass signals on to a local launch,
+#                              so its ranks would go on alone)
 #
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
 # MASTER_PORT (default: a port free on this machine, chosen when sourced; a given one that is busy here stops
-# make_run_dir with one line), RUNS_DIR (./runs), RUN_NAME, LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+# make_run_dir with one line), RUNS_DIR (./runs), RUN_NAME (a second run of the same recipe beside the first:
+# letters, digits, . _ -), LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
 #
 # Scripts that launch DeepSpeed themselves (quickstart.sh, the seed's run_parallel_*.sh, recipes' run.sh) source this
 # file for the master port only: choose_master_port has run, and they call check_master_port before launching.
@@ -102,6 +111,8 @@ choose_master_port
 parse_extras() {
     EXTRA=()
     USER_OUTPUT_DIR=""
+    RESUME=""
+    FLAG_WORLD_SIZE=""
     LAUNCHER="${LAUNCHER:-}"
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -110,6 +121,11 @@ parse_extras() {
             --launcher=*) LAUNCHER="${1#--launcher=}"; shift; continue ;;
             --output_dir) USER_OUTPUT_DIR="${2:-}" ;;
             --output_dir=*) USER_OUTPUT_DIR="${1#--output_dir=}" ;;
+            # as train.py's argparse reads it: a value unless the next word is a flag (or there is none)
+            --resume) if [ $# -ge 2 ] && [[ "$2" != -* ]]; then RESUME="$2"; else RESUME=latest; fi ;;
+            --resume=*) RESUME="${1#--resume=}" ;;
+            --world_size) FLAG_WORLD_SIZE="${2:-}" ;;
+            --world_size=*) FLAG_WORLD_SIZE="${1#--world_size=}" ;;
         esac
         EXTRA+=("$1")
         shift
@@ -119,6 +135,26 @@ parse_extras() {
         openmpi|OpenMPI|mpirun) LAUNCHER=openmpi ;;
         *) die "unknown launcher '$LAUNCHER': use openmpi, or leave it out for DeepSpeed's own (pdsh across nodes)" ;;
     esac
+}
+
+_repo_python() {  # MODULE ARGS...: a module of this repository, whatever the current folder
+    PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m "$@"
+}
+
+recipe_world_size() {  # RECIPE [FLAGS...]: the processes the layout is written for, as train.py reads the recipe
+    # and the flags (one place for every launcher, so a copied recipe edited to 2 ranks launches 2); fails with the
+    # recipe's own error line when it cannot be read: RANK_SIZE=$(recipe_world_size ...) || exit 2
+    _repo_python training.plan.launch_check world_size --recipe "$@"
+}
+
+world_size_note() {  # COUNT WHO RECIPE: say when an explicit count (RANK_SIZE, a hostfile's slots) overrides the
+    # recipe's world_size; the count wins, as a flag wins over a recipe key, and the layout line shows what runs
+    local count="$1" who="$2" recipe="$3" own
+    [ -n "$recipe" ] || return 0
+    own=$(recipe_world_size "$recipe" 2> /dev/null) || return 0   # (preflight reports what is wrong with it)
+    if [ -n "$own" ] && [ "$own" != "$count" ]; then
+        echo "note: $who the world_size $own of $recipe: $count processes" >&2
+    fi
 }
 
 preflight() {  # plan.py --check with the same recipe and flags train.py will get: one clear error, before launching
@@ -134,18 +170,33 @@ preflight() {  # plan.py --check with the same recipe and flags train.py will ge
     rm -f "$errfile"
 }
 
-make_run_dir() {
-    local name="${RUN_NAME:-$1}" base stamp
+refuse() {  # a launch that must not start: one line, no usage (the command was well formed)
+    echo "error: $*" >&2
+    exit 2
+}
+
+make_run_dir() {  # NAME: the run folder of NAME (and RUN_NAME), this launch's log folder, and whether it may start
+    local name="$1" base stamp
     check_master_port "${MASTER_ADDR:-127.0.0.1}"
+    if [ -n "${RUN_NAME:-}" ]; then
+        [[ "$RUN_NAME" =~ ^[A-Za-z0-9._][A-Za-z0-9._-]*$ ]] || refuse "RUN_NAME '$RUN_NAME' must be a plain name" \
+            "(letters, digits, . _ -): it becomes part of the run folder's name, $name-RUN_NAME"
+        name="$name-$RUN_NAME"
+    fi
     base=$(abspath "${RUNS_DIR:-runs}")
-    stamp=$(date +%Y%m%d-%H%M%S)
-    RUN_DIR="$base/$name-$stamp"
-    local n=2
-    while [ -e "$RUN_DIR" ]; do RUN_DIR="$base/$name-$stamp-$n"; n=$((n + 1)); done
-    LOG_DIR="$RUN_DIR/logs"
+    RUN_DIR="$base/$name"
     OUTPUT_DIR="$RUN_DIR/output"
+    stamp=$(date +%Y%m%d-%H%M%S)
+    LOG_DIR="$RUN_DIR/logs/$stamp"
+    local n=2
+    while [ -e "$LOG_DIR" ]; do LOG_DIR="$RUN_DIR/logs/$stamp-$n"; n=$((n + 1)); done
+    if [ -z "${USER_OUTPUT_DIR:-}" ]; then    # (a given --output_dir: train.py's own rules, naming it)
+        # earlier launches made RUNS_DIR/NAME-<time>: --resume must not miss a run left there
+        _repo_python training.plan.launch_check run_folder "$RUN_DIR" ${RESUME:+--resume "$RESUME"} \
+            --earlier "$base/${RUN_NAME:-$1}" || exit 2
+    fi
     if [ -z "${DRY_RUN:-}" ]; then
-        mkdir -p "$RUN_DIR" || die "cannot create the run folder $RUN_DIR (set RUNS_DIR to a writable folder)"
+        mkdir -p "$LOG_DIR" || die "cannot create the run folder $RUN_DIR (set RUNS_DIR to a writable folder)"
     fi
 }
 
@@ -158,6 +209,8 @@ _follow() {  # print rank 0's log while it grows (started in the background)
     done
 }
 
+PASS_ON="HUP USR1"   # stop signals sent on unchanged (run_cluster.sh: none, its other nodes hear only TERM)
+
 _stop_job() {  # a signal to this script stops the whole job: the launcher, every rank and their children
     local sig="$1"
     [ -n "${JOB_PGID:-}" ] || exit $((128 + $(kill -l "$sig")))
@@ -165,21 +218,26 @@ _stop_job() {  # a signal to this script stops the whole job: the launcher, ever
         echo "$(basename "$0"): got SIG$sig: stopping the launcher and every rank (process group $JOB_PGID)" >&2
     fi
     JOB_STOPPING="$sig"
-    # TERM whatever the signal: the launcher and the ranks end quietly on it (an INT makes Python print tracebacks)
-    kill -s TERM -- "-$JOB_PGID" 2>/dev/null
+    # The signals in PASS_ON go on as they came, so that the ranks' line names the signal the job was sent (every
+    # rank is in the group and saves on them; DeepSpeed's runner and launch.py die of them at once, and the ranks'
+    # save outlives them). The rest become TERM: the launcher and the ranks end quietly on it (an INT makes Python
+    # print tracebacks), and it is the one DeepSpeed's runner passes on to other nodes.
+    case " $PASS_ON " in *" $sig "*) ;; *) sig=TERM ;; esac
+    kill -s "$sig" -- "-$JOB_PGID" 2>/dev/null
 }
 
 _run_job() {  # CMD...: run the launcher in a process group of its own (its console output also in launcher.log)
     JOB_STOPPING=""
     set -m                        # job control: the background job below gets its own process group
     # (stdin from /dev/null: a background group reading the terminal would be stopped; mpirun forwards stdin)
-    "$@" < /dev/null > >(tee "$RUN_DIR/launcher.log") 2>&1 &
+    "$@" < /dev/null > >(tee "$LOG_DIR/launcher.log") 2>&1 &
     local pid=$!
     set +m
     JOB_PGID=$pid
     trap '_stop_job TERM' TERM
     trap '_stop_job INT' INT
     trap '_stop_job HUP' HUP
+    trap '_stop_job USR1' USR1
     while true; do
         wait "$pid"
         JOB_RC=$?
@@ -195,7 +253,7 @@ _run_job() {  # CMD...: run the launcher in a process group of its own (its cons
         kill -s KILL -- "-$JOB_PGID" 2>/dev/null
         JOB_RC=$((128 + $(kill -l "$JOB_STOPPING")))
     fi
-    trap - TERM INT HUP
+    trap - TERM INT HUP USR1
     JOB_PGID=""
 }
 
@@ -223,11 +281,12 @@ launch() {
         [ -z "${TRAIN_LINE:-}" ] || echo "# each rank runs (sent as --launch_payload): $TRAIN_LINE"
         printf '%q ' "${cmd[@]}"
         echo
-    } > "$RUN_DIR/command.sh"
-    env | sort > "$RUN_DIR/env.log"
-    echo "$LAYOUT" > "$RUN_DIR/layout.txt"
+    } > "$LOG_DIR/command.sh"
+    env | sort > "$LOG_DIR/env.log"
+    echo "$LAYOUT" > "$LOG_DIR/layout.txt"
     echo "$LAYOUT"
-    echo "run folder:    $RUN_DIR  (command.sh, env.log, launcher.log, layout.txt)"
+    echo "run folder:    $RUN_DIR  (the same for every launch of this recipe and RUN_NAME: add --resume to continue)"
+    echo "this launch:   $LOG_DIR  (command.sh, env.log, launcher.log, layout.txt)"
     echo "per-rank logs: $LOG_DIR"
     echo "output:        $final_out  (metrics.jsonl, tensorboard/)"
 

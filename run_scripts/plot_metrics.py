@@ -50,7 +50,7 @@ def read_run(path: str) -> tuple[str, list[dict]]:
         raise UserError(f"{file} holds no step records")
     folder = os.path.dirname(os.path.abspath(file))
     label = os.path.basename(folder) or folder
-    if label == "output":                    # run.sh's run folders: runs/<name>-<time>/output/metrics.jsonl
+    if label == "output":                    # run.sh's run folders: runs/<recipe>/output/metrics.jsonl
         label = os.path.basename(os.path.dirname(folder))
     return label, sorted(records, key=lambda r: r["step"])
 

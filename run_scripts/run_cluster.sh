@@ -8,20 +8,23 @@
 #   bash run_scripts/run_cluster.sh /shared/wmt14.fr_en.tsv hostfile --launcher openmpi             # via mpirun
 #
 # HOSTFILE has one `HOST slots=N` line per node (run_scripts/hostfiles/); ranks are numbered node after node in its
-# order (a byte-order mark, CRLF, tabs and comments are fine: the launchers get a clean copy, RUN/hostfile). RECIPE
-# defaults to recipes/16pcs/16pcs.json. What it runs (command.sh in the run folder has the exact line):
-#   pdsh (DeepSpeed's default): deepspeed --hostfile RUN/hostfile --master_addr $MASTER_ADDR --master_port \
+# order (a byte-order mark, CRLF, tabs and comments are fine: the launchers get a clean copy, LOGS/hostfile). The
+# hostfile's slots are the world size: they win over the recipe's world_size (a note says so when they differ).
+# RECIPE defaults to recipes/16pcs/16pcs.json. The run folder RUN is runs/<recipe>[-$RUN_NAME]/ as with run.sh:
+# RUN/output, and LOGS = RUN/logs/<time> for each launch. What it runs (LOGS/command.sh has the exact line):
+#   pdsh (DeepSpeed's default): deepspeed --hostfile LOGS/hostfile --master_addr $MASTER_ADDR --master_port \
 #       $MASTER_PORT run_scripts/train.py --launch_payload TOKEN
 #     needs passwordless ssh from this node to every host, and pdsh.
-#   openmpi (--launcher openmpi or LAUNCHER=openmpi): deepspeed --hostfile RUN/hostfile --force_multi --launcher
+#   openmpi (--launcher openmpi or LAUNCHER=openmpi): deepspeed --hostfile LOGS/hostfile --force_multi --launcher
 #       openmpi --launcher_args "-x MASTER_ADDR=... -x MASTER_PORT=... $LAUNCHER_ARGS" run_scripts/train.py ...
 #     mpirun starts every rank (it must work across the hosts: ssh, same OpenMPI everywhere). DeepSpeed adds
 #     `--mca btl_tcp_if_include eth0` unless LAUNCHER_ARGS sets btl_tcp_if_include; add --allow-run-as-root there
 #     if you launch as root.
-# TOKEN carries train.py's arguments (--distribute true --file_path DATA_PATH --recipe RECIPE --output_dir ... and
-# yours), this folder, OMP_NUM_THREADS and the log folder, encoded (common/launch_payload.py): the pdsh runner hands
-# each node's command to that node's shell, which would otherwise re-read any `$(...)`, backtick or quote in a path.
-# command.sh shows the arguments decoded. Every rank writes its log to RUN/logs/HOST_rankR.log.
+# TOKEN carries train.py's arguments (--distribute true --file_path DATA_PATH --recipe RECIPE --world_size SLOTS
+# --output_dir ... and yours), this folder, OMP_NUM_THREADS and the log folder, encoded (common/launch_payload.py):
+# the pdsh runner hands each node's command to that node's shell, which would otherwise re-read any `$(...)`,
+# backtick or quote in a path.
+# command.sh shows the arguments decoded. Every rank writes its log to LOGS/HOST_rankR.log.
 # With a single host in HOSTFILE the launcher runs locally (no ssh check). MASTER_ADDR defaults to the first host;
 # the repository (at a plain path: letters, digits, _ . / - + @ % = : ,), DATA_PATH and RUNS_DIR must be at the same
 # paths on every node (a shared file system): before the first step every rank checks it sees the output folder
@@ -40,6 +43,9 @@ USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [
 example: bash run_scripts/run_cluster.sh /shared/data/train.fr_en.tsv run_scripts/hostfiles/hostfile_2nodes"
 
 source "$(dirname "${BASH_SOURCE[0]}")/launch_common.sh"
+# Every stop signal reaches the launcher as SIGTERM: on other nodes the ranks hear only what DeepSpeed's runner
+# passes on through pdsh (its kill command runs on SIGTERM and SIGINT; a SIGHUP would kill the runner without it)
+PASS_ON=""
 
 require_plain_path() {  # PATH WHAT: refuse a path the remote shell would re-read (it is sent unquoted)
     [[ "$1" =~ ^[A-Za-z0-9_./@%+=:,-]+$ ]] || die "$2 ($1) holds characters a remote shell would re-read (spaces, quotes, \$, backticks...): DeepSpeed sends it unquoted to every node, so clone or move it to a plain path (letters, digits, _ . / - + @ % = : ,)"
@@ -82,11 +88,14 @@ parse_extras "$@"
 CLEAN_HOSTFILE=$(mktemp)
 preflight --hostfile "$HOSTFILE" --write_hostfile "$CLEAN_HOSTFILE" --recipe "$RECIPE" "${EXTRA[@]}"
 HOSTS=($(awk '{print $1}' "$CLEAN_HOSTFILE"))
+# the world is the hostfile's slots (the copy holds "HOST slots=N" lines only); they win over the recipe's world_size
+SLOTS=$(awk '{sub("slots=", "", $2); n += $2} END {print n}' "$CLEAN_HOSTFILE")
+world_size_note "$SLOTS" "the hostfile's $SLOTS slots override" "$RECIPE"
 MASTER_ADDR="${MASTER_ADDR:-${HOSTS[0]}}"
 make_run_dir "$(basename "$RECIPE" .json)"
 LAUNCH_HOSTFILE="$HOSTFILE"
 if [ -z "${DRY_RUN:-}" ]; then
-    LAUNCH_HOSTFILE="$RUN_DIR/hostfile"
+    LAUNCH_HOSTFILE="$LOG_DIR/hostfile"
     mv "$CLEAN_HOSTFILE" "$LAUNCH_HOSTFILE"
 else
     rm -f "$CLEAN_HOSTFILE"
@@ -96,7 +105,8 @@ fi
 # backtick or quote in a path: train.py's arguments, this folder and the log folder travel as one token instead
 # (common/launch_payload.py), and the launcher runs from the repository, whose path must be plain.
 require_plain_path "$REPO_ROOT" "the repository's path"
-TRAIN_ARGS=(--distribute true --file_path "$DATA_PATH" --recipe "$RECIPE" --output_dir "$OUTPUT_DIR" "${EXTRA[@]}")
+TRAIN_ARGS=(--distribute true --file_path "$DATA_PATH" --recipe "$RECIPE" --world_size "$SLOTS"
+            --output_dir "$OUTPUT_DIR" "${EXTRA[@]}")
 PAYLOAD=$(launch_payload "$LOG_DIR" "${TRAIN_ARGS[@]}") || die "could not encode the launch payload"
 TRAIN=("$REPO_ROOT/run_scripts/train.py" --launch_payload "$PAYLOAD")
 TRAIN_LINE="train.py $(printf '%q ' "${TRAIN_ARGS[@]}")(cwd $(printf '%q' "$PWD"); logs $(printf '%q' "$LOG_DIR"))"

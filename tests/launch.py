@@ -193,3 +193,14 @@ def only_run_dir(runs_dir) -> Path:
     dirs = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
     assert len(dirs) == 1, dirs
     return dirs[0]
+
+
+def launches(run_dir) -> list[Path]:
+    """A run folder's launches, oldest first: RUN/logs/<time>/ (command.sh, env.log, launcher.log, rank logs)."""
+    return sorted(p for p in (Path(run_dir) / "logs").iterdir() if p.is_dir())
+
+
+def only_launch(run_dir) -> Path:
+    found = launches(run_dir)
+    assert len(found) == 1, found
+    return found[0]

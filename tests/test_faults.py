@@ -283,10 +283,12 @@ class _read_only_folder:
 class Job:
     """A command in the background, its output in files (a pipe nobody reads could fill and stall it)."""
 
-    def __init__(self, cmd, folder: Path, env_: dict):
+    def __init__(self, cmd, folder: Path, env_: dict, new_session: bool = False):
+        """new_session: the job gets a process group of its own, as a terminal's foreground job has."""
         self.out, self.err = folder / "job.stdout", folder / "job.stderr"
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.popen = subprocess.Popen([str(c) for c in cmd], cwd=REPO_ROOT, env=env_, stdout=out, stderr=err)
+            self.popen = subprocess.Popen([str(c) for c in cmd], cwd=REPO_ROOT, env=env_, stdout=out, stderr=err,
+                                          start_new_session=new_session)
         self.pid = self.popen.pid
 
     def processes(self) -> list:
@@ -316,10 +318,10 @@ class Job:
                                            self.err.read_text())
 
 
-def _start_tp2(tsv, tok, out, *extra) -> Job:
+def _start_tp2(tsv, tok, out, *extra, new_session: bool = False) -> Job:
     out.mkdir(parents=True)
     job = Job(launch_cmd(2, launcher="deepspeed") + flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra),
-              out.parent, env())
+              out.parent, env(), new_session=new_session)
     job.wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2,
                  "training")
     return job
@@ -363,7 +365,10 @@ def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenize
     assert len(lines) == 2 and time.time() - stopped_at < 5 + 30
 
 
-def test_sigterm_to_run_sh_stops_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1], ids=lambda s: s.name)
+def test_a_stop_signal_to_run_sh_stops_every_rank_with_a_save(sig, multi30k_tsv, bpe_tokenizer, tmp_path):
+    """`kill -TERM` (or -HUP: its terminal closed; or -USR1: a batch script's `--signal=B:USR1`) of run.sh reaches
+    the launcher and every rank: the step is saved, the ranks' one line names the signal, nothing is left running."""
     runs = tmp_path / "runs"
     job = Job(["bash", REPO_ROOT / "run_scripts/run.sh", multi30k_tsv, 2, "--steps", 2000, "--d_model", 32,
                "--vocab_size", 8000, "--tokenizer", bpe_tokenizer, "--tensorboard", 0], tmp_path, script_env(runs))
@@ -372,15 +377,20 @@ def test_sigterm_to_run_sh_stops_every_rank(multi30k_tsv, bpe_tokenizer, tmp_pat
         return _processes_naming(runs)
     try:
         job.wait_for(lambda: list(runs.glob("*/output/metrics.jsonl")), "training")
-        job.popen.send_signal(signal.SIGTERM)
+        job.popen.send_signal(sig)
         proc = job.finish(90)
         deadline = time.time() + 10
         while job_processes() and time.time() < deadline:
             time.sleep(0.5)
         left = job_processes()
         assert not left, [" ".join(p.cmdline())[:200] for p in left]
-        assert proc.returncode == 128 + signal.SIGTERM
-        assert "training stopped by SIGTERM; no rank is left running" in proc.stderr
+        assert proc.returncode == 128 + sig
+        assert f"training stopped by {sig.name}; no rank is left running" in proc.stderr
+        output = next(runs.glob("*/output"))
+        step = _logged_step(output)
+        assert _stopped_line(proc.stderr) == (f"stopped by {sig.name} at step {step}; checkpoint step_{step:08d} "
+                                              f"saved; resume with --resume")
+        assert latest(output) == f"step_{step:08d}" and _lock_is_free(output)
     finally:
         for p in job_processes():
             p.kill()
@@ -399,23 +409,134 @@ def _logged_step(out) -> int:
     return records[-1]["step"] if records else 0
 
 
-def test_sigusr1_to_one_rank_saves_the_step_on_every_rank_and_the_run_resumes(multi30k_tsv, bpe_tokenizer,
-                                                                               tmp_path):
-    """SLURM's `--signal=USR1@T` (or a SIGTERM) to one rank: every rank finishes the step it is in, they agree on
-    it, the job saves it, says so and exits non-zero; `--resume` continues with the next step."""
+def _lock_is_free(out) -> bool:
+    import fcntl
+    with open(Path(out) / ".train.lock") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+    return True
+
+
+def _lines_naming(text: str, word: str) -> list[str]:
+    return [line for line in text.splitlines() if word in line]
+
+
+STOP_SIGNALS = [(signal.SIGUSR1, "rank 1"), (signal.SIGHUP, "rank 1"), (signal.SIGHUP, "process group")]
+
+
+@pytest.mark.parametrize("sig,target", STOP_SIGNALS, ids=[f"{s.name} to {t}" for s, t in STOP_SIGNALS])
+def test_a_stop_signal_saves_the_step_on_every_rank_and_the_run_resumes(sig, target, multi30k_tsv, bpe_tokenizer,
+                                                                        tmp_path):
+    """SLURM's `--signal=USR1@T` (or a SIGTERM, or a SIGHUP) to one rank: every rank finishes the step it is in, they
+    agree on it, the job saves it, says so in one line and exits non-zero; `--resume` continues with the next step.
+    A closed terminal sends SIGHUP to its whole foreground process group — DeepSpeed's launch.py, which has no handler
+    for it, dies at once, and every rank's supervisor and every rank get it directly: the ranks still agree, save and
+    end, naming SIGHUP (not the launcher's end their watchers also see)."""
     out = tmp_path / "run"
-    job = _start_tp2(multi30k_tsv, bpe_tokenizer, out)
+    job = _start_tp2(multi30k_tsv, bpe_tokenizer, out, new_session=target == "process group")
     at = _logged_step(out)
-    _training_process(job, 1).send_signal(signal.SIGUSR1)
-    proc = job.finish(60)
-    assert proc.returncode == 128 + signal.SIGUSR1 and "Traceback" not in proc.stdout + proc.stderr
-    line = _stopped_line(proc.stdout + proc.stderr)
+    if target == "process group":
+        os.killpg(job.pid, sig)
+        job.popen.wait(timeout=30)                      # launch.py dies of it at once...
+        deadline = time.time() + 60                     # ...and the ranks follow, having saved
+        while _processes_naming(out) and time.time() < deadline:
+            time.sleep(0.5)
+        proc = job.finish(5)
+        assert proc.returncode == -sig
+    else:
+        _training_process(job, 1).send_signal(sig)
+        proc = job.finish(60)
+        assert proc.returncode == 128 + sig
+    text = proc.stdout + proc.stderr
+    assert not _processes_naming(out) and "Traceback" not in text, text[-3000:]
+    line = _stopped_line(text)
     step = _logged_step(out)
-    assert line == f"stopped by SIGUSR1 at step {step}; checkpoint step_{step:08d} saved; resume with --resume"
-    assert at <= step <= at + 3 and latest(out) == f"step_{step:08d}" and not job.processes()
-    print(f"SIGUSR1 to rank 1 after step {at}: step {step} saved")
+    assert line == f"stopped by {sig.name} at step {step}; checkpoint step_{step:08d} saved; resume with --resume"
+    assert _lines_naming(proc.stderr, sig.name) == [line], proc.stderr[-3000:]
+    assert at <= step <= at + 3 and latest(out) == f"step_{step:08d}" and _lock_is_free(out)
+    print(f"{sig.name} to {target} after step {at}: step {step} saved")
     run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--resume", "--steps", step + 2))
     assert [r["step"] for r in strict_metrics(out)][-3:] == [step, step + 1, step + 2]
+
+
+def test_sighup_to_a_single_process_run_saves_the_step_and_the_run_resumes(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """A run without a launcher (no supervisor, no launcher to watch) whose terminal closes or whose scheduler sends
+    SIGHUP: the step is saved, one line names SIGHUP, the exit status is 128 + 1, the folder's lock is free, and
+    `--resume` continues at the next step."""
+    out = tmp_path / "run"
+    out.mkdir()
+    job = Job(launch_cmd(1) + flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000), out, env())
+    job.wait_for(lambda: _logged_step(out) >= 2, "training")
+    job.popen.send_signal(signal.SIGHUP)
+    proc = job.finish(60)
+    step = _logged_step(out)
+    assert proc.returncode == 128 + signal.SIGHUP, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
+    line = f"stopped by SIGHUP at step {step}; checkpoint step_{step:08d} saved; resume with --resume"
+    assert _lines_naming(proc.stderr, "SIGHUP") == [line], proc.stderr[-3000:]
+    assert latest(out) == f"step_{step:08d}" and _lock_is_free(out)
+    print(f"SIGHUP to one process: {line}")
+    resumed = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--resume", "--steps", step + 2))
+    assert f"at step {step}" in resumed.stdout
+    assert [r["step"] for r in strict_metrics(out)][-3:] == [step, step + 1, step + 2]
+
+
+def test_a_closed_terminal_saves_the_step(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """train.py in a terminal (a pty that is its controlling terminal, as in an ssh session) whose terminal closes:
+    the kernel sends SIGHUP and every later write to the terminal fails (EIO) — the next log line used to end the run
+    with exit 1 before its save. Now the step is saved, the exit status is 128 + SIGHUP and the lock is free."""
+    import pty
+    import threading
+    out = tmp_path / "run"
+    master, terminal = pty.openpty()
+    # the child becomes a session leader (start_new_session) and takes the pty as its controlling terminal
+    take_terminal = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
+                     "os.execv(sys.argv[1], sys.argv[1:])")
+    cmd = [sys.executable, "-c", take_terminal, *launch_cmd(1)] + [str(a) for a in flags(
+        multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--log_interval", 1)]
+    popen = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env(), stdin=terminal, stdout=terminal, stderr=terminal,
+                             start_new_session=True)
+    os.close(terminal)
+    shown = []                                  # what the terminal showed (read, or the run would block writing)
+
+    def read_terminal():
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                shown.append(chunk)
+    reader = threading.Thread(target=read_terminal, daemon=True)
+    reader.start()
+    try:
+        deadline = time.time() + 150
+        while _logged_step(out) < 2:
+            assert popen.poll() is None and time.time() < deadline, b"".join(shown)[-3000:]
+            time.sleep(0.5)
+        os.close(master)                        # the terminal closes: hangup
+        rc = popen.wait(timeout=60)
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+    step = _logged_step(out)
+    assert rc == 128 + signal.SIGHUP, b"".join(shown)[-3000:]
+    assert latest(out) == f"step_{step:08d}" and _lock_is_free(out)
+    print(f"closed terminal after step 2 or later: step {step} saved, exit {rc}")
+
+
+def test_a_stop_signal_ignored_at_start_stays_ignored():
+    """`nohup` starts a run with SIGHUP ignored so that it outlives its terminal: the stop handler leaves an ignored
+    signal ignored (the rank supervisor forwards only what it handles, and its child inherits the original
+    dispositions)."""
+    from training.run.stop_request import StopRequest
+    before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        request = StopRequest().install()
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == request._note_signal
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler)
 
 
 def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_save(multi30k_tsv, bpe_tokenizer,

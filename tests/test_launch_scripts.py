@@ -4,6 +4,7 @@ import json
 import re
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from common import launch_payload
 from common.errors import UserError
 from training.plan.cluster import (Host, format_hostfile, hosts_to_rank_table, parse_hostfile_text, rank_nodes,
                               rank_table_to_hosts, read_hostfile)
-from tests.launch import REPO_ROOT, only_run_dir, read_metrics, run_script, script_env
+from tests.launch import REPO_ROOT, only_launch, only_run_dir, read_metrics, run_script, script_env
 
 RUN = "run_scripts/run.sh"
 CLUSTER = "run_scripts/run_cluster.sh"
@@ -53,10 +54,11 @@ def assert_usage_error(proc, *needles):
     (["{tsv}", "-2"], "is not a positive integer"),
     (["{tsv}", "2.5"], "is not a positive integer"),
     (["{tsv}", "2", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
+    (["{tsv}", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
     (["{tsv}", "2", "--launcher", "slurm"], "unknown launcher 'slurm'"),
     (["{tsv}", "2", "--launcher"], "--launcher needs a value"),
-], ids=["none", "one", "data-missing", "zero", "word", "negative", "fraction", "recipe-missing", "launcher",
-        "launcher-empty"])
+], ids=["none", "one", "data-missing", "zero", "word", "negative", "fraction", "recipe-missing",
+        "recipe-only-missing", "launcher", "launcher-empty"])
 def test_run_sh_usage(args, needle, tsv, tmp_path):
     fill = {"tsv": tsv, "tmp": tmp_path}
     proc = run_script(RUN, [a.format(**fill) for a in args], script_env(tmp_path / "runs"))
@@ -201,9 +203,11 @@ def test_run_sh_commands(tsv, tmp_path):
     assert flag(cmd, "--recipe") == str(REPO_ROOT / "recipes/8pcs/8pcs.json")
     assert flag(cmd, "--distribute") == "true" and flag(cmd, "--file_path") == str(tsv)
     assert cmd[-2:] == ["--steps", "3"] and "dp 1 × mp 8 × pp 1" in layout
+    assert flag(cmd, "--world_size") == "8"                       # train.py hears the count the launcher starts
     run_dir = Path(flag(cmd, "--output_dir")).parent
-    assert run_dir.parent == tmp_path / "runs" and run_dir.name.startswith("8pcs-")
-    assert flag(cmd, "--enable_each_rank_log") == str(run_dir / "logs")
+    assert run_dir == tmp_path / "runs" / "8pcs"                  # runs/<recipe>: the same for every launch
+    assert re.fullmatch(r"\d{8}-\d{6}", Path(flag(cmd, "--enable_each_rank_log")).name)   # logs/<time>: this launch
+    assert Path(flag(cmd, "--enable_each_rank_log")).parent == run_dir / "logs"
 
     cmd, layout = dry_run(RUN, [tsv, 4, "--launcher", "openmpi"], tmp_path)  # no 4pcs recipe: the seed's --mp 4
     assert flag(cmd, "--mp") == "4" and "--recipe" not in cmd and "--num_gpus" not in cmd
@@ -211,6 +215,72 @@ def test_run_sh_commands(tsv, tmp_path):
     mpi = flag(cmd, "--launcher_args").split()
     assert flag(mpi, "-x") == "MASTER_ADDR=127.0.0.1" and "--output-filename" in mpi
     assert "--launcher" not in cmd[cmd.index(str(REPO_ROOT / "run_scripts/train.py")):]   # not passed to train.py
+
+
+def test_a_copied_recipe_edited_to_2_ranks_launches_2(tsv, tmp_path):
+    """A recipe's run.sh writes no count: a copy of recipes/8pcs whose JSON is edited to pp 2 on 2 ranks (mp 1,
+    pipeline_stage 2, world_size 2) launches 2 processes — the count comes from the JSON's world_size."""
+    copy = tmp_path / "elsewhere" / "my-pp2"
+    shutil.copytree(REPO_ROOT / "recipes" / "8pcs", copy)
+    raw = json.loads((copy / "8pcs.json").read_text())
+    raw["parallel"].update(model_parallel=1, pipeline_stage=2, micro_batch_num=2, world_size=2)
+    (copy / "8pcs.json").write_text(json.dumps(raw, indent=2))
+    proc = subprocess.run(["bash", str(copy / "run.sh"), str(tsv)], cwd=tmp_path, capture_output=True, text=True,
+                          env=script_env(tmp_path / "runs", DRY_RUN=1), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    cmd = shlex.split(lines[-1])
+    assert flag(cmd, "--num_gpus") == "2" and flag(cmd, "--world_size") == "2", lines[-1]
+    assert lines[1].startswith("layout ok: 2 ranks = dp 1 × mp 1 × pp 2"), lines[1]
+    assert flag(cmd, "--recipe") == str(copy / "8pcs.json")
+
+
+def test_rank_size_given_wins_over_the_recipes_world_size_and_run_name_names_a_second_run(tsv, tmp_path):
+    """run.sh DATA RECIPE.json starts the recipe's world_size (or --world_size among the flags); an explicit
+    RANK_SIZE wins, as a flag wins over a recipe key, with a note; the two given apart and different, or a recipe
+    that says nothing, is one line. RUN_NAME puts a second run of a recipe beside the first."""
+    def dry(*args, **env):
+        proc = run_script(RUN, list(args), script_env(tmp_path / "runs", DRY_RUN=1, **env))
+        lines = proc.stdout.strip().splitlines()
+        return proc, (shlex.split(lines[-1]) if proc.returncode == 0 else [])
+
+    tiny = str(REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json")
+    proc, cmd = dry(tsv, tiny)
+    assert flag(cmd, "--num_gpus") == "2" and flag(cmd, "--world_size") == "2" and proc.stderr == ""
+    proc, cmd = dry(tsv, tiny, "--world_size", 1, "--mp", 1)
+    assert flag(cmd, "--num_gpus") == "1"
+    dp2mp4 = str(REPO_ROOT / "recipes/8pcs-dp2-mp4/8pcs-dp2-mp4.json")
+    proc, cmd = dry(tsv, 4, dp2mp4)
+    assert flag(cmd, "--num_gpus") == "4" and flag(cmd, "--world_size") == "4"
+    assert "layout ok: 4 ranks = dp 1 × mp 4 × pp 1" in proc.stdout
+    assert proc.stderr.splitlines() == [f"note: RANK_SIZE 4 overrides the world_size 8 of {dp2mp4}: 4 processes"]
+    proc, _ = dry(tsv, 2, tiny, "--world_size", 4)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "error: RANK_SIZE 2 and --world_size 4 disagree: give the number of processes once"]
+    en_fr = str(REPO_ROOT / "recipes/multi30k-en-fr/multi30k-en-fr.json")
+    proc, _ = dry(tsv, en_fr)
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"error: recipe {en_fr} does not say how many processes it is written for: add \"world_size\": N to its "
+        f"\"parallel\" section, or give the count: bash run_scripts/run.sh DATA N {en_fr}"]
+    proc, cmd = dry(tsv, tiny, RUN_NAME="lr3e-3")
+    assert Path(flag(cmd, "--output_dir")) == tmp_path / "runs" / "cpu-tiny-lr3e-3" / "output"
+    proc, _ = dry(tsv, tiny, RUN_NAME="a/b")
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        "error: RUN_NAME 'a/b' must be a plain name (letters, digits, . _ -): it becomes part of the run folder's "
+        "name, cpu-tiny-RUN_NAME"]
+    assert not (tmp_path / "runs").exists()
+    # run_cluster.sh: the hostfile's slots are the count, over the recipe's world_size (said in a note)
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=2\n")
+    proc = run_script(CLUSTER, [tsv, hostfile, dp2mp4, "--mp", 2], script_env(tmp_path / "runs", DRY_RUN=1))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.splitlines() == [f"note: the hostfile's 2 slots override the world_size 8 of {dp2mp4}: 2 "
+                                        f"processes"]
+    assert flag(launch_payload.decode(shlex.split(proc.stdout.splitlines()[-2])[-1])["argv"], "--world_size") == "2"
+    # plan.py plans for the recipe's world size when none is given
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts/plan.py"), "--check", "--recipe",
+                           str(REPO_ROOT / "recipes/16pcs/16pcs.json")], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("layout ok: 16 ranks = dp 1 × mp 8 × pp 2"), proc.stderr
 
 
 def cluster_dry_run(args, tmp_path, **env):
@@ -232,7 +302,9 @@ def test_run_cluster_commands(tsv, tmp_path):
     assert flag(argv, "--recipe") == str(REPO_ROOT / "recipes/16pcs/16pcs.json")      # the default recipe
     assert flag(argv, "--file_path") == str(tsv) and flag(argv, "--distribute") == "true"
     run_dir = Path(flag(argv, "--output_dir")).parent
-    assert payload["log_dir"] == str(run_dir / "logs") and payload["cwd"] == str(REPO_ROOT)   # run_script runs there
+    assert run_dir == tmp_path / "runs" / "16pcs" and flag(argv, "--world_size") == "16"     # the hostfile's slots
+    assert Path(payload["log_dir"]).parent == run_dir / "logs"                               # logs/<time>
+    assert payload["cwd"] == str(REPO_ROOT)                                                   # run_script runs there
     # the ranks write their own logs (the payload says where): no log path crosses the remote shell
     assert "--enable_each_rank_log" not in cmd and "--no_ssh_check" not in cmd and "--launcher" not in cmd
     assert "16 ranks = dp 1 × mp 8 × pp 2" in layout
@@ -276,9 +348,9 @@ def test_failed_run_reports_rank_errors(tsv, tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert "training failed (launcher exit status 3)" in proc.stderr
     assert "error: --vocab_size 100 is too small" in proc.stderr
-    run_dir = only_run_dir(tmp_path / "runs")
-    assert f"per-rank logs: {run_dir / 'logs'}" in proc.stderr
-    assert (run_dir / "command.sh").read_text().splitlines()[-1].startswith(f"bash {fake}")
+    launch = only_launch(only_run_dir(tmp_path / "runs"))
+    assert f"per-rank logs: {launch}" in proc.stderr
+    assert (launch / "command.sh").read_text().splitlines()[-1].startswith(f"bash {fake}")
 
 
 @pytest.mark.slow
@@ -299,10 +371,11 @@ def test_openmpi_launch_runs_with_mpirun_environment(multi30k_tsv, bpe_tokenizer
     run_dir = only_run_dir(tmp_path / "runs")
     assert [r["step"] for r in read_metrics(run_dir / "output")] == [1, 2]
     host = socket.gethostname()          # each rank writes its own log (the launch payload says where)
-    rank0 = (run_dir / f"logs/{host}_rank0.log").read_text()
+    launch = only_launch(run_dir)
+    rank0 = (launch / f"{host}_rank0.log").read_text()
     assert "layout: world=2 dp=1 mp=2 pp=1" in rank0
-    assert (run_dir / f"logs/{host}_rank1.log").exists() and (run_dir / "hostfile").exists()
-    assert f"per-rank logs: {run_dir / 'logs'}" in proc.stdout
+    assert (launch / f"{host}_rank1.log").exists() and (launch / "hostfile").exists()
+    assert f"per-rank logs: {launch}" in proc.stdout
 
 
 def test_adopt_mpi_env():
@@ -426,9 +499,9 @@ def test_run_cluster_hands_the_launcher_a_clean_hostfile(tsv, tmp_path):
     env = script_env(runs, DEEPSPEED=f"{sys.executable} {echo}")
     proc = run_script(CLUSTER, [tsv, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"], env)
     assert proc.returncode == 0, proc.stderr
-    run_dir = only_run_dir(runs)
-    assert (run_dir / "hostfile").read_text() == "127.0.0.1 slots=2\n"
-    assert f"'--hostfile', '{run_dir / 'hostfile'}'" in proc.stdout and "'--master_addr', '127.0.0.1'" in proc.stdout
+    launch = only_launch(only_run_dir(runs))
+    assert (launch / "hostfile").read_text() == "127.0.0.1 slots=2\n"
+    assert f"'--hostfile', '{launch / 'hostfile'}'" in proc.stdout and "'--master_addr', '127.0.0.1'" in proc.stdout
     hostfile.write_text("127.0.0.1 slots=1\n127.0.0.1 slots=1\n")
     proc = run_script(CLUSTER, [tsv, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"], env)
     assert proc.returncode == 2 and proc.stderr.startswith("error: hostfile") and "listed twice" in proc.stderr

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import VirtualCluster, unavailable
-from tests.launch import REPO_ROOT, TINY, read_metrics, run_train, script_env
+from tests.launch import REPO_ROOT, TINY, only_launch, read_metrics, run_train, script_env
 
 CLUSTER_SH = REPO_ROOT / "run_scripts" / "run_cluster.sh"
 RECIPE = REPO_ROOT / "recipes" / "cpu-tiny" / "cpu-tiny.json"
@@ -145,7 +145,7 @@ def test_pdsh_dp2_tp2_over_two_nodes_equals_one_process_resumes_exactly_and_runs
     proc = launch(cluster, data, runs, *DPxTP)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(runs)
-    logs = sorted(p.name for p in (run_dir / "logs").glob("*_rank*.log"))
+    logs = sorted(p.name for p in only_launch(run_dir).glob("*_rank*.log"))
     assert logs == ["vnode0_rank0.log", "vnode0_rank1.log", "vnode1_rank2.log", "vnode1_rank3.log"]
     got = [r["loss"] for r in read_metrics(run_dir / "output")]
     want = serial_losses(data, tmp_path)
@@ -170,7 +170,7 @@ def test_openmpi_dp2_pp2_over_two_nodes_equals_one_process_and_resumes_exactly(c
     proc = launch(cluster, data, runs, *DPxPP, launcher="openmpi")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = run_dir_of(runs)
-    logs = sorted(p.name for p in (run_dir / "logs").glob("*_rank*.log"))
+    logs = sorted(p.name for p in only_launch(run_dir).glob("*_rank*.log"))
     assert logs == ["vnode0_rank0.log", "vnode0_rank1.log", "vnode1_rank2.log", "vnode1_rank3.log"]
     got = [r["loss"] for r in read_metrics(run_dir / "output")]
     want = serial_losses(data, tmp_path, "--pipeline_stage", 1, "--micro_batch_num", 2)
@@ -214,7 +214,7 @@ def test_a_refusal_by_rank_0_on_node_0_ends_node_1s_ranks(cluster, data, tmp_pat
     took = time.monotonic() - start
     assert proc.returncode != 0
     assert any(line.startswith("error: --output_dir") and "is in use" in line for line in err.splitlines()), err
-    rank_logs = {p.name: p.read_text() for p in run_dir_of(tmp_path / "runs").glob("logs/vnode1_rank*.log")}
+    rank_logs = {p.name: p.read_text() for p in only_launch(run_dir_of(tmp_path / "runs")).glob("vnode1_rank*.log")}
     assert len(rank_logs) == 2 and all("stopping: rank 0 (pid" in t for t in rank_logs.values()), rank_logs
     print(f"busy output folder on node 0: the whole job ended {took:.1f} s after its launch")
     assert took < ENDS_WITHIN + 30       # the launch itself (8 Python processes on 2 cores) takes most of it
@@ -265,7 +265,7 @@ def test_sigterm_to_the_launcher_on_node_0_saves_the_step_on_every_node(cluster,
     took, out, err = ended_within(proc, ENDS_WITHIN + 30)
     assert_nothing_left(cluster)
     assert proc.returncode != 0
-    rank0 = (run_dir_of(runs) / "logs" / "vnode0_rank0.log").read_text()
+    rank0 = (only_launch(run_dir_of(runs)) / "vnode0_rank0.log").read_text()
     stopped = [line for line in rank0.splitlines() if line.startswith("stopped by SIGTERM at step ")]
     assert len(stopped) == 1, rank0[-3000:]
     step = int(stopped[0].split("at step ")[1].split(";")[0])

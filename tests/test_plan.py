@@ -358,9 +358,11 @@ def test_bad_recipe_messages(name, body, world, needles, tmp_path):
         assert needle in str(e.value), str(e.value)
 
 
-def test_world_and_hostfile_errors(tmp_path):
-    with pytest.raises(UserError, match="give the world to plan for"):
-        P.main(["--recipe", R16])
+def test_world_and_hostfile_errors(tmp_path, capsys):
+    assert P.main(["--recipe", R16, "--check"]) == 0                       # the recipe's world_size, 16
+    assert capsys.readouterr().out.startswith("layout ok: 16 ranks")
+    with pytest.raises(UserError, match="give the world to plan for.*or a recipe whose \"parallel\" section says"):
+        P.main(["--recipe", str(REPO / "recipes/multi30k-en-fr/multi30k-en-fr.json")])     # (any world size)
     hf = write(tmp_path, "a slots=8\nb slots=4\n", "hostfile")
     with pytest.raises(UserError, match="--world_size 16 but the hostfile .* has 12 slots"):
         P.main(["--recipe", R16, "--world_size", "16", "--hostfile", str(hf)])

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 
-from tests.launch import only_run_dir, run_script, script_env
+from tests.launch import only_launch, only_run_dir, run_script, script_env
 from demos.sharded_mlp.train import MLPConfig, train_serial
 
 SEED_LINES = [   # rank-independent lines of every rank's execute.txt: the shapes of the seed's 18_execute IR
@@ -18,7 +18,7 @@ SEED_LINES = [   # rank-independent lines of every rank's execute.txt: the shape
 
 
 def rank_logs(run_dir, launcher):
-    logs = run_dir / "logs"
+    logs = only_launch(run_dir)                                # this launch: RUN/logs/<time>/
     if launcher == "openmpi":                                  # mpirun --output-filename: logs/1/rank.N/stdout
         return {int(p.parent.name.split(".")[1]): p.read_text() for p in logs.glob("*/rank.*/stdout")}
     return {int(p.stem.rsplit("rank", 1)[1]): p.read_text() for p in logs.glob("*_rank*.log")}

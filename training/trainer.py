@@ -60,6 +60,9 @@ class Trainer:
         for line in lines:
             self._say(line)
         cfg = self.cfg
+        note = cfg.parallel.world_size_note(self.world)
+        if note:
+            self._say(note)
         # the layout and the DeepSpeed settings before touching data (cheap, and the error users need first); the
         # same checks as plan.py --check, which the launch scripts run before any rank starts
         _, self.parallel = check_run(cfg, self.world)
@@ -162,7 +165,7 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> int:
-        request = StopRequest().install()     # SIGTERM / SIGUSR1 / the launcher's end: finish the step, save, stop
+        request = StopRequest().install()     # SIGTERM / SIGUSR1 / SIGHUP / the launcher's end: save the step, stop
         self.setup()
         self.load()
         self.start_logging()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Launch the 2pcs recipe on this node: 2 processes, one per GPU.
 #   bash recipes/2pcs/run.sh DATA_PATH [extra train.py flags...]     e.g. --steps 100, --launcher openmpi
-# = bash run_scripts/run.sh DATA_PATH 2 recipes/2pcs/2pcs.json [extra...]; see recipes/README.md.
+# = bash run_scripts/run.sh DATA_PATH recipes/2pcs/2pcs.json [extra...] (its world_size: 2); the run lives in
+# runs/2pcs[-$RUN_NAME]/, and the same command plus --resume continues it; see recipes/README.md.
 USAGE="usage: bash recipes/2pcs/run.sh DATA_PATH [extra train.py flags...]
   DATA_PATH   the training TSV (source<TAB>target per line), e.g. from python -m preprocess.parallel
   extra flags go to train.py and override 2pcs.json (e.g. --steps 100); --launcher openmpi starts the ranks
@@ -21,4 +22,4 @@ if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
 fi
 DATA_PATH="$1"
 shift
-exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" 2 "$HERE/2pcs.json" "$@"
+exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" "$HERE/2pcs.json" "$@"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Launch the 8pcs-dp2-mp4 recipe on this node: 8 processes, one per GPU.
 #   bash recipes/8pcs-dp2-mp4/run.sh DATA_PATH [extra train.py flags...]     e.g. --steps 100, --launcher openmpi
-# = bash run_scripts/run.sh DATA_PATH 8 recipes/8pcs-dp2-mp4/8pcs-dp2-mp4.json [extra...]; see recipes/README.md.
+# = bash run_scripts/run.sh DATA_PATH recipes/8pcs-dp2-mp4/8pcs-dp2-mp4.json [extra...] (its world_size: 8); the
+# run lives in runs/8pcs-dp2-mp4[-$RUN_NAME]/, and the same command plus --resume continues it; see recipes/README.md.
 USAGE="usage: bash recipes/8pcs-dp2-mp4/run.sh DATA_PATH [extra train.py flags...]
   DATA_PATH   the training TSV (source<TAB>target per line), e.g. from python -m preprocess.parallel
   extra flags go to train.py and override 8pcs-dp2-mp4.json (e.g. --steps 100); --launcher openmpi starts the ranks
@@ -21,4 +22,4 @@ if [ $# -lt 1 ] || [[ "$1" == -* ]]; then
 fi
 DATA_PATH="$1"
 shift
-exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" 8 "$HERE/8pcs-dp2-mp4.json" "$@"
+exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" "$HERE/8pcs-dp2-mp4.json" "$@"

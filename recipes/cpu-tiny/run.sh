@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The tiny CPU smoke run: 2 processes on this machine, no GPU needed, under a minute on 2 cores.
 #   bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]
-# = OMP_NUM_THREADS=1 bash run_scripts/run.sh DATA_PATH 2 recipes/cpu-tiny/cpu-tiny.json [extra...]
+# = OMP_NUM_THREADS=1 bash run_scripts/run.sh DATA_PATH recipes/cpu-tiny/cpu-tiny.json [extra...]: the run lives
+# in runs/cpu-tiny[-$RUN_NAME]/; add --resume to the same command to continue it
 USAGE="usage: bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]
   DATA_PATH   the training TSV; make it with: python -m preprocess.parallel --src data/multi30k/train.fr.gz \\
               --tgt data/multi30k/train.en.gz --output out/data/train.fr_en.tsv
@@ -23,4 +24,4 @@ fi
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"     # 2 ranks on 2 cores: one thread each
 DATA_PATH="$1"
 shift
-exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" 2 "$HERE/cpu-tiny.json" "$@"
+exec bash "$ROOT/run_scripts/run.sh" "$DATA_PATH" "$HERE/cpu-tiny.json" "$@"

@@ -9,12 +9,12 @@
 #   bash recipes/sharded-mlp/run.sh --launcher openmpi                # mpirun -n 8 (the seed's run_with_mpi.sh)
 #   bash recipes/sharded-mlp/run.sh --mesh 2,2 --strategy "((2, 2), (2, 1))"     # 4 ranks
 #
-# Every rank prints the seed's loss line (epoch: 3 step: 2, loss is ...); the run folder runs/sharded-mlp-<time>/
-# gets command.sh, env.log, logs/ (one per rank) and output/: metrics.jsonl and rank_R/step_parallel_begin.txt
-# (every op's strategy) and rank_R/execute.txt (the local shapes and collectives that ran on rank R). The
-# strategies are checked in one process before any rank starts. Environment as run_scripts/run.sh (MASTER_PORT,
-# RUNS_DIR, RUN_NAME, PYTHON, DEEPSPEED, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1); as root, mpirun gets
-# --allow-run-as-root.
+# Every rank prints the seed's loss line (epoch: 3 step: 2, loss is ...); the run folder runs/sharded-mlp[-$RUN_NAME]/
+# gets logs/<time>/ for each launch (command.sh, env.log, one log per rank) and output/, which each launch rewrites:
+# metrics.jsonl and rank_R/step_parallel_begin.txt (every op's strategy) and rank_R/execute.txt (the local shapes
+# and collectives that ran on rank R). The strategies are checked in one process before any rank starts.
+# Environment as run_scripts/run.sh (MASTER_PORT, RUNS_DIR, RUN_NAME, PYTHON, DEEPSPEED, LAUNCHER_ARGS, DRY_RUN=1,
+# QUIET=1); as root, mpirun gets --allow-run-as-root.
 set -uo pipefail
 
 USAGE="usage: bash recipes/sharded-mlp/run.sh [--launcher openmpi] [extra sharded_mlp.py flags...]
@@ -60,9 +60,9 @@ RUN=("$SCRIPT" --output_dir "$OUTPUT_DIR" "${EXTRA[@]}")
 if [ "$LAUNCHER" = openmpi ]; then
     ROOT_ARG=""
     [ "$(id -u)" = 0 ] && ROOT_ARG="--allow-run-as-root"
-    [ -n "${DRY_RUN:-}" ] || echo "localhost slots=$RANK_SIZE" > "$RUN_DIR/hostfile"
+    [ -n "${DRY_RUN:-}" ] || echo "localhost slots=$RANK_SIZE" > "$LOG_DIR/hostfile"
     # one node: gloo talks over loopback (DeepSpeed's default for OpenMPI is btl_tcp_if_include eth0)
-    CMD=("${DS_LAUNCHER[@]}" --hostfile "$RUN_DIR/hostfile" --force_multi --no_ssh_check --launcher openmpi
+    CMD=("${DS_LAUNCHER[@]}" --hostfile "$LOG_DIR/hostfile" --force_multi --no_ssh_check --launcher openmpi
          --master_addr 127.0.0.1 --master_port "$MASTER_PORT"
          --launcher_args "--output-filename $LOG_DIR --mca btl_tcp_if_include lo $ROOT_ARG -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$MASTER_PORT -x OMP_NUM_THREADS ${LAUNCHER_ARGS:-}"
          "${RUN[@]}")

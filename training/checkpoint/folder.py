@@ -20,7 +20,6 @@ import shutil
 from typing import Optional
 
 from common.errors import UserError
-from training.checkpoint.format import read_meta
 from training.checkpoint.disk_full import checkpoint_file_guard
 
 
@@ -136,6 +135,9 @@ def remove_partial_saves(folder: str) -> None:
 
 def last_checkpoints(run_dir: str, k: int) -> list[str]:
     """The last k complete step_* checkpoints of a run (its output_dir or its checkpoints/ folder), oldest first."""
+    # here, not at the top: format imports torch, which the launch scripts' run-folder check (training.plan.
+    # launch_check, before every launch) has no use for
+    from training.checkpoint.format import read_meta
     if k < 1:
         raise UserError(f"--last {k} must be >= 1")
     root = checkpoints_dir(run_dir) if os.path.isdir(checkpoints_dir(run_dir)) else run_dir

@@ -25,7 +25,7 @@ PARALLEL_KEYS = {"model_parallel": "mp", "pipeline_stage": "pipeline_stage", "mi
                  "optimizer_shard": "enable_parallel_optimizer", "gradient_aggregation_group":
                  "gradient_aggregation_group", "recompute": "recompute", "vocab_emb_dp": "vocab_emb_dp",
                  "zero_stage": "zero_stage", "pipeline_func": "pipeline_func", "data_parallel": "data_parallel",
-                 "interleave_num": "interleave_num"}
+                 "interleave_num": "interleave_num", "world_size": "world_size"}
 
 # What each numeric flag accepts (common.cli_args): the command line and a recipe's values are checked by the same
 # type. Ranges that depend on other flags or on the world size are model.config.validate_layout's.
@@ -113,6 +113,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "and looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder")
 
     g = p.add_argument_group("parallelism and memory")
+    g.add_argument("--world_size", type=POSITIVE, default=None,
+                   help="the processes the layout is written for (a recipe's parallel.world_size): run.sh and a "
+                        "recipe's run.sh start that many, plan.py plans for it; train.py runs on the world its "
+                        "launcher gives it and says so when that differs")
     g.add_argument("--data_parallel", type=POSITIVE, default=None,
                    help="optional check: the dp size you expect (derived from the world size otherwise)")
     g.add_argument("--zero_stage", type=int, default=None, choices=[0, 1, 2, 3],
@@ -220,9 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of "
                         "hanging it. Raise it if a step, a save or data preparation legitimately takes longer")
     g.add_argument("--save_on_signal", type=_bool, default=True,
-                   help="1 (default): on SIGTERM or SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) to "
-                        "any rank or to the launcher, every rank finishes its step, a checkpoint of that step is "
-                        "saved and the job exits non-zero, saying how to resume; 0: stop after the step, no save")
+                   help="1 (default): on SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) or "
+                        "SIGHUP (a closed terminal) to any rank or to the launcher, every rank finishes its step, a "
+                        "checkpoint of that step is saved and the job exits non-zero, saying how to resume; 0: stop "
+                        "after the step, no save")
 
     p.add_argument("--recipe", default=None, help="JSON recipe (recipes/*/*.json); flags given here override it")
     p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)

@@ -62,6 +62,7 @@ class ModelSection:
 @dataclass(frozen=True)
 class ParallelSection:
     distribute: str = "auto"                  # true | false | auto
+    world_size: Optional[int] = None          # the processes the layout is written for (launchers start that many)
     mp: int = 1
     pipeline_stage: int = 1
     micro_batch_num: int = 1
@@ -76,6 +77,20 @@ class ParallelSection:
     precision: str = "fp32"
     deepspeed_config: Optional[str] = None    # a DeepSpeed JSON file merged over the generated config
     deepspeed_overrides: dict = field(default_factory=dict)   # a recipe's "deepspeed" section
+
+    def __post_init__(self):
+        # against the layout (mp × pipeline_stage must divide it) where a world is chosen: plan.py --check, which
+        # run.sh runs at this size before any rank starts; here only what needs no layout (flags may change mp)
+        if self.world_size is not None and self.world_size < 1:
+            raise UserError(f"--world_size {self.world_size} must be >= 1 (the processes the layout is written for)")
+
+    def world_size_note(self, world: int) -> Optional[str]:
+        """The line train.py prints when its launcher started another number of processes than the layout is
+        written for (it runs anyway: dp = world // mp // pipeline_stage follows the real world)."""
+        if self.world_size is None or self.world_size == world:
+            return None
+        return (f"note: the layout is written for {self.world_size} processes (world_size) but this job has "
+                f"{world}; dp follows the job: world // mp // pipeline_stage")
 
     def parallel_config(self, world_size: int) -> ParallelConfig:
         """The layout at this world size (dp derived as world // mp // pipeline_stage, as in the seed)."""
@@ -169,7 +184,7 @@ class FaultsSection:
     nan_policy: str = "stop"
     nan_skip_limit: int = 10
     comm_timeout: float = 1800.0
-    save_on_signal: bool = True               # SIGTERM / SIGUSR1 / the launcher's end: save the step, then stop
+    save_on_signal: bool = True               # SIGTERM / SIGUSR1 / SIGHUP / the launcher's end: save, then stop
 
 
 @dataclass(frozen=True)
@@ -229,7 +244,7 @@ class TrainConfig:
                 continue
             section, name = RENAMED.get(dest, (owners.get(dest), dest))
             if section is None:
-                continue                         # a caller's own extra flags (plan.py's --world_size ...)
+                continue                         # a caller's own extra flags (plan.py's --hostfile ...)
             values[section][name] = value
         return cls(**{name: SECTIONS[name](**kw) for name, kw in values.items()}, recipe=getattr(args, "recipe", None),
                    explicit=dict(getattr(args, "explicit", None) or {}))

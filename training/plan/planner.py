@@ -21,7 +21,7 @@ from model.config import ModelConfig, ParallelConfig
 from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
 from common.cli_args import integer, number
 from common.errors import UserError
-from training.config.flags import build_parser, parse_args
+from training.config.flags import build_parser, given_flags, parse_args
 from training.config.sections import TrainConfig
 from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
 from model.costs import (activation_bytes, boundary_bytes, boundary_tensors, deepspeed_buffer_bytes, dp_bytes,
@@ -74,15 +74,19 @@ def count_params(modules: Sequence[tuple[str, object]]) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------------------------------------ plan
 
-def resolve_world(world_size: Optional[int], hostfile: Optional[str]) -> tuple[int, Optional[list[Host]]]:
+def resolve_world(world_size: Optional[int], hostfile: Optional[str],
+                  world_size_given: bool = True) -> tuple[int, Optional[list[Host]]]:
+    """(processes, hosts): a hostfile's slots, else --world_size (or the recipe's world_size). A hostfile wins over
+    the recipe's value, as a flag wins over a recipe key; a --world_size given beside it must agree."""
     hosts = read_hostfile(hostfile) if hostfile else None
     if hosts is not None:
         slots = sum(h.slots for h in hosts)
-        if world_size is not None and world_size != slots:
+        if world_size_given and world_size is not None and world_size != slots:
             raise UserError(f"--world_size {world_size} but the hostfile {hostfile} has {slots} slots; give one")
         return slots, hosts
     if world_size is None:
-        raise UserError("give the world to plan for: --world_size N (processes) or --hostfile H (DeepSpeed hostfile)")
+        raise UserError("give the world to plan for: --world_size N (processes), --hostfile H (DeepSpeed hostfile), "
+                        "or a recipe whose \"parallel\" section says \"world_size\"")
     return world_size, None
 
 
@@ -310,7 +314,6 @@ def build_plan_parser() -> argparse.ArgumentParser:
                      "contents, per-rank memory and communication — without starting training.")
     p.epilog = EPILOG
     g = p.add_argument_group("plan.py")
-    g.add_argument("--world_size", type=integer(1), default=None, help="processes to plan for")
     g.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: world = its slots, nodes = its hosts")
     g.add_argument("--gpus_per_node", type=integer(1), default=8,
                    help="ranks per node when no hostfile is given (default 8)")
@@ -333,7 +336,8 @@ def build_plan_parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list] = None) -> int:
     args = parse_args(argv, parser=build_plan_parser())
     cfg = TrainConfig.from_flags(args)
-    world, hosts = resolve_world(args.world_size, args.hostfile)
+    world, hosts = resolve_world(args.world_size, args.hostfile,
+                                 world_size_given="world_size" in given_flags(build_plan_parser(), argv))
     if args.write_hostfile:
         if hosts is None:
             raise UserError("--write_hostfile needs --hostfile")

@@ -10,8 +10,9 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
   child is killed by a signal nobody sent to the job as a whole (`kill -9` of one rank, the out-of-memory killer,
   a segfault), the parent prints `error: rank R (pid P on HOST) was killed by SIGKILL ...` and then dies by the same
   signal, so the launcher sees exactly what it saw before. SIGTERM, SIGHUP and SIGUSR1 sent to the parent (how
-  launchers and schedulers stop a job) are forwarded to the child — with SIGCONT, so a stopped child ends too — and
-  reported by nobody (the child saves and says so: training.run.stop_request). The child dies with the parent
+  launchers, schedulers and a closed terminal stop a job) are forwarded to the child — with SIGCONT, so a stopped
+  child ends too — and reported by nobody (the child saves and says so: training.run.stop_request); one ignored
+  when the rank started (`nohup`: SIGHUP) is left ignored. The child dies with the parent
   (PR_SET_PDEATHSIG). Ctrl-C reaches both through the terminal's process group.
 - Every other node hears of it through the job's store (training.run.job_watch): the parent of a rank that was
   killed, or that exited with an error, writes what happened there, and every rank's watcher ends its process
@@ -197,7 +198,8 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
 
     _set_process_name(b"rank-supervisor")
     for s in FORWARDED:
-        signal.signal(s, forward)
+        if signal.getsignal(s) != signal.SIG_IGN:       # nohup: the child ignores SIGHUP too (inherited); so do we
+            signal.signal(s, forward)
     signal.signal(signal.SIGINT, lambda *_: told.append(signal.SIGINT))    # the terminal sent it to the child too
     stopped_since: Optional[float] = None
     stop_signal = signal.SIGSTOP

@@ -1,15 +1,20 @@
-"""A request to stop — SIGTERM or SIGUSR1 (a scheduler's preemption notice; SLURM's `--signal`) to any rank, or the
-end of the launcher that started this rank — ends the job after the current step, on every rank at the same step,
-with a checkpoint of that step (`--save_on_signal`, default on).
+"""A request to stop — SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's `--signal`) or SIGHUP (a closed
+terminal, some schedulers) to any rank, or the end of the launcher that started this rank — ends the job after the
+current step, on every rank at the same step, with a checkpoint of that step (`--save_on_signal`, default on).
 
-- `StopRequest.install()` turns SIGTERM and SIGUSR1 into a note (the step goes on), and starts a thread that
+- `StopRequest.install()` turns SIGTERM, SIGUSR1 and SIGHUP into a note (the step goes on), and starts a thread that
   watches the launcher processes above this rank (its supervisor, DeepSpeed's launch.py and runner, mpirun/orted,
   torchrun — found by their command lines when the rank starts, up to the first process that is none of these, so
   a user's shell or `nohup` is never watched). When one of them ends or is re-parented, the rank notes "the
   launcher ended": `kill -TERM` of the bare `deepspeed` command kills only the runner, whose launch.py and ranks
-  would otherwise train on with no parent, holding the output folder.
+  would otherwise train on with no parent, holding the output folder. A signal that was ignored when the rank
+  started stays ignored: `nohup` (SIGHUP ignored) keeps a run alive after its terminal closes. After a hangup the
+  terminal is gone: stdout and stderr, if they were it, are pointed at /dev/null so that logging cannot end the run
+  before its save.
 - `agreed(device)` after every step: a one-number all-reduce (MAX) over the world, so a note on any one rank stops
-  every rank after the same step (a rank that took a signal a moment later than another stops at the same step).
+  every rank after the same step (a rank that took a signal a moment later than another stops at the same step). A
+  signal outranks the launcher's end: a closed terminal's SIGHUP also kills DeepSpeed's launch.py (it handles only
+  SIGTERM and SIGINT), and the line should name the signal the job was sent, whichever a rank noticed first.
 - Ctrl-C (SIGINT) keeps its quick exit: no save, "interrupted", no traceback (common.errors.run_cli).
 
 The launcher gives the ranks time to finish: DeepSpeed's launch.py sends SIGTERM and kills what is left after 30 s,
@@ -23,8 +28,9 @@ import signal
 import threading
 from typing import Optional
 
-SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-LAUNCHER_ENDED = 100              # the code a rank contributes when its launcher ended (signals use their numbers)
+SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
+LAUNCHER_ENDED = 100              # the code a rank notes when its launcher ended (signals use their numbers)
+SIGNAL_VOTE = 1000                # in the all-reduce a signal counts 1000 + its number, above LAUNCHER_ENDED
 # command-line fragments of the processes that launch and supervise ranks
 LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deepspeed", "torch.distributed.run",
              "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec", "rank-supervisor")
@@ -75,6 +81,28 @@ def program_name(cmdline: str) -> str:
     return os.path.basename(scripts[0] if scripts else (words[0] if words else "?"))
 
 
+def _hung_up(fd: int) -> bool:
+    """Whether `fd` is a terminal that was hung up (closed): poll says POLLHUP at once (a live terminal, a file or a
+    pipe does not)."""
+    import select
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLOUT)
+        return any(events & select.POLLHUP for _, events in poller.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def leave_a_closed_terminal() -> None:
+    """After its terminal closed, every write to it fails (EIO), and the next log line would end the run with a
+    traceback before its save: stdout and stderr, where they are that terminal, go to /dev/null instead."""
+    for fd in (1, 2):
+        if _hung_up(fd):
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, fd)
+            os.close(null)
+
+
 class StopRequest:
     def __init__(self):
         self.code = 0                          # 0: none; a signal number; LAUNCHER_ENDED
@@ -85,7 +113,8 @@ class StopRequest:
 
     def install(self) -> "StopRequest":
         for s in SIGNALS:
-            signal.signal(s, self._note_signal)
+            if signal.getsignal(s) != signal.SIG_IGN:                     # nohup's SIGHUP stays ignored
+                signal.signal(s, self._note_signal)
         chain = self._chain = launcher_chain()
         if chain and os.path.isdir("/proc"):
             self._thread = threading.Thread(target=self._watch, name="launcher-watch", daemon=True)
@@ -93,7 +122,9 @@ class StopRequest:
         return self
 
     def _note_signal(self, signum, _frame) -> None:
-        if not self.code:
+        if signum == signal.SIGHUP:
+            leave_a_closed_terminal()
+        if not self.code or self.code == LAUNCHER_ENDED:        # the signal is the cause, the launcher's end its effect
             self.code = int(signum)
 
     def _watch(self) -> None:
@@ -131,9 +162,11 @@ class StopRequest:
             return self.code
         import torch
         import torch.distributed as dist
-        flag = torch.tensor([self.code], dtype=torch.int32, device=device)
+        vote = SIGNAL_VOTE + self.code if self.code and self.code != LAUNCHER_ENDED else self.code
+        flag = torch.tensor([vote], dtype=torch.int32, device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return int(flag.item())
+        agreed = int(flag.item())
+        return agreed - SIGNAL_VOTE if agreed > SIGNAL_VOTE else agreed
 
     def describe_agreed(self, code: int) -> str:
         """`describe` for the code the ranks agreed on; when another rank noticed its launcher's end first, this

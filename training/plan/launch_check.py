@@ -1,0 +1,95 @@
+"""What the launch scripts (run_scripts/launch_common.sh) ask before they start anything:
+
+    python -m training.plan.launch_check world_size [train.py flags, e.g. --recipe R.json --steps 20]
+        the processes the layout is written for, as train.py reads it (--world_size, else the recipe's
+        parallel.world_size); nothing when neither says
+    python -m training.plan.launch_check run_folder RUN_DIR [--resume VALUE] [--earlier RUNS_DIR/NAME]
+        one `error:` line (status 2) when this launch must not start in RUN_DIR
+
+A recipe's run folder (RUNS_DIR/<recipe>[-<RUN_NAME>]) is the same for every launch of that recipe and name, so the
+"resume with --resume" a stopped run prints works by adding --resume to the same command. Two histories must not
+mix there: a launch without --resume into a run folder whose output holds checkpoints is refused here, before any
+process starts, naming --resume and RUN_NAME (train.py refuses it too, but names --output_dir, which a run.sh user
+never gave). Run folders used to carry their launch's time (RUNS_DIR/NAME-YYYYmmdd-HHMMSS, one per launch): a
+`--resume` or `--resume auto` that finds no checkpoint in the run folder while such an earlier folder holds some is
+refused naming it — `--resume auto` would otherwise start that run over from step 0.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import sys
+from typing import Optional
+
+from common.errors import UserError, run_cli
+from training.checkpoint.folder import saved_checkpoints, step_of
+
+OUTPUT = "output"                                 # a run folder's train.py --output_dir
+TIMESTAMPED = r"-\d{8}-\d{6}(-\d+)?"              # the per-launch suffix run folders had: -YYYYmmdd-HHMMSS[-N]
+RESUME_LATEST = ("latest", "auto")                # --resume without a path (train.py's values)
+
+
+def world_size(argv: list[str]) -> str:
+    """The world size train.py would read from these flags (and their recipe), or "" when none is set."""
+    from training.config.flags import parse_args
+    value = parse_args(argv).world_size
+    return "" if value is None else str(value)
+
+
+def held_checkpoints(run_dir: str) -> Optional[str]:
+    """'checkpoints up to step_N' (or their names) when RUN_DIR's output holds complete checkpoints, else None."""
+    saved = saved_checkpoints(os.path.join(run_dir, OUTPUT))
+    if not saved:
+        return None
+    steps = [name for name in saved if name.startswith("step_") and step_of(name) is not None]
+    return f"checkpoints up to {max(steps, key=step_of)}" if steps else f"checkpoints ({', '.join(saved)})"
+
+
+def earlier_run_folders(prefix: str) -> list[str]:
+    """The folders RUNS_DIR/NAME-<time> earlier launches made (prefix = RUNS_DIR/NAME), newest first."""
+    base, name = os.path.split(prefix)
+    if not os.path.isdir(base):
+        return []
+    pattern = re.compile(re.escape(name) + TIMESTAMPED)
+    found = [n for n in os.listdir(base) if pattern.fullmatch(n) and os.path.isdir(os.path.join(base, n))]
+    return [os.path.join(base, n) for n in sorted(found, reverse=True)]
+
+
+def check_run_folder(run_dir: str, resume: Optional[str], earlier: Optional[str]) -> None:
+    """UserError when a launch into RUN_DIR would mix two runs, or when --resume would miss the run it means."""
+    held = held_checkpoints(run_dir)
+    if held and resume is None:
+        raise UserError(f"run folder {run_dir} already holds {held}: add --resume to this command to continue that "
+                        f"run, or set RUN_NAME=NAME to start a new run beside it")
+    if held or resume not in RESUME_LATEST or not earlier:
+        return
+    for old in earlier_run_folders(earlier):
+        old_held = held_checkpoints(old)
+        if old_held:
+            flag = "--resume auto" if resume == "auto" else "--resume"
+            raise UserError(f"{flag}: run folder {run_dir} holds no checkpoint, but {old} (the folder of an earlier "
+                            f"launch, from before run folders kept their name) holds {old_held}: continue that run "
+                            f"here with --resume {os.path.join(old, OUTPUT)}, or move {old} away to start afresh")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["world_size"]:
+        print(world_size(argv[1:]))
+        return 0
+    if argv[:1] == ["run_folder"]:
+        p = argparse.ArgumentParser(prog="python -m training.plan.launch_check run_folder")
+        p.add_argument("run_dir")
+        p.add_argument("--resume", default=None, help="train.py's --resume value: latest, auto or a path")
+        p.add_argument("--earlier", default=None, help="RUNS_DIR/NAME: where earlier launches' folders began")
+        args = p.parse_args(argv[1:])
+        check_run_folder(args.run_dir, args.resume, args.earlier)
+        return 0
+    raise UserError("usage: python -m training.plan.launch_check world_size [train.py flags] | run_folder RUN_DIR "
+                    "[--resume VALUE] [--earlier RUNS_DIR/NAME]")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")     # a recipe's deepspeed section imports DeepSpeed: no GPU probe
+    run_cli(main)
