@@ -113,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "and looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder")
 
     g = p.add_argument_group("parallelism and memory")
-    g.add_argument("--world_size", type=POSITIVE, default=None,
+    g.add_argument("--world_size", type=integer(1, why="the processes the layout is written for"), default=None,
                    help="the processes the layout is written for (a recipe's parallel.world_size): run.sh and a "
                         "recipe's run.sh start that many, plan.py plans for it; train.py runs on the world its "
                         "launcher gives it and says so when that differs")
