@@ -61,7 +61,10 @@ def worker(repo: str, report: str, argv: list[str]) -> int:
     from training.trainer import run_training
     manager.save = _measured(manager.save, "save", report)   # the CheckpointManager looks them up here
     manager.load = _measured(manager.load, "load", report)
-    return run_training(parse_config(argv))
+    from training.run.job import leave_job
+    rc = run_training(parse_config(argv))
+    leave_job()
+    return rc
 
 
 def _serial_params(repo: str, run_dir: str) -> int:

@@ -33,16 +33,8 @@ def main(argv=None) -> int:
     from training.trainer import run_training
     with reported_collective_failures(config.faults.comm_timeout):   # a peer died or hung: one line, no traceback
         rc = run_training(config)
-        from training.run.job_watch import JobWatch
-        if JobWatch.current is not None:      # before the barrier: rank 0 leaves (taking the job's store with it)
-            JobWatch.current.close()          # only after every rank's watcher has stopped
-        # Leave together: a rank that tears its process group down while a peer still talks to it can abort the
-        # peer ("terminate called without an active exception"). On an error we skip this and let the launcher
-        # stop the other ranks.
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-            dist.destroy_process_group()
+        from training.run.job import leave_job
+        leave_job()                           # every rank's job watch stopped, then one barrier, then the group
     return rc
 
 

@@ -44,10 +44,8 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from demos.interleaved_mlp.train import train_digits
     train_digits(args)
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    from training.run.job import leave_job
+    leave_job()
     return 0
 
 

@@ -23,7 +23,8 @@ import psutil
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, read_metrics, run_script, run_train, script_env
+from tests.launch import (REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, read_metrics, run_python, run_script, run_train,
+                          script_env)
 
 
 @pytest.fixture(autouse=True)
@@ -806,3 +807,31 @@ def test_a_launched_rank_leaves_without_interpreter_teardown(world, code, tmp_pa
     assert proc.returncode == int(code), proc.stderr
     assert proc.stdout.startswith("rank output")
     assert ("interpreter teardown ran" in proc.stdout) == (world == "1"), proc.stdout
+
+
+LEAVE_JOB_SCRIPT = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+from common.errors import run_cli
+def main():
+    from training.run.job import join_job, leave_job
+    join_job("true", 60)
+    import torch.distributed as dist
+    rank = dist.get_rank()
+    leave_job()
+    if rank != 0:
+        time.sleep(4)      # rank 0 has left (and taken the job's store with it) long before this rank does
+    print(f"rank {{rank}} left", flush=True)
+    return 0
+run_cli(main)
+"""
+
+
+def test_a_finished_job_leaves_together_without_reporting_rank_0s_exit(tmp_path):
+    """leave_job (train.py, the test driver, the demos): every rank's job watch stops before the barrier, so rank
+    0 leaving at once (os._exit, its store gone) is not reported by a slower rank as rank 0's failure (exit 3)."""
+    script = tmp_path / "leave_job.py"
+    script.write_text(LEAVE_JOB_SCRIPT.format(root=str(REPO_ROOT)))
+    proc = run_python(launch_cmd(2, str(script)), env=env(), timeout=120)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert "rank 1 left" in proc.stdout and "stopping:" not in proc.stderr, proc.stderr[-2000:]

@@ -226,7 +226,7 @@ def run_distributed(cfg: MLPConfig, out_dir: Optional[str]) -> int:
     import torch.distributed as dist
 
     from demos.strategy.execute import make_mesh
-    from training.run.job import join_job
+    from training.run.job import join_job, leave_job
     world = join_job("auto")
     rank = dist.get_rank()
     try:
@@ -247,7 +247,8 @@ def run_distributed(cfg: MLPConfig, out_dir: Optional[str]) -> int:
         if rank == 0:
             print(execute_dump(result.plan, result.runner.records, rank, result.backward),
                   flush=True)
-        dist.barrier()
+        leave_job()                                    # watches stopped, barrier, group torn down
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():                      # an error: no barrier (the launcher stops the others)
+            dist.destroy_process_group()
     return 0

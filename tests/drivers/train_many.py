@@ -68,8 +68,8 @@ def main() -> int:
     if checker is not None:
         checker.uninstall()
         print(f"device check: {checker.checked} collective calls, every tensor on the engine's device", flush=True)
-    dist.barrier()
-    dist.destroy_process_group()
+    from training.run.job import leave_job
+    leave_job()                      # as train.py leaves: job watches stopped, barrier, process group torn down
     return 0
 
 
