@@ -816,6 +816,7 @@ from common.errors import run_cli
 def main():
     from training.run.job import join_job, leave_job
     join_job("true", 60)
+    join_job("true", 60)   # a second run in the same job (tests/drivers/train_many.py): still one job watch
     import torch.distributed as dist
     rank = dist.get_rank()
     leave_job()

@@ -179,6 +179,8 @@ class JobWatch:
         addr = _address()
         if world <= 1 or addr is None or os.environ.get("DSR_JOB_WATCH") == "0":
             return None
+        if cls.current is not None and cls.current.addr == addr:
+            return cls.current          # one watch per process: a second run in the same job (the tests' driver)
         watch = cls(rank, world, addr)
         watch._thread.start()
         cls.current = watch
