@@ -836,3 +836,39 @@ def test_a_finished_job_leaves_together_without_reporting_rank_0s_exit(tmp_path)
     proc = run_python(launch_cmd(2, str(script)), env=env(), timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "rank 1 left" in proc.stdout and "stopping:" not in proc.stderr, proc.stderr[-2000:]
+
+
+THREADS_SCRIPT = """
+import os, sys
+sys.path.insert(0, {root!r})
+from common.errors import run_cli
+def main():
+    from training.run.job import join_job, leave_job
+    join_job("true", 60)
+    import torch
+    import torch.distributed as dist
+    print(f"rank {{dist.get_rank()}} threads {{torch.get_num_threads()}} env {{os.environ['OMP_NUM_THREADS']}}",
+          flush=True)
+    leave_job()
+    return 0
+run_cli(main)
+"""
+
+
+@pytest.mark.parametrize("given", [None, "2"])
+def test_ranks_share_the_nodes_cores_when_omp_num_threads_is_unset(given, tmp_path):
+    """DeepSpeed's launcher leaves OMP_NUM_THREADS unset (every rank then runs a thread per core: 3× slower per step
+    with 2 ranks on 2 cores). Unset: each rank takes cores ÷ local ranks (at least 1), said once on the node; set by
+    the user: kept, nothing said."""
+    script = tmp_path / "threads.py"
+    script.write_text(THREADS_SCRIPT.format(root=str(REPO_ROOT)))
+    e = {k: v for k, v in env().items() if k != "OMP_NUM_THREADS"}
+    if given:
+        e["OMP_NUM_THREADS"] = given
+    proc = run_python(launch_cmd(2, str(script)), env=e, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = int(given) if given else max(1, len(os.sched_getaffinity(0)) // 2)
+    lines = sorted(line for line in proc.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r} threads {want} env {want}" for r in (0, 1)], proc.stdout
+    notes = [line for line in proc.stdout.splitlines() if "OMP_NUM_THREADS is not set" in line]
+    assert len(notes) == (0 if given else 1), proc.stdout

@@ -3,8 +3,10 @@ rank that fails on any node — even before the rendezvous, as rank 0 refusing i
 rank (training.run.job_watch). Every entry point that trains (train.py, the seed demos, the benchmarks) joins here."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
+from common.ranks import local_rank_from_env
 from training.core.distributed import init_distributed
 from training.run.job_watch import JobWatch, mark_store_served
 
@@ -13,8 +15,37 @@ def join_job(distribute: str, comm_timeout: Optional[float] = None) -> int:
     """The world size, once this process is in the job's process group (or a one-process one)."""
     # before the rendezvous: rank 0 may refuse before it serves the store; after it: rank 0's store exists, and
     # its end tells every rank
-    return init_distributed(distribute, comm_timeout, before_rendezvous=JobWatch.start,
-                            after_rendezvous=mark_store_served)
+    world = init_distributed(distribute, comm_timeout, before_rendezvous=JobWatch.start,
+                             after_rendezvous=mark_store_served)
+    share_cores()
+    return world
+
+
+def _local_ranks() -> int:
+    for key in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):   # deepspeed, torchrun, mpirun
+        value = os.environ.get(key, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def share_cores(environ=os.environ, cores: Optional[int] = None) -> Optional[int]:
+    """With several ranks on a node and OMP_NUM_THREADS unset, each rank takes the node's cores ÷ its ranks (at
+    least 1) and local rank 0 says so once, as torchrun does; DeepSpeed's launcher leaves it unset, and every rank
+    then runs a thread per core: 2 ranks on 2 cores took 3.0× longer per step. Returns the threads set, or None
+    (set by the user, or one rank on the node: torch's default, every core)."""
+    local = _local_ranks()
+    if "OMP_NUM_THREADS" in environ or local <= 1:
+        return None
+    cores = cores or len(os.sched_getaffinity(0))
+    threads = max(1, cores // local)
+    environ["OMP_NUM_THREADS"] = str(threads)
+    import torch
+    torch.set_num_threads(threads)                  # torch is loaded by now: its pool takes the new size too
+    if local_rank_from_env() == 0:
+        print(f"note: OMP_NUM_THREADS is not set: each of the {local} ranks on this node uses {threads} thread"
+              f"{'s' if threads > 1 else ''} ({cores} cores ÷ {local}); set OMP_NUM_THREADS to choose", flush=True)
+    return threads
 
 
 def leave_job() -> None:
