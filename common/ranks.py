@@ -34,6 +34,15 @@ def world_and_rank_from_env() -> tuple[int, int]:
     return 1, 0
 
 
+def local_size_from_env() -> int:
+    """How many ranks the launcher started on this node (1 for one process): deepspeed, torchrun, mpirun."""
+    for key in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):
+        size = _env_int(key)
+        if size is not None and size > 0:
+            return size
+    return 1
+
+
 def local_rank_from_env() -> int:
     """This process's rank on its node (0 for one process)."""
     for key in ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"):

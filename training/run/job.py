@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
-from common.ranks import local_rank_from_env
+from common.ranks import local_rank_from_env, local_size_from_env
 from training.core.distributed import init_distributed
 from training.run.job_watch import JobWatch, mark_store_served
 
@@ -21,20 +21,12 @@ def join_job(distribute: str, comm_timeout: Optional[float] = None) -> int:
     return world
 
 
-def _local_ranks() -> int:
-    for key in ("LOCAL_SIZE", "LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"):   # deepspeed, torchrun, mpirun
-        value = os.environ.get(key, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    return 1
-
-
 def share_cores(environ=os.environ, cores: Optional[int] = None) -> Optional[int]:
     """With several ranks on a node and OMP_NUM_THREADS unset, each rank takes the node's cores ÷ its ranks (at
     least 1) and local rank 0 says so once, as torchrun does; DeepSpeed's launcher leaves it unset, and every rank
     then runs a thread per core: 2 ranks on 2 cores took 3.0× longer per step. Returns the threads set, or None
     (set by the user, or one rank on the node: torch's default, every core)."""
-    local = _local_ranks()
+    local = local_size_from_env()
     if "OMP_NUM_THREADS" in environ or local <= 1:
         return None
     cores = cores or len(os.sched_getaffinity(0))

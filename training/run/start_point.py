@@ -71,8 +71,8 @@ def decide(section: CheckpointSection, report: Callable[[str], None] = print) ->
     check_start_point(section, path)
     if path is None:
         return StartPoint()
-    return StartPoint(path=path, how=_how(section, path), verified=verify and _how(section, path) == "--resume auto",
-                      meta=read_meta(path))
+    how = _how(section, path)
+    return StartPoint(path=path, how=how, verified=verify and how == "--resume auto", meta=read_meta(path))
 
 
 def agree(section: CheckpointSection, report: Callable[[str], None] = print) -> StartPoint:
