@@ -221,7 +221,10 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
               f" s when the job was ended: it could not answer the other ranks", file=sys.stderr, flush=True)
     if os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
-        if code not in (0, job_watch.ABORTED) and not told:    # news for the other nodes: this rank failed
+        # a rank that stopped on a request saved and exits 128 + the signal — often before the launcher's own
+        # SIGTERM reaches us (the request came through a collective): no failure, nothing to tell
+        stopped = code in {128 + s for s in FORWARDED + (signal.SIGINT,)}
+        if code not in (0, job_watch.ABORTED) and not told and not stopped:    # news: this rank failed
             detail = relay.last_error or f"it exited with status {code}; its log says why"
             job_watch.publish_abort(f"{where} failed: {detail}", rank, world, store_served=_store_served(ready))
         os._exit(code)
