@@ -120,17 +120,19 @@ def _model_settings(meta: dict, flags, explicit: dict, path: str, taken: list, o
 
 
 def _tokenizer(meta: dict, flags, explicit: dict, path: str, taken: list) -> None:
-    tokenizer = recorded_tokenizer(path, meta)
-    if tokenizer is None:
-        return
     if "tokenizer" not in explicit:
-        flags.tokenizer = tokenizer
-        taken.append(f"tokenizer={tokenizer}")
-    elif (meta.get("tokenizer_sha256") and os.path.isfile(flags.tokenizer)
-          and file_sha256(flags.tokenizer) != meta["tokenizer_sha256"]):
+        tokenizer = recorded_tokenizer(path, meta)     # a missing or changed copy asks for --tokenizer: see below
+        if tokenizer is not None:
+            flags.tokenizer = tokenizer
+            taken.append(f"tokenizer={tokenizer}")
+        return
+    # the user's tokenizer, whatever became of the copy: it must be the one the weights were trained with
+    if (meta.get("tokenizer_sha256") and os.path.isfile(flags.tokenizer)
+            and file_sha256(flags.tokenizer) != meta["tokenizer_sha256"]):
         raise UserError(f"{explicit['tokenizer']} {flags.tokenizer} is not the tokenizer checkpoint {path} was "
                         f"trained with (sha256 differs): its token ids would not match the weights. Leave it out "
-                        f"to use the checkpoint's own copy ({tokenizer})")
+                        f"to use the checkpoint's own copy ({meta.get('tokenizer')} in it), or give that run's "
+                        f"tokenizer file")
 
 
 def _data_order(meta: dict, flags, explicit: dict, taken: list) -> None:
