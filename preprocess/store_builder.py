@@ -190,10 +190,23 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
             yield future.result(), fraction
     except BrokenProcessPool:
         raise _lost_worker(pool, encoder_args[-1]) from None
+    except BaseException:
+        # a failed block (a bad line), a full disk, Ctrl-C: the blocks in the workers are of no use now, and each
+        # would take seconds to finish (SIGTERM ends a worker: its handlers are the default ones)
+        _stop_workers(pool)
+        raise
     finally:
-        # a failed block (a bad line, a full disk) or Ctrl-C: the blocks not yet started are dropped, the running
-        # ones end within a block's time; the workers then leave
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    stop = getattr(pool, "terminate_workers", None)         # Python 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.terminate()
 
 
 class _Progress:
