@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import os
+import select
 import socket
 import time
 from typing import Iterator, Optional
@@ -24,11 +26,23 @@ OTHERS_DELAY = 10.0            # a waiter's own line comes late: the failed rank
 _round = itertools.count()     # every rank prepares the same data sets in the same order: one key space each
 
 
+def _canary() -> Optional[socket.socket]:
+    """An idle connection to the job's store (MASTER_ADDR:MASTER_PORT): readable once the store's server is gone."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.isdigit():
+        return None
+    try:
+        return socket.create_connection((addr, int(port)), timeout=5.0)
+    except OSError:
+        return None
+
+
 class DataWait:
     """One round of data preparation (the training set, the validation set) for a job of several processes."""
 
     def __init__(self, rank: int, world: int, local_rank: int, store):
         self.rank, self.world, self.local_rank, self.store = rank, world, local_rank, store
+        self.canary = _canary()
         self.key = f"{PREFIX}/{next(_round)}"
         self.leader = rank - local_rank                        # the node's local rank 0 (ranks are node-contiguous)
 
@@ -43,10 +57,22 @@ class DataWait:
 
     def _ask(self, call, *args):
         try:
+            if self._store_gone():
+                raise ConnectionError
             return call(*args)
         except Exception:  # noqa: BLE001 - the store is gone: rank 0's process ended
             raise UserError(f"rank {self.rank}: stopping: rank 0's process ended while the data was being prepared; "
                             f"its log says why", report_delay=OTHERS_DELAY, exit_status=ABORTED) from None
+
+    def _store_gone(self) -> bool:
+        """The idle canary connection reads its end: asking the store now would fail, and torch logs a C++ stack
+        for it (the job watch, which sees the same, ends this process within a second)."""
+        if self.canary is None or not select.select([self.canary], [], [], 0)[0]:
+            return False
+        try:
+            return not self.canary.recv(1)
+        except OSError:
+            return True
 
     def _get(self, key: str) -> Optional[str]:
         return self._ask(lambda: self.store.get(key).decode() if self.store.check([key]) else None)
@@ -66,6 +92,9 @@ class DataWait:
             with contextlib.suppress(Exception):
                 self.store.compare_set(f"{self.key}/failed", "",
                                        f"rank {self.rank} ({socket.gethostname()}) could not prepare the data: {exc}")
+                # the waiters read it and stop asking the store before this process (rank 0's: the store's server)
+                # ends: a store call that meets the server's end makes torch log a C++ stack on their rank
+                time.sleep(3 * POLL)
             raise
         self.store.set(f"{self.key}/ready/{self.rank}", "1")
         self.store.delete_key(f"{self.key}/busy/{self.rank}")
