@@ -11,8 +11,8 @@ nothing is left under the store's name.
 Worker processes are forked (spawned where fork does not exist): they only read the tokenizer file and run
 `tokenizers`, and a fork starts in milliseconds. There are never more of them than blocks. With one process
 (`num_proc` 1) `tokenizers` runs its own threads inside `encode_batch`; worker processes each tokenize on one thread.
-A failure ends the build within a block's time, never in a hang: a bad line or a full disk stops the pool (its
-workers take the default signal handlers, not the parent's), a killed worker breaks it (BrokenProcessPool: one line
+A failure ends the build at once, never in a hang: a bad line or a full disk terminates the workers (they
+take the default signal handlers, not the parent's), a killed worker breaks the pool (BrokenProcessPool: one line
 naming the signal), and the workers die with their parent.
 """
 from __future__ import annotations
