@@ -86,7 +86,8 @@ def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv_small, b
     holder.wait(timeout=30)
     assert ds.cache_hit and ds.build_info is None and ds.num_samples == first.num_samples
     lines = capsys.readouterr().out.splitlines()
-    assert any(f"waiting for the token store {target}: " in line and f"pid {holder.pid}" in line for line in lines), lines
+    said = [line for line in lines if f"waiting for the token store {target}: " in line]
+    assert said and f"pid {holder.pid}" in said[0], lines
     assert not lock_path(target).exists()
 
 
