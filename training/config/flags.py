@@ -222,7 +222,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--comm_timeout", type=COMM_TIMEOUT, default=1800.0,
                    help="seconds a collective waits for the other ranks before the job is ended with a message "
                         "(default 1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of "
-                        "hanging it. Raise it if a step, a save or data preparation legitimately takes longer")
+                        "hanging it. Raise it if a step or a save legitimately takes longer (a first-time token "
+                        "store build is not bounded by it)")
     g.add_argument("--save_on_signal", type=_bool, default=True,
                    help="1 (default): on SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) or "
                         "SIGHUP (a closed terminal) to any rank or to the launcher, every rank finishes its step, a "

@@ -283,5 +283,5 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         who = "; ".join(paused) if paused else "a rank stopped responding (paused, hung, or its node is down)"
         raise UserError(f"rank {rank}: no answer from the other ranks within --comm_timeout {comm_timeout:g} s: "
                         f"{who}, so the job stops. Raise "
-                        f"--comm_timeout if a step, a save or data preparation legitimately takes longer",
+                        f"--comm_timeout if a step or a save legitimately takes longer",
                         report_delay=min(TIMEOUT_DELAY_PER_RANK * rank, 60.0)) from None
