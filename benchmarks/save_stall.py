@@ -7,12 +7,13 @@ One launch of DeepSpeed's launcher per mode on --nproc processes (default 2: tp2
 (d_model 1024, ffn 4096, 4 + 4 blocks, vocab 8000; --size tiny: a 2-block toy for a quick check), --steps steps
 saving every --every steps. Rank 0 notes the wall-clock time at the start of every step, so an iteration's time is
 everything the loop does for that step: the step, logging and any save. The stall of a save is the iteration that
-saves minus a normal iteration (the median of the iterations that do not save, the first one left out: warm-up).
+saves minus a normal iteration: the median of steps 2 to --every - 1 (after the first, a warm-up, and before any
+save, whose thread would slow the steps it overlaps).
 The last step's save is synchronous in both modes (the job's final save) and is not counted. "after" is what a
 background save costs later: the extra time, over a normal iteration, of the iterations after it up to the next save
-or the last step (its thread writes and hashes while they run; on a machine with spare cores that is near zero). The saves go to
---output_dir (default: a temporary folder; give one on the storage you care about). The ranks run under `nice -n 10`.
-This is a measurement, not a test.
+or the last step (its thread writes and hashes while they run; on a machine with spare cores that is near zero).
+The saves go to --output_dir (default: a temporary folder; give one on the storage you care about). The ranks run
+under `nice -n 10`. This is a measurement, not a test.
 """
 from __future__ import annotations
 
@@ -80,7 +81,7 @@ def figures(starts: list[float], every: int) -> dict:
     times = [b - a for a, b in zip(starts, starts[1:])]          # times[i]: the iteration of step i + 1
     steps = len(times)
     saving = [s for s in range(every, steps, every)]                # 1-based steps whose save is counted
-    normal = statistics.median(t for i, t in enumerate(times[1:], start=2) if i % every and i != steps)
+    normal = statistics.median(times[1:every - 1])        # steps 2 … every-1: warmed up, no save anywhere yet
     rows = []
     for s in saving:
         after = [times[i - 1] - normal for i in range(s + 1, min(s + every, steps))]      # the last one saves
@@ -105,6 +106,8 @@ def main() -> int:
     p.add_argument("--output_dir", default=None, help="where the runs save (default: a temporary folder)")
     p.add_argument("--port", type=int, default=29581)
     args = p.parse_args()
+    if args.every < 3:
+        p.error(f"--every {args.every}: at least 3 (steps 2 … every-1 are the normal iterations)")
     if args.steps <= args.every:
         p.error(f"--steps {args.steps} must be larger than --every {args.every}: the last step's save is not "
                 f"counted")

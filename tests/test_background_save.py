@@ -98,13 +98,13 @@ def test_kill_9_while_a_background_save_is_written_resumes_from_the_previous_che
 def test_save_stall_benchmark_at_toy_size(multi30k_tsv, bpe_tokenizer):
     """benchmarks/save_stall.py end to end on a toy model: both modes run and the table has a row for each."""
     proc = subprocess.run([sys.executable, "benchmarks/save_stall.py", "--file_path", str(multi30k_tsv),
-                           "--tokenizer", str(bpe_tokenizer), "--size", "tiny", "--steps", "5", "--every", "2",
+                           "--tokenizer", str(bpe_tokenizer), "--size", "tiny", "--steps", "7", "--every", "3",
                            "--port", str(free_port())], cwd=REPO_ROOT, env=env(), capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = proc.stdout[proc.stdout.index("| mode |"):].splitlines()
     assert [row.split("|")[1].strip() for row in table[2:4]] == ["sync", "background"], table
-    assert len(table[3].split("|")[3].split(",")) == 2                 # saves 2 and 4 (5's, the last, is not counted)
+    assert len(table[3].split("|")[3].split(",")) == 2                 # saves 3 and 6 (7's, the last, is not counted)
 
 
 @pytest.mark.parametrize("steps,every", [("4", "4")])
