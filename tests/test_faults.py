@@ -136,8 +136,10 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
     weight becomes inf after step 8 (DSR_INF_WEIGHT_AT): its save is refused, `latest` stays step_6 and keep-2
     pruning leaves steps 4 and 6."""
     out = tmp_path / "run"
+    # synchronous saves: step 4's is committed before step 5 (a background one may still be in flight when rank 0
+    # dies: tests/test_background_save.py)
     args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
-                 "--keep_checkpoint_max", 2, "--tensorboard", 1)
+                 "--keep_checkpoint_max", 2, "--tensorboard", 1, "--save_mode", "sync")
     crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
                              env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
