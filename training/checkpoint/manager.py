@@ -40,6 +40,7 @@ from training.core.data import check_data_order, data_order, legacy_data_order
 from training.checkpoint.disk_full import checkpoint_file_guard
 from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.shared_folder import check_checkpoint
+from training.checkpoint.spread_verify import verify_spread
 from training.checkpoint.tied_copies import refuse_drifted_tied_copies
 
 
@@ -262,8 +263,10 @@ class CheckpointManager:
             return 0
         rank = dist.get_rank()
         check_checkpoint(start.path)  # every node sees the folder rank 0 chose, with the same meta.json
+        if self.section.verify and not start.verified:
+            verify_spread(start.path)     # each file hashed once in the job, by one rank (collective)
         step = load(self.engine, start.path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
-                    verify=self.section.verify and not (rank == 0 and start.verified))
+                    verify=False)
         if rank == 0:
             saved = start.meta["optimizer"]
             print(f"resumed from {start.path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "

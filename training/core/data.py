@@ -1,6 +1,7 @@
 """From --file_path/--tokenizer to the micro-batches one rank feeds its engine.
 
-Every rank hashes the TSV (at the same time: the hash names the token store); tokenizer training and tokenization
+The TSV's sha256 names the token store: rank 0 takes it (hashed once per change of the file) and broadcasts it
+(training.core.tsv_identity); tokenizer training and tokenization
 then run once per node (local rank 0) while the other ranks wait at a barrier, and every rank maps the store
 read-only, so a node's ranks share its pages (preprocess.token_store). Local rank 0 also verifies the store's
 checksums (rebuilding a damaged one) before the barrier; the others make only the structural checks. `cache_dir` (--cache_dir) is where the store
@@ -21,9 +22,9 @@ import torch.distributed as dist
 
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
-from common.hashing import file_sha256
 from common.ranks import local_rank_from_env
 from preprocess.token_batches import TokenBatchSchedule
+from training.core.tsv_identity import shared_tsv_sha256
 
 
 def _barrier() -> None:
@@ -50,7 +51,7 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
     if tokenizer and not os.path.isfile(tokenizer):
         raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
                         f"leave --tokenizer out to build one from --file_path)")
-    sha = file_sha256(file_path)                     # once per rank, and all ranks at once (not after the barrier)
+    sha = shared_tsv_sha256(file_path, cache_dir)    # rank 0 reads it (or its record) and broadcasts it
     tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size, cache_dir, sha)
     if local_rank_from_env() == 0:
         if not tokenizer and not os.path.isfile(tok_path):
