@@ -124,8 +124,9 @@ def launch(repo: str, nproc: int, report_dir: str, argv: list[str]) -> float:
     start = time.time()
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
+        said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error: ")]
         raise SystemExit(f"error: launch failed (rc={proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}")
+                         f"{proc.stderr[-3000:]}\nthe ranks said: {said[:4]}")
     return start
 
 
