@@ -38,7 +38,7 @@ COMMON = ["--dropout", "0", "--tensorboard", "0", "--log_interval", "1", "--seed
 
 # ------------------------------------------------------------------------------------------------ inside a rank
 class Counter:
-    """Every file_sha256 call of this rank: {path: bytes hashed}, the seconds spent, when the first step ended;
+    """Every file_sha256 call of this rank: {path: bytes hashed}, the CPU seconds spent, when the first step ended;
     rewritten to `report` after each event (a rank may leave without running atexit handlers)."""
 
     def __init__(self, report: str):
@@ -46,9 +46,9 @@ class Counter:
 
     def wrap_hash(self, fn):
         def counted(path):
-            start = time.perf_counter()
+            start = time.thread_time()          # CPU time: other ranks on the same cores do not add to it
             digest = fn(path)
-            self.seconds += time.perf_counter() - start
+            self.seconds += time.thread_time() - start
             key = os.path.realpath(str(path))
             self.files[key] = self.files.get(key, 0) + os.path.getsize(key)
             self.write()
@@ -192,10 +192,10 @@ def _mb(n: float) -> str:
 
 def table(results: dict) -> str:
     """One row per layout; "a → b" is --compare's figure, then --repo's. Bytes are the same in every repeat; times
-    are the fastest of the repeats (a shared machine only ever adds to them)."""
+    are the least of the repeats (a shared machine only ever adds to them)."""
     labels = list(results["repos"])
     lines = ["| layout | checkpoint | checkpoint bytes hashed, all ranks | checkpoint bytes hashed per rank, max | "
-             "all bytes hashed per rank, max | TSV bytes hashed per rank | hashing time, slowest rank | "
+             "all bytes hashed per rank, max | TSV bytes hashed per rank | hashing CPU time, all ranks | "
              "time to first step |", "|---|---|---|---|---|---|---|---|"]
     for name, row in results["layouts"].items():
         def figure(label, what):
@@ -204,7 +204,7 @@ def table(results: dict) -> str:
             if what == "time":
                 return f"{min(r['first_step_s'] for r in runs):.1f} s"
             if what == "hashing":
-                return f"{min(max(rk['hash_seconds'] for rk in r['ranks']) for r in runs):.2f} s"
+                return f"{min(sum(rk['hash_seconds'] for rk in r['ranks']) for r in runs):.2f} s"
             mine = [sum(n for path, n in rk["files"].items() if path in row["checkpoint_files"]) for rk in ranks]
             if what in ("total", "rank"):
                 return _mb(sum(mine) if what == "total" else max(mine))
