@@ -109,25 +109,31 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(repo: str, nproc: int, report_dir: str, argv: list[str]) -> float:
+def launch(repo: str, nproc: int, report_dir: str, argv: list[str], tries: int = 2) -> float:
     """train.py's work through this file's worker on `nproc` ranks (DeepSpeed's per-node launcher); returns the
-    wall time the launch started at."""
+    wall time the launch started at. A failed launch is tried once more (on a shared machine another program may
+    take the free port between its choice and rank 0's bind), its whole output kept in report_dir/launch-N.log."""
     from deepspeed.launcher.runner import encode_world_info
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("OMP_NUM_THREADS", "1")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         env.pop(key, None)
     world = encode_world_info({"localhost": list(range(nproc))})
-    cmd = ["nice", "-n", "10", sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-           "--master_addr=127.0.0.1", f"--master_port={_free_port()}", os.path.abspath(__file__),
-           "--worker", repo, report_dir, *argv]
-    start = time.time()
-    proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        said = [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error: ")]
-        raise SystemExit(f"error: launch failed (rc={proc.returncode}): {' '.join(cmd)}\n{proc.stdout[-3000:]}\n"
-                         f"{proc.stderr[-3000:]}\nthe ranks said: {said[:4]}")
-    return start
+    for attempt in range(1, tries + 1):
+        cmd = ["nice", "-n", "10", sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
+               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", os.path.abspath(__file__),
+               "--worker", repo, report_dir, *argv]
+        start = time.time()
+        proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
+        if proc.returncode == 0:
+            return start
+        log = os.path.join(report_dir, f"launch-{attempt}.log")
+        with open(log, "w", encoding="utf-8") as f:
+            f.write(proc.stdout + "\n" + proc.stderr)
+        said = [line for line in (proc.stdout + proc.stderr).splitlines()
+                if line.startswith("error: ") or "Error" in line.split(":", 1)[0]]
+        print(f"launch {attempt} failed (rc={proc.returncode}; {log}): {said[:3]}", file=sys.stderr, flush=True)
+    raise SystemExit(f"error: launch failed {tries} times: {' '.join(cmd)}")
 
 
 def _kind(path: str, tsv: str, ckpt_root: str) -> str:
