@@ -242,3 +242,30 @@ def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokeni
     text = (out / "metrics.jsonl").read_text()
     assert text.endswith("\n") and os.path.getsize(out / "metrics.jsonl") <= limit
     assert [json.loads(r)["step"] for r in text.splitlines()] == list(range(1, failed))
+
+
+@pytest.fixture(scope="module")
+def saved_tp2_run(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("integrity-tp2") / "run"
+    run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2"))
+    return out
+
+
+def test_on_two_ranks_the_damage_one_rank_finds_is_every_ranks_line_and_resume_auto_falls_back(
+        saved_tp2_run, multi30k_tsv, bpe_tokenizer, tmp_path):
+    """Each file is hashed by one rank (training.checkpoint.spread_verify): TP rank 1's shard by rank 1. Its
+    verdict reaches rank 0, so --resume stops with one line naming the file, and --resume auto skips step 4 (saying
+    why, on rank 0) and resumes every rank from step 2."""
+    out = tmp_path / "run"
+    shutil.copytree(saved_tp2_run, out)
+    (out / ".train.lock").unlink(missing_ok=True)
+    damaged = "shard_pp0_tp1.safetensors"
+    write_float(step_dir(out, 4) / damaged, WEIGHT, 1.98e34)
+    base = flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2")
+    one_error(run_train(2, base + ["--resume"], check=False),
+              f"checkpoint {step_dir(out, 4)}: {damaged} does not match the checksum saved with it")
+    auto = run_train(2, base + ["--resume", "auto"], check=False)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert f"--resume auto: skipping step_00000004: checkpoint {step_dir(out, 4)}: {damaged} does not match" \
+        in auto.stdout
+    assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout

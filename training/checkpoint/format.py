@@ -21,7 +21,8 @@ Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in t
 checkpoint's identity, so a file copied in from another checkpoint is refused.
 
 Integrity: meta.json's "sha256" holds every file's digest, computed by its writer as it wrote it. A load verifies
-each file it reads data from against it (`verify=False` skips that: `--verify 0`), so bytes changed on disk after
+each file it reads data from against it (`verify=False` skips that: `--verify 0`; train.py's ranks share the work
+instead, each file hashed once per job: training.checkpoint.spread_verify), so bytes changed on disk after
 the save — a flipped bit in a shard — are refused with the file's name instead of trained on. Weights that are not
 finite are refused at every load (resume, evaluate, export, averaging) naming the tensor; saves already refuse to
 write them (training.checkpoint.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1 (torch .pt shards) is

@@ -41,6 +41,7 @@ from training.core.data import check_data_order, data_order, legacy_data_order
 from training.checkpoint.disk_full import checkpoint_file_guard
 from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.shared_folder import check_checkpoint
+from training.checkpoint.spread_verify import verify_spread
 from training.checkpoint.tied_copies import refuse_drifted_tied_copies
 
 
@@ -259,9 +260,11 @@ def _snapshot_shard(state, params: list, keys, staging, keep: bool) -> Optional[
 
 
 def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection, seed: int,
-         tokenizer_path: Optional[str] = None, verify: bool = True) -> int:
+         tokenizer_path: Optional[str] = None, verify: bool = True, spread: bool = False) -> int:
     """Load checkpoint `path` into the engine, whatever layout saved it; returns its step. `seed`: the run's seed
-    (dropout streams restart from it when the layout differs from the saving one)."""
+    (dropout streams restart from it when the layout differs from the saving one). `verify` with `spread` (every
+    rank loads: train.py): each file is hashed once by one rank (training.checkpoint.spread_verify, a collective)
+    once the cheap checks passed, not by every rank that reads it."""
     meta = read_meta(path)
     if meta.get("weights_only"):
         raise UserError(f"{path} holds weights only (no optimizer state: a decoding copy), so training cannot "
@@ -274,7 +277,10 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, da
     now_order = data_order(data)
     check_data_order(meta.get("data_order") or legacy_data_order(meta, now_order), now_order, path)
     state = optimizer_state.for_engine(engine)
-    index = ShardIndex(path, meta, verify=verify)
+    index = ShardIndex(path, meta, verify=verify and not spread)      # the headers: every file's identity
+    if verify and spread:
+        verify_spread(path)
+        verify = False
     ctx = engine.ctx
     state.prepare()
     state.begin_load()
@@ -338,7 +344,7 @@ class CheckpointManager:
         rank = dist.get_rank()
         check_checkpoint(start.path)  # every node sees the folder rank 0 chose, with the same meta.json
         step = load(self.engine, start.path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
-                    verify=self.section.verify and not (rank == 0 and start.verified))
+                    verify=self.section.verify and not start.verified, spread=True)
         if rank == 0:
             saved = start.meta["optimizer"]
             print(f"resumed from {start.path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "

@@ -1,11 +1,12 @@
 """From --file_path/--tokenizer to the micro-batches one rank feeds its engine.
 
-Every rank hashes the TSV (at the same time: the hash names the token store); tokenizer training and tokenization
-then run once per node (local rank 0; once per cache folder shared by several nodes: preprocess.build_lock) while
-the other ranks wait — on the job's store, not in a collective bounded by --comm_timeout (training.core.data_wait)
-— and every rank maps the store read-only, so a node's ranks share its pages (preprocess.token_store). Local rank 0
-also verifies the store's checksums (rebuilding a damaged one) before the others open it; they make only the
-structural checks. `cache_dir` (--cache_dir) is where the store
+The TSV's sha256 names the token store: rank 0 takes it (hashed once per change of the file) and broadcasts it
+(training.core.tsv_identity). Tokenizer training and tokenization then run once per node (local rank 0; once per
+cache folder shared by several nodes: preprocess.build_lock) while the other ranks wait — on the job's store, not in
+a collective bounded by --comm_timeout (training.core.data_wait) — and every rank maps the store read-only, so a
+node's ranks share its pages (preprocess.token_store). Local rank 0 also verifies the store's checksums (rebuilding
+a damaged one) before the others open it; they make only the structural checks. `cache_dir` (--cache_dir) is where
+the store
 and an auto-built tokenizer go when the data folder is read-only or shared. Which samples make global batch `step`
 is `GlobalBatchSchedule.global_batch(step)`, layout-free; a rank takes its data-parallel slice and cuts it into
 micro-batches, padded only then. Each step also carries the global batch's non-PAD target-token count, which the
@@ -24,11 +25,11 @@ import torch
 
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
-from common.hashing import file_sha256
 from common.ranks import local_rank_from_env
 from preprocess.build_lock import one_builder
 from preprocess.token_batches import TokenBatchSchedule
 from training.core.data_wait import DataWait
+from training.core.tsv_identity import shared_tsv_sha256
 
 
 def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: Optional[str], tsv_sha256: str) -> str:
@@ -50,7 +51,7 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
     if tokenizer and not os.path.isfile(tokenizer):
         raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
                         f"leave --tokenizer out to build one from --file_path)")
-    sha = file_sha256(file_path)                     # once per rank, and all ranks at once (not after the barrier)
+    sha = shared_tsv_sha256(file_path, cache_dir)    # rank 0 reads it (or its record) and broadcasts it
     tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size, cache_dir, sha)
     local_rank = local_rank_from_env()
     wait = DataWait.for_job(local_rank)
