@@ -12,7 +12,7 @@ import os
 
 from common.errors import UserError
 from training.checkpoint.folder import step_checkpoints
-from training.checkpoint.format import read_meta, verify_checkpoint, verify_file
+from training.checkpoint.format import read_meta, recorded_tokenizer, verify_checkpoint, verify_file
 
 
 def _group():
@@ -58,6 +58,7 @@ def verify_spread(path: str) -> dict:
     if rank == 0:
         try:
             meta = read_meta(path)
+            recorded_tokenizer(path, meta)          # its tokenizer copy (small: rank 0 alone) as verify_checkpoint
             names = meta["shards"] + meta["rng"]
             box[0] = (names, deal(path, names, world), meta)
         except (UserError, OSError) as exc:
