@@ -146,18 +146,23 @@ def _with_fractions(blocks: LineBlocks) -> Iterator[tuple[bytes, int, float]]:
         yield block, lineno, blocks.consumed / max(blocks.size, 1)
 
 
-def _lost_worker(pool: ProcessPoolExecutor, name: str) -> UserError:
-    """A worker died (kill -9, the out-of-memory killer, a crash): say how, from its exit status where known."""
+def _lost_worker(workers: list, name: str) -> UserError:
+    """A worker died (kill -9, the out-of-memory killer, a crash): say how, from its exit status where known.
+    `workers`: every worker process seen (a broken pool forgets its own, and SIGTERMs the rest: their -15 is not
+    the news)."""
+    codes = []
+    for proc in workers:
+        proc.join(timeout=2)
+        if proc.exitcode is not None and proc.exitcode < 0:
+            codes.append(-proc.exitcode)
     how = ""
-    for proc in list((getattr(pool, "_processes", None) or {}).values()):
-        code = proc.exitcode
-        if code is not None and code < 0:
-            try:
-                how = f" (killed by {signal.Signals(-code).name}"
-            except ValueError:
-                how = f" (killed by signal {-code}"
-            how += ": kill -9, or the kernel's out-of-memory killer: see `dmesg`)" if -code == signal.SIGKILL else ")"
-            break
+    if codes:
+        code = next((c for c in codes if c != signal.SIGTERM), codes[0])
+        try:
+            how = f" (killed by {signal.Signals(code).name}"
+        except ValueError:
+            how = f" (killed by signal {code}"
+        how += ": kill -9, or the kernel's out-of-memory killer: see `dmesg`)" if code == signal.SIGKILL else ")"
     return UserError(f"a tokenizer worker process died while tokenizing {name}{how}; nothing was kept. Run again "
                      f"(with fewer --num_proc if memory ran out)")
 
@@ -175,6 +180,7 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
     pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker,
                                initargs=(os.getpid(), *encoder_args))
+    seen: dict = {}                                       # pid → worker process, for _lost_worker
     try:
         pending: deque = deque()
         for block, lineno, read in blocks:
@@ -182,6 +188,7 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
             # want one thread anyway, and this says so before the fork (the first submit forks them all)
             with _environment(TOKENIZERS_PARALLELISM="false"):
                 pending.append((pool.submit(_encode_in_worker, block, lineno), read))
+            seen.update(getattr(pool, "_processes", None) or {})
             if len(pending) >= 2 * workers:
                 future, fraction = pending.popleft()
                 yield future.result(), fraction
@@ -189,7 +196,7 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
             future, fraction = pending.popleft()
             yield future.result(), fraction
     except BrokenProcessPool:
-        raise _lost_worker(pool, encoder_args[-1]) from None
+        raise _lost_worker(list(seen.values()), encoder_args[-1]) from None
     except BaseException:
         # a failed block (a bad line), a full disk, Ctrl-C: the blocks in the workers are of no use now, and each
         # would take seconds to finish (SIGTERM ends a worker: its handlers are the default ones)

@@ -241,13 +241,14 @@ def verify_file(path: str, name: str, meta: dict) -> None:
                         f"unchecked (train.py --verify 0; the other scripts --no_verify)")
 
 
-def verify_checkpoint(path: str) -> dict:
-    """meta.json complete and every file as written, its tokenizer copy too; returns the meta (UserError naming the
-    first problem)."""
+def verify_checkpoint(path: str, with_tokenizer: bool = False) -> dict:
+    """meta.json complete and every file as written (`with_tokenizer`: its tokenizer copy too — what --resume auto's
+    choice asks; a load given --tokenizer needs no copy); returns the meta (UserError naming the first problem)."""
     meta = read_meta(path)
     for name in meta["shards"] + meta["rng"]:
         verify_file(path, name, meta)
-    recorded_tokenizer(path, meta)
+    if with_tokenizer:
+        recorded_tokenizer(path, meta)
     return meta
 
 

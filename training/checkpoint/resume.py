@@ -32,7 +32,7 @@ def newest_intact(root: str, verify: bool = True) -> tuple[Optional[str], list[s
     skipped = []
     for path in step_checkpoints(root):
         try:
-            verify_checkpoint(path) if verify else read_meta(path)
+            verify_checkpoint(path, with_tokenizer=True) if verify else read_meta(path)
             return path, skipped
         except UserError as exc:
             skipped.append(f"{os.path.basename(path)}: {exc}")

@@ -46,19 +46,20 @@ def _first_problem(path: str, names: list, meta: dict, order: dict):
     return None
 
 
-def verify_spread(path: str) -> dict:
-    """Collective (every rank, same point): meta.json complete and every file as its writer wrote it; returns the
-    meta. UserError on every rank with the same line otherwise."""
+def verify_spread(path: str, with_tokenizer: bool = False) -> dict:
+    """Collective (every rank, same point): meta.json complete and every file as its writer wrote it (and its
+    tokenizer copy: `with_tokenizer`); returns the meta. UserError on every rank with the same line otherwise."""
     group = _group()
     if group is None:
-        return verify_checkpoint(path)
+        return verify_checkpoint(path, with_tokenizer)
     import torch.distributed as dist
     rank, world = group
     box: list = [None]
     if rank == 0:
         try:
             meta = read_meta(path)
-            recorded_tokenizer(path, meta)          # its tokenizer copy (small: rank 0 alone) as verify_checkpoint
+            if with_tokenizer:
+                recorded_tokenizer(path, meta)      # small: rank 0 alone (format.verify_checkpoint)
             names = meta["shards"] + meta["rng"]
             box[0] = (names, deal(path, names, world), meta)
         except (UserError, OSError) as exc:
@@ -87,7 +88,7 @@ def newest_intact_spread(root: str) -> tuple:
     skipped = []
     for path in candidates[0]:
         try:
-            verify_spread(path)
+            verify_spread(path, with_tokenizer=True)      # a damaged checkpoint of any kind is passed
             return path, skipped
         except UserError as exc:
             skipped.append(f"{os.path.basename(path)}: {exc}")
