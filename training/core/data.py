@@ -22,6 +22,7 @@ from typing import Iterator, Optional
 import numpy as np
 import torch
 
+from model.packing import Packing
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
 from common.hashing import file_sha256
@@ -120,12 +121,17 @@ class StepBatches:
         return (len(self.micro[0]), *self.lengths)
 
     def __iter__(self) -> Iterator[tuple]:
+        def copy(host):
+            return to_device(host, self.device)
         for idx in self.micro:
             b = self.data.batch(idx, self.shape)
             if (idx < 0).any():
                 b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
-            yield tuple(to_device(b[k], self.device) for k in ("src_ids", "tgt_ids")), to_device(b["labels"],
-                                                                                                 self.device)
+            inputs = tuple(copy(b[k]) for k in ("src_ids", "tgt_ids"))
+            # each side's real tokens found here on the host, not by a nonzero() on the device (model.packing)
+            for ids, key in zip(inputs, ("src_ids", "tgt_ids")):
+                Packing.attach(ids, b[key].numpy(), self.data.pad_id, copy)
+            yield inputs, copy(b["labels"])
 
 
 def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int, dp_size: int,
