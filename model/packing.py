@@ -20,10 +20,11 @@ whatever its number of layers and whether they are recomputed. The whole batch's
 are packed is joined from theirs, without another `nonzero()`.
 
 Training batches skip even that: the ids are host arrays before they are copied to the device, so the batch builds
-each side's packing there (`attach`: numpy on the host, the index copied with the ids) and keeps it on the device
-ids tensor, with the tokens per row; `parts` then cuts the parts' packings out of it by host-known bounds. A step
-then reads nothing back from the device to pack (tests/test_sync_count.py). Pipeline stages after the first still
-find theirs with `nonzero()` (DeepSpeed hands a stage copies of the ids: docs/speed.md).
+each side's packing there (`from_host`: numpy on the host, the index copied with the ids) and keeps it on the
+device ids tensor (`keep_on`), with the tokens per row; `parts` then cuts the parts' packings out of it by host-known
+bounds. DeepSpeed's pipeline engine hands each stage copies of the ids (cloned, or received from the stage before),
+so a pipeline stage keeps the step's packings in micro-batch order and puts each on the ids its forward receives
+(model.pipeline). A step then reads nothing back from the device to pack (tests/test_sync_count.py).
 """
 from __future__ import annotations
 
@@ -40,18 +41,21 @@ class Packing:
         self.tokens = int(self.index.numel())
 
     @classmethod
-    def attach(cls, ids: torch.Tensor, host_ids: np.ndarray, pad_id: int, copy) -> "Packing":
-        """Build the packing of `ids` (on the device) from `host_ids`, its host copy, and keep it on `ids` as `of`
-        would: the same index `nonzero()` finds, computed by numpy and moved with `copy` (the batch's host→device
-        copy), so nothing is read back from the device."""
+    def from_host(cls, host_ids: np.ndarray, pad_id: int, copy) -> "Packing":
+        """The packing of ids whose host copy is `host_ids`: the same index `nonzero()` finds, computed by numpy
+        and moved with `copy` (the batch's host→device copy), so nothing is read back from the device."""
         real = host_ids != pad_id
         pack = cls.__new__(cls)
         pack.batch, pack.length = real.shape
         pack.index = copy(torch.from_numpy(np.flatnonzero(real)))
         pack.row_tokens = real.sum(axis=1)
         pack.tokens = int(pack.row_tokens.sum())
-        _store(ids)[(pad_id, 1)] = (ids._version, pack)
         return pack
+
+    def keep_on(self, ids: torch.Tensor, pad_id: int) -> "Packing":
+        """Keep this packing on `ids` (the device tensor of the ids it packs), where `of` and `parts` find it."""
+        _store(ids)[(pad_id, 1)] = (ids._version, self)
+        return self
 
     def split(self, n: int) -> "list[Packing]":
         """The packings of the n equal row blocks of a host-built packing: slices of its index at host-known
@@ -110,7 +114,7 @@ class Packing:
         if kept is None:
             whole = _kept(ids, pad_id, 1)
             if whole is not None and whole.row_tokens is not None and whole.batch % n == 0:
-                kept = whole.split(n)                             # host-built (`attach`): no nonzero
+                kept = whole.split(n)                             # host-built (`from_host`): no nonzero
             else:
                 kept = [cls(part, pad_id) for part in ids.chunk(n)]
             _store(ids)[(pad_id, n)] = (ids._version, kept)

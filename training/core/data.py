@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
@@ -109,6 +109,20 @@ class StepBatches:
     src_tokens: int = 0
     padding: float = 0.0
     pairs: int = 0
+    _packings: Optional[list] = field(default=None, init=False, repr=False)
+
+    def packings(self) -> list[tuple[Packing, Packing]]:
+        """Each micro-batch's (source, target) packing, found on the host and copied to the device with the batch
+        (`model.packing`): what every layer, the head and the loss use, with no nonzero() on the device. Built
+        once; a pipeline stage gets them even where it never loads the batch (training.core.step)."""
+        if self._packings is None:
+            self._packings = [tuple(Packing.from_host(self.data.batch(idx, self.shape)[key].numpy(),
+                                                      self.data.pad_id, self._copy)
+                                    for key in ("src_ids", "tgt_ids")) for idx in self.micro]
+        return self._packings
+
+    def _copy(self, host: torch.Tensor) -> torch.Tensor:
+        return to_device(host, self.device)
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -121,17 +135,14 @@ class StepBatches:
         return (len(self.micro[0]), *self.lengths)
 
     def __iter__(self) -> Iterator[tuple]:
-        def copy(host):
-            return to_device(host, self.device)
-        for idx in self.micro:
+        for idx, packs in zip(self.micro, self.packings()):
             b = self.data.batch(idx, self.shape)
             if (idx < 0).any():
                 b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
-            inputs = tuple(copy(b[k]) for k in ("src_ids", "tgt_ids"))
-            # each side's real tokens found here on the host, not by a nonzero() on the device (model.packing)
-            for ids, key in zip(inputs, ("src_ids", "tgt_ids")):
-                Packing.attach(ids, b[key].numpy(), self.data.pad_id, copy)
-            yield inputs, copy(b["labels"])
+            inputs = tuple(self._copy(b[k]) for k in ("src_ids", "tgt_ids"))
+            for ids, pack in zip(inputs, packs):       # each side's real tokens, found on the host (model.packing)
+                pack.keep_on(ids, self.data.pad_id)
+            yield inputs, self._copy(b["labels"])
 
 
 def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int, dp_size: int,
