@@ -95,7 +95,8 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @dataclass
 class StepBatches:
-    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them).
+    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages build only their
+    packings).
     A negative sample index is a filler row (the last batch of a validation pass): real inputs, PAD labels, so it
     adds no loss and no tokens. `shape`: the (source, target) length the batch is padded to (token batches; None:
     the dataset's). `src_tokens`: the global batch's real source tokens (global_tokens: its target tokens, the
