@@ -12,8 +12,10 @@ d_model 1024, 16 heads, FFN 4096, 6+6 layers, shared embeddings, dropout 0.3, la
 tiny (the default without CUDA), d_model 32, 4 heads, FFN 64, 2+2 layers, so CI keeps the script working. FLOPs are
 model.costs's count (the one plan.py and metrics.jsonl use); MFU only against a device in model.costs.PEAK_FLOPS
 (the CUDA device's own name by default, or --device_peak NAME), never a guessed peak. Figures: the median step
-after --warmup steps. Not yet here (issue 31): `transformers`' reference on the same batches, CUDA graphs /
-torch.compile variants, a profile of the best configuration.
+after --warmup steps. --hf also trains `transformers`' Blenderbot of the same dimensions (the architecture
+run_scripts/export_hf.py exports to) on the very same batches — a plain torch loop: fused AdamW, autocast for bf16,
+gradient checkpointing for recompute, the same label-smoothed cross-entropy over the non-PAD targets — as the
+reference. Not yet here (issue 31): CUDA graphs / torch.compile variants, a profile of the best configuration.
 """
 from __future__ import annotations
 
@@ -56,6 +58,7 @@ def parse(argv):
     p.add_argument("--file_path", default=None, help="training TSV (default: the bundled Multi30k, made in --workdir)")
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: an 8k BPE made in --workdir)")
     p.add_argument("--workdir", default="out/gpu_step", help="where the default data and tokenizer go")
+    p.add_argument("--hf", action="store_true", help="also train transformers' equivalent model on the same batches")
     p.add_argument("--json", default=None, metavar="OUT", help="write the figures here as JSON")
     return p.parse_args(argv)
 
@@ -76,7 +79,64 @@ def default_data(args) -> tuple[str, str]:
     return tsv, tok
 
 
-def measure(flags: list, steps: int, warmup: int, peak_name) -> dict:
+def _timed(step_fn, cuda: bool) -> float:
+    import torch
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step_fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool, steps: int, warmup: int) -> dict:
+    """`transformers`' Blenderbot with our dimensions, trained on the batches `feeder` gave ours."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import BlenderbotForConditionalGeneration
+
+    from model.hf_export import blenderbot_config
+    cuda = device.type == "cuda"
+    hf_cfg = blenderbot_config(model_cfg, data.bos_id, data.eos_id, data.pad_id)
+    hf_cfg.use_cache = False
+    torch.manual_seed(0)
+    model = BlenderbotForConditionalGeneration(hf_cfg).to(device)
+    model.train()
+    if recompute:
+        model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.98), fused=True)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    pad = data.pad_id
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    times, tokens = [], 0
+
+    def train(batches):
+        for (src, tgt), labels in batches:
+            with autocast:
+                logits = model(input_ids=src, attention_mask=src != pad, decoder_input_ids=tgt,
+                               decoder_attention_mask=tgt != pad).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=pad,
+                                   label_smoothing=model_cfg.label_smoothing, reduction="sum")
+            (loss / batches.global_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for step in range(warmup + steps):
+        batches = feeder.step(step)
+        seconds = _timed(lambda: train(batches), cuda)
+        if step >= warmup:
+            times.append(seconds)
+            tokens += batches.src_tokens + batches.global_tokens
+    mem = (torch.cuda.max_memory_allocated(device) / 2 ** 20) if cuda else None
+    del model, optimizer
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"hf_median_step_s": statistics.median(times), "hf_tokens_per_s": tokens / sum(times),
+            "hf_peak_mem_mib": round(mem, 1) if mem is not None else None}
+
+
+def measure(flags: list, steps: int, warmup: int, peak_name, hf: bool = False) -> dict:
     import torch
 
     from benchmarks.common import build_ours
@@ -114,10 +174,19 @@ def measure(flags: list, steps: int, warmup: int, peak_name) -> dict:
            sum(t for _, t, _ in work) / total, "tflops": rate / 1e12,
            "mfu": rate / peak if peak else None, "peak_device": name if peak else None, "peak_mem_mib": round(mem, 1),
            "device": device_name(engine.device)}
+    feeder, data, model_cfg, device = runner.feeder, runner.data, engine.model_cfg, engine.device
+    recompute = engine.parallel.recompute
     del runner, engine
     if cuda:
         torch.cuda.empty_cache()
+    if hf:
+        out.update(measure_hf(feeder, data, model_cfg, device, out_precision(flags), recompute, steps, warmup))
+        out["speedup_vs_hf"] = out["tokens_per_s"] / out["hf_tokens_per_s"]
     return out
+
+
+def out_precision(flags: list) -> str:
+    return str(flags[flags.index("--precision") + 1])
 
 
 def main(argv=None) -> int:
@@ -137,13 +206,16 @@ def main(argv=None) -> int:
                          *SIZES[size], *COMMON, "--precision", precision, "--recompute", bool(recompute),
                          "--max_tokens", tokens, "--output_dir", os.path.join(args.workdir, "run")]
                 row = {"size": size, "precision": precision, "recompute": bool(recompute), "max_tokens": tokens,
-                       **measure(flags, args.steps, args.warmup, args.device_peak)}
+                       **measure(flags, args.steps, args.warmup, args.device_peak, args.hf)}
                 rows.append(row)
                 mfu = f"{100 * row['mfu']:.1f}% of {row['peak_device']}" if row["mfu"] is not None else "-"
                 print(f"{size} {precision} recompute={int(recompute)} max_tokens={tokens}: "
                       f"{row['median_step_s'] * 1000:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
                       f"{row['tflops']:.3f} TFLOP/s, MFU {mfu}, peak {row['peak_mem_mib']:,.0f} MiB "
                       f"({row['device']})", flush=True)
+                if args.hf:
+                    print(f"  transformers on the same batches: {row['hf_median_step_s'] * 1000:.1f} ms/step, "
+                          f"{row['hf_tokens_per_s']:,.0f} tokens/s; ours {row['speedup_vs_hf']:.2f}×", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
