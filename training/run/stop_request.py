@@ -203,7 +203,8 @@ class _Vote:
     def __init__(self, device, vote: int):
         import torch
         import torch.distributed as dist
-        self.flag = torch.tensor([vote], dtype=torch.int32, device=device)
+        # filled on the device (a kernel), not copied from the host: a blocking copy would wait for the queue
+        self.flag = torch.full((1,), vote, dtype=torch.int32, device=device)
         self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
         self.copied = None
         if self.flag.is_cuda:
