@@ -97,7 +97,7 @@ def encoder_layer(layer, x: torch.Tensor, src_ids: torch.Tensor, mask: torch.Ten
     return torch.cat(run_staggered([_encoder_part(layer, *p) for p in zip(x.chunk(n), packs, mask.chunk(n))]))
 
 
-def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packing, self_mask, cross_mask) -> Part:
+def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packing, cross_mask) -> Part:
     group = layer.ctx.tp_group
     link = None
     if memory_tp is None:                       # first decoder layer of the stage: this part's memory enters here
@@ -111,7 +111,8 @@ def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packi
         return layer.cross_attn.attend(h, cross_mask, entered[0], pack=pack, memory_pack=memory_pack)
 
     h = yield from residual_branch(pack.pack(x), layer.ln1,
-                                   lambda t: layer.self_attn.attend(t, self_mask, pack=pack), layer.self_attn.out,
+                                   # mask None: causal (model.transformer.CAUSAL_PACKED)
+                                   lambda t: layer.self_attn.attend(t, None, pack=pack), layer.self_attn.out,
                                    layer.drop, group)
     h = yield from residual_branch(h, layer.ln2, cross, layer.cross_attn.out, layer.drop, group)
     h = yield from residual_branch(h, layer.ln3, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
@@ -119,14 +120,14 @@ def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packi
 
 
 def decoder_layer(layer, x: torch.Tensor, memory: torch.Tensor, memory_tp: Optional[torch.Tensor],
-                  src_ids: torch.Tensor, tgt_ids: torch.Tensor, self_mask: torch.Tensor, cross_mask: torch.Tensor):
+                  src_ids: torch.Tensor, tgt_ids: torch.Tensor, cross_mask: torch.Tensor):
     """`DecoderLayer`'s three residual branches on `layer.interleave_num` parts; returns (x, memory_tp), whole batch
     (memory_tp only when the layer hands it on to the stage's next decoder layer, else None)."""
     n = layer.interleave_num
     memories = memory_tp.chunk(n) if memory_tp is not None else [None] * n
     memory_packs, packs = Packing.parts(src_ids, layer.pad_id, n), Packing.parts(tgt_ids, layer.pad_id, n)
     parts = [_decoder_part(layer, *p) for p in zip(x.chunk(n), memory.chunk(n), memories, memory_packs, packs,
-                                                   self_mask.chunk(n), cross_mask.chunk(n))]
+                                                   cross_mask.chunk(n))]
     outs = run_staggered(parts)
     x = torch.cat([o[0] for o in outs])
     hands_on = not (layer.last or layer.last_on_stage)

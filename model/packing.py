@@ -18,17 +18,60 @@ of a stage gets the same ids tensor (blocks hand it on unchanged, and recompute,
 passes it through as it is), so a stage builds one packing per side (source, target) and part per micro-batch,
 whatever its number of layers and whether they are recomputed. The whole batch's packing of an ids tensor whose parts
 are packed is joined from theirs, without another `nonzero()`.
+
+Training batches skip even that: the ids are host arrays before they are copied to the device, so the batch builds
+each side's packing there (`from_host`: numpy on the host, the index copied with the ids) and keeps it on the
+device ids tensor (`keep_on`), with the tokens per row; `parts` then cuts the parts' packings out of it by host-known
+bounds. DeepSpeed's pipeline engine hands each stage copies of the ids (cloned, or received from the stage before),
+so a pipeline stage keeps the step's packings in micro-batch order and puts each on the ids its forward receives
+(model.pipeline). A step then reads nothing back from the device to pack (tests/test_sync_count.py).
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 
 class Packing:
+    row_tokens = None             # real tokens per row, a host array, when the packing was built on the host
+
     def __init__(self, ids: torch.Tensor, pad_id: int):
         self.batch, self.length = ids.shape
         self.index = (ids != pad_id).reshape(-1).nonzero().squeeze(1)
         self.tokens = int(self.index.numel())
+
+    @classmethod
+    def from_host(cls, host_ids: np.ndarray, pad_id: int, copy) -> "Packing":
+        """The packing of ids whose host copy is `host_ids`: the same index `nonzero()` finds, computed by numpy
+        and moved with `copy` (the batch's host→device copy), so nothing is read back from the device."""
+        real = host_ids != pad_id
+        pack = cls.__new__(cls)
+        pack.batch, pack.length = real.shape
+        pack.index = copy(torch.from_numpy(np.flatnonzero(real)))
+        pack.row_tokens = real.sum(axis=1)
+        pack.tokens = int(pack.row_tokens.sum())
+        return pack
+
+    def keep_on(self, ids: torch.Tensor, pad_id: int) -> "Packing":
+        """Keep this packing on `ids` (the device tensor of the ids it packs), where `of` and `parts` find it."""
+        _store(ids)[(pad_id, 1)] = (ids._version, self)
+        return self
+
+    def split(self, n: int) -> "list[Packing]":
+        """The packings of the n equal row blocks of a host-built packing: slices of its index at host-known
+        bounds, shifted to each block's first flat position — what `nonzero()` over each block gives."""
+        rows = self.batch // n
+        bounds = np.concatenate([[0], np.cumsum(self.row_tokens)])[::rows]
+        parts = []
+        for i in range(n):
+            part = Packing.__new__(Packing)
+            part.batch, part.length = rows, self.length
+            part.row_tokens = self.row_tokens[i * rows:(i + 1) * rows]
+            start, end = int(bounds[i]), int(bounds[i + 1])
+            part.index = self.index[start:end] - i * rows * self.length
+            part.tokens = end - start
+            parts.append(part)
+        return parts
 
     @classmethod
     def joined(cls, parts: "list[Packing]") -> "Packing":
@@ -69,7 +112,11 @@ class Packing:
             return [cls(part, pad_id) for part in ids.chunk(n)]
         kept = _kept(ids, pad_id, n)
         if kept is None:
-            kept = [cls(part, pad_id) for part in ids.chunk(n)]
+            whole = _kept(ids, pad_id, 1)
+            if whole is not None and whole.row_tokens is not None and whole.batch % n == 0:
+                kept = whole.split(n)                             # host-built (`from_host`): no nonzero
+            else:
+                kept = [cls(part, pad_id) for part in ids.chunk(n)]
             _store(ids)[(pad_id, n)] = (ids._version, kept)
         return kept
 
@@ -78,9 +125,10 @@ class Packing:
         return x.reshape(self.batch * self.length, *x.shape[2:]).index_select(0, self.index)
 
     def unpack(self, rows: torch.Tensor) -> torch.Tensor:
-        """[N, ...] → [B, S, ...] with zeros at the PAD positions."""
+        """[N, ...] → [B, S, ...] with zeros at the PAD positions (finite values there: attention multiplies the
+        masked keys' values by 0). The rows are written into the fresh zeros in place: one buffer, no copy of it."""
         out = rows.new_zeros((self.batch * self.length, *rows.shape[1:]))
-        return out.index_copy(0, self.index, rows).view(self.batch, self.length, *rows.shape[1:])
+        return out.index_copy_(0, self.index, rows).view(self.batch, self.length, *rows.shape[1:])
 
     def scatter(self, base: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """`base` [B, S, ...] with its non-PAD positions replaced by `rows` [N, ...] (PAD positions keep base's)."""

@@ -9,6 +9,7 @@ requires every other tensor to carry no gradient, so with two hidden tensors eac
 replicated copy of both (training.core.engine)."""
 from __future__ import annotations
 
+from collections import deque
 from typing import Callable, Optional
 
 import torch
@@ -62,10 +63,25 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
 
+        pending: deque = deque()
+
+        def expect_packings(self, packings: list) -> None:
+            """The coming micro-batches' (source, target) packings, in order, built on the host
+            (training.core.data.StepBatches.packings). DeepSpeed hands this stage copies of the ids (the first
+            stage's inputs cloned, the others' received), so each forward puts its micro-batch's packings on the
+            ids it gets; every stage runs its forwards in micro-batch order (1F1B and inference schedules)."""
+            self.pending = deque(packings)
+
         def forward(self, inputs):
             """This stage's layers, between the boundary format of the stages before and after it."""
             if self.stage_id > 0:
                 inputs = split_boundary(inputs, specs[bounds[self.stage_id]][0])
+            if self.pending:
+                ids = [t for t in inputs if not t.is_floating_point()]       # (src_ids, tgt_ids), or (tgt_ids,)
+                for t, pack in zip(ids, self.pending.popleft()[-len(ids):]):
+                    if (pack.batch, pack.length) != tuple(t.shape):    # never another micro-batch's packing
+                        raise RuntimeError(f"packing of a {pack.batch}×{pack.length} batch for ids {tuple(t.shape)}")
+                    pack.keep_on(t, model.pad_id)
             outputs = super().forward(inputs)
             return join_boundary(outputs) if self.stage_id < parallel.pipeline_stage - 1 else outputs
 

@@ -40,6 +40,13 @@ def _padded(rows: torch.Tensor, pack: Optional[Packing]) -> torch.Tensor:
     return rows if pack is None else pack.unpack(rows)
 
 
+# The decoder's packed self-attention in training is `is_causal` with no mask: rows are right-padded, so a real query
+# sees only real keys under causality, and PAD queries are dropped by `pack`; no mask tensor keeps CUDA's flash kernel
+# eligible (a mask rules it out). Bit-identical to the causal & key-padding mask in fp32 on CPU, dropout included
+# (tests/test_sync_count.py). Encoder and cross-attention keep their key-padding masks (memory-efficient kernel).
+CAUSAL_PACKED = None
+
+
 def _causal(length: int, device, past: int = 0) -> torch.Tensor:
     """[T, past+T]: query i (position past+i) sees keys 0..past+i; past > 0 when earlier keys come from a cache."""
     return torch.ones(length, past + length, dtype=torch.bool, device=device).tril(past)
@@ -74,14 +81,14 @@ class ParallelAttention(nn.Module):
         t = t.view(b, s, self.heads, parts, self.head_dim).permute(3, 0, 2, 1, 4)  # parts, B, h, S, hd
         return t.unbind(0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None,
-                pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
+    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], memory_tp: Optional[torch.Tensor] = None,
+                cache=None, pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
         return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp, cache, pack, memory_pack))
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor, memory_tp: Optional[torch.Tensor] = None, cache=None,
-               pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
+    def attend(self, x: torch.Tensor, mask: Optional[torch.Tensor], memory_tp: Optional[torch.Tensor] = None,
+               cache=None, pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
         """This rank's heads on an input already in the TP region: [B, S, heads·head_dim] (packed: [N, ...]), the
-        out-projection's input shard."""
+        out-projection's input shard. `mask` None: causal self-attention (`CAUSAL_PACKED`)."""
         if self.cross:
             (q,) = self._split(_padded(self.q(x), pack), 1)
             if cache is not None and cache.keys is not None:
@@ -97,7 +104,7 @@ class ParallelAttention(nn.Module):
                 k, v = cache.append(k, v)
         p = self.p if self.training else 0.0
         with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
-            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+            o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None)
         b, _, s, _ = o.shape
         o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
         return o if pack is None else pack.pack(o)
@@ -237,11 +244,13 @@ class DecoderLayer(_Block):
             memory_tp = copy_to_tp(memory, self.ctx.tp_group)
         self_cache, cross_cache = (cache.self_attn, cache.cross_attn) if cache is not None else (None, None)
         past = self_cache.length if self_cache is not None else 0    # x holds positions past.. of tgt_ids
-        self_mask = _causal(x.shape[1], x.device, past)[None, None] & _key_padding(tgt_ids, self.pad_id)
         # teacher-forced (training): real tokens only (model.packing); incremental decoding: the new positions
         pack = memory_pack = None
         if cache is None:
             pack, memory_pack = Packing.of(tgt_ids, self.pad_id), Packing.of(src_ids, self.pad_id)
+            self_mask = CAUSAL_PACKED
+        else:
+            self_mask = _causal(x.shape[1], x.device, past)[None, None] & _key_padding(tgt_ids, self.pad_id)
         h = x if pack is None else pack.pack(x)
         h = h + self.drop(self.self_attn(self.ln1(h), self_mask, cache=self_cache, pack=pack))
         h = h + self.drop(self.cross_attn(self.ln2(h), _key_padding(src_ids, self.pad_id), memory_tp,
@@ -258,8 +267,7 @@ class DecoderLayer(_Block):
         return out if isinstance(out, torch.Tensor) else out[0]
 
     def _interleaved(self, x, memory, src_ids, tgt_ids, memory_tp=None):
-        self_mask = _causal(x.shape[1], x.device)[None, None] & _key_padding(tgt_ids, self.pad_id)
-        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, src_ids, tgt_ids, self_mask,
+        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, src_ids, tgt_ids,
                                                 _key_padding(src_ids, self.pad_id))
         return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
 

@@ -153,3 +153,26 @@ def test_tensorboard_out_of_room_is_one_line_naming_the_folder(tmp_path):
     assert re.fullmatch(rf"warning: TensorBoard events into {re.escape(str(folder))} stopped at step \d+ \(File too "
                         r"large\); training goes on and metrics.jsonl keeps every step\. Free space there \(or use "
                         r"--tensorboard 0\)", lines[0]), lines[0]
+
+
+def test_tensorboard_flushes_on_an_interval_at_checkpoint_steps_and_at_close(tmp_path):
+    """A flush per step is a file write on rank 0 that the other ranks wait for at the next collective: events are
+    flushed every flush_secs, at every multiple of the checkpoint interval (a resume starts there) and at close."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from training.core.metrics import TensorBoard
+    tb = TensorBoard(str(tmp_path / "tb"), purge_step=1, flush_steps=4)
+    flushes = []
+    writer_flush = tb._writer.flush
+    tb._writer.flush = lambda: (flushes.append(step), writer_flush())
+    for step in range(1, 11):
+        tb.write({"train/loss": float(step)}, step)
+    assert flushes == [4, 8]                                  # not every step: the interval (30 s) has not passed
+    tb.flush_secs = 0.0
+    step = 11
+    tb.write({"train/loss": 11.0}, step)
+    assert flushes == [4, 8, 11]
+    tb.close()
+    events = EventAccumulator(str(tmp_path / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 12))

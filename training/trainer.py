@@ -148,7 +148,8 @@ class Trainer:
         log = self.cfg.logging
         self.writer = MetricsWriter(self.cfg.checkpoint.output_dir, enabled=self.rank == 0,
                                     total_steps=self.total_steps, start_step=self.start_step,
-                                    log_interval=log.log_interval, tensorboard=log.tensorboard)
+                                    log_interval=log.log_interval, tensorboard=log.tensorboard,
+                                    checkpoint_steps=self.cfg.checkpoint.save_checkpoint_steps)
         self._provenance = self._where_from() if self.rank == 0 else {}      # one git call, on the writing rank
         info = self.info = self._describe()
         self.writer.run_info(info)
@@ -190,7 +191,8 @@ class Trainer:
             self.writer.log(record)
             early_stop = self.tracker is not None and self.tracker.should_stop
             self.save(done, improved, last=done == self.total_steps or early_stop)
-            code = request.agreed(device(), self.world)       # every rank, every step: the same answer
+            # every rank, every step: the same answer (the vote of the step before; the last step's at once)
+            code = request.agreed(device(), self.world, final=done == self.total_steps or early_stop)
             if code:
                 return self.stop_on_request(done, code, request, losses)
             if early_stop:

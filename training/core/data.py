@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
 import torch
 
+from model.packing import Packing
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
 from common.ranks import local_rank_from_env
@@ -95,7 +96,8 @@ def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 @dataclass
 class StepBatches:
-    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages never build them).
+    """This rank's micro-batches of one global batch, built lazily (middle pipeline stages build only their
+    packings).
     A negative sample index is a filler row (the last batch of a validation pass): real inputs, PAD labels, so it
     adds no loss and no tokens. `shape`: the (source, target) length the batch is padded to (token batches; None:
     the dataset's). `src_tokens`: the global batch's real source tokens (global_tokens: its target tokens, the
@@ -109,6 +111,20 @@ class StepBatches:
     src_tokens: int = 0
     padding: float = 0.0
     pairs: int = 0
+    _packings: Optional[list] = field(default=None, init=False, repr=False)
+
+    def packings(self) -> list[tuple[Packing, Packing]]:
+        """Each micro-batch's (source, target) packing, found on the host and copied to the device with the batch
+        (`model.packing`): what every layer, the head and the loss use, with no nonzero() on the device. Built
+        once; a pipeline stage gets them even where it never loads the batch (training.core.step)."""
+        if self._packings is None:
+            self._packings = [tuple(Packing.from_host(self.data.batch(idx, self.shape)[key].numpy(),
+                                                      self.data.pad_id, self._copy)
+                                    for key in ("src_ids", "tgt_ids")) for idx in self.micro]
+        return self._packings
+
+    def _copy(self, host: torch.Tensor) -> torch.Tensor:
+        return to_device(host, self.device)
 
     @property
     def lengths(self) -> tuple[int, int]:
@@ -121,12 +137,14 @@ class StepBatches:
         return (len(self.micro[0]), *self.lengths)
 
     def __iter__(self) -> Iterator[tuple]:
-        for idx in self.micro:
+        for idx, packs in zip(self.micro, self.packings()):
             b = self.data.batch(idx, self.shape)
             if (idx < 0).any():
                 b["labels"][torch.from_numpy(idx < 0)] = self.data.pad_id
-            yield tuple(to_device(b[k], self.device) for k in ("src_ids", "tgt_ids")), to_device(b["labels"],
-                                                                                                 self.device)
+            inputs = tuple(self._copy(b[k]) for k in ("src_ids", "tgt_ids"))
+            for ids, pack in zip(inputs, packs):       # each side's real tokens, found on the host (model.packing)
+                pack.keep_on(ids, self.data.pad_id)
+            yield inputs, self._copy(b["labels"])
 
 
 def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int, dp_size: int,

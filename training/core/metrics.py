@@ -37,7 +37,7 @@ def format_duration(seconds: float) -> str:
 
 class MetricsWriter:
     def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
-                 log_interval: int = 1, tensorboard: bool = True):
+                 log_interval: int = 1, tensorboard: bool = True, checkpoint_steps: int = 0):
         self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
         self.total_steps = total_steps
         self._jsonl = self._tb = self._bar = None
@@ -61,7 +61,8 @@ class MetricsWriter:
         self._path = path
         self._jsonl = open(path, "ab", buffering=0)     # one whole line per write call: see _append
         if tensorboard:
-            self._tb = TensorBoard(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1)
+            self._tb = TensorBoard(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1,
+                                   flush_steps=checkpoint_steps)
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                          disable=None if sys.stderr.isatty() else True)
 
@@ -158,19 +159,30 @@ class TensorBoard:
     """TensorBoard's writer, which writes from a thread of its own: when that write runs out of room (a full disk,
     a quota, `ulimit -f`) the thread printed a traceback and the next call raised it again. Here such a failure
     ends the events with one line naming the folder, and training goes on (metrics.jsonl keeps every step, and its
-    own write stops the run with a line if the disk stays full)."""
+    own write stops the run with a line if the disk stays full).
 
-    def __init__(self, folder: str, purge_step: int):
+    Events are flushed to disk every `flush_secs` (FLUSH_SECS), at every multiple of `flush_steps` (the checkpoint
+    interval: a resume starts there, and its events must be on disk) and at close, not at every step: a flush is a
+    file write on rank 0 that the other ranks would wait for at the next collective. A crash therefore loses at most
+    the last `flush_secs` of TensorBoard events; metrics.jsonl, written at every step, keeps every step."""
+
+    FLUSH_SECS = 30.0
+
+    def __init__(self, folder: str, purge_step: int, flush_secs: float = FLUSH_SECS, flush_steps: int = 0):
         from torch.utils.tensorboard import SummaryWriter
         _quiet_tensorboard_threads()
-        self.folder = folder
+        self.folder, self.flush_secs, self.flush_steps = folder, flush_secs, flush_steps
         self._writer = SummaryWriter(folder, purge_step=purge_step)
+        self._flushed = time.monotonic()
 
     def write(self, scalars: dict, step: int) -> None:
         def add():
             for key, value in scalars.items():
                 self._writer.add_scalar(key, value, step)
-            self._writer.flush()                # as metrics.jsonl: a crash loses no logged step
+            now = time.monotonic()
+            if now - self._flushed >= self.flush_secs or (self.flush_steps and step % self.flush_steps == 0):
+                self._writer.flush()
+                self._flushed = now
         self._guarded(step, add)
 
     def close(self) -> None:

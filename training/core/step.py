@@ -17,6 +17,7 @@ def train_step(engine: Engine, batches: StepBatches) -> float:
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
         engine.expect_shape(batches.micro_shape)
+        engine.module.expect_packings(batches.packings())      # model.pipeline: no nonzero() on any stage
         loss = float(ds.train_batch(data_iter=iter(batches)))
     else:
         ds.train()
@@ -39,6 +40,7 @@ def eval_step(engine: Engine, batches: StepBatches) -> float:
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
         engine.expect_shape(batches.micro_shape)
+        engine.module.expect_packings(batches.packings())      # model.pipeline: no nonzero() on any stage
         return float(ds.eval_batch(data_iter=iter(batches)))
     ds.eval()                                              # no dropout while evaluating
     with torch.no_grad():

@@ -12,7 +12,9 @@ current step, on every rank at the same step, with a checkpoint of that step (`-
   terminal is gone: stdout and stderr, if they were it, are pointed at /dev/null so that logging cannot end the run
   before its save.
 - `agreed(device)` after every step: a one-number all-reduce (MAX) over the world, so a note on any one rank stops
-  every rank after the same step (a rank that took a signal a moment later than another stops at the same step). A
+  every rank after the same step (a rank that took a signal a moment later than another stops at the same step).
+  The vote started after step k is read after step k+1 (after the last step at once), so the host never waits for
+  it while the device has work queued: a request stops the job one step later than it was noted. A
   signal outranks the launcher's end: a closed terminal's SIGHUP also kills DeepSpeed's launch.py (it handles only
   SIGTERM and SIGINT), and the line should name the signal the job was sent, whichever a rank noticed first.
 - Ctrl-C (SIGINT) keeps its quick exit: no save, "interrupted", no traceback (common.errors.run_cli).
@@ -111,6 +113,7 @@ class StopRequest:
         self._thread: Optional[threading.Thread] = None
         self._closing = threading.Event()
         self._chain: list[tuple[int, int, str]] = []
+        self._pending: Optional["_Vote"] = None      # the vote started after the last step, read after the next
 
     def install(self) -> "StopRequest":
         for s in SIGNALS:
@@ -157,16 +160,20 @@ class StopRequest:
     def close(self) -> None:
         self._closing.set()
 
-    def agreed(self, device, world: int) -> int:
-        """The stop code every rank agrees on after this step (0: go on). Collective when world > 1."""
+    def agreed(self, device, world: int, final: bool = False) -> int:
+        """The stop code every rank agrees on after this step (0: go on). Collective when world > 1: reads the vote
+        started after the previous step and starts this step's, which the next call reads; `final` (the loop's last
+        step, the same on every rank) votes and reads at once, and leaves nothing in flight."""
         if world <= 1:
             return self.code
-        import torch
-        import torch.distributed as dist
-        vote = SIGNAL_VOTE + self.code if self.code and self.code != LAUNCHER_ENDED else self.code
-        flag = torch.tensor([vote], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        agreed = int(flag.item())
+        agreed = self._pending.read() if self._pending is not None else 0
+        self._pending = None
+        if not agreed:
+            vote = _Vote(device, SIGNAL_VOTE + self.code if self.code and self.code != LAUNCHER_ENDED else self.code)
+            if final:
+                agreed = vote.read()
+            else:
+                self._pending = vote
         return agreed - SIGNAL_VOTE if agreed > SIGNAL_VOTE else agreed
 
     def describe_agreed(self, code: int) -> str:
@@ -188,3 +195,28 @@ class StopRequest:
     @staticmethod
     def exit_status(code: int) -> int:
         return 128 + (int(signal.SIGTERM) if code == LAUNCHER_ENDED else code)
+
+
+class _Vote:
+    """A stop vote's all-reduce (MAX), started now and read later. On a GPU the result is copied to the host behind
+    the reduction on the device's queue, so reading it a step later finds it there instead of draining the queue."""
+
+    def __init__(self, device, vote: int):
+        import torch
+        import torch.distributed as dist
+        # filled on the device (a kernel), not copied from the host: a blocking copy would wait for the queue
+        self.flag = torch.full((1,), vote, dtype=torch.int32, device=device)
+        self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
+        self.copied = None
+        if self.flag.is_cuda:
+            self.work.wait()                          # the device's stream waits for the reduction, the host does not
+            self.work, self.flag = None, self.flag.to("cpu", non_blocking=True)
+            self.copied = torch.cuda.Event()
+            self.copied.record()
+
+    def read(self) -> int:
+        if self.work is not None:
+            self.work.wait()
+        if self.copied is not None:
+            self.copied.synchronize()
+        return int(self.flag.item())

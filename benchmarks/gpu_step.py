@@ -1,0 +1,226 @@
+#!/usr/bin/env python3
+"""One device's training step, as train.py runs it (DeepSpeed engine, token batches of real data): tokens/s,
+model TFLOP/s, MFU against a named device's dense peak, peak memory — per precision, recompute and token-batch size.
+
+    python benchmarks/gpu_step.py                                    # CUDA: transformer-big; CPU: a tiny model
+    python benchmarks/gpu_step.py --precision bf16 fp32 --recompute 0 1 --max_tokens 8192 16384 25000
+    python benchmarks/gpu_step.py --size tiny --steps 3 --warmup 1 --device_peak H100 --json out/step.json
+
+The data is the bundled Multi30k (French → English; a TSV and a BPE tokenizer are made in --workdir unless
+--file_path/--tokenizer are given). The model is the transformer-big recipe's (recipes/transformer-big-wmt14-en-fr:
+d_model 1024, 16 heads, FFN 4096, 6+6 layers, shared embeddings, dropout 0.3, label smoothing 0.1) or, with --size
+tiny (the default without CUDA), d_model 32, 4 heads, FFN 64, 2+2 layers, so CI keeps the script working. FLOPs are
+model.costs's count (the one plan.py and metrics.jsonl use); MFU only against a device in model.costs.PEAK_FLOPS
+(the CUDA device's own name by default, or --device_peak NAME), never a guessed peak. Figures: the median step
+after --warmup steps. --hf also trains `transformers`' Blenderbot of the same dimensions (the architecture
+run_scripts/export_hf.py exports to) on the very same batches — a plain torch loop: fused AdamW, autocast for bf16,
+gradient checkpointing for recompute, the same label-smoothed cross-entropy over the non-PAD targets — as the
+reference. Not yet here (issue 31): CUDA graphs / torch.compile variants, a profile of the best configuration.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)           # first: this folder's common.py would otherwise hide the repository's common/
+
+from common.errors import UserError, run_cli  # noqa: E402
+
+SIZES = {
+    "big": ["--d_model", 1024, "--num_heads", 16, "--ffn_size", 4096, "--encoder_layer", 6, "--decoder_layer", 6,
+            "--src_len", 256, "--tgt_len", 256, "--dropout", 0.3, "--attention_dropout", 0.0],
+    "tiny": ["--d_model", 32, "--num_heads", 4, "--ffn_size", 64, "--encoder_layer", 2, "--decoder_layer", 2,
+             "--src_len", 32, "--tgt_len", 32, "--dropout", 0.1],
+}
+COMMON = ["--share_embeddings", "true", "--label_smoothing", 0.1, "--lr", 5e-4, "--tensorboard", 0,
+          "--log_interval", 10 ** 6]
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--size", choices=list(SIZES), default=None, help="big (default on CUDA) or tiny (default on CPU)")
+    p.add_argument("--precision", nargs="+", default=None, choices=["fp32", "bf16"],
+                   help="default: bf16 fp32 on CUDA, fp32 on CPU")
+    p.add_argument("--recompute", nargs="+", type=int, default=None, choices=[0, 1],
+                   help="default: 0 1 on CUDA, 0 on CPU")
+    p.add_argument("--max_tokens", nargs="+", type=int, default=None,
+                   help="token batch sizes (tokens per side): default 8192 16384 25000 (big), 512 1024 (tiny)")
+    p.add_argument("--steps", type=int, default=10, help="measured steps per configuration (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3)")
+    p.add_argument("--device_peak", default=None, metavar="NAME",
+                   help="MFU against this device's dense peak (a name in model.costs.PEAK_FLOPS, e.g. H100); "
+                        "default: the CUDA device's own name; none on CPU")
+    p.add_argument("--file_path", default=None, help="training TSV (default: the bundled Multi30k, made in --workdir)")
+    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: an 8k BPE made in --workdir)")
+    p.add_argument("--workdir", default="out/gpu_step", help="where the default data and tokenizer go")
+    p.add_argument("--hf", action="store_true", help="also train transformers' equivalent model on the same batches")
+    p.add_argument("--json", default=None, metavar="OUT", help="write the figures here as JSON")
+    return p.parse_args(argv)
+
+
+def default_data(args) -> tuple[str, str]:
+    from preprocess.parallel import make_tsv
+    from preprocess.tokenizer import train_tokenizer
+    os.makedirs(args.workdir, exist_ok=True)
+    tsv = args.file_path or os.path.join(args.workdir, "train.fr_en.tsv")
+    if not os.path.isfile(tsv):
+        data = os.path.join(ROOT, "data", "multi30k")
+        make_tsv(os.path.join(data, "train.fr.gz"), os.path.join(data, "train.en.gz"), tsv)
+    tok = args.tokenizer
+    if tok is None:
+        tok = os.path.join(args.workdir, "bpe8k", "tokenizer.json")
+        if not os.path.isfile(tok):
+            tok = str(train_tokenizer([tsv], os.path.dirname(tok), type="bpe", vocab_size=8000, progress=False))
+    return tsv, tok
+
+
+def _timed(step_fn, cuda: bool) -> float:
+    import torch
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    step_fn()
+    if cuda:
+        torch.cuda.synchronize()
+    return time.perf_counter() - start
+
+
+def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool, steps: int, warmup: int) -> dict:
+    """`transformers`' Blenderbot with our dimensions, trained on the batches `feeder` gave ours."""
+    import torch
+    import torch.nn.functional as F
+    from transformers import BlenderbotForConditionalGeneration
+
+    from model.hf_export import blenderbot_config
+    cuda = device.type == "cuda"
+    hf_cfg = blenderbot_config(model_cfg, data.bos_id, data.eos_id, data.pad_id)
+    hf_cfg.use_cache = False
+    torch.manual_seed(0)
+    model = BlenderbotForConditionalGeneration(hf_cfg).to(device)
+    model.train()
+    if recompute:
+        model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=5e-4, betas=(0.9, 0.98), fused=True)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+    pad = data.pad_id
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+    times, tokens = [], 0
+
+    def train(batches):
+        for (src, tgt), labels in batches:
+            with autocast:
+                logits = model(input_ids=src, attention_mask=src != pad, decoder_input_ids=tgt,
+                               decoder_attention_mask=tgt != pad).logits
+            loss = F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=pad,
+                                   label_smoothing=model_cfg.label_smoothing, reduction="sum")
+            (loss / batches.global_tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    for step in range(warmup + steps):
+        batches = feeder.step(step)
+        seconds = _timed(lambda: train(batches), cuda)
+        if step >= warmup:
+            times.append(seconds)
+            tokens += batches.src_tokens + batches.global_tokens
+    mem = (torch.cuda.max_memory_allocated(device) / 2 ** 20) if cuda else None
+    del model, optimizer
+    if cuda:
+        torch.cuda.empty_cache()
+    return {"hf_median_step_s": statistics.median(times), "hf_tokens_per_s": tokens / sum(times),
+            "hf_peak_mem_mib": round(mem, 1) if mem is not None else None}
+
+
+def measure(flags: list, steps: int, warmup: int, peak_name, hf: bool = False) -> dict:
+    import torch
+
+    from benchmarks.common import build_ours
+    from model.costs import model_flops, peak_flops
+    from training.core.speed import SpeedMeter, device_name
+    from training.core.step import train_step
+    runner = build_ours([str(f) for f in flags])
+    engine, cuda = runner.engine, runner.engine.device.type == "cuda"
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(engine.device)
+    times, work = [], []
+    for step in range(warmup + steps):
+        batches = runner.feeder.step(step)
+        if cuda:
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        train_step(engine, batches)               # ends in a read of the loss: the step's work is done
+        seconds = time.perf_counter() - start
+        if step >= warmup:
+            times.append(seconds)
+            work.append((batches.src_tokens, batches.global_tokens,
+                         model_flops(engine.model_cfg, batches.src_tokens, batches.global_tokens, batches.pairs,
+                                     *batches.lengths)))
+    per_step = statistics.median(times)
+    total = sum(times)
+    tokens = sum(s + t for s, t, _ in work)
+    rate = sum(f for _, _, f in work) / total
+    name = peak_name or (device_name(engine.device) if cuda else None)
+    peak = peak_flops(name, engine.precision) if name else None
+    if peak_name and peak is None:
+        raise UserError(f"--device_peak {peak_name}: no {engine.precision} peak known for it (model/costs.py "
+                        f"PEAK_FLOPS lists H100, H100 PCIe, H200, A100)")
+    mem = SpeedMeter(engine.model_cfg, 1, engine.precision, engine.device).peak_memory_mib()
+    out = {"median_step_s": per_step, "tokens_per_s": tokens / total, "target_tokens_per_s":
+           sum(t for _, t, _ in work) / total, "tflops": rate / 1e12,
+           "mfu": rate / peak if peak else None, "peak_device": name if peak else None, "peak_mem_mib": round(mem, 1),
+           "device": device_name(engine.device)}
+    feeder, data, model_cfg, device = runner.feeder, runner.data, engine.model_cfg, engine.device
+    recompute = engine.parallel.recompute
+    del runner, engine
+    if cuda:
+        torch.cuda.empty_cache()
+    if hf:
+        out.update(measure_hf(feeder, data, model_cfg, device, out_precision(flags), recompute, steps, warmup))
+        out["speedup_vs_hf"] = out["tokens_per_s"] / out["hf_tokens_per_s"]
+    return out
+
+
+def out_precision(flags: list) -> str:
+    return str(flags[flags.index("--precision") + 1])
+
+
+def main(argv=None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    import torch
+    cuda = torch.cuda.is_available()
+    size = args.size or ("big" if cuda else "tiny")
+    precisions = args.precision or (["bf16", "fp32"] if cuda else ["fp32"])
+    recomputes = args.recompute if args.recompute is not None else ([0, 1] if cuda else [0])
+    max_tokens = args.max_tokens or ([8192, 16384, 25000] if size == "big" else [512, 1024])
+    tsv, tok = default_data(args)
+    rows = []
+    for precision in precisions:
+        for recompute in recomputes:
+            for tokens in max_tokens:
+                flags = ["--file_path", tsv, "--tokenizer", tok, "--cache_dir", os.path.join(args.workdir, "cache"),
+                         *SIZES[size], *COMMON, "--precision", precision, "--recompute", bool(recompute),
+                         "--max_tokens", tokens, "--output_dir", os.path.join(args.workdir, "run")]
+                row = {"size": size, "precision": precision, "recompute": bool(recompute), "max_tokens": tokens,
+                       **measure(flags, args.steps, args.warmup, args.device_peak, args.hf)}
+                rows.append(row)
+                mfu = f"{100 * row['mfu']:.1f}% of {row['peak_device']}" if row["mfu"] is not None else "-"
+                print(f"{size} {precision} recompute={int(recompute)} max_tokens={tokens}: "
+                      f"{row['median_step_s'] * 1000:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
+                      f"{row['tflops']:.3f} TFLOP/s, MFU {mfu}, peak {row['peak_mem_mib']:,.0f} MiB "
+                      f"({row['device']})", flush=True)
+                if args.hf:
+                    print(f"  transformers on the same batches: {row['hf_median_step_s'] * 1000:.1f} ms/step, "
+                          f"{row['hf_tokens_per_s']:,.0f} tokens/s; ours {row['speedup_vs_hf']:.2f}×", flush=True)
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    run_cli(main)

@@ -1,0 +1,41 @@
+"""benchmarks/gpu_step.py keeps working without a GPU: --help, and its tiny configuration on CPU (2 token-batch
+sizes, train.py's engine on Multi30k, and `transformers`' reference on the same batches), with the figures it
+reports."""
+import json
+import sys
+
+import pytest
+
+from tests.launch import REPO_ROOT, env, run_python
+
+SCRIPT = str(REPO_ROOT / "benchmarks" / "gpu_step.py")
+
+
+def test_help_starts_nothing():
+    proc = run_python([sys.executable, SCRIPT, "--help"], env=env(), timeout=60)
+    assert proc.returncode == 0 and "--device_peak" in proc.stdout and "transformer-big" in proc.stdout
+
+
+@pytest.mark.slow
+def test_tiny_configuration_on_cpu(multi30k_tsv, bpe_tokenizer, tmp_path):
+    out = tmp_path / "step.json"
+    proc = run_python([sys.executable, SCRIPT, "--file_path", str(multi30k_tsv), "--tokenizer", str(bpe_tokenizer),
+                       "--workdir", str(tmp_path / "work"), "--steps", "2", "--warmup", "1", "--device_peak", "H100",
+                       "--hf", "--json", str(out)], env=env(), timeout=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    rows = json.loads(out.read_text())
+    assert [(r["size"], r["precision"], r["max_tokens"]) for r in rows] == [("tiny", "fp32", 512),
+                                                                            ("tiny", "fp32", 1024)]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["tflops"] > 0 and r["peak_mem_mib"] > 0 and r["device"] == "cpu"
+        assert r["peak_device"] == "H100" and 0 < r["mfu"] < 1          # against the named peak only
+        assert r["hf_tokens_per_s"] > 0 and r["speedup_vs_hf"] == r["tokens_per_s"] / r["hf_tokens_per_s"]
+    assert "MFU" in proc.stdout and "transformers on the same batches" in proc.stdout
+
+
+def test_an_unknown_device_peak_is_one_line(multi30k_tsv, bpe_tokenizer, tmp_path):
+    proc = run_python([sys.executable, SCRIPT, "--file_path", str(multi30k_tsv), "--tokenizer", str(bpe_tokenizer),
+                       "--workdir", str(tmp_path / "work"), "--steps", "1", "--warmup", "0", "--max_tokens", "512",
+                       "--device_peak", "TPUv9"], env=env(), timeout=600)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --device_peak TPUv9: no fp32 peak known")
