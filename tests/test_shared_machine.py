@@ -91,3 +91,50 @@ def test_two_jobs_on_two_ports_train_side_by_side(multi30k_tsv, bpe_tokenizer, t
     done = [finish(job, tmp_path / name) for job, name in zip(jobs, ("one", "two"))]
     assert [d.returncode for d in done] == [0, 0], [d.stderr[-3000:] for d in done]
     assert losses(tmp_path / "one") == losses(tmp_path / "two") and len(losses(tmp_path / "one")) == STEPS
+
+
+@pytest.fixture
+def fresh_job_store(monkeypatch):
+    """training.core.job_store as in a new process (its state is per process), MASTER_* naming a free port."""
+    from training.core import job_store
+    for name in ("_job", "_pending", "_server"):
+        monkeypatch.setattr(job_store, name, None)
+    port = free_port()
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(port))
+    for key in ("DSR_LAUNCH_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID"):
+        monkeypatch.delenv(key, raising=False)
+    return job_store, port
+
+
+def test_a_rank_takes_its_seat_once_and_another_jobs_rank_is_refused_without_a_write(fresh_job_store, monkeypatch):
+    from common.errors import UserError
+    job_store, port = fresh_job_store
+    job = job_store.create("127.0.0.1", port, 10)                    # A's rank 0
+    monkeypatch.setattr(job_store, "_job", None)                      # A's rank 1 (state is per process)
+    job_store.check_before_rendezvous("127.0.0.1", port, 1, 10)      # takes its seat
+    assert job_store.join("127.0.0.1", port, 10) == job
+    seat = job_store.client("127.0.0.1", port, 5).get(f"{job_store.SEAT_KEY}1")
+    monkeypatch.setattr(job_store, "_job", None)                      # B's rank 1
+    with pytest.raises(UserError, match=f"127.0.0.1:{port} belongs to another job \\(its rank 1 joined it before"):
+        job_store.check_before_rendezvous("127.0.0.1", port, 1, 10)
+    assert job_store.client("127.0.0.1", port, 5).get(f"{job_store.SEAT_KEY}1") == seat
+
+
+def test_supervisors_write_only_into_their_own_jobs_store(fresh_job_store, monkeypatch):
+    """A rank that never joined (rank 0 or not, no launcher id) writes nothing into the store it finds; a joined one
+    only into its job's; with a launcher id an unjoined rank reports to the store of its own launch only."""
+    from training.run import job_watch
+    job_store, port = fresh_job_store
+    job = job_store.create("127.0.0.1", port, 10)
+    store = job_store.client("127.0.0.1", port, 5)
+    assert not job_watch.publish_abort("B's rank 0 failed", 0, 2, None, patience=1)
+    assert not job_watch.publish_abort("B's rank 1 failed", 1, 2, None, patience=1)
+    assert not job_watch.publish_abort("a rank of job X failed", 1, 2, "X" * 32, patience=1)
+    job_watch.publish_stopped(1, "B's rank 1 was stopped", None)
+    assert not store.check([job_watch.ABORT]) and not store.check([f"{job_watch.STOPPED}1"])
+    monkeypatch.setenv("DSR_LAUNCH_ID", "another-launch")
+    assert not job_watch.publish_abort("rank 1 of another launch failed", 1, 2, None, patience=1)
+    assert not store.check([job_watch.ABORT])
+    assert job_watch.publish_abort("rank 1 (pid 7 on vm) failed: its own line", 1, 2, job, patience=1)
+    assert store.get(job_watch.ABORT) == b"rank 1 (pid 7 on vm) failed: its own line"

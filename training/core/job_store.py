@@ -20,9 +20,11 @@ from typing import Optional
 from common.errors import UserError
 from common.ranks import launch_id_from_env
 
-JOB_KEY = "dsr/job"
-LAUNCH_KEY = "dsr/launch"
-SEAT_KEY = "dsr/seat/"         # + rank: taken by that rank (a random value) before its rendezvous
+# torchrun's agent serves the store and keeps it over restarts: each attempt names its own job
+_ATTEMPT = f"/{os.environ['TORCHELASTIC_RESTART_COUNT']}" if os.environ.get("TORCHELASTIC_RESTART_COUNT") else ""
+JOB_KEY = f"dsr/job{_ATTEMPT}"
+LAUNCH_KEY = f"dsr/launch{_ATTEMPT}"
+SEAT_KEY = f"dsr/seat{_ATTEMPT}/"   # + rank: taken by that rank (a random value) before its rendezvous
 LAUNCH_WAIT = 10.0            # seconds a store may take to show its launch id after it answers (rank 0 writes it at once)
 
 _job: Optional[str] = None    # this process's job id, once joined
@@ -56,19 +58,26 @@ def create(addr: str, port: int, timeout: float) -> str:
     global _job, _server
     if _server is not None:
         return _job                                          # a second run in the same process (the tests' driver)
-    from torch.distributed import DistNetworkError, TCPStore
-    try:
-        store = TCPStore(addr, port, is_master=True, multi_tenant=True, wait_for_workers=False,
-                         timeout=datetime.timedelta(seconds=timeout), use_libuv=_use_libuv())
-    except DistNetworkError as exc:
-        if "EADDRINUSE" in str(exc) or "already in use" in str(exc):
-            raise busy_port_error(addr, port) from None
-        raise
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        store = client(addr, port, timeout)    # torchrun's agent serves this job's store (torch's rendezvous knows)
+    else:
+        store = _serve(addr, port, timeout)
     job = uuid.uuid4().hex
     store.set(LAUNCH_KEY, launch_id_from_env())
     store.set(JOB_KEY, job)                                  # last: a store with a job id also has its launch id
     _server, _job = store, job
     return job
+
+
+def _serve(addr: str, port: int, timeout: float):
+    from torch.distributed import DistNetworkError, TCPStore
+    try:
+        return TCPStore(addr, port, is_master=True, multi_tenant=True, wait_for_workers=False,
+                        timeout=datetime.timedelta(seconds=timeout), use_libuv=_use_libuv())
+    except DistNetworkError as exc:
+        if "EADDRINUSE" in str(exc) or "already in use" in str(exc):
+            raise busy_port_error(addr, port) from None
+        raise
 
 
 def launch_of(store, patience: float = LAUNCH_WAIT) -> Optional[str]:

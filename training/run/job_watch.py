@@ -16,11 +16,15 @@ rendezvous. So:
 - **Writers** (`publish_abort`): the rank supervisor (training.run.rank_supervisor) when its rank ended
   abnormally — killed by a signal, or exited with an error — with the rank's own `error:` line. The first failure
   written is kept. When the failed rank is rank 0 and it never served the store (it refused before the process
-  group: a busy output folder), its supervisor serves one itself for up to HOLD seconds, until every other rank
-  has read the news (`store_served`: the child says through a pipe once its process group exists; after that the
-  store's end is the news).
+  group: a busy output folder), its supervisor serves one itself, on a free port only, for up to HOLD seconds,
+  until every other rank has read the news (the child sends its job id through a pipe once its process group
+  exists; after that the store's end is the news).
 - **Status** (`publish_stopped`, `stopped_ranks`): a rank paused with SIGSTOP is recorded by its supervisor, so the
   rank whose collective times out can name it.
+- **Only the job's own store** (training.core.job_store: rank 0 names the job in the store it creates; a rank knows
+  the name once it has joined): watchers and supervisors act only on the store holding their job's id, so a job
+  started on another job's port never writes there. Before joining, a watcher reads only a failed rank 0's news
+  store, and a supervisor writes nowhere (unless a launcher's job id shows the store is its own job's).
 
 torch is imported only when needed: the supervisor is a small process without torch until it has news to send.
 """

@@ -17,7 +17,9 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
 - Every other node hears of it through the job's store (training.run.job_watch): the parent of a rank that was
   killed, or that exited with an error, writes what happened there, and every rank's watcher ends its process
   within a second or two (status job_watch.ABORTED), so each node's launcher ends too. A child that ended because
-  of another rank's failure (that status) or because the job was told to stop is not news.
+  of another rank's failure (that status) or because the job was told to stop is not news. The parent writes only
+  into its own job's store, whose id the child sends once it has joined (`JoinedJob`); a rank that failed before
+  joining writes nowhere (job_watch.publish_abort).
 - NCCL's watchdog ends a rank whose collective waited longer than its timeout with SIGABRT; the parent recognises
   the watchdog's message in the relayed stderr and reports a communication timeout naming the collective, its
   process group and the ranks known to be paused, instead of "an abort in native code".
