@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from tests.launch import REPO_ROOT, TINY, env, launch_cmd, losses, read_metrics
+from tests.drivers.spawn_ranks import rank_env
+from tests.launch import REPO_ROOT, TINY, TRAIN, env, launch_cmd, losses, read_metrics
 from tests.multiproc import free_port
 
 STEPS = 400                       # A must still be training when B ends (B takes about 10 s on 2 cores)
@@ -71,6 +73,11 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
         assert time.time() < deadline, "A did not start training"
         time.sleep(0.3)
     b = finish(start(multi30k_tsv, bpe_tokenizer, tmp_path / "b", port), tmp_path / "b", timeout=120)
+    # B's rank 1 alone, as on a node of its own (no launcher there ends it when B's rank 0 fails): it finds A's
+    # store, whose rank 1 seat is taken, and refuses in one line (before: it completed the rendezvous in A's store)
+    lone = subprocess.run([sys.executable, TRAIN, "--local_rank=1", *job_args(multi30k_tsv, bpe_tokenizer,
+                                                                           tmp_path / "b1", STEPS)],
+                          env=rank_env(env(), 1, 2, port), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
     a_step_when_b_ended = logged_step(tmp_path / "a")
     a_done, twin_done = finish(a, tmp_path / "a"), finish(twin, tmp_path / "twin")
 
@@ -80,6 +87,10 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
     assert errors == [f"error: the master port {port} at 127.0.0.1 is in use (another job's rendezvous?): start this "
                       f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun "
                       f"(run.sh and run_cluster.sh take a free one when MASTER_PORT is unset)"], text[-4000:]
+    assert lone.returncode == 2 and "Traceback" not in lone.stderr, lone.stderr[-4000:]
+    assert [line for line in lone.stderr.splitlines() if line.startswith("error: ")] == [
+        f"error: the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} belongs to another job (its rank 1 joined it "
+        f"before this one): start this job on another port — `deepspeed --master_port N`, or MASTER_PORT=N"]
     assert a_step_when_b_ended < STEPS, "A finished before B ended: raise STEPS so that they overlap"
     assert [a_done.returncode, twin_done.returncode] == [0, 0], a_done.stderr[-3000:] + twin_done.stderr[-3000:]
     assert "stopping" not in a_done.stderr and "error" not in a_done.stderr, a_done.stderr[-4000:]

@@ -44,8 +44,7 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None, befo
                      after_rendezvous=None) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size. `comm_timeout`:
     seconds any collective waits for its peers before failing (model.parallel.topology.init_deepspeed_comm).
-    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes (once rank 0 serves
-    the job's store), `after_rendezvous()` once the process group exists and this rank has joined its job
+    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes, `after_rendezvous()` once the process group exists and this rank has joined its job
     (job_store.joined_job(); the job watch: training.run.job.join_job)."""
     import deepspeed.comm as ds_dist
     if distribute != "false":
@@ -69,12 +68,12 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None, befo
         # job in it; another rank takes its seat there, refusing another job's store (training.core.job_store)
         port = int(port)
         store_timeout = comm_timeout if comm_timeout is not None else 1800.0     # torch's default_pg_timeout
+        if before_rendezvous is not None:      # first: a failed rank 0's news reaches a rank waiting for its seat
+            before_rendezvous(rank, world)
         if rank == 0:
             job_store.create(addr, port, store_timeout)
         else:
             job_store.check_before_rendezvous(addr, port, rank, store_timeout)
-        if before_rendezvous is not None:
-            before_rendezvous(rank, world)
     from deepspeed.accelerator import get_accelerator
     backend = get_accelerator().communication_backend_name()
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
