@@ -113,9 +113,13 @@ def check_before_rendezvous(addr: str, port: int, rank: int, timeout: float) -> 
     _pending = store.get(JOB_KEY).decode()
 
 
+ANOTHER_JOB_DELAY = 10.0     # this job's rank 0 met the same port (busy): its line first; its launcher ends us meanwhile
+
+
 def _another_job(addr: str, port: int, why: str) -> UserError:
     return UserError(f"the store at MASTER_ADDR:MASTER_PORT {addr}:{port} belongs to another job ({why}): start this "
-                     f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N")
+                     f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N",
+                     report_delay=ANOTHER_JOB_DELAY)
 
 
 def join(addr: str, port: int, timeout: float) -> str:
