@@ -39,9 +39,23 @@ def encode(argv: Sequence[str], env: Optional[dict] = None, log_dir: Optional[st
 def decode(token: str) -> dict:
     raw = base64.urlsafe_b64decode(token + "=" * (-len(token) % 4))
     payload = json.loads(raw.decode("utf-8"))
-    if not isinstance(payload, dict) or not isinstance(payload.get("argv"), list):
+    if not isinstance(payload, dict):
         raise ValueError("not a launch payload")
+    _check_fields(payload)
     return payload
+
+
+def _check_fields(payload: dict) -> None:
+    """Every field as `apply` uses it (a number for "cwd" or a list for "env" traced back there)."""
+    argv, env = payload.get("argv"), payload.get("env", {})
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
+        raise ValueError('"argv" must be a list of strings')
+    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
+                                            for v in env.values()):
+        raise ValueError('"env" must map names to strings')
+    for key in ("log_dir", "cwd"):
+        if payload.get(key) is not None and not isinstance(payload[key], str):
+            raise ValueError(f'"{key}" must be a folder path (a string) or null')
 
 
 def log_path(log_dir: str) -> str:

@@ -160,7 +160,8 @@ def batch_errors(p: ParallelConfig, global_batch: int, name: str = "batch_size")
 
 
 def size_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
-    """The degrees and sizes below 1 (nothing else about a layout is worth checking while one is)."""
+    """The degrees and sizes below 1, and weights too large for any device (nothing else about a layout is worth
+    checking while one is)."""
     errors = [f"{name}={getattr(p, name)} must be >= 1"
               for name in ("data_parallel", "model_parallel", "pipeline_stage", "micro_batch_num",
                            "gradient_aggregation_group", "interleave_num") if getattr(p, name) < 1]
@@ -168,7 +169,24 @@ def size_errors(p: ParallelConfig, m: ModelConfig) -> list[str]:
                for name in ("vocab_size", "d_model", "num_heads", "src_len", "tgt_len") if getattr(m, name) < 1]
     if m.encoder_layers < 1 or m.decoder_layers < 1:
         errors.append(f"encoder_layers={m.encoder_layers} decoder_layers={m.decoder_layers}: both must be >= 1")
+    if not errors:
+        errors += tensor_size_errors(m)
     return errors
+
+
+MAX_TENSOR_ELEMENTS = 2 ** 48          # 256 T elements (1 PiB in fp32): far above any device, far below int64
+
+
+def tensor_size_errors(m: ModelConfig) -> list[str]:
+    """The model's largest weights, when one has more elements than any device could hold: torch's own size
+    arithmetic overflows int64 first (--d_model 1000000000 traced back in plan.py)."""
+    largest = {"the fused q/k/v weight (3·d_model × d_model)": 3 * m.d_model * m.d_model,
+               "the feed-forward weight (ffn_size × d_model)": m.ffn * m.d_model,
+               "the embedding table (vocab_size × d_model)": m.vocab_size * m.d_model,
+               "the positions (max(src_len, tgt_len) × d_model)": max(m.src_len, m.tgt_len) * m.d_model}
+    return [f"{what} would have {n:.3g} elements (d_model={m.d_model}, ffn_size={m.ffn}, vocab_size={m.vocab_size}): "
+            f"more than {MAX_TENSOR_ELEMENTS:.3g}, beyond any device; choose smaller sizes"
+            for what, n in largest.items() if n > MAX_TENSOR_ELEMENTS]
 
 
 def layout_errors(p: ParallelConfig, m: ModelConfig, world_size: Optional[int] = None,

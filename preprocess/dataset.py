@@ -13,8 +13,9 @@ The store lives under `<tsv dir>/.tokcache/<tsv stem>-<key>/` (or `cache_dir`), 
 the tokenizer.json bytes, src_len, tgt_len and the store's FORMAT_VERSION, so any change re-tokenizes (an old
 format's cache is never read as a new one) and an unchanged input opens in milliseconds. The store is written to a
 temporary folder and renamed into place, so a killed run never leaves a half-written cache under a valid name
-(only a `.tmp-*` folder, safe to delete); ranks that build it at the same time each write their own temporary
-folder and the first rename wins. A store that already exists is only read: the data folder may be read-only.
+(only a `.tmp-*` folder, safe to delete). One process builds a store at a time, also across nodes sharing the cache
+folder (preprocess.build_lock: a flock on `.<store>.lock` beside it); the others wait and then open its result.
+A store that already exists is only read: the data folder may be read-only.
 Opening it checks it (preprocess.token_store: structure always; with `verify`, the files' sha256, once per unchanged
 file); a damaged store is rebuilt from the TSV, saying which file was damaged and how.
 
@@ -42,6 +43,7 @@ import torch
 
 from common.errors import UserError, fail, run_cli
 from common.hashing import file_sha256
+from preprocess.build_lock import one_builder
 from preprocess.store_builder import build_store
 from preprocess.textio import check_readable
 from preprocess.token_batches import compact_permutation
@@ -100,7 +102,13 @@ class TranslationDataset:
             return build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len,
                                self.cache_path, sha, num_proc=num_proc, progress=progress, block_bytes=block_bytes)
         if not self.cache_hit:
-            self.build_info = build()
+            # one builder per store, also across nodes sharing the cache folder; a process that waited for another
+            # one's build finds it done and only opens it
+            with one_builder(self.cache_path, f"the token store {self.cache_path}", self.cache_path.is_dir) as mine:
+                if mine:
+                    self.build_info = build()
+                else:
+                    self.cache_hit = True
         try:
             self.store = TokenStore(self.cache_path, verify=verify)
         except DamagedStore as damage:

@@ -9,24 +9,30 @@ while it was read is refused, and
 nothing is left under the store's name.
 
 Worker processes are forked (spawned where fork does not exist): they only read the tokenizer file and run
-`tokenizers`, and a fork starts in milliseconds. With one process (`num_proc` 1) `tokenizers` runs its own threads
-inside `encode_batch`; worker processes each tokenize on one thread.
+`tokenizers`, and a fork starts in milliseconds. There are never more of them than blocks. With one process
+(`num_proc` 1) `tokenizers` runs its own threads inside `encode_batch`; worker processes each tokenize on one thread.
+A failure ends the build at once, never in a hang: a bad line or a full disk terminates the workers (they
+take the default signal handlers, not the parent's), a killed worker breaks the pool (BrokenProcessPool: one line
+naming the signal), and the workers die with their parent.
 """
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
 import os
+import signal
 import sys
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from collections import deque
-from itertools import chain
+from itertools import chain, islice
 from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
 
-from common.errors import fail
-from preprocess.textio import LineBlocks, split_tsv_block
+from common.errors import UserError, fail
+from preprocess.textio import LineBlocks, _is_gzip, split_tsv_block
 from preprocess.token_store import UINT16_IDS, StoreWriter, TokenChunk, token_dtype
 from preprocess.tokenizer import load_tokenizer, special_ids
 
@@ -69,10 +75,29 @@ class ChunkEncoder:
 
 
 _worker: Optional[ChunkEncoder] = None
+# the parent's handlers of these (train.py's stop request notes SIGTERM and goes on) must not outlive the fork: a
+# worker that only noted the SIGTERM of the pool's terminate() kept the build, and the job, from ever ending
+WORKER_DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 
 
-def _start_worker(*args) -> None:
+def _die_with_parent() -> None:
+    """PR_SET_PDEATHSIG: a worker ends with the process that forked it (a rank ended by os._exit, or kill -9,
+    leaves no worker behind blocked on a pipe nobody reads)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _start_worker(parent: int, *args) -> None:
     global _worker
+    for s in WORKER_DEFAULT_SIGNALS:
+        signal.signal(s, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)         # Ctrl-C: the parent stops the pool, no trace per worker
+    _die_with_parent()
+    if os.getppid() != parent:                           # the parent died before prctl took effect
+        os._exit(1)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"      # one thread per worker: the workers are the parallelism
     _worker = ChunkEncoder(*args)
 
@@ -103,33 +128,85 @@ def default_num_proc() -> int:
     return max(1, min(cores, MAX_WORKERS))
 
 
-def _encoded_chunks(blocks: LineBlocks, encoder_args: tuple, workers: int) -> Iterator[tuple[TokenChunk, float]]:
-    """The blocks' TokenChunks in file order, each with the fraction of the file read up to its end, from `workers`
-    processes (1: this one), two blocks per worker in flight at most."""
+GZIP_RATIO = 10                         # text rarely packs tighter: a .gz's blocks are estimated from its size x this
+
+
+def worker_count(num_proc: Optional[int], file_bytes: int, block_bytes: int, gzipped: bool = False) -> int:
+    """Worker processes for a file: --num_proc (default: default_num_proc), never more than its blocks could be (a
+    worker without a block only costs its start-up: --num_proc 1000 forked 1000 workers for 3 blocks). build_store
+    then reads that many blocks ahead and keeps one worker per block it found."""
+    wanted = default_num_proc() if num_proc is None else int(num_proc)
+    blocks = max(1, -(-file_bytes * (GZIP_RATIO if gzipped else 1) // block_bytes))
+    return max(1, min(wanted, blocks))
+
+
+def _with_fractions(blocks: LineBlocks) -> Iterator[tuple[bytes, int, float]]:
+    """(block, first line number, fraction of the file read up to the block's end)."""
+    for block, lineno in blocks:
+        yield block, lineno, blocks.consumed / max(blocks.size, 1)
+
+
+def _lost_worker(pool: ProcessPoolExecutor, name: str) -> UserError:
+    """A worker died (kill -9, the out-of-memory killer, a crash): say how, from its exit status where known."""
+    how = ""
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        code = proc.exitcode
+        if code is not None and code < 0:
+            try:
+                how = f" (killed by {signal.Signals(-code).name}"
+            except ValueError:
+                how = f" (killed by signal {-code}"
+            how += ": kill -9, or the kernel's out-of-memory killer: see `dmesg`)" if -code == signal.SIGKILL else ")"
+            break
+    return UserError(f"a tokenizer worker process died while tokenizing {name}{how}; nothing was kept. Run again "
+                     f"(with fewer --num_proc if memory ran out)")
+
+
+def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tuple,
+                    workers: int) -> Iterator[tuple[TokenChunk, float]]:
+    """The blocks' TokenChunks in file order, each with its fraction (`_with_fractions`), from `workers` processes
+    (1: this one), two blocks per worker in flight at most. A worker that dies ends the build (BrokenProcessPool;
+    multiprocessing.Pool replaced a killed worker and waited forever for its block)."""
     if workers <= 1:
         encoder = ChunkEncoder(*encoder_args)
-        for block, lineno in blocks:
-            yield encoder(block, lineno), blocks.consumed / max(blocks.size, 1)
+        for block, lineno, fraction in blocks:
+            yield encoder(block, lineno), fraction
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    # tokenizers warns (and turns its threads off) in a child forked after its threads ran; the workers want one
-    # thread anyway, and this says so before the fork
-    with _environment(TOKENIZERS_PARALLELISM="false"):
-        pool = multiprocessing.get_context(method).Pool(workers, initializer=_start_worker, initargs=encoder_args)
+    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker,
+                               initargs=(os.getpid(), *encoder_args))
     try:
         pending: deque = deque()
-        for block, lineno in blocks:
-            pending.append((pool.apply_async(_encode_in_worker, (block, lineno)),
-                            blocks.consumed / max(blocks.size, 1)))
+        for block, lineno, read in blocks:
+            # tokenizers warns (and turns its threads off) in a child forked after its threads ran; the workers
+            # want one thread anyway, and this says so before the fork (the first submit forks them all)
+            with _environment(TOKENIZERS_PARALLELISM="false"):
+                pending.append((pool.submit(_encode_in_worker, block, lineno), read))
             if len(pending) >= 2 * workers:
-                result, fraction = pending.popleft()
-                yield result.get(), fraction
+                future, fraction = pending.popleft()
+                yield future.result(), fraction
         while pending:
-            result, fraction = pending.popleft()
-            yield result.get(), fraction
+            future, fraction = pending.popleft()
+            yield future.result(), fraction
+    except BrokenProcessPool:
+        raise _lost_worker(pool, encoder_args[-1]) from None
+    except BaseException:
+        # a failed block (a bad line), a full disk, Ctrl-C: the blocks in the workers are of no use now, and each
+        # would take seconds to finish (SIGTERM ends a worker: its handlers are the default ones)
+        _stop_workers(pool)
+        raise
     finally:
-        pool.terminate()
-        pool.join()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    stop = getattr(pool, "terminate_workers", None)         # Python 3.14
+    if stop is not None:
+        stop()
+        return
+    for proc in list((getattr(pool, "_processes", None) or {}).values()):
+        with contextlib.suppress(Exception):
+            proc.terminate()
 
 
 class _Progress:
@@ -175,14 +252,16 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
     before = _file_state(tsv_path)
     block_bytes = block_bytes or BLOCK_BYTES
     blocks = LineBlocks(tsv_path, block_bytes)
-    workers = default_num_proc() if num_proc is None else int(num_proc)    # (>= 1: TranslationDataset checks)
-    if blocks.size <= block_bytes:
-        workers = 1                                      # one block: a worker would only add its start-up
+    workers = worker_count(num_proc, blocks.size, block_bytes, _is_gzip(tsv_path))   # (num_proc >= 1: checked)
+    read = _with_fractions(blocks)
+    ahead = list(islice(read, workers)) if workers > 1 else []
+    if len(ahead) < workers:
+        workers = max(1, len(ahead))                     # fewer blocks than workers: one worker each
     encoder_args = (str(tokenizer_path), src_len, tgt_len, dtype.name, str(tsv_path))
     bar = _Progress(progress, tsv_path.name)
     try:
         with StoreWriter(final, dtype, str(tsv_path)) as writer, \
-                contextlib.closing(_encoded_chunks(blocks, encoder_args, workers)) as chunks:
+                contextlib.closing(_encoded_chunks(chain(ahead, read), encoder_args, workers)) as chunks:
             count = 0
             for chunk, fraction in chunks:
                 count += 1

@@ -96,9 +96,11 @@ def atomic_write(path: PathLike, encoding: str = "utf-8") -> Iterator[IO[str]]:
 
     The text goes to a hidden temporary file in the same directory (same filesystem, so `os.replace` is atomic),
     is fsynced, and replaces `path` only when the block finishes without an exception; on any error, including
-    KeyboardInterrupt, the temporary file is removed. The parent directory must exist.
+    KeyboardInterrupt, the temporary file is removed. Missing folders above it are created (translate.py --output
+    new/out.txt traced back after decoding).
     """
     path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding=encoding, newline="\n") as handle:

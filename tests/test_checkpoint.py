@@ -264,7 +264,12 @@ def test_kill_9_then_resume_matches_uninterrupted(crash, runs):
     resumed = runs(f"resume {crash}")
     killed = runs(f"kill {crash}")
     assert killed["returncode"] != 0
-    assert killed["latest"] == f"step_{2:08d}"                    # the crashed step never became 'latest'
+    if crash.startswith("train"):
+        # --save_mode background (the default): step 2's save may still be in flight when rank 0 dies after step 3,
+        # and then step 1 stays the latest (tests/test_background_save.py: such a kill resumes exactly)
+        assert killed["latest"] in (f"step_{1:08d}", f"step_{2:08d}")
+    else:
+        assert killed["latest"] == f"step_{2:08d}"                # the crashed step never became 'latest'
     if crash.startswith("save"):
         assert killed["tmp"] and not killed["final"]
     a, b = merged(runs("tp2-drop")), merged(resumed)

@@ -169,6 +169,56 @@ def test_a_meta_json_field_of_the_wrong_type_is_one_line(run_copy, multi30k_tsv,
               f"{meta_path}: field 'optimizer_step' is \"four\", not an integer")
 
 
+@pytest.mark.parametrize("field,value,kind", [("vocab_size", 500.0, "an integer"), ("dropout", "0.1", "a finite number"),
+                                              ("share_embeddings", 0, "true or false")])
+def test_a_model_field_of_the_wrong_type_is_one_line_and_resume_auto_passes_it(field, value, kind, run_copy,
+                                                                              multi30k_tsv, bpe_tokenizer):
+    """`vocab_size: 500.0` or `dropout: "0.1"` in meta.json traced back when the model was built, and --resume auto
+    did not skip the checkpoint."""
+    meta_path = step_dir(run_copy, 4) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta["model"][field] = value
+    meta_path.write_text(json.dumps(meta))
+    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    one_error(run_train(1, base + ["--resume"], check=False),
+              f"{meta_path}: field 'model.{field}' is {json.dumps(value)}, not {kind}")
+    auto = run_train(1, base + ["--resume", "auto"], check=False)
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
+        auto.stderr[-3000:]
+    assert f"--resume auto: skipping step_00000004: {meta_path}: field 'model.{field}'" in auto.stdout
+
+
+def test_a_damaged_tokenizer_copy_gives_advice_that_works(run_copy, multi30k_tsv, bpe_tokenizer, tmp_path):
+    """The copy of the tokenizer in step 4 is gone: the error's advice (--tokenizer) works — it was refused even
+    with --tokenizer — translate.py takes --tokenizer too, and --resume auto passes the checkpoint."""
+    (step_dir(run_copy, 4) / "tokenizer.json").unlink()
+    given = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    i = given.index("--tokenizer")
+    base = given[:i] + given[i + 2:]                       # the checkpoint's own tokenizer, as a resume takes it
+    line = one_error(run_train(1, base + ["--resume"], check=False), "its tokenizer copy tokenizer.json is missing")
+    assert "(--tokenizer)" in line
+    named = run_train(1, given + ["--resume", "--steps", "6"], check=False)            # the advice, followed
+    assert named.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in named.stdout, \
+        named.stderr[-3000:]
+    src = tmp_path / "in.fr"
+    src.write_text("un homme sur un vélo .\n", encoding="utf-8")
+    translate = [sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--ckpt_file",
+                 str(step_dir(run_copy, 4)), "--input", str(src)]
+    one_error(subprocess.run(translate, capture_output=True, text=True, timeout=300, env=env()),
+              "its tokenizer copy tokenizer.json is missing")
+    proc = subprocess.run(translate + ["--tokenizer", str(bpe_tokenizer)], capture_output=True, text=True,
+                          timeout=300, env=env())
+    assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
+
+
+def test_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(run_copy, multi30k_tsv, bpe_tokenizer):
+    (step_dir(run_copy, 4) / "tokenizer.json").unlink()
+    auto = run_train(1, flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume", "auto"), check=False)
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
+        auto.stderr[-3000:]
+    assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout
+
+
 def test_a_fresh_run_keeps_the_records_of_an_earlier_one_without_checkpoints(multi30k_tsv, bpe_tokenizer, tmp_path):
     out = tmp_path / "run"
     run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "2"))
@@ -192,3 +242,30 @@ def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokeni
     text = (out / "metrics.jsonl").read_text()
     assert text.endswith("\n") and os.path.getsize(out / "metrics.jsonl") <= limit
     assert [json.loads(r)["step"] for r in text.splitlines()] == list(range(1, failed))
+
+
+@pytest.fixture(scope="module")
+def saved_tp2_run(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
+    out = tmp_path_factory.mktemp("integrity-tp2") / "run"
+    run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2"))
+    return out
+
+
+def test_on_two_ranks_the_damage_one_rank_finds_is_every_ranks_line_and_resume_auto_falls_back(
+        saved_tp2_run, multi30k_tsv, bpe_tokenizer, tmp_path):
+    """Each file is hashed by one rank (training.checkpoint.spread_verify): TP rank 1's shard by rank 1. Its
+    verdict reaches rank 0, so --resume stops with one line naming the file, and --resume auto skips step 4 (saying
+    why, on rank 0) and resumes every rank from step 2."""
+    out = tmp_path / "run"
+    shutil.copytree(saved_tp2_run, out)
+    (out / ".train.lock").unlink(missing_ok=True)
+    damaged = "shard_pp0_tp1.safetensors"
+    write_float(step_dir(out, 4) / damaged, WEIGHT, 1.98e34)
+    base = flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2")
+    one_error(run_train(2, base + ["--resume"], check=False),
+              f"checkpoint {step_dir(out, 4)}: {damaged} does not match the checksum saved with it")
+    auto = run_train(2, base + ["--resume", "auto"], check=False)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert f"--resume auto: skipping step_00000004: checkpoint {step_dir(out, 4)}: {damaged} does not match" \
+        in auto.stdout
+    assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout

@@ -528,7 +528,8 @@ def test_train_py_with_a_read_only_data_folder_needs_and_takes_cache_dir(multi30
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert [r["step"] for r in read_metrics(tmp_path / "b")] == [1, 2]
     built = sorted(p.name.split("-")[0] for p in cache.iterdir())
-    assert built == ["bpe8000", "train.fr_en"], built                # the tokenizer and the store, both in cache
+    # the tokenizer, the store and the TSV's digest record (preprocess.tsv_digest), all in the cache
+    assert built == ["bpe8000", "train.fr_en", "tsv"], built
 
 
 # --------------------------------------------------------------------------------------------- schedules at scale

@@ -273,7 +273,7 @@ def test_translate_needs_only_the_checkpoint(trained, bpe_tokenizer, val50, tmp_
     avg = tmp_path / "avg.pt"                                       # an averaged .pt carries the tokenizer's text
     consolidated.save(consolidated.average([str(trained)]), str(avg))
     (tmp_path / "in.fr").write_text("\n".join(sources) + "\n", encoding="utf-8")
-    out = tmp_path / "out.en"
+    out = tmp_path / "new" / "folder" / "out.en"              # missing folders are made (it traced back)
     proc = translate("--ckpt_file", avg, "--input", tmp_path / "in.fr", "--beam", 3, "--output", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_text(encoding="utf-8").splitlines() == want[3] and proc.stdout == ""

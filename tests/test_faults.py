@@ -136,8 +136,10 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
     weight becomes inf after step 8 (DSR_INF_WEIGHT_AT): its save is refused, `latest` stays step_6 and keep-2
     pruning leaves steps 4 and 6."""
     out = tmp_path / "run"
+    # synchronous saves: step 4's is committed before step 5 (a background one may still be in flight when rank 0
+    # dies: tests/test_background_save.py)
     args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
-                 "--keep_checkpoint_max", 2, "--tensorboard", 1)
+                 "--keep_checkpoint_max", 2, "--tensorboard", 1, "--save_mode", "sync")
     crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
                              env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
@@ -364,6 +366,23 @@ def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenize
     assert lines[0].startswith("error: rank 0: no answer from the other ranks within --comm_timeout 5 s"), lines
     assert lines[1].startswith(f"error: rank 1 (pid {victim.pid} on ") and "stopped by SIGSTOP" in lines[1], lines
     assert len(lines) == 2 and time.time() - stopped_at < 5 + 30
+
+
+def test_sigterm_to_deepspeeds_node_launcher_saves_without_native_frames(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """SIGTERM to launch.py (what a scheduler sends the per-node launcher): it SIGTERMs the ranks one by one, so a
+    rank can hear the stop through the step's collective, save and exit 128 + SIGTERM before its own SIGTERM — its
+    supervisor took that exit for a failure and tried to tell the job's store, already gone with rank 0, while torch
+    logged 30 lines of C++ frames per retry. Now: the save, its one line, and nothing native."""
+    out = tmp_path / "run"
+    job = _start_tp2(multi30k_tsv, bpe_tokenizer, out)
+    job.popen.send_signal(signal.SIGTERM)
+    proc = job.finish(60)
+    text = proc.stdout + proc.stderr
+    step = _logged_step(out)
+    assert _stopped_line(text) == f"stopped by SIGTERM at step {step}; checkpoint step_{step:08d} saved; resume " \
+                                  f"with --resume"
+    assert not [line for line in text.splitlines() if "frame #" in line or "[c10d]" in line or
+                line.startswith(("error:", "Traceback"))], text[-3000:]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1], ids=lambda s: s.name)
@@ -649,6 +668,32 @@ def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path)
     assert len(errors) == 1 and errors[0].startswith("error: rank 1 (pid "), proc.stderr
     assert errors[0].endswith("was ended by NCCL's watchdog: ALLREDUCE #17 on process group 2 (TP) timed out after "
                               "60 s (--comm_timeout); a rank did not join it (paused, hung, or its node is down)")
+
+
+def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
+    """A rank that saved on a stop request exits 128 + the signal, often before the launcher's own SIGTERM reaches
+    its supervisor (the request came through the step's collective): its supervisor writes nothing into the job's
+    store (it reported a failure there, and retried a store already gone with rank 0 for 10 s)."""
+    import datetime
+    from torch.distributed import TCPStore
+    from tests.multiproc import free_port
+    from training.run.job_watch import ABORT
+    port = free_port()
+    store = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10),
+                     wait_for_workers=False)
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from training.run.rank_supervisor import supervise_rank\n"
+        "supervise_rank()\n"
+        "print('stopped by SIGTERM at step 6; checkpoint step_00000006 saved; resume with --resume', flush=True)\n"
+        f"sys.exit(128 + {int(signal.SIGTERM)})\n")
+    e = {k: v for k, v in env().items() if k != "DSR_SUPERVISED"}
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
+                          env=dict(e, WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    assert proc.returncode == 128 + signal.SIGTERM and not store.check([ABORT]), proc.stderr
+    assert "error" not in proc.stderr
 
 
 # ------------------------------------------------------------------------------------------- a full disk

@@ -339,6 +339,22 @@ def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):
     assert len(logs) == 1 and logs[0].read_text().strip() == repr(["--local_rank=0"] + nasty)
 
 
+@pytest.mark.parametrize("payload,why", [({"argv": ["--steps", 3]}, '"argv" must be a list of strings'),
+                                         ({"argv": [], "cwd": 7}, '"cwd" must be a folder path'),
+                                         ({"argv": [], "env": ["A=1"]}, '"env" must map names to strings'),
+                                         ({"argv": [], "log_dir": ["x"]}, '"log_dir" must be a folder path')])
+def test_a_launch_payload_with_a_wrong_typed_field_is_one_line(payload, why):
+    """A token with a field of the wrong type traced back in `apply` (os.chdir(7), env.items() of a list)."""
+    import base64
+    token = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts/train.py"), "--launch_payload", token],
+                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: --launch_payload: the token does not decode ({why}"), \
+        proc.stderr
+
+
 def test_failed_run_reports_rank_errors(tsv, tmp_path):
     """When the launcher fails, the script exits with its status and shows the ranks' `error:` lines."""
     fake = tmp_path / "fake_deepspeed"

@@ -128,3 +128,28 @@ def test_eta_is_the_runs_mean_step_time_times_the_steps_left(tmp_path, monkeypat
     assert writer.eta_seconds(8) == (110.0 - 98.0) / (8 - 4) * (20 - 8)   # 3 s a step, 12 steps left: 36 s
     assert writer.eta_seconds(20) == 0.0
     writer.close()
+
+
+def test_tensorboard_out_of_room_is_one_line_naming_the_folder(tmp_path):
+    """TensorBoard writes from its own thread: a write past the room (here `ulimit -f`, EFBIG; a full disk is the
+    same error path) printed that thread's traceback and raised again at the next call. Now one warning naming the
+    folder, and the run goes on."""
+    import resource
+    import sys
+    folder = tmp_path / "tensorboard"
+    code = ("import sys; sys.path.insert(0, %r)\n"
+            "from training.core.metrics import TensorBoard\n"
+            "tb = TensorBoard(%r, purge_step=1)\n"
+            "for step in range(1, 3001):\n"
+            "    tb.write({'train/loss': 1.0, 'train/lr': 0.5}, step)\n"
+            "tb.close()\n"
+            "print('went on', flush=True)\n") % (str(REPO_ROOT), str(folder))
+    limit = 16 << 10
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    assert proc.returncode == 0 and proc.stdout.strip() == "went on", proc.stderr[-3000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert re.fullmatch(rf"warning: TensorBoard events into {re.escape(str(folder))} stopped at step \d+ \(File too "
+                        r"large\); training goes on and metrics.jsonl keeps every step\. Free space there \(or use "
+                        r"--tensorboard 0\)", lines[0]), lines[0]

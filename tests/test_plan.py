@@ -307,6 +307,55 @@ def test_plan_64_ranks_in_seconds():
     assert r0["optimizer_bytes"] == 12 * -(-r0["params"] // 4) and r0["grad_bytes"] == 4 * r0["params"]
 
 
+def test_rank_map_is_deepspeeds_topology():
+    """rank_map computes what DeepSpeed's PipeModelDataParallelTopology looks up (the grid the engine builds)."""
+    from model.parallel.topology import make_topology
+    for dp, tp, pp in [(1, 1, 1), (2, 4, 1), (3, 2, 2), (1, 8, 2), (4, 1, 3), (2, 2, 4)]:
+        parallel = ParallelConfig(data_parallel=dp, model_parallel=tp, pipeline_stage=pp)
+        topo = make_topology(parallel)
+        assert [(c.pp, c.dp, c.tp) for c in rank_map(parallel)] == \
+            [(topo.get_coord(r).pipe, topo.get_coord(r).data, topo.get_coord(r).model) for r in range(dp * tp * pp)]
+
+
+def test_a_million_ranks_plan_in_seconds():
+    """The plan is linear in the world (65,536 ranks took 41 s when rank_map searched DeepSpeed's rank table for
+    every rank, and 10⁶ would take hours); the text report prints the ends of the rank table, --json every row."""
+    world = 2 ** 20
+    t = time.perf_counter()
+    plan = plan_for(world, "--recipe", R16, "--batch_size", str(2 * world))
+    text = format_plan(plan)
+    seconds = time.perf_counter() - t
+    print(f"plan for {world:,} ranks: {seconds:.2f} s")
+    assert seconds < 30
+    assert len(plan["ranks"]) == world and plan["layout"]["data_parallel"] == world // 16
+    last = plan["ranks"][-1]
+    assert (last["rank"], last["pp"], last["dp"], last["tp"], last["node"]) == (world - 1, 1, world // 16 - 1, 7,
+                                                                                 world // 8 - 1)
+    assert last["total_bytes"] == plan["ranks"][world // 2 + 7]["total_bytes"]     # the same (stage, tp rank)
+    assert f"{world - 1:>5} {world // 8 - 1:>4} node{world // 8 - 1}" in text and "more ranks" in text
+    assert plan["layout"]["dp_groups_spanning_nodes"] == 16 and plan["layout"]["tp_groups_spanning_nodes"] == 0
+    assert len(text.splitlines()) < 400
+
+
+def test_groups_spanning_nodes_with_uneven_hosts():
+    plan = plan_for(16, "--recipe", R16, "--mp", "4", "--pipeline_stage", "1", "--batch_size", "32",
+                    hosts=[Host("a", 6), Host("b", 10)])
+    # TP groups 0-3, 4-7 (spans a/b), 8-11, 12-15; DP groups {t, t+4, t+8, t+12}: each spans both hosts
+    assert plan["layout"]["tp_groups_spanning_nodes"] == 1 and plan["layout"]["dp_groups_spanning_nodes"] == 4
+    rows = plan["ranks"]
+    assert [r["rank"] for r in rows[-3:]] == [13, 14, 15] and rows[5]["host"] == "a" and rows[6]["host"] == "b"
+
+
+def test_a_model_too_large_for_any_tensor_is_one_line(assert_user_error):
+    """--d_model 1000000000 traced back inside torch's size arithmetic (building the blocks on the meta device)."""
+    proc = run_plan("--recipe", R16, "--world_size", "16", "--d_model", "1000000000")
+    assert proc.returncode == 2
+    assert_user_error(proc, "d_model=1000000000", "choose smaller sizes")
+    for flag in (["--device_memory", "inf"], ["--d_model", "1e9"]):
+        proc = run_plan("--recipe", R16, "--world_size", "16", *flag)
+        assert proc.returncode == 2 and proc.stderr.strip().startswith(f"error: {flag[0]} {flag[1]} must be")
+
+
 @pytest.mark.parametrize("name,world,extra", [("2pcs", 2, []), ("8pcs", 8, []), ("8pcs-dp2-mp4", 8, []),
                                               ("16pcs", 16, []), ("cpu-tiny", 2, ["--vocab_size", "2000"])])
 def test_every_recipe_plans_at_its_world(name, world, extra):

@@ -258,6 +258,7 @@ class Trainer:
         return StopRequest.exit_status(code)
 
     def finish(self, losses: list, stopped: Optional[str] = None) -> int:
+        self.checkpoints.drain()              # a background save in flight is committed before the run ends
         summary = {"steps": self.start_step + len(losses), "final_loss": losses[-1] if losses else None,
                    "output_dir": os.path.abspath(self.cfg.checkpoint.output_dir)}
         if stopped:

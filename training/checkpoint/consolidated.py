@@ -33,7 +33,10 @@ def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
     out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
            "step": meta["step"], "saved_layout": meta["parallel"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
            "checkpoint": path}
-    tokenizer = recorded_tokenizer(path, meta)
+    try:
+        tokenizer = recorded_tokenizer(path, meta)
+    except UserError as exc:          # a missing or changed copy: the reader may still be given the tokenizer
+        tokenizer, out["tokenizer_problem"] = None, str(exc)
     if tokenizer is not None:
         with open(tokenizer, encoding="utf-8") as f:
             out["tokenizer_json"] = f.read()

@@ -21,7 +21,8 @@ Parameters are keyed by layout-free names (`blocks.<layer>.<...>`: the same in t
 checkpoint's identity, so a file copied in from another checkpoint is refused.
 
 Integrity: meta.json's "sha256" holds every file's digest, computed by its writer as it wrote it. A load verifies
-each file it reads data from against it (`verify=False` skips that: `--verify 0`), so bytes changed on disk after
+each file it reads data from against it (`verify=False` skips that: `--verify 0`; train.py's ranks share the work
+instead, each file hashed once per job: training.checkpoint.spread_verify), so bytes changed on disk after
 the save — a flipped bit in a shard — are refused with the file's name instead of trained on. Weights that are not
 finite are refused at every load (resume, evaluate, export, averaging) naming the tensor; saves already refuse to
 write them (training.checkpoint.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1 (torch .pt shards) is
@@ -29,7 +30,9 @@ converted by run_scripts/convert_checkpoint.py (training.checkpoint.convert).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import os
 from typing import Optional
 
@@ -175,6 +178,37 @@ def _check_meta_fields(meta: dict, meta_path: str) -> None:
     sums = meta.get("sha256", {})
     if not isinstance(sums, dict) or not all(isinstance(v, str) for v in sums.values()):
         raise UserError(f"{meta_path}: field 'sha256' must map file names to hex digests")
+    model_kinds = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
+    for key, value in meta["model"].items():
+        _check_kind(f"model.{key}", value, model_kinds.get(key), meta_path)
+    if isinstance(meta.get("optimization"), dict):
+        for key, value in meta["optimization"].items():
+            _check_kind(f"optimization.{key}", value, TRAJECTORY_KINDS.get(key, "float"), meta_path)
+
+
+TRAJECTORY_KINDS = {"lr_schedule": "str", "warmup_steps": "int", "decay_steps": "int", "steps": "int"}   # else float
+
+
+def _kind_matches(value, kind: str) -> bool:
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "str":
+        return isinstance(value, str)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return isinstance(value, int) if kind == "int" else math.isfinite(value)
+
+
+def _check_kind(name: str, value, kind: Optional[str], meta_path: str) -> None:
+    """One recorded setting as the code reads it (`vocab_size: 500.0` or `dropout: "0.1"` traced back when the
+    model was built)."""
+    if kind is None:
+        raise UserError(f"{meta_path}: unknown field {name!r}; the file was edited, or written by another version — "
+                        f"use another checkpoint")
+    if not _kind_matches(value, kind):
+        what = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "a string"}[kind]
+        raise UserError(f"{meta_path}: field {name!r} is {json.dumps(value)[:40]}, not {what}; the file was edited "
+                        f"or damaged — use another checkpoint")
 
 
 def write_digest(path: str, digest: str) -> None:
@@ -208,10 +242,12 @@ def verify_file(path: str, name: str, meta: dict) -> None:
 
 
 def verify_checkpoint(path: str) -> dict:
-    """meta.json complete and every file as written; returns the meta (UserError naming the first problem)."""
+    """meta.json complete and every file as written, its tokenizer copy too; returns the meta (UserError naming the
+    first problem)."""
     meta = read_meta(path)
     for name in meta["shards"] + meta["rng"]:
         verify_file(path, name, meta)
+    recorded_tokenizer(path, meta)
     return meta
 
 

@@ -28,6 +28,7 @@ from model.config import ModelConfig, ParallelConfig
 from model.parallel.random import RNG
 from model.parallel.sharding import partition_dim
 from training.checkpoint import optimizer_state
+from training.checkpoint.background import BackgroundSaves
 from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, prune, step_dirname,
                                         write_atomic)
 from training.checkpoint.format import (FORMAT_VERSION, SHARD_FORMAT, TOKENIZER, ShardIndex, canonical_name,
@@ -40,6 +41,7 @@ from training.core.data import check_data_order, data_order, legacy_data_order
 from training.checkpoint.disk_full import checkpoint_file_guard
 from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.shared_folder import check_checkpoint
+from training.checkpoint.spread_verify import verify_spread
 from training.checkpoint.tied_copies import refuse_drifted_tied_copies
 
 
@@ -72,12 +74,15 @@ def _ids(engine) -> tuple[str, str]:
 # ----------------------------------------------------------------------------------------------- save
 def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
          tokenizer_path: Optional[str], keep: int, name: Optional[str] = None,
-         validation: Optional[dict] = None, weights_only: bool = False, trajectory: Optional[dict] = None) -> str:
+         validation: Optional[dict] = None, weights_only: bool = False, trajectory: Optional[dict] = None,
+         background: Optional[BackgroundSaves] = None) -> str:
     """Save step `step` as checkpoints/step_N (moving `latest`, pruning to `keep`), or as checkpoints/<name>
     (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json. `weights_only`: the
     fp32 weights alone — no AdamW moments, no RNG states — for decoding (the validation BLEU model), a third of the
     bytes; such a checkpoint is not resumable. `trajectory`: the optimisation settings a resumed run takes
-    (training.run.start_point.trajectory), meta.json's "optimization"."""
+    (training.run.start_point.trajectory), meta.json's "optimization". `background` (training.checkpoint.background,
+    with no save in flight): gather into a host snapshot here, write, hash and commit on its thread — the files are
+    the same bytes as a synchronous save's."""
     ctx, rank = engine.ctx, dist.get_rank()
     state = optimizer_state.for_engine(engine)        # an optimizer it does not know: refused before any file
     run_id, checkpoint_id = _ids(engine)
@@ -100,55 +105,99 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
               if not getattr(p, "ds_pipe_replicated", False)]
     writes = ctx.dp_rank == 0                       # one writer per (stage, TP rank)
     keys = ("param",) if weights_only else KEYS
-    if writes or state.partitioned:                 # under ZeRO the gathers are collectives over DP
-        shard_path = os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None
-        digest = _save_shard(shard_path, state, params, {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank},
-                             keys)
+    gathers = writes or state.partitioned           # under ZeRO the gathers are collectives over DP
+    shard_path = os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None
+    shard_ids = {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank}
+    rng_path = None if weights_only else os.path.join(tmp, rng_file(rank))
+    rng_ids = {**ids, "rank": rank}
+    # what the engine holds now, read before the next step moves it
+    meta = _meta(engine, state, ids, model_cfg, parallel, data, tokenizer_path, validation, weights_only,
+                 trajectory) if rank == 0 else None
+    commit = ((lambda: _commit(meta, tmp, final, root, name, step, keep, tokenizer_path)) if rank == 0 else None)
+
+    if background is None:
+        if gathers:
+            digest = _save_shard(shard_path, state, params, shard_ids, keys)
+            if shard_path is not None:
+                write_digest(shard_path, digest)
+        if rng_path is not None:
+            _write_rng(rng_path, rng_tensors(RNG.get_state()), rng_ids)
+        for hook in BEFORE_COMMIT:
+            hook(step)
+        dist.barrier()
+        if commit is not None:
+            commit()
+        dist.barrier()
+        return final
+
+    values = _snapshot_shard(state, params, keys, background.staging, keep=writes) if gathers else None
+    rng = {n: t.clone() for n, t in rng_tensors(RNG.get_state()).items()} if rng_path is not None else None
+
+    def write():
         if shard_path is not None:
-            write_digest(shard_path, digest)
-    if not weights_only:
-        rng_path = os.path.join(tmp, rng_file(rank))
-        with checkpoint_file_guard(rng_path + ".part"):
-            write_digest(rng_path, write_tensors(rng_path, rng_tensors(RNG.get_state()), {**ids, "rank": rank}))
-    for hook in BEFORE_COMMIT:
-        hook(step)
-    dist.barrier()
-    if rank == 0:
-        sched = engine.ds.lr_scheduler
-        meta = {
-            "format_version": FORMAT_VERSION, **ids, "optimizer_step": state.step(),
-            "optimizer": state.describe(), "skipped_steps": int(getattr(engine.ds, "skipped_steps", 0)),
-            "model": dataclasses.asdict(model_cfg), "parallel": dataclasses.asdict(parallel),
-            "world_size": dist.get_world_size(), "batch_size": data.batch_size, "seed": data.seed,
-            "data_order": data_order(data), "samples_seen": int(engine.ds.global_samples),
-            "lr_scheduler": {"last_epoch": sched.last_epoch, "last_lr": sched.get_last_lr()},
-            "tokenizer_sha256": _tokenizer_sha256(tokenizer_path),
-            "shards": [shard_file(p, t) for p in range(parallel.pipeline_stage)
-                       for t in range(parallel.model_parallel)],
-            "rng": [] if weights_only else [rng_file(r) for r in range(dist.get_world_size())],
-        }
-        if trajectory is not None:
-            meta["optimization"] = trajectory
-        if weights_only:
-            meta["weights_only"] = True
-        if meta["tokenizer_sha256"]:                 # the checkpoint carries its tokenizer: decoding needs no flag
-            shutil.copyfile(tokenizer_path, os.path.join(tmp, TOKENIZER))
-            meta["tokenizer"] = TOKENIZER
-        meta["sha256"] = collect_digests(tmp, meta["shards"] + meta["rng"])     # each writer's, as it wrote
-        scaler = state.scaler_state()
-        if scaler is not None:
-            meta["loss_scaler"] = scaler
-        if validation is not None:
-            meta["validation"] = validation
-        write_atomic(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
-        if os.path.exists(final):                             # re-saving a step (a resumed run) replaces it
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        if name is None:
-            write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
-            prune(root, keep)
-    dist.barrier()
+            with checkpoint_file_guard(shard_path + ".part"):
+                writer = _shard_writer(shard_path, params, shard_ids, keys)
+                values.reverse()                    # each buffer dropped once written
+                _write_all(writer, ((tensor_name(k, n), values.pop()) for n, _ in params for k in keys))
+            write_digest(shard_path, writer.sha256)
+        if rng_path is not None:
+            _write_rng(rng_path, rng, rng_ids)
+        for hook in BEFORE_COMMIT:
+            hook(step)
+    background.start(write, commit)
     return final
+
+
+def _meta(engine, state, ids: dict, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
+          tokenizer_path: Optional[str], validation: Optional[dict], weights_only: bool,
+          trajectory: Optional[dict]) -> dict:
+    """meta.json as the save's step left it; "sha256" is filled in at the commit (its place in the file kept)."""
+    sched = engine.ds.lr_scheduler
+    meta = {
+        "format_version": FORMAT_VERSION, **ids, "optimizer_step": state.step(),
+        "optimizer": state.describe(), "skipped_steps": int(getattr(engine.ds, "skipped_steps", 0)),
+        "model": dataclasses.asdict(model_cfg), "parallel": dataclasses.asdict(parallel),
+        "world_size": dist.get_world_size(), "batch_size": data.batch_size, "seed": data.seed,
+        "data_order": data_order(data), "samples_seen": int(engine.ds.global_samples),
+        "lr_scheduler": {"last_epoch": sched.last_epoch, "last_lr": list(sched.get_last_lr())},
+        "tokenizer_sha256": _tokenizer_sha256(tokenizer_path),
+        "shards": [shard_file(p, t) for p in range(parallel.pipeline_stage)
+                   for t in range(parallel.model_parallel)],
+        "rng": [] if weights_only else [rng_file(r) for r in range(dist.get_world_size())],
+    }
+    if trajectory is not None:
+        meta["optimization"] = trajectory
+    if weights_only:
+        meta["weights_only"] = True
+    if meta["tokenizer_sha256"]:                 # the checkpoint carries its tokenizer: decoding needs no flag
+        meta["tokenizer"] = TOKENIZER
+    meta["sha256"] = {}
+    scaler = state.scaler_state()
+    if scaler is not None:
+        meta["loss_scaler"] = scaler
+    if validation is not None:
+        meta["validation"] = validation
+    return meta
+
+
+def _commit(meta: dict, tmp: str, final: str, root: str, name: Optional[str], step: int, keep: int,
+            tokenizer_path: Optional[str]) -> None:
+    """Rank 0, once every rank's files are in `tmp`: meta.json, the rename, `latest`, pruning."""
+    if meta.get("tokenizer"):
+        shutil.copyfile(tokenizer_path, os.path.join(tmp, TOKENIZER))
+    meta["sha256"] = collect_digests(tmp, meta["shards"] + meta["rng"])     # each writer's, as it wrote
+    write_atomic(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
+    if os.path.exists(final):                             # re-saving a step (a resumed run) replaces it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    if name is None:
+        write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
+        prune(root, keep)
+
+
+def _write_rng(path: str, tensors: dict, metadata: dict) -> None:
+    with checkpoint_file_guard(path + ".part"):
+        write_digest(path, write_tensors(path, tensors, metadata))
 
 
 def _save_shard(path: Optional[str], state, params: list, metadata: dict, keys=KEYS) -> Optional[str]:
@@ -156,39 +205,66 @@ def _save_shard(path: Optional[str], state, params: list, metadata: dict, keys=K
     each into the shard and drops it, the other DP ranks only take part in the gathers. Returns the file's sha256
     (the writer's), else None."""
     if path is None:
-        return _gather_shard(None, state, params, metadata, keys)
+        _gather_shard(None, state, params, keys)
+        return None
     with checkpoint_file_guard(path + ".part"):     # out of room: one line, the partial save removed
-        return _gather_shard(path, state, params, metadata, keys)
+        writer = _shard_writer(path, params, metadata, keys)
+        _gather_shard(writer, state, params, keys)
+        return writer.sha256
 
 
-def _gather_shard(path: Optional[str], state, params: list, metadata: dict, keys=KEYS) -> Optional[str]:
-    writer = None
-    if path is not None:
-        info = {n: {"partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
-                for n, p in params}                     # full_size: serial length along dim (drops vocab padding)
-        specs = [(tensor_name(k, n), local_shape(p), torch.float32) for n, p in params for k in keys]
-        writer = ShardWriter(path, specs, {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
-                                           "params": json.dumps(info)})
-    try:
-        for n, p in params:                             # the same order on every DP rank
+def _shard_writer(path: str, params: list, metadata: dict, keys=KEYS) -> ShardWriter:
+    info = {n: {"partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
+            for n, p in params}                     # full_size: serial length along dim (drops vocab padding)
+    specs = [(tensor_name(k, n), local_shape(p), torch.float32) for n, p in params for k in keys]
+    return ShardWriter(path, specs, {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
+                                     "params": json.dumps(info)})
+
+
+def _gather_shard(writer: Optional[ShardWriter], state, params: list, keys=KEYS) -> None:
+    def gathered():
+        for n, p in params:                         # the same order on every DP rank
             for k in keys:
-                value = state.get(p, k)
-                if writer is not None:
-                    writer.write(tensor_name(k, n), value)
-                del value
-        if writer is not None:
-            writer.close()
+                yield tensor_name(k, n), state.get(p, k)
+    if writer is None:
+        for _ in gathered():
+            pass
+        return
+    _write_all(writer, gathered())
+
+
+def _write_all(writer: ShardWriter, values) -> None:
+    """Every (name, tensor) into `writer`, then close it (abort on any failure)."""
+    try:
+        for tname, value in values:
+            writer.write(tname, value)
+            del value
+        writer.close()
     except BaseException:
-        if writer is not None:
-            writer.abort()
+        writer.abort()
         raise
-    return writer.sha256 if writer is not None else None
+
+
+def _snapshot_shard(state, params: list, keys, staging, keep: bool) -> Optional[list]:
+    """The gathers of `_gather_shard`, on the main thread in the same order; the writer (`keep`) copies each value
+    into a host buffer (training.checkpoint.snapshot), the others only take part."""
+    values = [] if keep else None
+    for n, p in params:
+        for k in keys:
+            value = state.get(p, k)
+            if keep:
+                values.append(staging.copy(value))
+            del value
+    staging.finish()
+    return values
 
 
 def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection, seed: int,
-         tokenizer_path: Optional[str] = None, verify: bool = True) -> int:
+         tokenizer_path: Optional[str] = None, verify: bool = True, spread: bool = False) -> int:
     """Load checkpoint `path` into the engine, whatever layout saved it; returns its step. `seed`: the run's seed
-    (dropout streams restart from it when the layout differs from the saving one)."""
+    (dropout streams restart from it when the layout differs from the saving one). `verify` with `spread` (every
+    rank loads: train.py): each file is hashed once by one rank (training.checkpoint.spread_verify, a collective)
+    once the cheap checks passed, not by every rank that reads it."""
     meta = read_meta(path)
     if meta.get("weights_only"):
         raise UserError(f"{path} holds weights only (no optimizer state: a decoding copy), so training cannot "
@@ -201,7 +277,10 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, da
     now_order = data_order(data)
     check_data_order(meta.get("data_order") or legacy_data_order(meta, now_order), now_order, path)
     state = optimizer_state.for_engine(engine)
-    index = ShardIndex(path, meta, verify=verify)
+    index = ShardIndex(path, meta, verify=verify and not spread)      # the headers: every file's identity
+    if verify and spread:
+        verify_spread(path)
+        verify = False
     ctx = engine.ctx
     state.prepare()
     state.begin_load()
@@ -250,6 +329,8 @@ class CheckpointManager:
         self.trajectory = trajectory
         self.model_cfg, self.parallel, self.tokenizer_path = model_cfg, parallel, tokenizer_path
         self.root = checkpoints_dir(section.output_dir)
+        # --save_mode background: the rotation's saves are written on a thread (training.checkpoint.background)
+        self.background = BackgroundSaves(engine.device) if section.save_mode == "background" else None
         # a run that will save or load needs an optimizer whose state the checkpoint code knows; refused now, not
         # at the first save hours later
         if section.will_touch_checkpoints or validating:
@@ -263,7 +344,7 @@ class CheckpointManager:
         rank = dist.get_rank()
         check_checkpoint(start.path)  # every node sees the folder rank 0 chose, with the same meta.json
         step = load(self.engine, start.path, self.model_cfg, self.parallel, self.data, self.seed, self.tokenizer_path,
-                    verify=self.section.verify and not (rank == 0 and start.verified))
+                    verify=self.section.verify and not start.verified, spread=True)
         if rank == 0:
             saved = start.meta["optimizer"]
             print(f"resumed from {start.path} at step {step} (saved by {saved['class']}, {saved['precision']}, ZeRO "
@@ -272,19 +353,33 @@ class CheckpointManager:
 
     def after_step(self, step: int, last: bool = False) -> None:
         """Every --save_checkpoint_steps steps, and at the run's last step (its end or an early stop), so the final
-        weights are always in the rotation (checkpoint averaging takes the last K)."""
+        weights are always in the rotation (checkpoint averaging takes the last K). Every rank, every step: a
+        background save in flight is committed here once every rank's files are written."""
+        if self.background is not None:
+            self.background.poll()
         every = self.section.save_checkpoint_steps
         if every and (step % every == 0 or last):
-            self.save(step)
+            self.save(step, in_background=not last)
 
     def save(self, step: int, name: Optional[str] = None, validation: Optional[dict] = None,
-             keep: Optional[int] = None, weights_only: bool = False) -> str:
-        """step_N in the rotation (name None), or a named checkpoint outside it (e.g. "best")."""
+             keep: Optional[int] = None, weights_only: bool = False, in_background: bool = False) -> str:
+        """step_N in the rotation (name None), or a named checkpoint outside it (e.g. "best"). `in_background`
+        (with --save_mode background, a step_N save): return once the snapshot is taken; otherwise return once the
+        checkpoint is committed. Either waits for a save in flight first."""
         if keep is None:
             keep = self.section.keep_checkpoint_max if name is None else 0
+        self.drain()
+        background = self.background if in_background and name is None else None
         return save(self.engine, self.section.output_dir, step, self.model_cfg, self.parallel, self.data,
                     self.tokenizer_path, keep, name=name, validation=validation, weights_only=weights_only,
-                    trajectory=self.trajectory)
+                    trajectory=self.trajectory, background=background)
+
+    def drain(self) -> None:
+        """Every rank, the same point: wait until a background save in flight is committed."""
+        if self.background is not None:
+            self.background.drain()
 
     def latest(self) -> Optional[str]:
+        """The newest committed checkpoint (after a save in flight is committed: every rank, the same point)."""
+        self.drain()
         return latest_checkpoint(self.root, strict=False) if os.path.isdir(self.root) else None

@@ -39,10 +39,12 @@ def newest_intact(root: str, verify: bool = True) -> tuple[Optional[str], list[s
     return None, skipped
 
 
-def resume_source(section: CheckpointSection, verify: bool = False, report=None) -> Optional[str]:
+def resume_source(section: CheckpointSection, verify: bool = False, report=None,
+                  intact: Optional[tuple] = None) -> Optional[str]:
     """The checkpoint folder this run starts from, or None for a fresh start (UserError when there is none where
-    the flags say there must be one). `verify`: with --resume auto, check the candidates' checksums too (rank 0
-    does; see CheckpointManager.resume); `report(line)` is told which ones were skipped."""
+    the flags say there must be one). `verify`: with --resume auto, check the candidates' checksums too; `intact`:
+    newest_intact's answer already found (train.py's ranks together: training.checkpoint.spread_verify);
+    `report(line)` is told which ones were skipped."""
     resume, ckpt_file = section.resume, section.ckpt_file
     if resume not in (None, AUTO, LATEST):                     # --resume PATH
         if ckpt_file:
@@ -50,7 +52,7 @@ def resume_source(section: CheckpointSection, verify: bool = False, report=None)
         return resolve(resume)
     if resume == AUTO:
         root = checkpoints_dir(section.output_dir)
-        found, skipped = newest_intact(root, verify)
+        found, skipped = intact if intact is not None else newest_intact(root, verify)
         for line in skipped:
             if report is not None:
                 report(f"--resume auto: skipping {line}")

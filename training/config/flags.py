@@ -206,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--verify", type=_bool, default=True,
                    help="1 (default): check every checkpoint file a resume reads against the sha256 its writer "
                         "stored in meta.json, and refuse a damaged one naming the file; 0: load without checking")
+    g.add_argument("--save_mode", default="background", choices=["background", "sync"],
+                   help="background (default): a periodic save copies the state into host memory (pinned, on a "
+                        "GPU) and training goes on while a thread writes, hashes and commits it — host memory grows "
+                        "by the state being saved while it is written; sync: training waits for every save (no "
+                        "extra memory). The last step's save, a save on a stop signal and the best checkpoint are "
+                        "always synchronous. docs/checkpoints.md")
     g.add_argument("--resume", nargs="?", const="latest", default=None, metavar="auto|PATH",
                    help="continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the "
                         "folder has none); 'auto': the same, or a fresh start when there is neither; PATH: from that "
@@ -222,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--comm_timeout", type=COMM_TIMEOUT, default=1800.0,
                    help="seconds a collective waits for the other ranks before the job is ended with a message "
                         "(default 1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of "
-                        "hanging it. Raise it if a step, a save or data preparation legitimately takes longer")
+                        "hanging it. Raise it if a step or a save legitimately takes longer (a first-time token "
+                        "store build is not bounded by it)")
     g.add_argument("--save_on_signal", type=_bool, default=True,
                    help="1 (default): on SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) or "
                         "SIGHUP (a closed terminal) to any rank or to the launcher, every rank finishes its step, a "

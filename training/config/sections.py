@@ -164,6 +164,7 @@ class CheckpointSection:
     resume: Optional[str] = None              # None | "latest" | "auto" | PATH
     ckpt_file: Optional[str] = None
     verify: bool = True                       # check a loaded checkpoint's files against their saved sha256
+    save_mode: str = "background"             # "sync": every save stalls the step loop until committed
     train: bool = True                        # an evaluation-only run never writes checkpoints
 
     @property

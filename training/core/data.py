@@ -1,9 +1,12 @@
 """From --file_path/--tokenizer to the micro-batches one rank feeds its engine.
 
-Every rank hashes the TSV (at the same time: the hash names the token store); tokenizer training and tokenization
-then run once per node (local rank 0) while the other ranks wait at a barrier, and every rank maps the store
-read-only, so a node's ranks share its pages (preprocess.token_store). Local rank 0 also verifies the store's
-checksums (rebuilding a damaged one) before the barrier; the others make only the structural checks. `cache_dir` (--cache_dir) is where the store
+The TSV's sha256 names the token store: rank 0 takes it (hashed once per change of the file) and broadcasts it
+(training.core.tsv_identity). Tokenizer training and tokenization then run once per node (local rank 0; once per
+cache folder shared by several nodes: preprocess.build_lock) while the other ranks wait — on the job's store, not in
+a collective bounded by --comm_timeout (training.core.data_wait) — and every rank maps the store read-only, so a
+node's ranks share its pages (preprocess.token_store). Local rank 0 also verifies the store's checksums (rebuilding
+a damaged one) before the others open it; they make only the structural checks. `cache_dir` (--cache_dir) is where
+the store
 and an auto-built tokenizer go when the data folder is read-only or shared. Which samples make global batch `step`
 is `GlobalBatchSchedule.global_batch(step)`, layout-free; a rank takes its data-parallel slice and cuts it into
 micro-batches, padded only then. Each step also carries the global batch's non-PAD target-token count, which the
@@ -11,24 +14,22 @@ training objective divides by (`training.core.objective`).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator, Optional
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
-from common.hashing import file_sha256
 from common.ranks import local_rank_from_env
+from preprocess.build_lock import one_builder
 from preprocess.token_batches import TokenBatchSchedule
-
-
-def _barrier() -> None:
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
+from training.core.data_wait import DataWait
+from training.core.tsv_identity import shared_tsv_sha256
 
 
 def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: Optional[str], tsv_sha256: str) -> str:
@@ -50,23 +51,37 @@ def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: in
     if tokenizer and not os.path.isfile(tokenizer):
         raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
                         f"leave --tokenizer out to build one from --file_path)")
-    sha = file_sha256(file_path)                     # once per rank, and all ranks at once (not after the barrier)
+    sha = shared_tsv_sha256(file_path, cache_dir)    # rank 0 reads it (or its record) and broadcasts it
     tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size, cache_dir, sha)
-    if local_rank_from_env() == 0:
-        if not tokenizer and not os.path.isfile(tok_path):
-            from preprocess.tokenizer import train_tokenizer
-            print(f"building a BPE tokenizer ({tokenizer_vocab_size}) from {file_path} → {tok_path}", flush=True)
-            train_tokenizer([file_path], os.path.dirname(tok_path), type="bpe", vocab_size=tokenizer_vocab_size,
+    local_rank = local_rank_from_env()
+    wait = DataWait.for_job(local_rank)
+    if local_rank == 0:
+        with wait.preparing(f"prepares {file_path}") if wait else contextlib.nullcontext():
+            if not tokenizer and not os.path.isfile(tok_path):
+                _build_tokenizer(file_path, tok_path, tokenizer_vocab_size, progress)
+            data = TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir,
+                                      progress=progress, tsv_sha256=sha)
+    else:
+        if wait:
+            wait.wait_for_leader()
+        # local rank 0 verified the store's checksums (or rebuilt it) before saying it is ready: hashing it again
+        # here would read every byte once more per rank; the structural checks still run
+        data = TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=False,
+                                  tsv_sha256=sha, verify=False)
+    if wait:
+        wait.wait_for_all()
+    return data
+
+
+def _build_tokenizer(file_path: str, tok_path: str, vocab_size: int, progress: bool) -> None:
+    """The BPE tokenizer train.py builds when --tokenizer is not given: one builder per cache folder (another
+    node's, sharing it, may be building it already: then this one waits for it)."""
+    from preprocess.tokenizer import train_tokenizer
+    with one_builder(Path(tok_path).parent, f"the tokenizer {tok_path}", lambda: os.path.isfile(tok_path)) as mine:
+        if mine:
+            print(f"building a BPE tokenizer ({vocab_size}) from {file_path} → {tok_path}", flush=True)
+            train_tokenizer([file_path], os.path.dirname(tok_path), type="bpe", vocab_size=vocab_size,
                             progress=progress)
-        data = TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=progress,
-                                  tsv_sha256=sha)
-        _barrier()
-        return data
-    _barrier()
-    # local rank 0 verified the store's checksums (or rebuilt it) before the barrier: hashing it again here would
-    # read every byte once more per rank; the structural checks still run
-    return TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=False,
-                              tsv_sha256=sha, verify=False)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:

@@ -11,6 +11,7 @@ import json
 import math
 import os
 import sys
+import threading
 import time
 from typing import Optional
 
@@ -60,8 +61,7 @@ class MetricsWriter:
         self._path = path
         self._jsonl = open(path, "ab", buffering=0)     # one whole line per write call: see _append
         if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            self._tb = SummaryWriter(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1)
+            self._tb = TensorBoard(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1)
         self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
                          disable=None if sys.stderr.isatty() else True)
 
@@ -75,14 +75,10 @@ class MetricsWriter:
             self._clock = (time.monotonic() - record.get("step_time", 0.0), step - 1)
         self._append(json.dumps(record, allow_nan=False) + "\n", step)
         if self._tb is not None:
-            for key in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops",
-                        "mfu", "peak_mem_mib"):
-                if record.get(key) is not None:
-                    self._tb.add_scalar(f"train/{key}", record[key], step)
-            for key in ("valid_loss", "valid_bleu"):
-                if record.get(key) is not None:
-                    self._tb.add_scalar(f"valid/{key[len('valid_'):]}", record[key], step)
-            self._tb.flush()          # as metrics.jsonl: a crash loses no logged step (a resume purges replays)
+            scalars = {f"train/{key}": record[key] for key in TRAIN_SCALARS if record.get(key) is not None}
+            scalars.update({f"valid/{key[len('valid_'):]}": record[key] for key in ("valid_loss", "valid_bleu")
+                            if record.get(key) is not None})
+            self._tb.write(scalars, step)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
@@ -152,6 +148,62 @@ class MetricsWriter:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+
+
+TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops", "mfu",
+                 "peak_mem_mib")
+
+
+class TensorBoard:
+    """TensorBoard's writer, which writes from a thread of its own: when that write runs out of room (a full disk,
+    a quota, `ulimit -f`) the thread printed a traceback and the next call raised it again. Here such a failure
+    ends the events with one line naming the folder, and training goes on (metrics.jsonl keeps every step, and its
+    own write stops the run with a line if the disk stays full)."""
+
+    def __init__(self, folder: str, purge_step: int):
+        from torch.utils.tensorboard import SummaryWriter
+        _quiet_tensorboard_threads()
+        self.folder = folder
+        self._writer = SummaryWriter(folder, purge_step=purge_step)
+
+    def write(self, scalars: dict, step: int) -> None:
+        def add():
+            for key, value in scalars.items():
+                self._writer.add_scalar(key, value, step)
+            self._writer.flush()                # as metrics.jsonl: a crash loses no logged step
+        self._guarded(step, add)
+
+    def close(self) -> None:
+        self._guarded(None, lambda: self._writer.close())
+
+    def _guarded(self, step: Optional[int], call) -> None:
+        if self._writer is None:
+            return
+        try:
+            call()
+        except Exception as exc:  # noqa: BLE001 - only a write that ran out of room is turned into a line
+            full = no_room_error(exc)
+            if full is None:
+                raise
+            self._writer = None
+            at = f" at step {step}" if step is not None else ""
+            print(f"warning: TensorBoard events into {self.folder} stopped{at} ({full.strerror}); training goes "
+                  f"on and metrics.jsonl keeps every step. Free space there (or use --tensorboard 0)",
+                  file=sys.stderr, flush=True)
+
+
+def _quiet_tensorboard_threads() -> None:
+    """The event writer's thread re-raises what its write raised (threading's hook prints it), and the main thread
+    is told again at its next call: that is where it is said (TensorBoard._guarded)."""
+    if getattr(threading.excepthook, "tensorboard_quiet", False):
+        return
+    before = threading.excepthook
+
+    def hook(args):
+        if not (type(args.thread).__module__.startswith("tensorboard.") and no_room_error(args.exc_value)):
+            before(args)
+    hook.tensorboard_quiet = True
+    threading.excepthook = hook
 
 
 # ------------------------------------------------------------------------------------------------ metrics log

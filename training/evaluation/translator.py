@@ -62,7 +62,8 @@ class Translator:
         state = consolidated.load(ckpt, verify=verify)
         if tokenizer_path is None:
             if not state.get("tokenizer_json"):
-                raise UserError(f"checkpoint {state['checkpoint']} does not hold its tokenizer (it was saved before "
+                raise UserError(state.get("tokenizer_problem") or
+                                f"checkpoint {state['checkpoint']} does not hold its tokenizer (it was saved before "
                                 f"checkpoints recorded theirs); pass the tokenizer.json it was trained with "
                                 f"(--tokenizer)")
             tokenizer = tokenizer_from_json(state["tokenizer_json"], f"the tokenizer of {state['checkpoint']}")

@@ -162,13 +162,41 @@ def stage_peaks(cfg: TrainConfig, world_size: int, device_type: str = "cuda") ->
             for k in range(parallel.pipeline_stage)]
 
 
+class RankRows(Sequence):
+    """plan["ranks"]: every rank's row, made when read. A rank's bytes depend only on its (stage, TP rank), so a
+    world of 10⁶ ranks needs no 10⁶ dicts for the text report, which prints the ends (json.dumps: `as_json`)."""
+
+    def __init__(self, parallel: ParallelConfig, nodes: list, memory_by: dict):
+        self.tp, self.dp = parallel.model_parallel, parallel.data_parallel
+        self.nodes, self.memory_by = nodes, memory_by
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        rank = range(len(self))[i]                         # negative indices, and IndexError past the end
+        pp, dp, tp = rank // (self.dp * self.tp), rank // self.tp % self.dp, rank % self.tp   # model.parallel.topology
+        node, host, local = self.nodes[rank]
+        return {"rank": rank, "node": node, "host": host, "local_rank": local, "pp": pp, "dp": dp, "tp": tp,
+                **self.memory_by[(pp, tp)]}
+
+
+def as_json(plan: dict) -> str:
+    def rows(obj):
+        if isinstance(obj, RankRows):
+            return list(obj)
+        raise TypeError(f"{type(obj).__name__} in a plan")
+    return json.dumps(plan, indent=1, default=rows)
+
+
 def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = None, ranks_per_node: int = 8,
               device: Optional[str] = None, device_memory: Optional[float] = None,
               device_type: str = "cuda") -> dict:
-    """Everything plan.py prints, as a JSON-serialisable dict. `device` / `device_memory` (GiB): what the memory
+    """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory` (GiB): what the memory
     verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU clusters) or "cpu" (the
     DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
-    from model.parallel.topology import rank_map            # imports DeepSpeed: kept out of the fast --check path
     model, parallel = configs(cfg, world_size)
     device_name, memory = mem.device_bytes(device, device_memory)
     func = load_pipeline_func(cfg.parallel.pipeline_func)
@@ -187,35 +215,32 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
     acts_by_stage = stage_activations(cfg, model, parallel, func)
 
     nodes = rank_nodes(world_size, hosts, ranks_per_node)
-    ranks = []
-    for c in rank_map(parallel):
-        n = sum(counts[(c.pp, c.tp)].values())
-        node, host, local = nodes[c.rank]
-        memory_of = rank_memory(n, counts[(c.pp, c.tp)], acts_by_stage[c.pp]["peak"], parallel,
-                                built["ds_cfgs"][(c.pp, c.tp)], prec)
-        ranks.append({"rank": c.rank, "node": node, "host": host, "local_rank": local, "pp": c.pp, "dp": c.dp,
-                      "tp": c.tp, "params": n, **memory_of})
+    # a rank's bytes depend on its (stage, TP rank) only: computed once each, so the plan is linear in the world
+    memory_by = {(k, r): {"params": sum(counts[(k, r)].values()),
+                          **rank_memory(sum(counts[(k, r)].values()), counts[(k, r)], acts_by_stage[k]["peak"],
+                                        parallel, built["ds_cfgs"][(k, r)], prec)}
+                 for (k, r) in counts}
+    ranks = RankRows(parallel, nodes, memory_by)
 
-    def group_spans_nodes(key) -> int:
-        groups: dict = {}
-        for r in ranks:
-            groups.setdefault(key(r), set()).add(r["node"])
-        return sum(1 for v in groups.values() if len(v) > 1)
+    def groups_spanning_nodes(first_ranks, last_rank_of) -> int:
+        # a group's ranks rise from its first to its last, and so do their nodes: it spans nodes iff its ends do
+        return sum(1 for r in first_ranks if nodes[r][0] != nodes[last_rank_of(r)][0])
 
+    tp_firsts = range(0, world_size, tp)                                      # (pp, dp): tp consecutive ranks
+    dp_firsts = [k * dp * tp + r for k in range(pp) for r in range(tp)]        # (pp, tp): ranks tp apart
     stages = []
     for k, idx in enumerate(per_stage):
         layer_list = [names[i] for i in idx]
-        stage_ranks = [r["rank"] for r in ranks if r["pp"] == k]
         ar = tp_allreduces(model, parallel, layer_list, micro, recomputed)
         bytes_per_micro = (sum(ar["forward"]) + sum(ar["backward"])) * el + sum(ar["loss"]) * 4
         acts = acts_by_stage[k]
         n0 = sum(counts[(k, 0)].values())
         stage = {
-            "stage": k, "layers": layer_list, "ranks": [min(stage_ranks), max(stage_ranks)],
+            "stage": k, "layers": layer_list, "ranks": [k * dp * tp, (k + 1) * dp * tp - 1],   # TP fastest, then DP
             "params_per_rank": n0, "params_by_layer": counts[(k, 0)],
             "activations": {key: acts[key] for key in ("per_micro_batch", "recompute_transient", "in_flight",
                                                         "peak")},
-            "peak_bytes": max(r["total_bytes"] for r in ranks if r["pp"] == k),
+            "peak_bytes": max(memory_by[(k, r)]["total_bytes"] for r in range(tp)),
             "tp_allreduce": {"forward_elements": ar["forward"], "backward_elements": ar["backward"],
                              "loss_elements": ar["loss"],
                              "calls_per_micro_batch": sum(len(v) for v in ar.values()),
@@ -253,8 +278,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = N
                    "global_batch": cfg.data.batch_size, "micro_batch": micro,
                    # the global batch is fixed: the per-GPU micro-batch shrinks as dp grows (said in the report)
                    "micro_batch_at_dp1": batch_at_dp1, "world_at_dp1": tp * pp,
-                   "tp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["dp"])),
-                   "dp_groups_spanning_nodes": group_spans_nodes(lambda r: (r["pp"], r["tp"]))},
+                   "tp_groups_spanning_nodes": groups_spanning_nodes(tp_firsts, lambda r: r + tp - 1),
+                   "dp_groups_spanning_nodes": groups_spanning_nodes(dp_firsts, lambda r: r + (dp - 1) * tp)},
         "model": {"vocab_size": model.vocab_size, "padded_vocab": model.padded_vocab(tp), "d_model": model.d_model,
                   "num_heads": model.num_heads, "ffn_size": model.ffn, "encoder_layers": model.encoder_layers,
                   "decoder_layers": model.decoder_layers, "src_len": model.src_len, "tgt_len": model.tgt_len,
@@ -347,6 +372,6 @@ def main(argv: Optional[list] = None) -> int:
         print(check_line(cfg, world, hosts))
         return 0
     plan = make_plan(cfg, world, hosts, args.gpus_per_node, device=args.device, device_memory=args.device_memory)
-    print(json.dumps(plan, indent=1) if args.json else format_plan(plan))
+    print(as_json(plan) if args.json else format_plan(plan))
     sys.stdout.flush()
     return 0

@@ -6,6 +6,8 @@ from typing import Sequence
 
 from common.units import human_bytes as human
 
+RANK_ROWS = 256                  # rank rows the text report prints before it shows only the ends
+
 
 def compact_layers(layers: Sequence[str]) -> str:
     """['embeddings', 'encoder.0', 'encoder.1', 'encoder.2'] → 'embeddings, encoder.0-2'."""
@@ -88,7 +90,14 @@ def format_plan(plan: dict) -> str:
     hdr = (f"{'rank':>5} {'node':>4} {'host':<14} {'local':>5} {'pp':>3} {'dp':>3} {'tp':>3} {'params':>12} "
            f"{'params':>10} {'grads':>10} {'optimizer':>10} {'activations':>11} {'DS buffers':>10} {'peak':>10}")
     out.append(hdr)
-    for r in plan["ranks"]:
+    shown = plan["ranks"]
+    if len(shown) > RANK_ROWS:       # a row per rank of a 10⁶-rank world is 10⁶ lines: the ends, and --json has all
+        shown = shown[:RANK_ROWS // 2] + [None] + shown[-RANK_ROWS // 4:]
+    for r in shown:
+        if r is None:
+            out.append(f"  … {len(plan['ranks']) - RANK_ROWS // 2 - RANK_ROWS // 4:,} more ranks: each has the bytes "
+                       f"of the ranks above with its pp and tp (--json lists every rank)")
+            continue
         out.append(f"{r['rank']:>5} {r['node']:>4} {r['host'][:14]:<14} {r['local_rank']:>5} {r['pp']:>3} "
                    f"{r['dp']:>3} {r['tp']:>3} {r['params']:>12,} {human(r['param_bytes']):>10} "
                    f"{human(r['grad_bytes']):>10} {human(r['optimizer_bytes']):>10} "

@@ -2,6 +2,8 @@
 environment variable is set.
 
 - DSR_CRASH_AT=save:7 or train:7 SIGKILLs global rank 0 in the middle of step 7's save, or right after step 7;
+- DSR_SAVE_DELAY=3 holds every save's files back 3 seconds before the commit (a slow disk): with --save_mode
+  background training goes on meanwhile, so DSR_CRASH_AT=save:N then kills rank 0 while the save is in flight;
 - DSR_NAN_AT=3,5 multiplies the loss of (1-based) steps 3 and 5 by nan on every rank, so the gradients are nan too
   — the real engine then meets a real non-finite step;
 - DSR_INF_WEIGHT_AT=6 sets one weight of global rank 0 to inf after step 6 (as memory corruption or an optimizer
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 
 import torch.distributed as dist
 
@@ -27,15 +30,21 @@ def crash_in_save(step: int) -> None:
     crash_point("save", step)
 
 
+def slow_save(step: int) -> None:
+    time.sleep(float(os.environ.get("DSR_SAVE_DELAY", "0")))
+
+
 def before_save(step: int) -> None:
     """After step N is logged, before it may be saved: DSR_CRASH_AT=train:N ends rank 0 there."""
     crash_point("train", step)
 
 
 def arm(engine) -> None:
-    """Once, after the engine is built: DSR_CRASH_AT=save:N hooks into the saves, DSR_NAN_AT's steps get a nan
-    loss."""
+    """Once, after the engine is built: DSR_SAVE_DELAY and DSR_CRASH_AT=save:N hook into the saves, DSR_NAN_AT's
+    steps get a nan loss."""
     from training.checkpoint import manager
+    if os.environ.get("DSR_SAVE_DELAY") and slow_save not in manager.BEFORE_COMMIT:
+        manager.BEFORE_COMMIT.append(slow_save)             # before the crash: a kill while the save is in flight
     if os.environ.get("DSR_CRASH_AT", "").startswith("save:") and crash_in_save not in manager.BEFORE_COMMIT:
         manager.BEFORE_COMMIT.append(crash_in_save)
     steps = _steps("DSR_NAN_AT")

@@ -66,6 +66,10 @@ def _listening(addr: tuple[str, int], timeout: float = 1.0) -> bool:
 
 
 def _client(addr: tuple[str, int], timeout: float = 5.0):
+    # a store that ends between the probe and the connection makes torch log each retry with ~30 lines of C++
+    # frames (seen after SIGTERM to launch.py); the caller handles the failure, so only fatal logs (read once, when
+    # torch loads: the supervisor loads it here)
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     return job_store.client(addr[0], addr[1], timeout)
 
 

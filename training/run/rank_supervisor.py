@@ -231,7 +231,10 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
               f" s when the job was ended: it could not answer the other ranks", file=sys.stderr, flush=True)
     if os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
-        if code not in (0, job_watch.ABORTED) and not told:    # news for the other nodes: this rank failed
+        # a rank that stopped on a request saved and exits 128 + the signal — often before the launcher's own
+        # SIGTERM reaches us (the request came through a collective): no failure, nothing to tell
+        stopped = code in {128 + s for s in FORWARDED + (signal.SIGINT,)}
+        if code not in (0, job_watch.ABORTED) and not told and not stopped:    # news: this rank failed
             detail = relay.last_error or f"it exited with status {code}; its log says why"
             job_watch.publish_abort(f"{where} failed: {detail}", rank, world, joined())
         os._exit(code)
@@ -290,5 +293,5 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         who = "; ".join(paused) if paused else "a rank stopped responding (paused, hung, or its node is down)"
         raise UserError(f"rank {rank}: no answer from the other ranks within --comm_timeout {comm_timeout:g} s: "
                         f"{who}, so the job stops. Raise "
-                        f"--comm_timeout if a step, a save or data preparation legitimately takes longer",
+                        f"--comm_timeout if a step or a save legitimately takes longer",
                         report_delay=min(TIMEOUT_DELAY_PER_RANK * rank, 60.0)) from None

@@ -5,7 +5,8 @@ onto another layout — decided once, by global rank 0, and handed with the sett
     cfg, lines = take_settings(cfg, start)   # the checkpoint's settings for every flag the user left out
 
 Rank 0 decides under the output folder's lock (training.run.output_lock): which checkpoint the flags name
-(training.checkpoint.resume.resume_source; with --resume auto the newest whose checksums verify), whether starting
+(training.checkpoint.resume.resume_source; with --resume auto the newest whose checksums verify — every rank hashing
+its share of each candidate, training.checkpoint.spread_verify), whether starting
 there would mix two runs in one folder (check_start_point), and reads its meta.json. One broadcast gives every rank
 the same answer — or the same one-line refusal.
 
@@ -27,7 +28,9 @@ import torch.distributed as dist
 from common.errors import UserError
 from common.hashing import file_sha256
 from training.checkpoint.format import SHAPE_FIELDS, read_meta, recorded_tokenizer
+from training.checkpoint.folder import checkpoints_dir
 from training.checkpoint.resume import AUTO, check_start_point, resume_source
+from training.checkpoint.spread_verify import newest_intact_spread
 from training.config.sections import CheckpointSection, TrainConfig
 
 # flag dest → meta.json "model" field; sizes must match for the weights to load, the rest may change
@@ -45,7 +48,7 @@ TRAJECTORY_FLAGS = ("lr", "lr_schedule", "warmup_steps", "decay_steps", "min_lr_
 class StartPoint:
     path: Optional[str] = None        # the checkpoint folder; None: a fresh start
     how: str = "fresh"                # the flag that chose it
-    verified: bool = False            # rank 0 already checked its files against their sha256 (--resume auto)
+    verified: bool = False            # every file already checked against its sha256 by the job (--resume auto)
     meta: Optional[dict] = None       # its meta.json
 
     @property
@@ -64,10 +67,12 @@ def _how(section: CheckpointSection, path: Optional[str]) -> str:
     return "--ckpt_file"
 
 
-def decide(section: CheckpointSection, report: Callable[[str], None] = print) -> StartPoint:
-    """Rank 0's decision (under the output folder's lock); UserError when the flags name no usable start."""
+def decide(section: CheckpointSection, report: Callable[[str], None] = print,
+           intact: Optional[tuple] = None) -> StartPoint:
+    """Rank 0's decision (under the output folder's lock); UserError when the flags name no usable start.
+    `intact`: --resume auto's candidates already verified (newest_intact_spread)."""
     verify = section.resume == AUTO and section.verify
-    path = resume_source(section, verify=verify, report=report)
+    path = resume_source(section, verify=verify, report=report, intact=intact)
     check_start_point(section, path)
     if path is None:
         return StartPoint()
@@ -79,10 +84,15 @@ def agree(section: CheckpointSection, report: Callable[[str], None] = print) -> 
     """The start point on every rank: rank 0 decides, one broadcast tells the others (a refusal too, so every rank
     stops with the same line instead of waiting for a decision that never comes)."""
     several = dist.is_initialized() and dist.get_world_size() > 1
+    intact = None
+    if section.resume == AUTO and section.verify:
+        # every rank hashes its share of each candidate (collective), rank 0 decides with the verdicts; the load
+        # then hashes nothing again (StartPoint.verified)
+        intact = newest_intact_spread(checkpoints_dir(section.output_dir))
     box: list = [None]
     if not several or dist.get_rank() == 0:
         try:
-            box[0] = decide(section, report)
+            box[0] = decide(section, report, intact)
         except UserError as exc:
             box[0] = exc
     if several:
@@ -120,17 +130,19 @@ def _model_settings(meta: dict, flags, explicit: dict, path: str, taken: list, o
 
 
 def _tokenizer(meta: dict, flags, explicit: dict, path: str, taken: list) -> None:
-    tokenizer = recorded_tokenizer(path, meta)
-    if tokenizer is None:
-        return
     if "tokenizer" not in explicit:
-        flags.tokenizer = tokenizer
-        taken.append(f"tokenizer={tokenizer}")
-    elif (meta.get("tokenizer_sha256") and os.path.isfile(flags.tokenizer)
-          and file_sha256(flags.tokenizer) != meta["tokenizer_sha256"]):
+        tokenizer = recorded_tokenizer(path, meta)     # a missing or changed copy asks for --tokenizer: see below
+        if tokenizer is not None:
+            flags.tokenizer = tokenizer
+            taken.append(f"tokenizer={tokenizer}")
+        return
+    # the user's tokenizer, whatever became of the copy: it must be the one the weights were trained with
+    if (meta.get("tokenizer_sha256") and os.path.isfile(flags.tokenizer)
+            and file_sha256(flags.tokenizer) != meta["tokenizer_sha256"]):
         raise UserError(f"{explicit['tokenizer']} {flags.tokenizer} is not the tokenizer checkpoint {path} was "
                         f"trained with (sha256 differs): its token ids would not match the weights. Leave it out "
-                        f"to use the checkpoint's own copy ({tokenizer})")
+                        f"to use the checkpoint's own copy ({meta.get('tokenizer')} in it), or give that run's "
+                        f"tokenizer file")
 
 
 def _data_order(meta: dict, flags, explicit: dict, taken: list) -> None:

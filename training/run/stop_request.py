@@ -18,7 +18,8 @@ current step, on every rank at the same step, with a checkpoint of that step (`-
 - Ctrl-C (SIGINT) keeps its quick exit: no save, "interrupted", no traceback (common.errors.run_cli).
 
 The launcher gives the ranks time to finish: DeepSpeed's launch.py sends SIGTERM and kills what is left after 30 s,
-run.sh / run_cluster.sh after 40 s; a step plus a save must fit in that (on GPUs a big model's save may not: raise
+run.sh / run_cluster.sh after 40 s; a step plus a save (and the rest of a background save in flight, which the
+stop's save waits for: docs/checkpoints.md) must fit in that (on GPUs a big model's save may not: raise
 the scheduler's grace period, e.g. SLURM's KillWait, or send SIGUSR1 earlier with `--signal=USR1@120`).
 """
 from __future__ import annotations

@@ -1,0 +1,120 @@
+"""The ranks of a job meet after data preparation through the job's key-value store (torch's TCPStore), not in a
+collective: a first-time token store of a large corpus takes far longer than --comm_timeout, which bounds every
+collective. Local rank 0 of each node prepares (builds or verifies) and says so under a key; the node's other ranks
+wait for that key before opening the store; then every rank waits until all have their data, so no rank enters the
+next collective while another node still builds. Waiting is polling: rank 0 prints a line every REPORT seconds
+naming the ranks still preparing. A leader that fails writes its error under FAILED; a waiter that reads it leaves
+(normally the job watch, training.run.job_watch, has ended it already with the failed rank's line).
+"""
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import select
+import socket
+import time
+from typing import Iterator, Optional
+
+from common.errors import UserError
+
+PREFIX = "dsr/data"
+POLL = 0.2
+REPORT = 30.0
+ABORTED = 3                    # = training.run.job_watch.ABORTED (a rank stopped because another one failed)
+OTHERS_DELAY = 10.0            # a waiter's own line comes late: the failed rank's line is the one to read
+_round = itertools.count()     # every rank prepares the same data sets in the same order: one key space each
+
+
+def _canary() -> Optional[socket.socket]:
+    """An idle connection to the job's store (MASTER_ADDR:MASTER_PORT): readable once the store's server is gone."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    if not addr or not port.isdigit():
+        return None
+    try:
+        return socket.create_connection((addr, int(port)), timeout=5.0)
+    except OSError:
+        return None
+
+
+class DataWait:
+    """One round of data preparation (the training set, the validation set) for a job of several processes."""
+
+    def __init__(self, rank: int, world: int, local_rank: int, store):
+        self.rank, self.world, self.local_rank, self.store = rank, world, local_rank, store
+        self.canary = _canary()
+        self.key = f"{PREFIX}/{next(_round)}"
+        self.leader = rank - local_rank                        # the node's local rank 0 (ranks are node-contiguous)
+
+    @classmethod
+    def for_job(cls, local_rank: int) -> Optional["DataWait"]:
+        """None for a single process (nothing to wait for)."""
+        import torch.distributed as dist
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
+            return None
+        from torch.distributed.distributed_c10d import _get_default_store
+        return cls(dist.get_rank(), dist.get_world_size(), local_rank, _get_default_store())
+
+    def _ask(self, call, *args):
+        try:
+            if self._store_gone():
+                raise ConnectionError
+            return call(*args)
+        except Exception:  # noqa: BLE001 - the store is gone: rank 0's process ended
+            raise UserError(f"rank {self.rank}: stopping: rank 0's process ended while the data was being prepared; "
+                            f"its log says why", report_delay=OTHERS_DELAY, exit_status=ABORTED) from None
+
+    def _store_gone(self) -> bool:
+        """The idle canary connection reads its end: asking the store now would fail, and torch logs a C++ stack
+        for it (the job watch, which sees the same, ends this process within a second)."""
+        if self.canary is None or not select.select([self.canary], [], [], 0)[0]:
+            return False
+        try:
+            return not self.canary.recv(1)
+        except OSError:
+            return True
+
+    def _get(self, key: str) -> Optional[str]:
+        return self._ask(lambda: self.store.get(key).decode() if self.store.check([key]) else None)
+
+    def _check_failed(self) -> None:
+        news = self._get(f"{self.key}/failed")
+        if news is not None:
+            raise UserError(f"rank {self.rank}: stopping: {news}", report_delay=OTHERS_DELAY, exit_status=ABORTED)
+
+    @contextlib.contextmanager
+    def preparing(self, what: str) -> Iterator[None]:
+        """Around a leader's preparation: others can see who prepares what; a failure is published."""
+        self.store.set(f"{self.key}/busy/{self.rank}", f"rank {self.rank} ({socket.gethostname()}) {what}")
+        try:
+            yield
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                self.store.compare_set(f"{self.key}/failed", "",
+                                       f"rank {self.rank} ({socket.gethostname()}) could not prepare the data: {exc}")
+                # the waiters read it and stop asking the store before this process (rank 0's: the store's server)
+                # ends: a store call that meets the server's end makes torch log a C++ stack on their rank
+                time.sleep(3 * POLL)
+            raise
+        self.store.set(f"{self.key}/ready/{self.rank}", "1")
+        self.store.delete_key(f"{self.key}/busy/{self.rank}")
+
+    def wait_for_leader(self) -> None:
+        """A node's other ranks: until their local rank 0 has the store ready (built or verified)."""
+        while self._get(f"{self.key}/ready/{self.leader}") is None:
+            self._check_failed()
+            time.sleep(POLL)
+
+    def wait_for_all(self) -> None:
+        """Every rank: until all ranks have their data. Rank 0 says every REPORT seconds who is still busy."""
+        count = self._ask(self.store.add, f"{self.key}/count", 1)
+        started = reported = time.monotonic()
+        while count < self.world:
+            self._check_failed()
+            if self.rank == 0 and time.monotonic() - reported >= REPORT:
+                reported = time.monotonic()
+                busy = [b for b in (self._get(f"{self.key}/busy/{r}") for r in range(self.world)) if b]
+                print(f"waiting for the data ({time.monotonic() - started:.0f} s): {count} of {self.world} ranks "
+                      f"have it" + (f"; {'; '.join(busy)}" if busy else ""), flush=True)
+            time.sleep(POLL)
+            count = self._ask(self.store.add, f"{self.key}/count", 0)
