@@ -58,3 +58,21 @@ def global_rank() -> int:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return global_rank_from_env()
+
+
+# A job id every rank of a launch shares before the rendezvous, from launchers that give one, first found wins:
+# our run scripts, torchrun/torchelastic ("none" when not given), OpenMPI/PMIx, SLURM (the job, not its step: ranks
+# that mpirun starts through srun carry a step id of their own). The source's name is part of the id, so ranks
+# compare ids only when they read the same source (a node whose ranks pdsh started sees no SLURM variables).
+LAUNCH_ID_KEYS = ("DSR_LAUNCH_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE", "SLURM_JOB_ID")
+
+
+def launch_id_from_env() -> str:
+    """The launcher's job id shared by all ranks, as `SOURCE=VALUE` ('' when no launcher gave one): lets a rank that
+    has not joined its job yet tell its own job's store from another job's at the same address
+    (training.core.distributed)."""
+    for key in LAUNCH_ID_KEYS:
+        value = os.environ.get(key, "").strip()
+        if value and value != "none":
+            return f"{key}={value}"
+    return ""

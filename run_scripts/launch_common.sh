@@ -21,7 +21,7 @@
 # Environment: PYTHON (python3), DEEPSPEED (deepspeed, else "$PYTHON -m deepspeed.launcher.runner"),
 # MASTER_PORT (default: a port free on this machine, chosen when sourced; a given one that is busy here stops
 # make_run_dir with one line), RUNS_DIR (./runs), RUN_NAME (a second run of the same recipe beside the first:
-# letters, digits, . _ -), LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1.
+# letters, digits, . _ -), LAUNCHER, LAUNCHER_ARGS, DRY_RUN=1, QUIET=1. Sets and exports DSR_LAUNCH_ID (below).
 #
 # Scripts that launch DeepSpeed themselves (quickstart.sh, the seed's run_parallel_*.sh, recipes' run.sh) source this
 # file for the master port only: choose_master_port has run, and they call check_master_port before launching.
@@ -107,6 +107,12 @@ check_master_port() {  # [MASTER ADDRESS]: a given MASTER_PORT that is not a por
 }
 
 choose_master_port
+
+# One id for every rank of this launch, known before the rendezvous (common/ranks.py launch_id_from_env): a rank that
+# fails before it has joined its job may then still tell its own job's store from another's, and report there
+# (docs/failures.md#jobs-sharing-a-node). Inherited on this node; run_cluster.sh puts it in the launch payload.
+DSR_LAUNCH_ID="$(hostname 2>/dev/null || echo host)-$$-$(date +%s%N)"
+export DSR_LAUNCH_ID
 
 parse_extras() {
     EXTRA=()

@@ -96,7 +96,7 @@ if [ "$LAUNCHER" = openmpi ]; then
     [ -n "${DRY_RUN:-}" ] || echo "localhost slots=$RANK_SIZE" > "$LOG_DIR/hostfile"
     CMD=("${DS_LAUNCHER[@]}" --hostfile "$LOG_DIR/hostfile" --force_multi --no_ssh_check --launcher openmpi
          --master_addr 127.0.0.1 --master_port "$MASTER_PORT"
-         --launcher_args "--output-filename $LOG_DIR -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$MASTER_PORT ${LAUNCHER_ARGS:-}"
+         --launcher_args "--output-filename $LOG_DIR -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$MASTER_PORT -x DSR_LAUNCH_ID ${LAUNCHER_ARGS:-}"
          "${TRAIN[@]}")
     RANK0="$LOG_DIR/*/rank.0/stdout"          # mpirun --output-filename: DIR/1/rank.N/stdout
 else

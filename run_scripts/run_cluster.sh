@@ -51,12 +51,12 @@ require_plain_path() {  # PATH WHAT: refuse a path the remote shell would re-rea
     [[ "$1" =~ ^[A-Za-z0-9_./@%+=:,-]+$ ]] || die "$2 ($1) holds characters a remote shell would re-read (spaces, quotes, \$, backticks...): DeepSpeed sends it unquoted to every node, so clone or move it to a plain path (letters, digits, _ . / - + @ % = : ,)"
 }
 
-launch_payload() {  # LOG_DIR ARG...: train.py's arguments, this folder, the log folder and OMP_NUM_THREADS (plus
-    # the variables named in EXPORT_VARS) as one shell-safe token (common/launch_payload.py)
+launch_payload() {  # LOG_DIR ARG...: train.py's arguments, this folder, the log folder, OMP_NUM_THREADS and
+    # DSR_LAUNCH_ID (plus the variables named in EXPORT_VARS) as one shell-safe token (common/launch_payload.py)
     local log_dir="$1" var
     shift
     local env_args=()
-    for var in OMP_NUM_THREADS ${EXPORT_VARS:-}; do
+    for var in OMP_NUM_THREADS DSR_LAUNCH_ID ${EXPORT_VARS:-}; do
         [ -n "${!var+x}" ] && env_args+=(--env "$var=${!var}")
     done
     PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m common.launch_payload encode --cwd "$PWD" \

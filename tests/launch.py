@@ -101,7 +101,7 @@ def env() -> dict:
     return e
 
 
-def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn") -> list[str]:
+def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn", port: int = None) -> list[str]:
     """The command that starts `script` on `nproc` ranks of this machine.
 
     launcher "spawn" (the tests' numeric runs): tests/drivers/spawn_ranks.py, which starts each rank with the
@@ -109,15 +109,17 @@ def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn") -> list
     3.5 s saved per launch on a 2-core CPU; tests/test_launch_scripts.py checks the ranks see the same).
     launcher "deepspeed": DeepSpeed's own per-node launcher, exactly what `deepspeed --num_gpus N` execs on one node
     (the world encoded by the runner's encode_world_info) — for tests whose subject is what the launcher does when a
-    rank fails. run.sh and the recipes' tests go through the `deepspeed` runner itself, as users do."""
+    rank fails. run.sh and the recipes' tests go through the `deepspeed` runner itself, as users do.
+    `port`: the master port (default: one of tests.multiproc.free_port, which no other test process can get)."""
     if nproc == 1:
         return [sys.executable, script]
+    port = port or free_port()
     if launcher == "spawn":
-        return [sys.executable, SPAWN, f"--nproc={nproc}", f"--master_port={free_port()}", script]
+        return [sys.executable, SPAWN, f"--nproc={nproc}", f"--master_port={port}", script]
     from deepspeed.launcher.runner import encode_world_info
     world = encode_world_info({"localhost": list(range(nproc))})
     return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-            "--master_addr=127.0.0.1", f"--master_port={free_port()}", script]
+            "--master_addr=127.0.0.1", f"--master_port={port}", script]
 
 
 def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True,

@@ -6,17 +6,62 @@ is killed after `timeout` seconds, so a broken collective fails the test instead
 """
 from __future__ import annotations
 
+import collections
+import fcntl
 import io
 import multiprocessing as mp
 import os
 import socket
+import tempfile
 import traceback
 
 
-def free_port() -> int:
+# Master ports for the tests' jobs, without races: binding port 0 and releasing it let two pytest processes (or
+# another job, or an outgoing connection: port 0 draws from the kernel's ephemeral range) get the same port. A port
+# is ours only while we hold an exclusive lock on PORT_LOCKS/<port>.lock — shared by every test process on this
+# machine, released by the kernel when the holder exits — and it must be bindable when we take it. Ports come from
+# PORT_RANGE, below Linux's ephemeral range (32768-60999) and above DeepSpeed's default 29500's neighbourhood, from
+# an offset derived from the pid, so concurrent processes rarely even try the same one. A process keeps its last
+# KEPT ports locked (a test's job is long over when 64 later ones have been handed out), not every one it took.
+PORT_RANGE = (30000, 32700)
+PORT_LOCKS = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(), "dsr-test-ports")
+KEPT = 64
+_held: "collections.deque" = collections.deque()      # (port, open lock file) of this process, oldest first
+
+
+def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as torch's store binds
+        try:
+            s.bind(("", port))
+            return True
+        except OSError:
+            return False
+
+
+def free_port() -> int:
+    """A port no other test process holds and nothing listens on; this process keeps it locked (see above)."""
+    os.makedirs(PORT_LOCKS, mode=0o1777, exist_ok=True)
+    low, high = PORT_RANGE
+    start = low + (os.getpid() * 97 + len(_held) * 7) % (high - low)
+    for i in range(high - low):
+        port = low + (start - low + i) % (high - low)
+        if any(p == port for p, _ in _held):
+            continue
+        f = open(os.path.join(PORT_LOCKS, f"{port}.lock"), "a")
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            continue
+        if not _bindable(port):
+            f.close()
+            continue
+        _held.append((port, f))
+        while len(_held) > KEPT:
+            _held.popleft()[1].close()
+        return port
+    raise RuntimeError(f"no free port in {PORT_RANGE} (locks under {PORT_LOCKS})")
 
 
 def _child(rank, world, port, fn, args, queue):

@@ -314,8 +314,10 @@ def test_run_cluster_commands(tsv, tmp_path):
     assert flag(cmd, "--launcher") == "openmpi" and flag(cmd, "--master_addr") == "10.0.0.1"
     mpi = flag(cmd, "--launcher_args").split()
     assert "-x" in mpi and "MASTER_ADDR=10.0.0.1" in mpi and mpi[-1] == "--allow-run-as-root"
-    # OMP_NUM_THREADS and the variables EXPORT_VARS names reach every rank (an unset one is left out)
+    # OMP_NUM_THREADS, the launch's id and the variables EXPORT_VARS names reach every rank (an unset one is left out)
+    launch_id = payload["env"].pop("DSR_LAUNCH_ID")
     assert "--output-filename" not in mpi and payload["env"] == {"OMP_NUM_THREADS": "1", "NCCL_IB_HCA": "mlx5"}
+    assert launch_id and " " not in launch_id
 
 
 def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):

@@ -13,6 +13,7 @@ import torch
 
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
+from training.core import job_store
 from model.parallel.topology import init_deepspeed_comm
 
 
@@ -43,8 +44,8 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None, befo
                      after_rendezvous=None) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size. `comm_timeout`:
     seconds any collective waits for its peers before failing (model.parallel.topology.init_deepspeed_comm).
-    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes, `after_rendezvous()`
-    once the process group exists (the job watch: training.run.job.join_job)."""
+    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes, `after_rendezvous()` once the process group exists and this rank has joined its job
+    (job_store.joined_job(); the job watch: training.run.job.join_job)."""
     import deepspeed.comm as ds_dist
     if distribute != "false":
         adopt_mpi_env()
@@ -60,14 +61,26 @@ def init_distributed(distribute: str, comm_timeout: Optional[float] = None, befo
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(free_port()))
     world, rank = world_and_rank_from_env()
-    several = world > 1
-    if several and before_rendezvous is not None:
-        before_rendezvous(rank, world)
+    addr, port = os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", "")
+    several = world > 1 and bool(addr) and port.isdigit()        # (without them torch's rendezvous says so)
+    if several:
+        # the job's identity, before the rendezvous: rank 0 serves the store (a busy port is one line) and names the
+        # job in it; another rank takes its seat there, refusing another job's store (training.core.job_store)
+        port = int(port)
+        store_timeout = comm_timeout if comm_timeout is not None else 1800.0     # torch's default_pg_timeout
+        if before_rendezvous is not None:      # first: a failed rank 0's news reaches a rank waiting for its seat
+            before_rendezvous(rank, world)
+        if rank == 0:
+            job_store.create(addr, port, store_timeout)
+        else:
+            job_store.check_before_rendezvous(addr, port, rank, store_timeout)
     from deepspeed.accelerator import get_accelerator
     backend = get_accelerator().communication_backend_name()
     if backend == "ccl":                     # DeepSpeed's CPU accelerator names oneCCL; plain gloo needs nothing
         backend = "gloo"
     init_deepspeed_comm(backend, comm_timeout)
+    if several:
+        job_store.join(addr, port, store_timeout)
     if after_rendezvous is not None:
         after_rendezvous()
     acc = get_accelerator()

@@ -3,22 +3,44 @@ rank that fails on any node — even before the rendezvous, as rank 0 refusing i
 rank (training.run.job_watch). Every entry point that trains (train.py, the seed demos, the benchmarks) joins here."""
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Optional
+import signal
+from typing import Iterator, Optional
 
 from common.ranks import local_rank_from_env, local_size_from_env
 from training.core.distributed import init_distributed
 from training.run.job_watch import JobWatch, mark_store_served
+from training.run.stop_request import SIGNALS
 
 
 def join_job(distribute: str, comm_timeout: Optional[float] = None) -> int:
     """The world size, once this process is in the job's process group (or a one-process one)."""
     # before the rendezvous: rank 0 may refuse before it serves the store; after it: rank 0's store exists, and
     # its end tells every rank
-    world = init_distributed(distribute, comm_timeout, before_rendezvous=JobWatch.start,
-                             after_rendezvous=mark_store_served)
+    with stop_signals_end_the_rank():
+        world = init_distributed(distribute, comm_timeout, before_rendezvous=JobWatch.start,
+                                 after_rendezvous=mark_store_served)
     share_cores()
     return world
+
+
+@contextlib.contextmanager
+def stop_signals_end_the_rank() -> Iterator[None]:
+    """Until it has joined, a rank has nothing to save, and it waits in native code (the rendezvous: for slow peers,
+    or for ever in another job's store) where no Python signal handler runs: a stop request (training.run.
+    stop_request) would only be noted, and the rank would wait on until the launcher's SIGKILL, 30 s later. So
+    SIGTERM, SIGHUP and SIGUSR1 end it at once until it has joined — and for good if it fails to join, so the
+    launcher's SIGTERM also ends it while it waits to report that (common.errors: other ranks wait 3 s, to let
+    rank 0's line be the one shown). Ignored ones (nohup) stay ignored."""
+    saved = {s: signal.getsignal(s) for s in SIGNALS}
+    for s, handler in saved.items():
+        if handler is not None and handler != signal.SIG_IGN:
+            signal.signal(s, signal.SIG_DFL)
+    yield
+    for s, handler in saved.items():
+        if handler is not None:
+            signal.signal(s, handler)
 
 
 def share_cores(environ=os.environ, cores: Optional[int] = None) -> Optional[int]:

@@ -16,16 +16,21 @@ rendezvous. So:
 - **Writers** (`publish_abort`): the rank supervisor (training.run.rank_supervisor) when its rank ended
   abnormally — killed by a signal, or exited with an error — with the rank's own `error:` line. The first failure
   written is kept. When the failed rank is rank 0 and it never served the store (it refused before the process
-  group: a busy output folder), its supervisor serves one itself for up to HOLD seconds, until every other rank
-  has read the news (`store_served`: the child says through a pipe once its process group exists; after that the
-  store's end is the news).
+  group: a busy output folder), its supervisor serves one itself, on a free port only, for up to HOLD seconds,
+  until every other rank has read the news (the child sends its job id through a pipe once its process group
+  exists; after that the store's end is the news).
 - **Status** (`publish_stopped`, `stopped_ranks`): a rank paused with SIGSTOP is recorded by its supervisor, so the
   rank whose collective times out can name it.
+- **Only the job's own store** (training.core.job_store: rank 0 names the job in the store it creates; a rank knows
+  the name once it has joined): watchers and supervisors act only on the store holding their job's id, so a job
+  started on another job's port never writes there. Before joining, a watcher reads only a failed rank 0's news
+  store, and a supervisor writes nowhere (unless a launcher's job id shows the store is its own job's).
 
 torch is imported only when needed: the supervisor is a small process without torch until it has news to send.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import select
@@ -35,9 +40,13 @@ import threading
 import time
 from typing import Optional
 
+from common.ranks import launch_id_from_env
+from training.core import job_store
+
 ABORT = "dsr/abort"
 SEEN = "dsr/abort_seen"
 STOPPED = "dsr/stopped/"
+NEWS = "dsr/news"                # in a failed rank 0's news store: its launcher's job id (see _serve_news)
 ABORTED = 3                      # exit status of a rank ended because another rank failed
 POLL = 0.5                       # seconds between two looks at the store
 HOLD = 20.0                      # seconds a failed rank 0's supervisor serves the news to ranks that join late
@@ -61,9 +70,7 @@ def _client(addr: tuple[str, int], timeout: float = 5.0):
     # frames (seen after SIGTERM to launch.py); the caller handles the failure, so only fatal logs (read once, when
     # torch loads: the supervisor loads it here)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from torch.distributed import TCPStore
-    return TCPStore(addr[0], addr[1], is_master=False, timeout=datetime.timedelta(seconds=timeout),
-                    wait_for_workers=False)
+    return job_store.client(addr[0], addr[1], timeout)
 
 
 def _connect(addr: tuple[str, int], patience: float):
@@ -80,51 +87,94 @@ def _connect(addr: tuple[str, int], patience: float):
         time.sleep(0.3)
 
 
+def _closed(canary: socket.socket) -> bool:
+    """Whether the server's end of an idle connection closed (it is then readable, with nothing to read)."""
+    if not select.select([canary], [], [], 0)[0]:
+        return False
+    try:
+        return not canary.recv(1)
+    except OSError:
+        return True
+
+
+def _holds(store, key: str, value: str) -> bool:
+    """Whether `store` holds `value` at `key` (False when it does not, or cannot answer)."""
+    try:
+        return store.check([key]) and store.get(key).decode() == value
+    except Exception:  # noqa: BLE001 - a store that cannot answer is not ours to use
+        return False
+
+
+def _job_connection(addr: tuple[str, int], job: str, patience: float):
+    """A client of the store at `addr` if it is job `job`'s store, else None."""
+    store = _connect(addr, patience)
+    return store if store is not None and _holds(store, job_store.JOB_KEY, job) else None
+
+
 # ------------------------------------------------------------------------------------------------ writers
-READY_FD = "DSR_STORE_READY_FD"           # the supervisor's pipe: the rank writes one byte once its group exists
+READY_FD = "DSR_STORE_READY_FD"           # the supervisor's pipe: the rank writes its job id once it has joined
 
 
 def mark_store_served() -> None:
-    """In a supervised rank, once the process group (and so rank 0's store) exists: tell the supervisor."""
+    """In a supervised rank, once it has joined its job (its process group exists): tell the supervisor the job's
+    id, the only store it may then write into."""
     fd = os.environ.pop(READY_FD, "")
-    if fd.isdigit():
+    job = job_store.joined_job()
+    if fd.isdigit() and job:
         try:
-            os.write(int(fd), b"1")
+            os.write(int(fd), job.encode())
             os.close(int(fd))
         except OSError:
             pass
 
 
-def publish_abort(message: str, rank: int, world: int, patience: float = 10.0, store_served: bool = True) -> bool:
+def publish_abort(message: str, rank: int, world: int, job: Optional[str], patience: float = 10.0) -> bool:
     """Tell every rank of the job that it must stop, and why (`message` names the failed rank). True when told.
-    `store_served`: whether the failed rank's process group existed (for rank 0: whether its process served the
-    store, whose end the others have then seen)."""
+    `job`: the failed rank's job id if it joined its job (for rank 0: if its process served the store, whose end the
+    others have then seen), else None. Only the job's own store is written into: a rank that never joined writes
+    nothing, unless its launcher's id shows the store is its job's (rank 0: only on a free port of its own)."""
     addr = _address()
     if addr is None or world <= 1:
         return False
-    if rank == 0 and store_served:
-        return False                    # the store died with rank 0: every watcher ends on that already
-    store = _connect(addr, patience if rank != 0 else 2.0)
-    if store is not None:
-        try:
-            store.compare_set(ABORT, "", message)           # the first failure is the one every rank reports
-            return True
-        except Exception:  # noqa: BLE001 - the store ended meanwhile: the others will see that instead
-            return False
-    if rank != 0:
+    if rank == 0:
+        # the store died with rank 0 (every watcher ends on that already); or it never served one: never write into
+        # a store found at the address — it is another job's — but serve the news on the port if it is free
+        return False if job else _serve_news(addr, message, world)
+    if job:
+        store = _job_connection(addr, job, patience)
+    else:
+        launch = launch_id_from_env()
+        store = _connect(addr, patience) if launch else None
+        # a job's store (not a failed rank 0's news) whose launcher's id is this rank's
+        if store is not None and not (store_names_a_job(store) and _holds(store, job_store.LAUNCH_KEY, launch)):
+            store = None
+    if store is None:
         return False
-    return _serve_news(addr, message, world)
+    try:
+        store.compare_set(ABORT, "", message)           # the first failure is the one every rank reports
+        return True
+    except Exception:  # noqa: BLE001 - the store ended meanwhile: the others will see that instead
+        return False
+
+
+def store_names_a_job(store) -> bool:
+    try:
+        return store.check([job_store.JOB_KEY])
+    except Exception:  # noqa: BLE001 - a store that cannot answer is not ours to use
+        return False
 
 
 def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
-    """Rank 0 failed before serving the store: serve one on its port until every other rank has read `message`
-    (their watchers acknowledge in SEEN) or HOLD seconds pass."""
+    """Rank 0 failed before serving the store: serve one on its port, if that is free, until every other rank has
+    read `message` (their watchers acknowledge in SEEN) or HOLD seconds pass. It names no job (no JOB_KEY): NEWS
+    holds the launcher's id, and only ranks that have not joined a job listen to it."""
     from torch.distributed import TCPStore
     try:
         store = TCPStore(addr[0], addr[1], is_master=True, timeout=datetime.timedelta(seconds=5),
                          wait_for_workers=False)
-    except Exception:  # noqa: BLE001 - the port is taken (a store is there after all, or another job)
+    except Exception:  # noqa: BLE001 - the port is taken (another job's store): write nothing anywhere
         return False
+    store.set(NEWS, launch_id_from_env())
     store.set(ABORT, message)
     deadline = time.monotonic() + HOLD
     while time.monotonic() < deadline:
@@ -135,10 +185,11 @@ def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
     return True
 
 
-def publish_stopped(rank: int, text: str) -> None:
-    """Record that `rank` is paused (SIGSTOP): read by the rank whose collective times out."""
+def publish_stopped(rank: int, text: str, job: Optional[str]) -> None:
+    """Record that `rank` is paused (SIGSTOP) in its job's store (nowhere if it never joined): read by the rank
+    whose collective times out."""
     addr = _address()
-    store = _connect(addr, 3.0) if addr else None
+    store = _job_connection(addr, job, 3.0) if addr and job else None
     if store is not None:
         try:
             store.set(f"{STOPPED}{rank}", text)
@@ -159,10 +210,10 @@ def paused_ranks(store, world: int) -> list[str]:
     return out
 
 
-def paused_ranks_now(world: int) -> list[str]:
-    """`paused_ranks` from a fresh connection (for a supervisor, whose rank is gone)."""
+def paused_ranks_now(world: int, job: Optional[str]) -> list[str]:
+    """`paused_ranks` from a fresh connection to job `job`'s store (for a supervisor, whose rank is gone)."""
     addr = _address()
-    store = _connect(addr, 2.0) if addr else None
+    store = _job_connection(addr, job, 2.0) if addr and job else None
     return paused_ranks(store, world) if store is not None else []
 
 
@@ -203,24 +254,24 @@ class JobWatch:
         os._exit(ABORTED)
 
     def _run(self) -> None:
+        self._await_news_until_joined()
         canary = None
         while not self._closing.is_set() and canary is None:
-            self.store = _connect(self.addr, POLL)              # None until rank 0 serves it
+            # the job's own store only (rank 0 named the job in it); None until this rank has joined its job
+            job = job_store.joined_job()
+            self.store = _job_connection(self.addr, job, POLL) if job else None
             try:
                 if self.store is not None:                      # idle: readable when the server's end closes
                     canary = socket.create_connection(self.addr, timeout=2.0)
             except OSError:
                 self.store = None
+            if self.store is None:
+                self._closing.wait(POLL)
         while not self._closing.wait(POLL):
-            if select.select([canary], [], [], 0)[0]:
-                try:
-                    ended = not canary.recv(1)
-                except OSError:
-                    ended = True
-                if ended:
-                    self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is "
-                              f"gone); its log says why")
-                    return
+            if _closed(canary):
+                self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); its "
+                          f"log says why")
+                return
             try:
                 with self._lock:
                     news = self.store.get(ABORT).decode() if self.store.check([ABORT]) else None
@@ -233,6 +284,33 @@ class JobWatch:
             if news is not None:
                 self._end(news)
                 return
+
+    def _await_news_until_joined(self) -> None:
+        """Before this rank has joined its job, the store at the address may be another job's: listen only to the
+        news store a failed rank 0's supervisor serves (NEWS holds this rank's launcher id), and write nothing else."""
+        launch, store, canary = launch_id_from_env(), None, None
+        while not self._closing.is_set() and job_store.joined_job() is None:
+            if store is not None and _closed(canary):          # that store ended: look again (no call on it: torch
+                store = canary = None                           # would log a C++ stack for each)
+            if store is None:
+                store = _connect(self.addr, POLL)
+                try:
+                    canary = socket.create_connection(self.addr, timeout=2.0) if store is not None else None
+                except OSError:
+                    store = None
+                if store is None:
+                    continue
+            try:
+                news = store.get(ABORT).decode() if _holds(store, NEWS, launch) and store.check([ABORT]) else None
+            except Exception:  # noqa: BLE001 - that store ended: look again
+                store = None
+                continue
+            if news is not None:
+                with contextlib.suppress(Exception):
+                    store.add(SEEN, 1)                          # the news store is no job's: it may be written
+                self._end(news)
+                return
+            self._closing.wait(POLL)
 
     def stopped_ranks(self) -> list[str]:
         """What the supervisors recorded about paused ranks, through this rank's connection."""

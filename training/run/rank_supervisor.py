@@ -17,7 +17,9 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
 - Every other node hears of it through the job's store (training.run.job_watch): the parent of a rank that was
   killed, or that exited with an error, writes what happened there, and every rank's watcher ends its process
   within a second or two (status job_watch.ABORTED), so each node's launcher ends too. A child that ended because
-  of another rank's failure (that status) or because the job was told to stop is not news.
+  of another rank's failure (that status) or because the job was told to stop is not news. The parent writes only
+  into its own job's store, whose id the child sends once it has joined (`JoinedJob`); a rank that failed before
+  joining writes nowhere (job_watch.publish_abort).
 - NCCL's watchdog ends a rank whose collective waited longer than its timeout with SIGABRT; the parent recognises
   the watchdog's message in the relayed stderr and reports a communication timeout naming the collective, its
   process group and the ranks known to be paused, instead of "an abort in native code".
@@ -85,7 +87,7 @@ def supervise_rank() -> None:
     sys.stderr.flush()
     parent = os.getpid()
     read_end, write_end = os.pipe()
-    ready_read, ready_write = os.pipe()        # the child says when its process group exists (job_watch)
+    ready_read, ready_write = os.pipe()        # the child sends its job id once it has joined (job_watch)
     child = os.fork()
     if child == 0:
         os.close(read_end)
@@ -97,7 +99,7 @@ def supervise_rank() -> None:
         return
     os.close(write_end)
     os.close(ready_write)
-    _watch(child, rank, world, StderrRelay(read_end), ready_read)
+    _watch(child, rank, world, StderrRelay(read_end), JoinedJob(ready_read))
 
 
 def _prctl(option: int, arg) -> None:
@@ -178,16 +180,24 @@ def watchdog_report(line: str) -> str:
     return f"{what}{seq}{group} timed out{waited} (--comm_timeout)"
 
 
-def _store_served(fd: int) -> bool:
-    """Whether the (ended) child said its process group existed: a byte on the ready pipe."""
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 1) == b"1"
-    except OSError:
-        return False
+class JoinedJob:
+    """The job id the child sends on the ready pipe once it has joined its job (job_watch.mark_store_served); None
+    before that, or if it never did — then this supervisor writes into no store."""
+
+    def __init__(self, fd: int):
+        self.fd, self.job = fd, None
+        os.set_blocking(fd, False)
+
+    def __call__(self) -> Optional[str]:
+        if self.job is None:
+            try:
+                self.job = os.read(self.fd, 256).decode() or None
+            except OSError:
+                pass
+        return self.job
 
 
-def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) -> None:
+def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: JoinedJob) -> None:
     told: list[int] = []
 
     def forward(signum, _frame):
@@ -209,7 +219,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
         if os.WIFSTOPPED(status):
             stopped_since, stop_signal = time.time(), os.WSTOPSIG(status)
             text = f"{where} was stopped by {_signal_name(stop_signal)} at {time.strftime('%H:%M:%S')}"
-            threading.Thread(target=job_watch.publish_stopped, args=(rank, text), daemon=True).start()
+            threading.Thread(target=job_watch.publish_stopped, args=(rank, text, joined()), daemon=True).start()
         elif os.WIFCONTINUED(status):
             if not told:                                        # (not the SIGCONT we sent to end it)
                 stopped_since = None
@@ -226,7 +236,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
         stopped = code in {128 + s for s in FORWARDED + (signal.SIGINT,)}
         if code not in (0, job_watch.ABORTED) and not told and not stopped:    # news: this rank failed
             detail = relay.last_error or f"it exited with status {code}; its log says why"
-            job_watch.publish_abort(f"{where} failed: {detail}", rank, world, store_served=_store_served(ready))
+            job_watch.publish_abort(f"{where} failed: {detail}", rank, world, joined())
         os._exit(code)
     signum = os.WTERMSIG(status)
     if signum in FORWARDED + (signal.SIGINT,) and not told:
@@ -235,13 +245,13 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, ready: int) ->
         if signum == signal.SIGABRT and relay.watchdog:
             line = (f"error: {where} was ended by NCCL's watchdog: {watchdog_report(relay.watchdog)}; "
                     f"a rank did not join it")
-            paused = job_watch.paused_ranks_now(world)
+            paused = job_watch.paused_ranks_now(world, joined())
             line += f" ({'; '.join(paused)})" if paused else " (paused, hung, or its node is down)"
         else:
             hint = HINTS.get(signum)
             line = f"error: {where} was killed by {_signal_name(signum)}{f' ({hint})' if hint else ''}; the job stops"
         print(line, file=sys.stderr, flush=True)
-        job_watch.publish_abort(line[len("error: "):], rank, world, store_served=_store_served(ready))
+        job_watch.publish_abort(line[len("error: "):], rank, world, joined())
     for s in FORWARDED + (signal.SIGINT,):
         signal.signal(s, signal.SIG_DFL)
     os.kill(os.getpid(), signum)      # end as the child did, so the launcher sees the same status
