@@ -129,9 +129,6 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
             times.append(seconds)
             tokens += batches.src_tokens + batches.global_tokens
     mem = (torch.cuda.max_memory_allocated(device) / 2 ** 20) if cuda else None
-    del model, optimizer
-    if cuda:
-        torch.cuda.empty_cache()
     return {"hf_median_step_s": statistics.median(times), "hf_tokens_per_s": tokens / sum(times),
             "hf_peak_mem_mib": round(mem, 1) if mem is not None else None}
 
