@@ -27,8 +27,9 @@ stop_jobs() {
     pkill -KILL -f "$WORK" 2>/dev/null
     rm -rf "$WORK"
 }
+COMMAND=
 trap stop_jobs EXIT
-trap 'exit 130' INT TERM
+trap '[ -n "$COMMAND" ] && kill -INT "$COMMAND" 2>/dev/null; wait; exit 130' INT TERM
 
 "$PYTHON" -c "import sys; sys.path.insert(0, '$ROOT'); from preprocess.parallel import make_tsv; \
 make_tsv('$ROOT/data/multi30k/train.fr.gz', '$ROOT/data/multi30k/train.en.gz', '$WORK/train.fr_en.tsv')" || exit 1
@@ -50,8 +51,11 @@ echo "jobs beside: two 2-rank runs of recipes/cpu-tiny on ports 29500 and 29501 
 rounds="${ROUNDS:-1}"
 for ((round = 1; round <= rounds; round++)); do
     start=$(date +%s)
-    "$@"
+    "$@" &                  # in the background, so a signal to this script runs its traps at once (not after)
+    COMMAND=$!
+    wait "$COMMAND"
     status=$?
+    COMMAND=
     echo "jobs beside: round $round of $rounds: exit $status in $(( $(date +%s) - start )) s" >&2
     [ "$status" -eq 0 ] || exit "$status"
 done
