@@ -29,7 +29,7 @@ stop_jobs() {
 }
 COMMAND=
 trap stop_jobs EXIT
-trap '[ -n "$COMMAND" ] && kill -INT "$COMMAND" 2>/dev/null; wait; exit 130' INT TERM
+trap '[ -n "$COMMAND" ] && kill -INT -- "-$COMMAND" 2>/dev/null; wait; exit 130' INT TERM
 
 "$PYTHON" -c "import sys; sys.path.insert(0, '$ROOT'); from preprocess.parallel import make_tsv; \
 make_tsv('$ROOT/data/multi30k/train.fr.gz', '$ROOT/data/multi30k/train.en.gz', '$WORK/train.fr_en.tsv')" || exit 1
@@ -51,7 +51,7 @@ echo "jobs beside: two 2-rank runs of recipes/cpu-tiny on ports 29500 and 29501 
 rounds="${ROUNDS:-1}"
 for ((round = 1; round <= rounds; round++)); do
     start=$(date +%s)
-    "$@" &                  # in the background, so a signal to this script runs its traps at once (not after)
+    setsid "$@" &           # its own process group, in the background: a signal to this script stops it at once
     COMMAND=$!
     wait "$COMMAND"
     status=$?
