@@ -29,7 +29,7 @@ stop_jobs() {
 }
 COMMAND=
 trap stop_jobs EXIT
-trap '[ -n "$COMMAND" ] && kill -INT -- "-$COMMAND" 2>/dev/null; wait; exit 130' INT TERM
+trap '[ -n "$COMMAND" ] && kill -TERM -- "-$COMMAND" 2>/dev/null; wait "$COMMAND"; exit 130' INT TERM
 
 "$PYTHON" -c "import sys; sys.path.insert(0, '$ROOT'); from preprocess.parallel import make_tsv; \
 make_tsv('$ROOT/data/multi30k/train.fr.gz', '$ROOT/data/multi30k/train.en.gz', '$WORK/train.fr_en.tsv')" || exit 1
