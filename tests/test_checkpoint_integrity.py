@@ -269,3 +269,17 @@ def test_on_two_ranks_the_damage_one_rank_finds_is_every_ranks_line_and_resume_a
     assert f"--resume auto: skipping step_00000004: checkpoint {step_dir(out, 4)}: {damaged} does not match" \
         in auto.stdout
     assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout
+
+
+def test_on_two_ranks_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(saved_tp2_run, multi30k_tsv,
+                                                                                   bpe_tokenizer, tmp_path):
+    """The spread verification (several ranks) checks the tokenizer copy as the one-process one does."""
+    out = tmp_path / "run"
+    shutil.copytree(saved_tp2_run, out)
+    (out / ".train.lock").unlink(missing_ok=True)
+    (step_dir(out, 4) / "tokenizer.json").unlink()
+    auto = run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2", "--resume", "auto"),
+                     check=False)
+    assert auto.returncode == 0, auto.stderr[-3000:]
+    assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout
+    assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout
