@@ -30,7 +30,7 @@ class UserError(Exception):
     """A mistake in the user's input or configuration; the message must name the bad value and the fix.
 
     `report_delay`: seconds this process waits before printing (None: the default for its rank, see above).
-    `exit_status`: the process's exit status (2; training.run.job_watch.ABORTED for a rank that stops only
+    `exit_status`: the process's exit status (2; ABORTED for a rank that stops only
     because another one failed, which is then not reported to the job as a failure of its own)."""
 
     def __init__(self, message: str, report_delay: Optional[float] = None, exit_status: int = 2):
@@ -55,6 +55,9 @@ def no_room_error(exc: BaseException) -> Optional[OSError]:
             return exc
         exc = exc.__cause__ or exc.__context__
     return None
+
+
+ABORTED = 3        # exit status of a rank that stops because another rank of its job failed (no news itself)
 
 
 def fail(message: str) -> NoReturn:

@@ -10,29 +10,27 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
-import select
 import socket
 import time
 from typing import Iterator, Optional
 
-from common.errors import UserError
+from common.errors import ABORTED, UserError
+from training.core.job_store import closed, master_address
 
 PREFIX = "dsr/data"
 POLL = 0.2
 REPORT = 30.0
-ABORTED = 3                    # = training.run.job_watch.ABORTED (a rank stopped because another one failed)
 OTHERS_DELAY = 10.0            # a waiter's own line comes late: the failed rank's line is the one to read
 _round = itertools.count()     # every rank prepares the same data sets in the same order: one key space each
 
 
 def _canary() -> Optional[socket.socket]:
-    """An idle connection to the job's store (MASTER_ADDR:MASTER_PORT): readable once the store's server is gone."""
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    if not addr or not port.isdigit():
+    """An idle connection to the job's store: job_store.closed tells when its server is gone."""
+    addr = master_address()
+    if addr is None:
         return None
     try:
-        return socket.create_connection((addr, int(port)), timeout=5.0)
+        return socket.create_connection(addr, timeout=5.0)
     except OSError:
         return None
 
@@ -65,14 +63,9 @@ class DataWait:
                             f"its log says why", report_delay=OTHERS_DELAY, exit_status=ABORTED) from None
 
     def _store_gone(self) -> bool:
-        """The idle canary connection reads its end: asking the store now would fail, and torch logs a C++ stack
-        for it (the job watch, which sees the same, ends this process within a second)."""
-        if self.canary is None or not select.select([self.canary], [], [], 0)[0]:
-            return False
-        try:
-            return not self.canary.recv(1)
-        except OSError:
-            return True
+        """The canary reads its end: asking the store now would fail (the job watch, which sees the same, ends this
+        process within a second)."""
+        return self.canary is not None and closed(self.canary)
 
     def _get(self, key: str) -> Optional[str]:
         return self._ask(lambda: self.store.get(key).decode() if self.store.check([key]) else None)

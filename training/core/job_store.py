@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import datetime
 import os
+import select
+import socket
 import time
 import uuid
 from typing import Optional
@@ -45,6 +47,23 @@ def busy_port_error(addr: str, port: int) -> UserError:
     return UserError(f"the master port {port} at {addr} is in use (another job's rendezvous?): start this job on "
                      f"another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun (run.sh "
                      f"and run_cluster.sh take a free one when MASTER_PORT is unset)")
+
+
+def master_address() -> Optional[tuple[str, int]]:
+    """(MASTER_ADDR, MASTER_PORT) of this process's job, or None when the launcher gave none."""
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
+    return (addr, int(port)) if addr and port.isdigit() else None
+
+
+def closed(canary: socket.socket) -> bool:
+    """Whether the server's end of an idle connection (a "canary" to the store) closed: it is then readable, with
+    nothing to read. A store call that meets the server's end would make torch log a C++ stack instead."""
+    if not select.select([canary], [], [], 0)[0]:
+        return False
+    try:
+        return not canary.recv(1)
+    except OSError:
+        return True
 
 
 def client(addr: str, port: int, timeout: float):

@@ -33,13 +33,13 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
-import select
 import socket
 import sys
 import threading
 import time
 from typing import Optional
 
+from common import errors
 from common.ranks import launch_id_from_env
 from training.core import job_store
 
@@ -47,14 +47,9 @@ ABORT = "dsr/abort"
 SEEN = "dsr/abort_seen"
 STOPPED = "dsr/stopped/"
 NEWS = "dsr/news"                # in a failed rank 0's news store: its launcher's job id (see _serve_news)
-ABORTED = 3                      # exit status of a rank ended because another rank failed
+ABORTED = errors.ABORTED         # exit status of a rank ended because another rank failed
 POLL = 0.5                       # seconds between two looks at the store
 HOLD = 20.0                      # seconds a failed rank 0's supervisor serves the news to ranks that join late
-
-
-def _address() -> Optional[tuple[str, int]]:
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
-    return (addr, int(port)) if addr and port.isdigit() else None
 
 
 def _listening(addr: tuple[str, int], timeout: float = 1.0) -> bool:
@@ -85,16 +80,6 @@ def _connect(addr: tuple[str, int], patience: float):
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.3)
-
-
-def _closed(canary: socket.socket) -> bool:
-    """Whether the server's end of an idle connection closed (it is then readable, with nothing to read)."""
-    if not select.select([canary], [], [], 0)[0]:
-        return False
-    try:
-        return not canary.recv(1)
-    except OSError:
-        return True
 
 
 def _holds(store, key: str, value: str) -> bool:
@@ -133,7 +118,7 @@ def publish_abort(message: str, rank: int, world: int, job: Optional[str], patie
     `job`: the failed rank's job id if it joined its job (for rank 0: if its process served the store, whose end the
     others have then seen), else None. Only the job's own store is written into: a rank that never joined writes
     nothing, unless its launcher's id shows the store is its job's (rank 0: only on a free port of its own)."""
-    addr = _address()
+    addr = job_store.master_address()
     if addr is None or world <= 1:
         return False
     if rank == 0:
@@ -188,7 +173,7 @@ def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
 def publish_stopped(rank: int, text: str, job: Optional[str]) -> None:
     """Record that `rank` is paused (SIGSTOP) in its job's store (nowhere if it never joined): read by the rank
     whose collective times out."""
-    addr = _address()
+    addr = job_store.master_address()
     store = _job_connection(addr, job, 3.0) if addr and job else None
     if store is not None:
         try:
@@ -212,7 +197,7 @@ def paused_ranks(store, world: int) -> list[str]:
 
 def paused_ranks_now(world: int, job: Optional[str]) -> list[str]:
     """`paused_ranks` from a fresh connection to job `job`'s store (for a supervisor, whose rank is gone)."""
-    addr = _address()
+    addr = job_store.master_address()
     store = _job_connection(addr, job, 2.0) if addr and job else None
     return paused_ranks(store, world) if store is not None else []
 
@@ -231,7 +216,7 @@ class JobWatch:
 
     @classmethod
     def start(cls, rank: int, world: int) -> Optional["JobWatch"]:
-        addr = _address()
+        addr = job_store.master_address()
         if world <= 1 or addr is None or os.environ.get("DSR_JOB_WATCH") == "0":
             return None
         if cls.current is not None and cls.current.addr == addr:
@@ -268,7 +253,7 @@ class JobWatch:
             if self.store is None:
                 self._closing.wait(POLL)
         while not self._closing.wait(POLL):
-            if _closed(canary):
+            if job_store.closed(canary):
                 self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); its "
                           f"log says why")
                 return
@@ -290,7 +275,7 @@ class JobWatch:
         news store a failed rank 0's supervisor serves (NEWS holds this rank's launcher id), and write nothing else."""
         launch, store, canary = launch_id_from_env(), None, None
         while not self._closing.is_set() and job_store.joined_job() is None:
-            if store is not None and _closed(canary):          # that store ended: look again (no call on it: torch
+            if store is not None and job_store.closed(canary):          # that store ended: look again (no call on it: torch
                 store = canary = None                           # would log a C++ stack for each)
             if store is None:
                 store = _connect(self.addr, POLL)
