@@ -19,7 +19,7 @@ from preprocess.textio import read_lines
 from tests.launch import REPO_ROOT, TINY, env, launch_cmd, read_metrics, run_train
 from preprocess.tsv_digest import RECORDS as TSV_RECORDS
 from tests.test_data_store import Tmpfs, leftovers
-from tests.test_faults import Job, _processes_naming, error_lines, one_error
+from tests.test_faults import Job, _processes_naming, command_line, error_lines, one_error
 
 
 @pytest.fixture(autouse=True)
@@ -140,7 +140,7 @@ def _bad_line_11(tmp_path, corpus) -> Path:
 
 def _workers_of_rank_0(job: Job) -> list:
     """The tokenizer workers: forks of rank 0's training process (itself a fork of its supervisor)."""
-    mine = [p for p in job.processes() if "--local_rank=0" in " ".join(p.cmdline())]
+    mine = [p for p in job.processes() if "--local_rank=0" in command_line(p)]
     return [p for p in mine if p.parent() in mine and p.parent().parent() in mine]
 
 

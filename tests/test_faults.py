@@ -330,6 +330,14 @@ def _start_tp2(tsv, tok, out, *extra, new_session: bool = False) -> Job:
     return job
 
 
+def command_line(p: psutil.Process) -> str:
+    """A process's command line, "" once it has ended (a zombie or gone: processes end while a test looks)."""
+    try:
+        return " ".join(p.cmdline())
+    except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+        return ""
+
+
 def _processes_naming(folder) -> list:
     """Everything started for a run: its folder is in their command lines."""
     return [p for p in psutil.process_iter(["cmdline"]) if str(folder) in " ".join(p.info["cmdline"] or [])]
@@ -337,7 +345,7 @@ def _processes_naming(folder) -> list:
 
 def _training_process(job: Job, rank: int) -> psutil.Process:
     """The process that computes for `rank`: the deepest one started with --local_rank=rank."""
-    mine = [p for p in job.processes() if f"--local_rank={rank}" in " ".join(p.cmdline())]
+    mine = [p for p in job.processes() if f"--local_rank={rank}" in command_line(p)]
     return next(p for p in mine if not any(c in mine for c in p.children()))
 
 
@@ -403,7 +411,7 @@ def test_a_stop_signal_to_run_sh_stops_every_rank_with_a_save(sig, multi30k_tsv,
         while job_processes() and time.time() < deadline:
             time.sleep(0.5)
         left = job_processes()
-        assert not left, [" ".join(p.cmdline())[:200] for p in left]
+        assert not left, [command_line(p)[:200] for p in left]
         assert proc.returncode == 128 + sig
         assert f"training stopped by {sig.name}; no rank is left running" in proc.stderr
         output = next(runs.glob("*/output"))
@@ -582,7 +590,7 @@ def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_
         deadline = time.time() + 45                          # ...and its orphans follow, having saved
         while ours() and time.time() < deadline:
             time.sleep(0.5)
-        assert not ours(), [" ".join(p.cmdline())[:160] for p in ours()]
+        assert not ours(), [command_line(p)[:160] for p in ours()]
     finally:
         for p in ours():
             p.kill()
