@@ -36,9 +36,9 @@ class OursRunner:
         from model.config import validate_layout
         from training.core.data import BatchFeeder, batch_schedule, prepare_data
         from training.core.distributed import device
-        from training.run.job import join_job
         from training.core.engine import build_engine
         from training.core.schedule import lr_factor
+        from training.run.job import join_job
         m, d, o = cfg.model, cfg.data, cfg.optimization
         world = join_job(cfg.parallel.distribute)
         self.data = prepare_data(d.file_path, m.tokenizer, m.src_len, m.tgt_len, progress=False,
@@ -67,6 +67,7 @@ class HFRunner:
 
     def __init__(self, config, fused_adamw: bool = False):
         import torch
+
         from model.hf_export import blenderbot_config
         from training.core.data import BatchFeeder, batch_schedule, prepare_data
         from training.core.engine import weight_decay_groups

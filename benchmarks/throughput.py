@@ -112,8 +112,8 @@ def measure(group: str, data: list[str], steps: int, warmup: int, repeats: int) 
 
 
 def machine() -> dict:
-    import torch
     import deepspeed
+    import torch
     import transformers
     model = cpu_model()
     flags = ""

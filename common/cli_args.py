@@ -17,7 +17,6 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Optional, Union
 
 from common.errors import UserError
 
@@ -38,8 +37,8 @@ def _bound(value: float) -> str:
 class Number:
     """An argparse `type=`: an int or a finite float within [low, high] (either end open, or absent)."""
     kind: type                                # int or float
-    low: Optional[float] = None
-    high: Optional[float] = None
+    low: float | None = None
+    high: float | None = None
     low_open: bool = False                    # low itself is refused (> instead of >=)
     high_open: bool = False
     why: str = ""                             # what the bounds mean, said with a refusal
@@ -63,7 +62,7 @@ class Number:
         note = f" ({self.why})" if self.why else ""
         return OutOfRange(shown, f"must be {what}{self.describe()}{note}")
 
-    def _parse(self, value, shown: str) -> Union[int, float]:
+    def _parse(self, value, shown: str) -> int | float:
         noun = "an integer " if self.kind is int else "a finite number "
         try:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
@@ -79,7 +78,7 @@ class Number:
             raise self._refuse(shown, noun)
         return number
 
-    def __call__(self, value) -> Union[int, float]:
+    def __call__(self, value) -> int | float:
         shown = value if isinstance(value, str) else json.dumps(value)     # json: NaN, not nan
         number = self._parse(value, shown)
         low_ok = self.low is None or (number > self.low if self.low_open else number >= self.low)
@@ -89,12 +88,12 @@ class Number:
         return number
 
 
-def integer(low: Optional[int] = None, high: Optional[int] = None, why: str = "") -> Number:
+def integer(low: int | None = None, high: int | None = None, why: str = "") -> Number:
     """An integer flag within [low, high]."""
     return Number(int, low, high, why=why)
 
 
-def number(low: Optional[float] = None, high: Optional[float] = None, *, low_open: bool = False,
+def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
            high_open: bool = False, why: str = "") -> Number:
     """A finite float flag within [low, high] (an end is refused itself with low_open / high_open)."""
     return Number(float, low, high, low_open, high_open, why)

@@ -16,7 +16,8 @@ import errno
 import os
 import sys
 import time
-from typing import Callable, NoReturn, Optional
+from collections.abc import Callable
+from typing import NoReturn
 
 from common.ranks import world_and_rank_from_env
 
@@ -33,19 +34,19 @@ class UserError(Exception):
     `exit_status`: the process's exit status (2; ABORTED for a rank that stops only
     because another one failed, which is then not reported to the job as a failure of its own)."""
 
-    def __init__(self, message: str, report_delay: Optional[float] = None, exit_status: int = 2):
+    def __init__(self, message: str, report_delay: float | None = None, exit_status: int = 2):
         super().__init__(message)
         self.report_delay = report_delay
         self.exit_status = exit_status
 
 
-def _launched_rank() -> Optional[int]:
+def _launched_rank() -> int | None:
     """This process's global rank in a launched job of several processes, else None."""
     size, rank = world_and_rank_from_env()
     return rank if size > 1 else None
 
 
-def no_room_error(exc: BaseException) -> Optional[OSError]:
+def no_room_error(exc: BaseException) -> OSError | None:
     """The OSError saying a write ran out of room, if `exc` is one or was caused by one (torch's writer turns it
     into `RuntimeError: ... unexpected pos`, keeping the OSError as its context)."""
     seen = set()

@@ -23,15 +23,15 @@ import json
 import os
 import socket
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from common.ranks import global_rank_from_env
 
 FLAG = "--launch_payload"
 
 
-def encode(argv: Sequence[str], env: Optional[dict] = None, log_dir: Optional[str] = None,
-           cwd: Optional[str] = None) -> str:
+def encode(argv: Sequence[str], env: dict | None = None, log_dir: str | None = None,
+           cwd: str | None = None) -> str:
     payload = {"argv": list(argv), "env": dict(env or {}), "log_dir": log_dir, "cwd": cwd}
     return base64.urlsafe_b64encode(json.dumps(payload).encode("utf-8")).decode("ascii").rstrip("=")
 

@@ -54,7 +54,7 @@ def local_rank_from_env() -> int:
 
 def global_rank() -> int:
     """torch.distributed's rank once the process group exists, the launcher's before."""
-    import torch.distributed as dist          # torch is heavy; the env readers above are used before it loads
+    import torch.distributed as dist  # torch is heavy; the env readers above are used before it loads
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return global_rank_from_env()

@@ -15,7 +15,6 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
 
 from common.errors import UserError, run_cli
 
@@ -41,7 +40,7 @@ def repo_root() -> Path:
     return root
 
 
-def git_commit(root: Optional[Path] = None) -> str:
+def git_commit(root: Path | None = None) -> str:
     """HEAD's commit hash of the checkout at `root` (default: this code's), with "+dirty" when tracked files
     changed since; "unknown" outside git."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent.parent

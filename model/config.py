@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
 
 from common.errors import UserError
 
@@ -53,7 +52,7 @@ class ParallelConfig:
     recompute: bool = False
     vocab_emb_dp: bool = True
     # Beyond the seed: the ZeRO stage when optimizer_shard is on (1 is the only one DeepSpeed allows with pipelining).
-    zero_stage: Optional[int] = None
+    zero_stage: int | None = None
     # The seed's `nn.MicroBatchInterleaved(net, interleave_num)`: each micro-batch runs as this many batch parts whose
     # TP communication overlaps each other's compute (model.interleave); 1 = off.
     interleave_num: int = 1
@@ -76,11 +75,11 @@ class ParallelConfig:
             return self.zero_stage
         return 1 if self.optimizer_shard else 0
 
-    def replace(self, **changes) -> "ParallelConfig":
+    def replace(self, **changes) -> ParallelConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def for_world(cls, world_size: int, model_parallel: int = 1, pipeline_stage: int = 1, **kw) -> "ParallelConfig":
+    def for_world(cls, world_size: int, model_parallel: int = 1, pipeline_stage: int = 1, **kw) -> ParallelConfig:
         """dp derived as world // mp // pipeline_stage, as the seed's train.py does; validate() says if it doesn't fit."""
         dp = max(world_size // max(model_parallel, 1) // max(pipeline_stage, 1), 1)
         return cls(data_parallel=dp, model_parallel=model_parallel, pipeline_stage=pipeline_stage, **kw)
@@ -122,7 +121,7 @@ class ModelConfig:
         """Vocab rounded up to a multiple of mp; the extra rows are masked out of the softmax, so loss is exact."""
         return -(-self.vocab_size // model_parallel) * model_parallel
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -189,8 +188,8 @@ def tensor_size_errors(m: ModelConfig) -> list[str]:
             for what, n in largest.items() if n > MAX_TENSOR_ELEMENTS]
 
 
-def layout_errors(p: ParallelConfig, m: ModelConfig, world_size: Optional[int] = None,
-                  global_batch: Optional[int] = None, batch_name: str = "batch_size") -> list[str]:
+def layout_errors(p: ParallelConfig, m: ModelConfig, world_size: int | None = None,
+                  global_batch: int | None = None, batch_name: str = "batch_size") -> list[str]:
     """Every rule the (model, layout, world, batch) combination breaks, as sentences (empty: it can run)."""
     errors = size_errors(p, m)
     if errors:
@@ -229,7 +228,7 @@ def layout_errors(p: ParallelConfig, m: ModelConfig, world_size: Optional[int] =
     return errors
 
 
-def suggest_layouts(p: ParallelConfig, model: ModelConfig, world_size: int, global_batch: Optional[int] = None,
+def suggest_layouts(p: ParallelConfig, model: ModelConfig, world_size: int, global_batch: int | None = None,
                     batch_name: str = "batch_size", limit: int = 6) -> list[str]:
     """Other layouts (dp, mp, pp) of `world_size` processes that pass every rule with the rest of `p` (micro-batches,
     ZeRO, interleaving) unchanged, most model-parallel first: each candidate goes through `layout_errors` itself, so
@@ -246,8 +245,8 @@ def suggest_layouts(p: ParallelConfig, model: ModelConfig, world_size: int, glob
     return out[:limit]
 
 
-def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: Optional[int] = None,
-                    global_batch: Optional[int] = None, batch_name: str = "batch_size") -> None:
+def validate_layout(parallel: ParallelConfig, model: ModelConfig, world_size: int | None = None,
+                    global_batch: int | None = None, batch_name: str = "batch_size") -> None:
     """Check every constraint; raise ConfigError listing all that fail, the degrees, and layouts that would fit.
     `global_batch`: the global batch size, or (batch_name "batch_multiple") what token batches' sizes are a multiple
     of."""

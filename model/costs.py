@@ -87,7 +87,7 @@ data parallel  ring volume sent per rank, G = the rank's gradient bytes in fp32 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from model.config import ModelConfig, ParallelConfig
 
@@ -121,7 +121,7 @@ PEAK_FLOPS = [
 ]
 
 
-def peak_flops(device_name: str, precision: str) -> Optional[float]:
+def peak_flops(device_name: str, precision: str) -> float | None:
     """Peak dense FLOP/s of one device of that name in `precision`, or None when unknown."""
     for fragment, peaks in PEAK_FLOPS:
         if fragment in device_name:
@@ -237,7 +237,7 @@ def _decoder_elems(m: ModelConfig, tp: int, b: int) -> tuple[int, int]:
 
 
 def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
-                     precision: str = "fp32", recomputed: Optional[Sequence[str]] = None) -> dict[str, int]:
+                     precision: str = "fp32", recomputed: Sequence[str] | None = None) -> dict[str, int]:
     """Activation estimate of one stage holding the layers `names` (formula in the module docstring);
     `recomputed`: the blocks pipeline_func recomputes (default: every block when p.recompute)."""
     tp, b, s, t, h = p.model_parallel, micro, m.src_len, m.tgt_len, m.d_model
@@ -271,7 +271,7 @@ def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], mi
     return {"per_micro_batch": other + kept + carried + memory, "recompute_transient": largest}
 
 
-def _recomputed(p: ParallelConfig, names: Sequence[str], recomputed: Optional[Sequence[str]]) -> set[str]:
+def _recomputed(p: ParallelConfig, names: Sequence[str], recomputed: Sequence[str] | None) -> set[str]:
     """The blocks among `names` whose forward is recomputed in backward."""
     blocks = {n for n in names if n.startswith(("encoder.", "decoder."))}
     if recomputed is None:
@@ -289,7 +289,7 @@ def in_flight(p: ParallelConfig, stage: int) -> int:
 # ---------------------------------------------------------------------------------------------------- communication
 
 def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
-                  recomputed: Optional[Sequence[str]] = None) -> dict[str, list[int]]:
+                  recomputed: Sequence[str] | None = None) -> dict[str, list[int]]:
     """Element counts of every TP all-reduce one rank of this stage issues per micro-batch: "forward" and
     "backward" (activations and their gradients, `CommLog` op "all_reduce") and "loss" (the vocab-parallel loss's
     statistics, fp32, op "loss_all_reduce"). `recomputed` as in activation_bytes."""

@@ -25,8 +25,6 @@ tests/test_hf_export.py checks the logits, greedy and beam outputs of the loaded
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from model.config import ModelConfig
@@ -50,7 +48,7 @@ def blenderbot_config(cfg: ModelConfig, bos_id: int, eos_id: int, pad_id: int):
         is_encoder_decoder=True, use_cache=True, architectures=[ARCHITECTURE])
 
 
-def generation_config(cfg: ModelConfig, bos_id: int, eos_id: int, pad_id: int, vocab_limit: Optional[int] = None,
+def generation_config(cfg: ModelConfig, bos_id: int, eos_id: int, pad_id: int, vocab_limit: int | None = None,
                       beam: int = 5, length_penalty: float = 1.0):
     """`generate()` defaults that decode as model.inference does: our beam search (early_stopping=True), or greedy
     for beam 1 — transformers refuses to save early_stopping with num_beams=1, so a greedy export needs
@@ -130,7 +128,7 @@ def blenderbot_state_dict(model: Seq2SeqTransformer) -> dict:
 
 
 def to_blenderbot(model: Seq2SeqTransformer, bos_id: int, eos_id: int, pad_id: int,
-                  vocab_limit: Optional[int] = None, beam: int = 5, length_penalty: float = 1.0):
+                  vocab_limit: int | None = None, beam: int = 5, length_penalty: float = 1.0):
     """A BlenderbotForConditionalGeneration (fp32, eval mode) holding our weights, with our decoding defaults."""
     from transformers import BlenderbotForConditionalGeneration
     hf = BlenderbotForConditionalGeneration(blenderbot_config(model.cfg, bos_id, eos_id, pad_id))

@@ -29,7 +29,6 @@ Beam size 1 is greedy search.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -45,10 +44,10 @@ class KVCache:
     first append, and each step writes its positions in place — `keys`/`values` are views of the filled part —
     instead of concatenating everything so far into new tensors every step."""
 
-    def __init__(self, capacity: Optional[int] = None):
+    def __init__(self, capacity: int | None = None):
         self.capacity = capacity
-        self.keys: Optional[torch.Tensor] = None
-        self.values: Optional[torch.Tensor] = None
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
         self._k = self._v = None
         self._length = 0
 
@@ -86,7 +85,7 @@ class KVCache:
 class LayerCache:
     """What one decoder layer keeps between steps: its self-attention and cross-attention caches."""
 
-    def __init__(self, max_len: Optional[int] = None):
+    def __init__(self, max_len: int | None = None):
         self.self_attn, self.cross_attn = KVCache(max_len), KVCache()
 
     def select(self, rows: torch.Tensor, same_sources: bool = False) -> None:
@@ -116,7 +115,7 @@ class DecoderState:
     rows: finished rows leave, beams follow their parents."""
 
     def __init__(self, model: Seq2SeqTransformer, src_ids: torch.Tensor, use_cache: bool = True,
-                 max_len: Optional[int] = None):
+                 max_len: int | None = None):
         self.emb, enc, self.dec, self.head = serial_parts(model)
         self.vocab_size = model.cfg.vocab_size
         self.src_ids = src_ids
@@ -159,8 +158,8 @@ def _eval_mode(model):
         model.train(was_training)
 
 
-def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad_id: Optional[int],
-             vocab_limit: Optional[int]):
+def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad_id: int | None,
+             vocab_limit: int | None):
     """Checks; the sources on the model's device; the ids that may not be generated."""
     cfg = model.cfg
     if not 1 <= max_len <= cfg.tgt_len:
@@ -175,7 +174,7 @@ def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad
 
 @torch.inference_mode()
 def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
-                  pad_id: Optional[int] = None, vocab_limit: Optional[int] = None,
+                  pad_id: int | None = None, vocab_limit: int | None = None,
                   use_cache: bool = True) -> torch.Tensor:
     """Greedy translations of a batch of sources.
 
@@ -222,8 +221,8 @@ def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int,
 
 @torch.inference_mode()
 def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
-                beam: int, length_penalty: float = 1.0, pad_id: Optional[int] = None,
-                vocab_limit: Optional[int] = None, use_cache: bool = True) -> torch.Tensor:
+                beam: int, length_penalty: float = 1.0, pad_id: int | None = None,
+                vocab_limit: int | None = None, use_cache: bool = True) -> torch.Tensor:
     """Beam-search translations of a batch of sources (the module docstring gives the algorithm); same arguments and
     output layout as `greedy_decode`: [B, L] on the CPU, the best hypothesis of each source, its EOS, then PAD."""
     if beam < 1:

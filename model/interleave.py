@@ -32,12 +32,12 @@ exactly by recompute.
 """
 from __future__ import annotations
 
-from typing import Callable, Generator, Optional
+from collections.abc import Callable, Generator
 
 import torch
 
-from model.parallel.mappings import GradAllReduce, await_tp_grad, copy_to_tp_async, reduce_from_tp_async
 from model.packing import Packing
+from model.parallel.mappings import GradAllReduce, await_tp_grad, copy_to_tp_async, reduce_from_tp_async
 
 Part = Generator[None, None, object]
 
@@ -119,7 +119,7 @@ def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packi
     return pack.scatter(x, h), entered[0]
 
 
-def decoder_layer(layer, x: torch.Tensor, memory: torch.Tensor, memory_tp: Optional[torch.Tensor],
+def decoder_layer(layer, x: torch.Tensor, memory: torch.Tensor, memory_tp: torch.Tensor | None,
                   src_ids: torch.Tensor, tgt_ids: torch.Tensor, cross_mask: torch.Tensor):
     """`DecoderLayer`'s three residual branches on `layer.interleave_num` parts; returns (x, memory_tp), whole batch
     (memory_tp only when the layer hands it on to the stage's next decoder layer, else None)."""

@@ -41,7 +41,7 @@ class Packing:
         self.tokens = int(self.index.numel())
 
     @classmethod
-    def from_host(cls, host_ids: np.ndarray, pad_id: int, copy) -> "Packing":
+    def from_host(cls, host_ids: np.ndarray, pad_id: int, copy) -> Packing:
         """The packing of ids whose host copy is `host_ids`: the same index `nonzero()` finds, computed by numpy
         and moved with `copy` (the batch's host→device copy), so nothing is read back from the device."""
         real = host_ids != pad_id
@@ -52,12 +52,12 @@ class Packing:
         pack.tokens = int(pack.row_tokens.sum())
         return pack
 
-    def keep_on(self, ids: torch.Tensor, pad_id: int) -> "Packing":
+    def keep_on(self, ids: torch.Tensor, pad_id: int) -> Packing:
         """Keep this packing on `ids` (the device tensor of the ids it packs), where `of` and `parts` find it."""
         _store(ids)[(pad_id, 1)] = (ids._version, self)
         return self
 
-    def split(self, n: int) -> "list[Packing]":
+    def split(self, n: int) -> list[Packing]:
         """The packings of the n equal row blocks of a host-built packing: slices of its index at host-known
         bounds, shifted to each block's first flat position — what `nonzero()` over each block gives."""
         rows = self.batch // n
@@ -74,7 +74,7 @@ class Packing:
         return parts
 
     @classmethod
-    def joined(cls, parts: "list[Packing]") -> "Packing":
+    def joined(cls, parts: list[Packing]) -> Packing:
         """The packing of the batch whose consecutive row blocks `parts` pack: their indices shifted by each part's
         first flat position, concatenated — what `nonzero()` over the whole batch gives, without it."""
         whole = cls.__new__(cls)
@@ -89,7 +89,7 @@ class Packing:
         return whole
 
     @classmethod
-    def of(cls, ids: torch.Tensor, pad_id: int) -> "Packing":
+    def of(cls, ids: torch.Tensor, pad_id: int) -> Packing:
         """The packing of `ids`, built once per ids tensor and kept on it (an integer tensor, never part of
         autograd), valid while the tensor is not written in place (its version counter). Inference-mode tensors
         have no version counter, so their packing is not kept (decoding builds it per call; it is one nonzero over
@@ -105,7 +105,7 @@ class Packing:
         return kept
 
     @classmethod
-    def parts(cls, ids: torch.Tensor, pad_id: int, n: int) -> "list[Packing]":
+    def parts(cls, ids: torch.Tensor, pad_id: int, n: int) -> list[Packing]:
         """The packings of `ids.chunk(n)` (`model.interleave`'s batch parts, n > 1), built once per ids tensor and n
         and kept on it like `of`'s."""
         if ids.is_inference():

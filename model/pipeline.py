@@ -10,7 +10,7 @@ replicated copy of both (training.core.engine)."""
 from __future__ import annotations
 
 from collections import deque
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from deepspeed.pipe import LayerSpec, PipelineModule
@@ -45,7 +45,7 @@ def split_boundary(inputs: tuple, first_layer: type) -> tuple:
 
 
 def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, seed: int,
-                          pipeline_func: Optional[Callable] = None):
+                          pipeline_func: Callable | None = None):
     """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`. Batches whose
     shape changes between steps (token batches) are announced by training.core.engine.Engine.expect_shape."""
     ctx = ParallelContext.from_grid(grid)

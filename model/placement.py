@@ -36,8 +36,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import numbers
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from model.config import ConfigError, ModelConfig, ParallelConfig
 
@@ -48,7 +48,7 @@ class BlockPlacement:
     kind: str                           # "encoder" | "decoder"
     layer_id: int
     pipeline_stage: int = 0
-    comm_fusion: Optional[int] = None
+    comm_fusion: int | None = None
     recomputed: bool = False
 
     @property
@@ -88,7 +88,7 @@ BUILTIN_PIPELINE_FUNCS = {"seed": seed_pipeline_func, "even": even_pipeline_func
 DEFAULT_PIPELINE_FUNC = "seed"
 
 
-def load_pipeline_func(spec: Optional[str]) -> Callable:
+def load_pipeline_func(spec: str | None) -> Callable:
     """'seed' | 'even' | 'module.path:function' → the function; None → the seed's default split."""
     spec = spec or DEFAULT_PIPELINE_FUNC
     if spec in BUILTIN_PIPELINE_FUNCS:
@@ -103,7 +103,7 @@ def load_pipeline_func(spec: Optional[str]) -> Callable:
         raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); give it as 'package.module:function'")
 
 
-def pipeline_func_name(func: Optional[Callable]) -> str:
+def pipeline_func_name(func: Callable | None) -> str:
     """'seed' / 'even' for the built-ins, else 'module:function' (how a recipe names it)."""
     func = func or BUILTIN_PIPELINE_FUNCS[DEFAULT_PIPELINE_FUNC]
     for name, builtin in BUILTIN_PIPELINE_FUNCS.items():
@@ -113,7 +113,7 @@ def pipeline_func_name(func: Optional[Callable]) -> str:
 
 
 def place_blocks(model: ModelConfig, parallel: ParallelConfig,
-                 pipeline_func: Optional[Callable] = None) -> list[BlockPlacement]:
+                 pipeline_func: Callable | None = None) -> list[BlockPlacement]:
     """Call `pipeline_func` on every block (encoder blocks, then decoder blocks) and check the pipeline it gives."""
     func = pipeline_func or BUILTIN_PIPELINE_FUNCS[DEFAULT_PIPELINE_FUNC]
     fname = pipeline_func_name(func)
@@ -152,7 +152,7 @@ def place_blocks(model: ModelConfig, parallel: ParallelConfig,
     return placements
 
 
-def assign_stages(model: ModelConfig, parallel: ParallelConfig, pipeline_func: Optional[Callable] = None) -> list[int]:
+def assign_stages(model: ModelConfig, parallel: ParallelConfig, pipeline_func: Callable | None = None) -> list[int]:
     """Stage of each block (encoder blocks then decoder blocks), checked to be a valid pipeline."""
     return [p.pipeline_stage for p in place_blocks(model, parallel, pipeline_func)]
 

@@ -15,28 +15,28 @@ rank, summed over every cross-attention of the stage — is all-reduced once per
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import EmbeddingOpParallelConfig, ModelConfig, OpParallelConfig, ParallelConfig
-from model.parallel.cross_entropy import vocab_parallel_cross_entropy
 from model import interleave
+from model.config import EmbeddingOpParallelConfig, ModelConfig, OpParallelConfig, ParallelConfig
+from model.packing import Packing
+from model.parallel.cross_entropy import vocab_parallel_cross_entropy
 from model.parallel.layers import ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding
 from model.parallel.mappings import copy_to_tp
-from model.packing import Packing
-from model.placement import BlockPlacement, in_one_process, place_blocks
 from model.parallel.random import RNG, block_generator, checkpoint
 from model.parallel.topology import ParallelContext
+from model.placement import BlockPlacement, in_one_process, place_blocks
 
 
 def _key_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
     return (ids != pad_id)[:, None, None, :]                                   # [B, 1, 1, S] True = attend
 
 
-def _padded(rows: torch.Tensor, pack: Optional[Packing]) -> torch.Tensor:
+def _padded(rows: torch.Tensor, pack: Packing | None) -> torch.Tensor:
     return rows if pack is None else pack.unpack(rows)
 
 
@@ -81,12 +81,12 @@ class ParallelAttention(nn.Module):
         t = t.view(b, s, self.heads, parts, self.head_dim).permute(3, 0, 2, 1, 4)  # parts, B, h, S, hd
         return t.unbind(0)
 
-    def forward(self, x: torch.Tensor, mask: Optional[torch.Tensor], memory_tp: Optional[torch.Tensor] = None,
-                cache=None, pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, memory_tp: torch.Tensor | None = None,
+                cache=None, pack: Packing | None = None, memory_pack: Packing | None = None):
         return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp, cache, pack, memory_pack))
 
-    def attend(self, x: torch.Tensor, mask: Optional[torch.Tensor], memory_tp: Optional[torch.Tensor] = None,
-               cache=None, pack: Optional[Packing] = None, memory_pack: Optional[Packing] = None):
+    def attend(self, x: torch.Tensor, mask: torch.Tensor | None, memory_tp: torch.Tensor | None = None,
+               cache=None, pack: Packing | None = None, memory_pack: Packing | None = None):
         """This rank's heads on an input already in the TP region: [B, S, heads·head_dim] (packed: [N, ...]), the
         out-projection's input shard. `mask` None: causal self-attention (`CAUSAL_PACKED`)."""
         if self.cross:
@@ -126,7 +126,7 @@ class ParallelMLP(nn.Module):
 
 
 def word_table(cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext, seed: int,
-               split: Optional[bool] = None) -> VocabParallelEmbedding:
+               split: bool | None = None) -> VocabParallelEmbedding:
     """The (first) word table, drawn first from the "embed" generator: the same values wherever it is built, so a
     pipeline's last stage can hold an exact replica of stage 0's shared table. Split over the model-parallel ranks
     unless `vocab_emb_dp` (the seed's `EmbeddingOpParallelConfig`)."""
@@ -373,8 +373,8 @@ class Seq2SeqTransformer(nn.Module):
     `pipeline_func` (model.pipeline; default: the seed's) still decides which blocks recompute."""
 
     def __init__(self, cfg: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
-                 ctx: Optional[ParallelContext] = None, seed: int = 1234,
-                 pipeline_func: Optional[Callable] = None):
+                 ctx: ParallelContext | None = None, seed: int = 1234,
+                 pipeline_func: Callable | None = None):
         super().__init__()
         ctx = ctx or ParallelContext.serial()
         self.cfg, self.ctx = cfg, ctx

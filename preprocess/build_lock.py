@@ -16,8 +16,8 @@ import fcntl
 import os
 import socket
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator, Optional
 
 POLL = 0.5
 WAIT_REPORT = 30.0
@@ -35,7 +35,7 @@ def _holder(path: Path) -> str:
         return "another process"
 
 
-def _take(path: Path) -> Optional[int]:
+def _take(path: Path) -> int | None:
     """The lock file's descriptor, locked by this process; None while another process holds it."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:

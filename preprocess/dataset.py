@@ -36,25 +36,24 @@ import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 import torch
 
 from common.errors import UserError, fail, run_cli
 from common.hashing import file_sha256
+from common.units import human_bytes
 from preprocess.build_lock import one_builder
 from preprocess.store_builder import build_store
 from preprocess.textio import check_readable
 from preprocess.token_batches import compact_permutation
-from common.units import human_bytes
 from preprocess.token_store import FORMAT_VERSION, DamagedStore, TokenStore
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 
 CACHE_DIRNAME = ".tokcache"
 
 
-def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int, tsv_sha256: Optional[str] = None,
+def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int, tsv_sha256: str | None = None,
               version: int = FORMAT_VERSION) -> str:
     """The store's name: the TSV's and tokenizer's sha256, the lengths, the format version (`tsv_sha256`: the TSV's
     hash if already known)."""
@@ -73,7 +72,7 @@ class TranslationDataset:
     one that verified it; they still make the structural checks, and refuse a damaged store)."""
 
     def __init__(self, tsv_path, tokenizer_path, src_len, tgt_len, cache_dir=None, progress=True,
-                 num_proc: Optional[int] = None, tsv_sha256: Optional[str] = None, block_bytes: Optional[int] = None,
+                 num_proc: int | None = None, tsv_sha256: str | None = None, block_bytes: int | None = None,
                  verify: bool = True):
         for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
             if int(value) != value or value < 2:
@@ -96,7 +95,7 @@ class TranslationDataset:
         key = cache_key(self.tsv_path, tokenizer_path, self.src_len, self.tgt_len, tsv_sha256=sha)
         self.cache_path = cache_root / f"{self.tsv_path.stem}-{key}"
         self.cache_hit = self.cache_path.is_dir()
-        self.build_info: Optional[dict] = None          # how the store was built, when this object built it
+        self.build_info: dict | None = None          # how the store was built, when this object built it
 
         def build() -> dict:
             return build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len,

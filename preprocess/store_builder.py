@@ -22,12 +22,12 @@ import multiprocessing
 import os
 import signal
 import sys
+from collections import deque
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from collections import deque
 from itertools import chain, islice
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 
@@ -74,7 +74,7 @@ class ChunkEncoder:
         return TokenChunk(src_ids, src_kept, tgt_ids, tgt_kept, flags, stats)
 
 
-_worker: Optional[ChunkEncoder] = None
+_worker: ChunkEncoder | None = None
 # the parent's handlers of these (train.py's stop request notes SIGTERM and goes on) must not outlive the fork: a
 # worker that only noted the SIGTERM of the pool's terminate() kept the build, and the job, from ever ending
 WORKER_DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
@@ -131,7 +131,7 @@ def default_num_proc() -> int:
 GZIP_RATIO = 10                         # text rarely packs tighter: a .gz's blocks are estimated from its size x this
 
 
-def worker_count(num_proc: Optional[int], file_bytes: int, block_bytes: int, gzipped: bool = False) -> int:
+def worker_count(num_proc: int | None, file_bytes: int, block_bytes: int, gzipped: bool = False) -> int:
     """Worker processes for a file: --num_proc (default: default_num_proc), never more than its blocks could be (a
     worker without a block only costs its start-up: --num_proc 1000 forked 1000 workers for 3 blocks). build_store
     then reads that many blocks ahead and keeps one worker per block it found."""
@@ -246,7 +246,7 @@ def _file_state(path: Path) -> tuple[int, int, int]:
 
 
 def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: int, tgt_len: int, final: Path,
-                expected_sha256: str, num_proc: Optional[int] = None, block_bytes: Optional[int] = None,
+                expected_sha256: str, num_proc: int | None = None, block_bytes: int | None = None,
                 progress: bool = True) -> dict:
     """Tokenize `tsv_path` into a store at `final` (atomically). `expected_sha256`: the TSV hash the store's key
     was made from; the file is hashed again while read and must not differ. Returns how it went: the worker

@@ -20,8 +20,9 @@ import io
 import os
 import tempfile
 import zlib
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import IO, Iterable, Iterator
+from typing import IO
 
 from common.errors import fail
 

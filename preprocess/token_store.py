@@ -46,7 +46,6 @@ import shutil
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import numpy as np
 
@@ -83,7 +82,7 @@ class DamagedStore(UserError):
     """A store file that is not what its writer wrote (or no meta.json this code can read): `name` is the file,
     `reason` how it differs. The message says how to rebuild the store; TranslationDataset rebuilds it itself."""
 
-    def __init__(self, folder: Path, name: str, reason: str, source: Optional[str] = None):
+    def __init__(self, folder: Path, name: str, reason: str, source: str | None = None):
         self.folder, self.name, self.reason = Path(folder), name, reason
         tsv = f"its TSV ({source})" if source else "the TSV it was built from"
         super().__init__(f"token store {self.folder}: {name} {reason}; delete the folder and run train.py or "
@@ -146,14 +145,14 @@ class StoreWriter:
         for side in SIDES:
             self._write(offsets_file(side), np.zeros(1, dtype=np.int64))
 
-    def __enter__(self) -> "StoreWriter":
+    def __enter__(self) -> StoreWriter:
         return self
 
     def __exit__(self, kind, exc, tb) -> None:
         if kind is not None:
             self.abort()
 
-    def _free(self) -> Optional[int]:
+    def _free(self) -> int | None:
         """Free bytes on the store's disk (None when the system will not say)."""
         try:
             return shutil.disk_usage(self.final.parent).free
@@ -326,7 +325,7 @@ class TokenStore:
             record_verified(self.folder, recorded, stats)
         return hashed
 
-    def lengths(self, side: str, idx: Optional[np.ndarray] = None) -> np.ndarray:
+    def lengths(self, side: str, idx: np.ndarray | None = None) -> np.ndarray:
         """Stored (kept) tokens per pair, int64: all pairs, or those of `idx`."""
         off = self.offsets[side]
         if idx is None:
@@ -336,8 +335,8 @@ class TokenStore:
     def nbytes(self) -> int:
         return sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
 
-    def padded_rows(self, side: str, idx: np.ndarray, width: int, pad: int, lead: Optional[int] = None,
-                    end: Optional[int] = None) -> np.ndarray:
+    def padded_rows(self, side: str, idx: np.ndarray, width: int, pad: int, lead: int | None = None,
+                    end: int | None = None) -> np.ndarray:
         """int64 [len(idx), width]: each pair's ids, after `lead` (BOS) if given and followed by `end` (EOS) if
         given, then `pad`; positions past `width` are cut."""
         off, tokens = self.offsets[side], self.tokens[side]

@@ -26,9 +26,9 @@ import json
 import os
 import sys
 from collections import Counter
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Optional, Sequence
 
 import numpy as np
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
@@ -57,7 +57,7 @@ def _count_pairs(tsv_paths: Sequence[str | Path]) -> int:
     return sum(1 for path in tsv_paths for _ in iter_tsv_pairs(path))
 
 
-def _sentences(tsv_paths: Sequence[str | Path], chosen: Optional[np.ndarray] = None) -> Iterator[str]:
+def _sentences(tsv_paths: Sequence[str | Path], chosen: np.ndarray | None = None) -> Iterator[str]:
     """Both sides of every TSV, validated and streamed (nothing is held); order is fixed (file, line, source then
     target) for determinism. `chosen`: sorted indices of the pairs to use (counted across the files), else all."""
     k, position = 0, 0
@@ -70,14 +70,14 @@ def _sentences(tsv_paths: Sequence[str | Path], chosen: Optional[np.ndarray] = N
             position += 1
 
 
-def sample_pairs(total: int, sample_size: Optional[int]) -> Optional[np.ndarray]:
+def sample_pairs(total: int, sample_size: int | None) -> np.ndarray | None:
     """Sorted indices of `sample_size` of `total` pairs, drawn uniformly with a fixed seed; None: all of them."""
     if sample_size is None or sample_size >= total:
         return None
     return np.sort(np.random.default_rng(0).choice(total, size=sample_size, replace=False))
 
 
-def _train_bpe(sentences: Iterable[str], count: Optional[int], vocab_size: int, min_frequency: int, progress: bool,
+def _train_bpe(sentences: Iterable[str], count: int | None, vocab_size: int, min_frequency: int, progress: bool,
                split_punctuation: bool = False) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.normalizer = normalizers.NFKC()
@@ -129,7 +129,7 @@ def _check_writable(folder: Path) -> None:
 
 def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, type: str = "bpe",
                     vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False,
-                    split_punctuation: bool = False, sample_size: Optional[int] = None) -> Path:
+                    split_punctuation: bool = False, sample_size: int | None = None) -> Path:
     """Train a `bpe` or `word` tokenizer on both sides of the TSVs; return the path of DIR/tokenizer.json.
     The text is streamed: memory holds word counts, not the corpus. `sample_size`: train on that many pairs drawn
     uniformly (fixed seed) from all the files, instead of all of them."""

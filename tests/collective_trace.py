@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.device_check import _tensors      # every tensor in a collective's (nested) arguments
+from tests.device_check import _tensors  # every tensor in a collective's (nested) arguments
 
 # the c10d ops that combine values from several ranks (as opposed to moving them: gathers, broadcasts, sends)
 REDUCTIONS = {"allreduce_", "allreduce_coalesced_", "reduce_", "reduce_scatter_", "_reduce_scatter_base_",

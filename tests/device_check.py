@@ -46,7 +46,7 @@ def _tensors(obj):
     elif isinstance(obj, dict):
         for item in obj.values():
             yield from _tensors(item)
-    elif hasattr(obj, "tensor") and isinstance(getattr(obj, "tensor"), torch.Tensor):   # dist.P2POp
+    elif hasattr(obj, "tensor") and isinstance(obj.tensor, torch.Tensor):   # dist.P2POp
         yield obj.tensor
 
 
@@ -122,7 +122,7 @@ class HostTensorChecker(TorchFunctionMode):
         checked.__name__ = name
         return checked
 
-    def install(self) -> "HostTensorChecker":
+    def install(self) -> HostTensorChecker:
         for name in COLLECTIVES:
             original = getattr(dist, name, None)
             if original is not None:

@@ -62,7 +62,6 @@ def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300)
     `python SCRIPT ...` or `python -m MODULE ...`, started as a fork of the session's fork server (its own process,
     exit code and output, without importing torch and DeepSpeed again: tests/drivers/fork_server.py)."""
     import signal
-    import socket
     import tempfile
     cmd = [str(c) for c in cmd]
     rest = cmd[2:] if cmd[1:2] == ["-u"] else cmd[1:]          # `python [-u] SCRIPT|-m MODULE ...`
@@ -78,7 +77,7 @@ def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300)
         conn.settimeout(timeout)
         try:
             line = answers.readline()
-        except (socket.timeout, TimeoutError):
+        except TimeoutError:
             os.killpg(pid, signal.SIGKILL)
             raise subprocess.TimeoutExpired(cmd, timeout)
         finally:

@@ -15,7 +15,6 @@ import socket
 import tempfile
 import traceback
 
-
 # Master ports for the tests' jobs, without races: binding port 0 and releasing it let two pytest processes (or
 # another job, or an outgoing connection: port 0 draws from the kernel's ephemeral range) get the same port. A port
 # is ours only while we hold an exclusive lock on PORT_LOCKS/<port>.lock — shared by every test process on this
@@ -26,7 +25,7 @@ import traceback
 PORT_RANGE = (30000, 32700)
 PORT_LOCKS = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(), "dsr-test-ports")
 KEPT = 64
-_held: "collections.deque" = collections.deque()      # (port, open lock file) of this process, oldest first
+_held: collections.deque = collections.deque()      # (port, open lock file) of this process, oldest first
 
 
 def _bindable(port: int) -> bool:

@@ -23,8 +23,18 @@ import pytest
 import torch
 
 from tests import accelerator
-from tests.launch import (REPO_ROOT, TINY, attempt_dir, concurrently, env, launch_cmd, losses, run_many, run_python,
-                          run_train)
+from tests.launch import (
+    REPO_ROOT,
+    TINY,
+    attempt_dir,
+    concurrently,
+    env,
+    launch_cmd,
+    losses,
+    run_many,
+    run_python,
+    run_train,
+)
 
 STEPS, CUT = 4, 2
 LR = float(TINY[TINY.index("--lr") + 1])
@@ -347,7 +357,7 @@ def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path)
     assert checked >= 10
     name = next(n for n, e in index.entries.items() if e["partition_dim"] is not None)
     dim, want = rank_shape(name, 1)                     # rank 1's rows are in the overwritten shards: read them,
-    from common.errors import UserError                 # and the damage is found (their checksums, then the NaNs)
+    from common.errors import UserError  # and the damage is found (their checksums, then the NaNs)
     with pytest.raises(UserError, match=r"shard_pp0_tp2.safetensors does not match the checksum saved with it"):
         index.read_local(name, "param", dim, 1, tuple(want.shape))
     with pytest.raises(UserError, match=rf"{name} holds \d+ non-finite value"):
@@ -374,10 +384,10 @@ def _expect_error(proc, *needles):
 
 def test_bad_checkpoints_are_refused_with_the_reason(ckpt_copy, tmp_path):
     """Missing, partial, truncated, corrupt, other model size, other vocabulary."""
-    from training.checkpoint.folder import resolve
-    from training.checkpoint.format import check_compatible, read_meta, load_full_state
     from common.errors import UserError
     from model.config import ModelConfig
+    from training.checkpoint.folder import resolve
+    from training.checkpoint.format import check_compatible, load_full_state, read_meta
 
     with pytest.raises(UserError, match="not found"):
         resolve(str(tmp_path / "nope"))
@@ -407,8 +417,8 @@ def test_bad_checkpoints_are_refused_with_the_reason(ckpt_copy, tmp_path):
 def test_a_shard_from_another_checkpoint_is_refused(runs, ckpt_copy, tmp_path, multi30k_tsv, bpe_tokenizer):
     """A shard copied in from another step of the same run, or from another run of the same layout: refused by its
     identity (the shapes alone would load it silently)."""
-    from training.checkpoint.format import load_full_state, read_meta
     from common.errors import UserError
+    from training.checkpoint.format import load_full_state, read_meta
     meta = read_meta(str(ckpt_copy))
     own = (ckpt_copy / "shard_pp0_tp1.safetensors").read_bytes()
     shutil.copy(step_dir(runs("tp2-drop"), 3) / "shard_pp0_tp1.safetensors", ckpt_copy)
@@ -547,10 +557,10 @@ def test_an_optimizer_the_checkpoint_code_does_not_know_is_refused():
 
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
-    from model.config import ParallelConfig
     from common.errors import UserError
-    from training.core.engine import deepspeed_config
+    from model.config import ParallelConfig
     from training.checkpoint.optimizer_state import UnsupportedOptimizer, for_engine
+    from training.core.engine import deepspeed_config
     sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
     with pytest.raises(UnsupportedOptimizer, match=r"cannot checkpoint DeepSpeed's torch.optim.sgd.SGD: the "
                                                    r"checkpoint code knows .* only for torch AdamW at ZeRO 0"):
@@ -630,8 +640,8 @@ def test_a_restored_adamw_step_counter_is_where_torchs_own_step_puts_it(fused):
     device other than the CPU tells the two rules apart without one."""
     from types import SimpleNamespace
 
-    from training.core.grad_norm import ClippingAdamW
     from training.checkpoint.optimizer_state import for_engine
+    from training.core.grad_norm import ClippingAdamW
     p = torch.nn.Parameter(torch.empty(3, device="meta"))
     opt = ClippingAdamW([p], max_norm=0.0, tp_rank=0, norm_group=None, lr=0.1)
     opt.param_groups[0]["fused"] = fused          # torch refuses fused=True for meta tensors at construction

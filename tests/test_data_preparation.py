@@ -16,8 +16,8 @@ import pytest
 from preprocess.build_lock import lock_path, one_builder
 from preprocess.dataset import TranslationDataset
 from preprocess.textio import read_lines
-from tests.launch import REPO_ROOT, TINY, env, launch_cmd, read_metrics, run_train
 from preprocess.tsv_digest import RECORDS as TSV_RECORDS
+from tests.launch import REPO_ROOT, TINY, env, launch_cmd, read_metrics, run_train
 from tests.test_data_store import Tmpfs, leftovers
 from tests.test_faults import Job, _processes_naming, command_line, error_lines, one_error
 

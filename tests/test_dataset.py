@@ -8,9 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from preprocess.dataset import (GlobalBatchSchedule, TranslationDataset, count_target_tokens, dp_slice,
-                                micro_slices, seed_fields)
 from common.errors import UserError
+from preprocess.dataset import (
+    GlobalBatchSchedule,
+    TranslationDataset,
+    count_target_tokens,
+    dp_slice,
+    micro_slices,
+    seed_fields,
+)
 from preprocess.parallel import make_tsv
 from preprocess.textio import read_tsv_pairs
 from preprocess.token_store import TokenStore

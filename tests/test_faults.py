@@ -23,8 +23,18 @@ import psutil
 import pytest
 import torch
 
-from tests.launch import (REPO_ROOT, TINY, TRAIN_MANY, env, launch_cmd, read_metrics, run_python, run_script, run_train,
-                          script_env)
+from tests.launch import (
+    REPO_ROOT,
+    TINY,
+    TRAIN_MANY,
+    env,
+    launch_cmd,
+    read_metrics,
+    run_python,
+    run_script,
+    run_train,
+    script_env,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -683,7 +693,9 @@ def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
     its supervisor (the request came through the step's collective): its supervisor writes nothing into the job's
     store (it reported a failure there, and retried a store already gone with rank 0 for 10 s)."""
     import datetime
+
     from torch.distributed import TCPStore
+
     from tests.multiproc import free_port
     from training.run.job_watch import ABORT
     port = free_port()

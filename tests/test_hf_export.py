@@ -104,8 +104,14 @@ def test_exported_word_tokenizer_encodes_and_decodes_as_ours(multi30k_tsv, multi
     """The seed's `word` vocabulary (lowercasing, <eot> both begins and ends) exports as faithfully as BPE."""
     from transformers import AutoTokenizer
 
-    from preprocess.tokenizer import (decode_hypotheses, encode_sources, load_tokenizer, save_for_transformers,
-                                      special_ids, train_tokenizer)
+    from preprocess.tokenizer import (
+        decode_hypotheses,
+        encode_sources,
+        load_tokenizer,
+        save_for_transformers,
+        special_ids,
+        train_tokenizer,
+    )
     path = train_tokenizer([multi30k_tsv], tmp_path / "word", type="word", vocab_size=3000)
     save_for_transformers(path, tmp_path / "hf", SRC_LEN)
     ours, theirs = load_tokenizer(path), AutoTokenizer.from_pretrained(tmp_path / "hf")

@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from model.parallel import mappings
 from model.config import ConfigError, ModelConfig, ParallelConfig, validate_layout
+from model.parallel import mappings
 from model.parallel.mappings import CommLog
 from model.transformer import Seq2SeqTransformer
 from tests.multiproc import run_ranks

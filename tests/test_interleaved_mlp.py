@@ -5,8 +5,8 @@ import re
 
 import pytest
 
-from model.parallel.mappings import CommLog
 from demos.interleaved_mlp.network import MLPClassifier
+from model.parallel.mappings import CommLog
 from model.parallel.sharding import partition_dim, take_shard
 from model.parallel.topology import ParallelContext
 from preprocess.digits import load_digits_28x28

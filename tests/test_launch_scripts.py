@@ -1,8 +1,8 @@
 """run_scripts/run.sh and run_cluster.sh (usage, layout pre-check, the commands they build, the OpenMPI path),
 the rank-table → hostfile converter, hostfile parsing, and train.py's adoption of mpirun's environment."""
 import json
-import re
 import os
+import re
 import shlex
 import shutil
 import socket
@@ -15,9 +15,16 @@ import pytest
 
 from common import launch_payload
 from common.errors import UserError
-from training.plan.cluster import (Host, format_hostfile, hosts_to_rank_table, parse_hostfile_text, rank_nodes,
-                              rank_table_to_hosts, read_hostfile)
 from tests.launch import REPO_ROOT, only_launch, only_run_dir, read_metrics, run_script, script_env
+from training.plan.cluster import (
+    Host,
+    format_hostfile,
+    hosts_to_rank_table,
+    parse_hostfile_text,
+    rank_nodes,
+    rank_table_to_hosts,
+    read_hostfile,
+)
 
 RUN = "run_scripts/run.sh"
 CLUSTER = "run_scripts/run_cluster.sh"

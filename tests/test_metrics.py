@@ -10,11 +10,11 @@ import subprocess
 import numpy as np
 
 from model.config import ModelConfig
-from preprocess.textio import read_tsv_pairs
-from preprocess.tokenizer import load_tokenizer
-from preprocess.token_batches import TokenBatchSchedule
-from tests.launch import REPO_ROOT, TINY, read_metrics, run_train
 from model.costs import model_flops
+from preprocess.textio import read_tsv_pairs
+from preprocess.token_batches import TokenBatchSchedule
+from preprocess.tokenizer import load_tokenizer
+from tests.launch import REPO_ROOT, TINY, read_metrics, run_train
 
 
 def test_step_metrics_padding_flops_memory(multi30k_tsv, bpe_tokenizer, tmp_path):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from model.config import ConfigError, ModelConfig, ParallelConfig
-from model.placement import assign_stages, load_pipeline_func, place_blocks
 from model.parallel.random import RNG
+from model.placement import assign_stages, load_pipeline_func, place_blocks
 from model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
 from tests import pipeline_funcs
 from tests.launch import run_python

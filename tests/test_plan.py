@@ -8,18 +8,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.config import ModelConfig, ParallelConfig
-from model.placement import layer_stages, place_blocks
-from model.parallel.topology import ParallelContext, rank_map
-from model.transformer import Embeddings, EncoderLayer, DecoderLayer, Head, block_specs
 from common.errors import UserError
 from model import costs
-from training.plan import planner as P
-from training.plan.report import format_plan
+from model.config import ModelConfig, ParallelConfig
+from model.parallel.topology import ParallelContext, rank_map
+from model.placement import layer_stages, place_blocks
+from model.transformer import DecoderLayer, Embeddings, EncoderLayer, Head, block_specs
+from tests.launch import run_python
 from training.config.flags import parse_args
 from training.config.sections import TrainConfig
+from training.plan import planner as P
 from training.plan.cluster import Host
-from tests.launch import run_python
+from training.plan.report import format_plan
 
 REPO = Path(__file__).resolve().parent.parent
 RECIPES = REPO / "recipes"

@@ -9,10 +9,10 @@ import time
 
 import pytest
 
+from tests.launch import REPO_ROOT, launches, losses, only_launch, only_run_dir, read_metrics, run_script, script_env
 from training.config.flags import load_recipe, parse_args
 from training.config.sections import TrainConfig
 from training.plan.planner import build_plan_parser, configs
-from tests.launch import REPO_ROOT, launches, losses, only_launch, only_run_dir, read_metrics, run_script, script_env
 
 RECIPES = {"2pcs": 2, "8pcs": 8, "8pcs-dp2-mp4": 8, "16pcs": 16, "cpu-tiny": 2}
 SEED_MODEL = {"vocab_size": 20000, "d_model": 128, "num_heads": 8, "encoder_layer": 1, "decoder_layer": 1,

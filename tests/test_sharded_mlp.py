@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 
-from tests.launch import only_launch, only_run_dir, run_script, script_env
 from demos.sharded_mlp.train import MLPConfig, train_serial
+from tests.launch import only_launch, only_run_dir, run_script, script_env
 
 SEED_LINES = [   # rank-independent lines of every rank's execute.txt: the shapes of the seed's 18_execute IR
     "%matmul = MatMul(%data, %weight) {in_strategy: ((2, 4), (4, 1))} : ((8, 8), (8, 16)) -> (8, 16)",

@@ -9,12 +9,12 @@ import torch
 from torch import nn
 
 from demos.sharded_mlp.network import network_with_loss
+from demos.sharded_mlp.train import MLPConfig, build, run_simulated, train_serial
 from demos.strategy.graph import trace
 from demos.strategy.layout import StrategyError
 from demos.strategy.ops import MatMul, ReduceMean, ReLU, Sub, shard
 from demos.strategy.propagate import layouts_for, propagate, redistribution_cost
 from tests.launch import env, run_python
-from demos.sharded_mlp.train import MLPConfig, build, run_simulated, train_serial
 
 SEED_IR_RANK0 = {           # the seed's 18_execute IR on rank 0: inputs → output of each op, local shapes
     "_backbone.matmul": ([(8, 8), (8, 16)], (8, 16)),

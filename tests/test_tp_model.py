@@ -6,8 +6,8 @@ from model.config import ModelConfig, ParallelConfig
 from model.parallel.mappings import CommLog
 from model.parallel.sharding import partition_dim, take_shard
 from model.transformer import Seq2SeqTransformer
-from tests.test_tp_layers import TOL, rel, tp_context
 from tests.multiproc import run_ranks
+from tests.test_tp_layers import TOL, rel, tp_context
 
 B, S, T = 3, 7, 6
 

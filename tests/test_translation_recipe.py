@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from training.config.flags import load_recipe, parse_args
 from tests.launch import REPO_ROOT, run_python, run_script, script_env
+from training.config.flags import load_recipe, parse_args
 
 TRANSLATION = {"multi30k-en-fr": ("en", "fr"), "multi30k-fr-en": ("fr", "en")}
 TEST_SETS = ("val", "test_2016_flickr", "test_2017_flickr")

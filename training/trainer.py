@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Optional
 
 import torch.distributed as dist
 
 from common.errors import UserError
 from training.checkpoint.folder import step_dirname
 from training.checkpoint.manager import CheckpointManager
+from training.checkpoint.shared_folder import check_output_folder
 from training.config.preflight import check_run
 from training.config.sections import TrainConfig
 from training.core.data import BatchFeeder, batch_schedule, prepare_data
@@ -30,11 +30,10 @@ from training.core.speed import SpeedMeter
 from training.core.step import StepTimer, current_lr, eval_step, train_step
 from training.evaluation.validation import BEST, BestTracker, Validator
 from training.run import injection
-from training.run.nonfinite_steps import NonFiniteSteps
 from training.run.job import join_job
+from training.run.nonfinite_steps import NonFiniteSteps
 from training.run.output_lock import claim_output_dir
 from training.run.start_point import agree, take_settings, trajectory
-from training.checkpoint.shared_folder import check_output_folder
 from training.run.stop_request import StopRequest
 
 LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
@@ -45,8 +44,8 @@ class Trainer:
         self.cfg = config
         self._provenance: dict = {}
         self.lock = None
-        self.validator: Optional[Validator] = None
-        self.tracker: Optional[BestTracker] = None
+        self.validator: Validator | None = None
+        self.tracker: BestTracker | None = None
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -259,7 +258,7 @@ class Trainer:
             print(f"stopped by {why} at step {step}; {outcome}", file=sys.stderr, flush=True)
         return StopRequest.exit_status(code)
 
-    def finish(self, losses: list, stopped: Optional[str] = None) -> int:
+    def finish(self, losses: list, stopped: str | None = None) -> int:
         self.checkpoints.drain()              # a background save in flight is committed before the run ends
         summary = {"steps": self.start_step + len(losses), "final_loss": losses[-1] if losses else None,
                    "output_dir": os.path.abspath(self.cfg.checkpoint.output_dir)}

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ConfigError
-from model.parallel.cross_entropy import vocab_parallel_cross_entropy
 from model.interleave import run_staggered, tp_region
+from model.parallel.cross_entropy import vocab_parallel_cross_entropy
 from model.parallel.layers import ColumnParallelLinear, RowParallelLinear
 from model.parallel.mappings import GradAllReduce, await_tp_grad, copy_to_tp, copy_to_tp_async
 from model.parallel.random import block_generator

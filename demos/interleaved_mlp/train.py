@@ -17,9 +17,9 @@ import time
 import torch
 import torch.distributed as dist
 
+from demos.interleaved_mlp.network import MLPClassifier
 from model.config import ConfigError, ParallelConfig, batch_errors
 from model.parallel.mappings import gather_from_tp
-from demos.interleaved_mlp.network import MLPClassifier
 from model.parallel.topology import ParallelContext, build_grid
 from preprocess.digits import load_digits_28x28
 from training.run.job import join_job

@@ -2,8 +2,6 @@
 strategy on the first MatMul only, trained with MSELoss; the other strategies come from propagation."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 from torch import nn
 
@@ -16,7 +14,7 @@ class Net(nn.Module):
     """The seed's Net(in_dim, hidden_dim, out_dim); weights drawn from N(0, 0.01) (MindSpore's "normal")."""
 
     def __init__(self, in_dim: int = 32, hidden_dim: int = 16, out_dim: int = 16,
-                 strategy: Optional[tuple] = SEED_STRATEGY, seed: int = 0):
+                 strategy: tuple | None = SEED_STRATEGY, seed: int = 0):
         super().__init__()
         gen = torch.Generator().manual_seed(seed)
         self.weight = nn.Parameter(torch.randn(in_dim, hidden_dim, generator=gen) * 0.01)     # "w"

@@ -16,18 +16,18 @@ import ast
 import json
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import numpy as np
 import torch
 
+from common.errors import UserError
 from demos.sharded_mlp.network import SEED_STRATEGY, network_with_loss
 from demos.strategy.dump import execute_dump, strategy_dump
 from demos.strategy.graph import trace
 from demos.strategy.layout import format_strategy
 from demos.strategy.propagate import Plan, propagate
-from common.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -191,7 +191,7 @@ def config_from(args) -> MLPConfig:
     return cfg
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     args = build_parser().parse_args(argv)
     cfg = config_from(args)
     if args.check:
@@ -203,7 +203,7 @@ def main(argv: Optional[list] = None) -> int:
     return run_distributed(cfg, args.output_dir)
 
 
-def run_simulated(cfg: MLPConfig, out_dir: Optional[str], log: Callable[[str], None] = print) -> ShardedResult:
+def run_simulated(cfg: MLPConfig, out_dir: str | None, log: Callable[[str], None] = print) -> ShardedResult:
     """Every rank in this process (demos.strategy.simulation); prints the dumps and the gap to the serial run."""
     from demos.strategy.execute import make_mesh
     from demos.strategy.simulation import simulated_world
@@ -222,7 +222,7 @@ def run_simulated(cfg: MLPConfig, out_dir: Optional[str], log: Callable[[str], N
     return result
 
 
-def run_distributed(cfg: MLPConfig, out_dir: Optional[str]) -> int:
+def run_distributed(cfg: MLPConfig, out_dir: str | None) -> int:
     import torch.distributed as dist
 
     from demos.strategy.execute import make_mesh

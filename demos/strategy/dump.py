@@ -7,7 +7,7 @@
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from demos.strategy.execute import OpRecord
 from demos.strategy.layout import Layout, format_strategy, group_ranks, mesh_coords
@@ -87,7 +87,7 @@ def _counts(c: dict[str, int]) -> str:
 
 
 def execute_dump(plan: Plan, records: Sequence[OpRecord], rank: int,
-                 backward: Optional[dict[str, int]] = None) -> str:
+                 backward: dict[str, int] | None = None) -> str:
     """What rank `rank` ran in a step: local shapes per operator and the collectives counted."""
     mesh = plan.mesh
     coord = mesh_coords(mesh)[rank]

@@ -10,6 +10,7 @@ Works the same in real processes (one rank each, gloo/nccl) and in one process s
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
 import torch
 from torch import nn
 

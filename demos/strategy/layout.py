@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from common.errors import UserError
 
@@ -60,7 +60,7 @@ class Layout:
             out.append(Shard(owner[0]) if owner else Partial() if m in self.partial else Replicate())
         return out
 
-    def reduced(self) -> "Layout":
+    def reduced(self) -> Layout:
         """The layout after the partial sums are all-reduced (replicated on those mesh dims)."""
         return Layout(self.shape, self.mesh, self.dims)
 
@@ -114,7 +114,7 @@ def _subsets_with_product(mesh: Sequence[int], free: Sequence[int], target: int)
     return out
 
 
-def assign_mesh_dims(mesh: Sequence[int], splits: dict[str, int]) -> Optional[dict[str, tuple[int, ...]]]:
+def assign_mesh_dims(mesh: Sequence[int], splits: dict[str, int]) -> dict[str, tuple[int, ...]] | None:
     """Mesh dims for every labelled split (labels in the order of the operator's device matrix), using each mesh
     dim at most once; the first assignment in that order, so a device matrix equal to the mesh maps one to one.
     None when the splits cannot be laid out on the mesh."""
@@ -132,7 +132,7 @@ def assign_mesh_dims(mesh: Sequence[int], splits: dict[str, int]) -> Optional[di
     return search(0, tuple(range(len(mesh))))
 
 
-def format_strategy(strategy: Optional[Strategy]) -> str:
+def format_strategy(strategy: Strategy | None) -> str:
     if strategy is None:
         return "None"
     return "(" + ", ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")" for s in strategy) + \

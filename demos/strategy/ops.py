@@ -7,7 +7,7 @@ module runs serially on tensors and, under `demos.strategy.execute`, on DTensors
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -22,9 +22,9 @@ class Primitive(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.strategy: Optional[Strategy] = None
+        self.strategy: Strategy | None = None
 
-    def shard(self, strategy) -> "Primitive":
+    def shard(self, strategy) -> Primitive:
         """The seed's `Primitive.shard(in_strategy)`: a tuple per input of splits per dimension."""
         self.strategy = normalize_strategy(strategy, type(self).__name__)
         return self

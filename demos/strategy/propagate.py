@@ -25,8 +25,8 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from demos.strategy.graph import OpGraph, OpNode
 from demos.strategy.layout import Layout, Strategy, StrategyError, assign_mesh_dims, format_strategy, mesh_coords

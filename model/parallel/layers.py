@@ -10,8 +10,6 @@ sliced, so shard r of any TP size equals rows/columns r of the serial weight (se
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -20,7 +18,7 @@ from model.parallel.mappings import copy_to_tp, gather_from_tp, reduce_from_tp
 from model.parallel.topology import ParallelContext
 
 
-def _normal(shape, std: float, gen: Optional[torch.Generator]) -> torch.Tensor:
+def _normal(shape, std: float, gen: torch.Generator | None) -> torch.Tensor:
     return torch.empty(shape).normal_(0.0, std, generator=gen)
 
 
@@ -39,7 +37,7 @@ class ColumnParallelLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, ctx: ParallelContext, bias: bool = True,
                  gather_output: bool = False, input_is_copied: bool = False, std: float = 0.02,
-                 gen: Optional[torch.Generator] = None, padded_out: Optional[int] = None):
+                 gen: torch.Generator | None = None, padded_out: int | None = None):
         super().__init__()
         self.ctx, self.gather_output, self.input_is_copied = ctx, gather_output, input_is_copied
         total = padded_out or out_features
@@ -64,7 +62,7 @@ class RowParallelLinear(nn.Module):
     """in_features split over TP ranks; the input is already this rank's shard (output of a column-parallel op)."""
 
     def __init__(self, in_features: int, out_features: int, ctx: ParallelContext, bias: bool = True,
-                 std: float = 0.02, gen: Optional[torch.Generator] = None):
+                 std: float = 0.02, gen: torch.Generator | None = None):
         super().__init__()
         self.ctx = ctx
         assert in_features % ctx.tp_size == 0, f"in_features {in_features} not divisible by tp {ctx.tp_size}"
@@ -92,7 +90,7 @@ class VocabParallelEmbedding(nn.Module):
     split=True: rows [r·V/tp, (r+1)·V/tp) on rank r; ids outside the shard contribute zeros; one all-reduce."""
 
     def __init__(self, num_embeddings: int, dim: int, ctx: ParallelContext, split: bool,
-                 padded_num: Optional[int] = None, std: float = 0.02, gen: Optional[torch.Generator] = None):
+                 padded_num: int | None = None, std: float = 0.02, gen: torch.Generator | None = None):
         super().__init__()
         self.ctx, self.split = ctx, split and ctx.tp_size > 1
         self.init_generator = gen                 # the block's generator, for the tables drawn after this one

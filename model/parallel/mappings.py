@@ -22,7 +22,6 @@ recorded under the same names, and also in `CommLog.async_calls`.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -30,7 +29,7 @@ import torch.distributed as dist
 
 class CommLog:
     """Records (op, numel) of every TP collective while active; a test opens one with `with CommLog() as log`."""
-    _active: Optional["CommLog"] = None
+    _active: CommLog | None = None
 
     def __init__(self):
         self.calls: list[tuple[str, int]] = []

@@ -6,16 +6,16 @@ Tests compare TP gradients with the serial model through `take_shard`; checkpoin
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
 
-def partition_dim(param) -> Optional[int]:
+def partition_dim(param) -> int | None:
     return getattr(param, "partition_dim", None) if getattr(param, "tensor_model_parallel", False) else None
 
 
-def take_shard(full: torch.Tensor, dim: Optional[int], tp_rank: int, tp_size: int, shard_len: int) -> torch.Tensor:
+def take_shard(full: torch.Tensor, dim: int | None, tp_rank: int, tp_size: int, shard_len: int) -> torch.Tensor:
     """Rank `tp_rank`'s piece of `full` along `dim`, `shard_len` long, zero-padded past the end of `full`."""
     if dim is None or tp_size == 1 and full.shape[dim] == shard_len:
         return full
@@ -29,7 +29,7 @@ def take_shard(full: torch.Tensor, dim: Optional[int], tp_rank: int, tp_size: in
     return piece
 
 
-def merge_shards(shards: Sequence[torch.Tensor], dim: Optional[int], full_len: Optional[int] = None) -> torch.Tensor:
+def merge_shards(shards: Sequence[torch.Tensor], dim: int | None, full_len: int | None = None) -> torch.Tensor:
     """Concatenate TP shards along `dim` and drop padding beyond `full_len` (replicated: the first shard)."""
     if dim is None:
         return shards[0]

@@ -8,7 +8,7 @@ from the `ParallelContext` built here.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
 
@@ -48,14 +48,14 @@ class ParallelContext:
     dp_group: Any = None
     pp_size: int = 1
     pp_rank: int = 0
-    grid: Optional[Any] = None
+    grid: Any | None = None
 
     @classmethod
-    def serial(cls) -> "ParallelContext":
+    def serial(cls) -> ParallelContext:
         return cls()
 
     @classmethod
-    def from_grid(cls, grid) -> "ParallelContext":
+    def from_grid(cls, grid) -> ParallelContext:
         tp = grid.get_slice_parallel_world_size()
         return cls(tp_size=tp, tp_rank=grid.get_slice_parallel_rank(),
                    tp_group=grid.get_slice_parallel_group() if tp > 1 else None,
@@ -64,7 +64,7 @@ class ParallelContext:
                    pp_size=grid.get_pipe_parallel_world_size(), pp_rank=grid.get_stage_id(), grid=grid)
 
 
-def init_deepspeed_comm(backend: str = "gloo", timeout_s: Optional[float] = None) -> None:
+def init_deepspeed_comm(backend: str = "gloo", timeout_s: float | None = None) -> None:
     """deepspeed.init_distributed without DeepSpeed's CPU shared-memory all-reduce.
 
     On CPU, DeepSpeed's comm backend maps a 66 MB /dev/shm buffer per rank, named after the master port, and never

@@ -11,7 +11,7 @@ SCRIPT = Path(__file__).resolve().parent / "virtual_cluster.sh"
 NEEDS = ("pdsh", "mpirun", "ompi_info", "orted")
 
 
-def unavailable() -> Optional[str]:
+def unavailable() -> str | None:
     """Why this machine cannot host the cluster (root, network namespaces, sshd, pdsh, OpenMPI), or None."""
     import shutil
     proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=60)
@@ -45,7 +45,7 @@ class VirtualCluster:
         self.root = Path(root)
         self.env = {}
 
-    def up(self, nodes: int, slots: int = 2) -> "VirtualCluster":
+    def up(self, nodes: int, slots: int = 2) -> VirtualCluster:
         proc = subprocess.run(["bash", str(SCRIPT), "up", str(nodes), str(self.root)], capture_output=True,
                               text=True, timeout=120, env=dict(os.environ, SLOTS=str(slots)))
         if proc.returncode != 0:

@@ -20,7 +20,7 @@ stays `latest`.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -32,16 +32,16 @@ class BackgroundSaves:
     def __init__(self, device):
         self.device = device
         self.staging = Staging()
-        self._phase: Optional[str] = None            # None | "writing" | "committing"
-        self._thread: Optional[threading.Thread] = None
-        self._error: Optional[BaseException] = None
-        self._commit: Optional[Callable[[], None]] = None
+        self._phase: str | None = None            # None | "writing" | "committing"
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._commit: Callable[[], None] | None = None
 
     @property
     def in_flight(self) -> bool:
         return self._phase is not None
 
-    def start(self, write: Callable[[], None], commit: Optional[Callable[[], None]]) -> None:
+    def start(self, write: Callable[[], None], commit: Callable[[], None] | None) -> None:
         """Write this rank's files on the thread; `commit`: rank 0's, None elsewhere."""
         assert self._phase is None, "a save is already in flight: drain() first"
         self._phase, self._commit = "writing", commit

@@ -10,15 +10,20 @@ through training.checkpoint.manager's public functions (resolve, read_meta, load
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 import torch
 
-from model.config import ModelConfig
 from common.errors import UserError
+from model.config import ModelConfig
 from training.checkpoint.folder import resolve
-from training.checkpoint.format import (check_compatible, load_full_state, read_meta, recorded_tokenizer,
-                                        refuse_non_finite)
+from training.checkpoint.format import (
+    check_compatible,
+    load_full_state,
+    read_meta,
+    recorded_tokenizer,
+    refuse_non_finite,
+)
 
 KEYS = ("model", "model_config", "step")
 

@@ -19,7 +19,7 @@ import contextlib
 import errno
 import os
 import shutil
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from common.errors import UserError, no_room_error
 from common.ranks import global_rank
@@ -30,7 +30,7 @@ NO_ROOM_TEXT = {"No space left on device": errno.ENOSPC, "os error 28": errno.EN
                 "File too large": errno.EFBIG, "os error 27": errno.EFBIG, "FileTooLarge": errno.EFBIG}
 
 
-def out_of_room(exc: BaseException) -> Optional[int]:
+def out_of_room(exc: BaseException) -> int | None:
     """ENOSPC / EDQUOT / EFBIG when `exc` (or what caused it) is a write that ran out of room, else None."""
     found = no_room_error(exc)
     if found is not None:

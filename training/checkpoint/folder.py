@@ -17,7 +17,6 @@ import json
 import os
 import re
 import shutil
-from typing import Optional
 
 from common.errors import UserError
 from training.checkpoint.disk_full import checkpoint_file_guard
@@ -32,7 +31,7 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
-def latest_checkpoint(ckpt_root: str, strict: bool = True) -> Optional[str]:
+def latest_checkpoint(ckpt_root: str, strict: bool = True) -> str | None:
     """The checkpoint `latest` names, or None when there is none. A `latest` naming a missing folder is a UserError
     (strict) or None (for messages that only mention it)."""
     pointer = os.path.join(ckpt_root, "latest")
@@ -89,7 +88,7 @@ def prune(root: str, keep: int) -> None:
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
 
-def step_of(path: str) -> Optional[int]:
+def step_of(path: str) -> int | None:
     match = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(path)))
     if match:
         return int(match.group(1))

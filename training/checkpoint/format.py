@@ -34,7 +34,6 @@ import dataclasses
 import json
 import math
 import os
-from typing import Optional
 
 import torch
 
@@ -44,7 +43,6 @@ from model.config import ModelConfig
 from model.parallel.sharding import saved_pieces, shard_rows
 from training.checkpoint.optimizer_state import KEYS
 from training.checkpoint.shard_io import read_all, read_header, read_slice, write_tensors
-
 
 FORMAT_VERSION = 2
 
@@ -74,7 +72,7 @@ def rng_file(rank: int) -> str:
 TOKENIZER = "tokenizer.json"          # the run's tokenizer, copied into every checkpoint
 
 
-def recorded_tokenizer(path: str, meta: dict) -> Optional[str]:
+def recorded_tokenizer(path: str, meta: dict) -> str | None:
     """The tokenizer checkpoint `path` recorded (its own copy), or None for a checkpoint saved before checkpoints
     held one. UserError when the copy is not the file the run trained with (its sha256 differs)."""
     name = meta.get("tokenizer")
@@ -199,7 +197,7 @@ def _kind_matches(value, kind: str) -> bool:
     return isinstance(value, int) if kind == "int" else math.isfinite(value)
 
 
-def _check_kind(name: str, value, kind: Optional[str], meta_path: str) -> None:
+def _check_kind(name: str, value, kind: str | None, meta_path: str) -> None:
     """One recorded setting as the code reads it (`vocab_size: 500.0` or `dropout: "0.1"` traced back when the
     model was built)."""
     if kind is None:
@@ -321,7 +319,7 @@ class ShardIndex:
             return e["full_size"] or e["shape"][dim] * self.saved_tp
         return e["shape"][dim]
 
-    def _read(self, pp: int, tp: int, tname: str, dim: Optional[int], lo: int, hi: Optional[int]) -> torch.Tensor:
+    def _read(self, pp: int, tp: int, tname: str, dim: int | None, lo: int, hi: int | None) -> torch.Tensor:
         fname = shard_file(pp, tp)
         empty = dim is not None and hi is not None and hi <= lo           # no bytes of this file are read
         if self.verify and not empty and fname not in self._verified:
@@ -329,7 +327,7 @@ class ShardIndex:
             self._verified.add(fname)
         return read_slice(self.file(pp, tp), tname, dim, lo, hi)
 
-    def read_rows(self, name: str, key: str, dim: Optional[int], lo: int = 0, hi: Optional[int] = None):
+    def read_rows(self, name: str, key: str, dim: int | None, lo: int = 0, hi: int | None = None):
         """Rows [lo, hi) along `dim` of the full (serial, unpadded) tensor — dim None: all of it — reading only the
         saved shards that hold them."""
         value = self._rows(name, key, dim, lo, hi)
@@ -337,7 +335,7 @@ class ShardIndex:
             refuse_non_finite(name, value, f"checkpoint {self.path}")
         return value
 
-    def _rows(self, name: str, key: str, dim: Optional[int], lo: int = 0, hi: Optional[int] = None):
+    def _rows(self, name: str, key: str, dim: int | None, lo: int = 0, hi: int | None = None):
         e, tname = self._entry(name), tensor_name(key, name)
         saved_dim = e["partition_dim"]
         if dim is None and saved_dim is not None:
@@ -351,7 +349,7 @@ class ShardIndex:
                  for t, a, b in saved_pieces(lo, hi, e["shape"][dim], self.saved_tp)]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
-    def read_local(self, name: str, key: str, dim: Optional[int], tp_rank: int, shape: tuple) -> torch.Tensor:
+    def read_local(self, name: str, key: str, dim: int | None, tp_rank: int, shape: tuple) -> torch.Tensor:
         """TP rank `tp_rank`'s slice, of `shape`, by take_shard's rule (zero rows past the end: TP padding)."""
         if dim is None:
             value = self.read_rows(name, key, None)
@@ -379,7 +377,7 @@ def read_shard(path: str, pp_rank: int, tp_rank: int) -> dict:
             for name, e in json.loads(info["params"]).items()}
 
 
-def load_full_state(path: str, meta: dict, names: Optional[set] = None, verify: bool = True) -> dict:
+def load_full_state(path: str, meta: dict, names: set | None = None, verify: bool = True) -> dict:
     """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
     index = ShardIndex(path, meta, verify=verify)
     keys = ("param",) if meta.get("weights_only") else KEYS

@@ -17,7 +17,6 @@ import json
 import os
 import secrets
 import shutil
-from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -29,28 +28,41 @@ from model.parallel.random import RNG
 from model.parallel.sharding import partition_dim
 from training.checkpoint import optimizer_state
 from training.checkpoint.background import BackgroundSaves
-from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, prune, step_dirname,
-                                        write_atomic)
-from training.checkpoint.format import (FORMAT_VERSION, SHARD_FORMAT, TOKENIZER, ShardIndex, canonical_name,
-                                        check_compatible, check_identity, collect_digests, read_meta, rng_file,
-                                        rng_state, rng_tensors, shard_file, tensor_name, verify_file, write_digest)
+from training.checkpoint.disk_full import checkpoint_file_guard
+from training.checkpoint.folder import checkpoints_dir, latest_checkpoint, prune, step_dirname, write_atomic
+from training.checkpoint.format import (
+    FORMAT_VERSION,
+    SHARD_FORMAT,
+    TOKENIZER,
+    ShardIndex,
+    canonical_name,
+    check_compatible,
+    check_identity,
+    collect_digests,
+    read_meta,
+    rng_file,
+    rng_state,
+    rng_tensors,
+    shard_file,
+    tensor_name,
+    verify_file,
+    write_digest,
+)
+from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.optimizer_state import KEYS, local_shape
 from training.checkpoint.shard_io import ShardWriter, read_all, read_header, write_tensors
-from training.config.sections import CheckpointSection, DataSection
-from training.core.data import check_data_order, data_order, legacy_data_order
-from training.checkpoint.disk_full import checkpoint_file_guard
-from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.shared_folder import check_checkpoint
 from training.checkpoint.spread_verify import verify_spread
 from training.checkpoint.tied_copies import refuse_drifted_tied_copies
-
+from training.config.sections import CheckpointSection, DataSection
+from training.core.data import check_data_order, data_order, legacy_data_order
 
 # called with the step once a save's files are written, before they are committed (moved into place, `latest`):
 # where the failure tests' crash injection hooks in (training.run.injection), from above this package
 BEFORE_COMMIT: list = []
 
 
-def _tokenizer_sha256(path: Optional[str]) -> Optional[str]:
+def _tokenizer_sha256(path: str | None) -> str | None:
     return file_sha256(path) if path and os.path.isfile(path) else None
 
 
@@ -73,9 +85,9 @@ def _ids(engine) -> tuple[str, str]:
 
 # ----------------------------------------------------------------------------------------------- save
 def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
-         tokenizer_path: Optional[str], keep: int, name: Optional[str] = None,
-         validation: Optional[dict] = None, weights_only: bool = False, trajectory: Optional[dict] = None,
-         background: Optional[BackgroundSaves] = None) -> str:
+         tokenizer_path: str | None, keep: int, name: str | None = None,
+         validation: dict | None = None, weights_only: bool = False, trajectory: dict | None = None,
+         background: BackgroundSaves | None = None) -> str:
     """Save step `step` as checkpoints/step_N (moving `latest`, pruning to `keep`), or as checkpoints/<name>
     (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json. `weights_only`: the
     fp32 weights alone — no AdamW moments, no RNG states — for decoding (the validation BLEU model), a third of the
@@ -149,8 +161,8 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
 
 
 def _meta(engine, state, ids: dict, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
-          tokenizer_path: Optional[str], validation: Optional[dict], weights_only: bool,
-          trajectory: Optional[dict]) -> dict:
+          tokenizer_path: str | None, validation: dict | None, weights_only: bool,
+          trajectory: dict | None) -> dict:
     """meta.json as the save's step left it; "sha256" is filled in at the commit (its place in the file kept)."""
     sched = engine.ds.lr_scheduler
     meta = {
@@ -180,8 +192,8 @@ def _meta(engine, state, ids: dict, model_cfg: ModelConfig, parallel: ParallelCo
     return meta
 
 
-def _commit(meta: dict, tmp: str, final: str, root: str, name: Optional[str], step: int, keep: int,
-            tokenizer_path: Optional[str]) -> None:
+def _commit(meta: dict, tmp: str, final: str, root: str, name: str | None, step: int, keep: int,
+            tokenizer_path: str | None) -> None:
     """Rank 0, once every rank's files are in `tmp`: meta.json, the rename, `latest`, pruning."""
     if meta.get("tokenizer"):
         shutil.copyfile(tokenizer_path, os.path.join(tmp, TOKENIZER))
@@ -200,7 +212,7 @@ def _write_rng(path: str, tensors: dict, metadata: dict) -> None:
         write_digest(path, write_tensors(path, tensors, metadata))
 
 
-def _save_shard(path: Optional[str], state, params: list, metadata: dict, keys=KEYS) -> Optional[str]:
+def _save_shard(path: str | None, state, params: list, metadata: dict, keys=KEYS) -> str | None:
     """Gather every parameter's master weight and moments one tensor at a time; the writer (path not None) streams
     each into the shard and drops it, the other DP ranks only take part in the gathers. Returns the file's sha256
     (the writer's), else None."""
@@ -221,7 +233,7 @@ def _shard_writer(path: str, params: list, metadata: dict, keys=KEYS) -> ShardWr
                                      "params": json.dumps(info)})
 
 
-def _gather_shard(writer: Optional[ShardWriter], state, params: list, keys=KEYS) -> None:
+def _gather_shard(writer: ShardWriter | None, state, params: list, keys=KEYS) -> None:
     def gathered():
         for n, p in params:                         # the same order on every DP rank
             for k in keys:
@@ -245,7 +257,7 @@ def _write_all(writer: ShardWriter, values) -> None:
         raise
 
 
-def _snapshot_shard(state, params: list, keys, staging, keep: bool) -> Optional[list]:
+def _snapshot_shard(state, params: list, keys, staging, keep: bool) -> list | None:
     """The gathers of `_gather_shard`, on the main thread in the same order; the writer (`keep`) copies each value
     into a host buffer (training.checkpoint.snapshot), the others only take part."""
     values = [] if keep else None
@@ -260,7 +272,7 @@ def _snapshot_shard(state, params: list, keys, staging, keep: bool) -> Optional[
 
 
 def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection, seed: int,
-         tokenizer_path: Optional[str] = None, verify: bool = True, spread: bool = False) -> int:
+         tokenizer_path: str | None = None, verify: bool = True, spread: bool = False) -> int:
     """Load checkpoint `path` into the engine, whatever layout saved it; returns its step. `seed`: the run's seed
     (dropout streams restart from it when the layout differs from the saving one). `verify` with `spread` (every
     rank loads: train.py): each file is hashed once by one rank (training.checkpoint.spread_verify, a collective)
@@ -323,8 +335,8 @@ class CheckpointManager:
     rotation (`best`, the validation BLEU model), and the load at start."""
 
     def __init__(self, engine, section: CheckpointSection, data: DataSection, seed: int, model_cfg: ModelConfig,
-                 parallel: ParallelConfig, tokenizer_path: Optional[str], validating: bool = False,
-                 trajectory: Optional[dict] = None):
+                 parallel: ParallelConfig, tokenizer_path: str | None, validating: bool = False,
+                 trajectory: dict | None = None):
         self.engine, self.section, self.data, self.seed = engine, section, data, seed
         self.trajectory = trajectory
         self.model_cfg, self.parallel, self.tokenizer_path = model_cfg, parallel, tokenizer_path
@@ -361,8 +373,8 @@ class CheckpointManager:
         if every and (step % every == 0 or last):
             self.save(step, in_background=not last)
 
-    def save(self, step: int, name: Optional[str] = None, validation: Optional[dict] = None,
-             keep: Optional[int] = None, weights_only: bool = False, in_background: bool = False) -> str:
+    def save(self, step: int, name: str | None = None, validation: dict | None = None,
+             keep: int | None = None, weights_only: bool = False, in_background: bool = False) -> str:
         """step_N in the rotation (name None), or a named checkpoint outside it (e.g. "best"). `in_background`
         (with --save_mode background, a step_N save): return once the snapshot is taken; otherwise return once the
         checkpoint is committed. Either waits for a save in flight first."""
@@ -379,7 +391,7 @@ class CheckpointManager:
         if self.background is not None:
             self.background.drain()
 
-    def latest(self) -> Optional[str]:
+    def latest(self) -> str | None:
         """The newest committed checkpoint (after a save in flight is committed: every rank, the same point)."""
         self.drain()
         return latest_checkpoint(self.root, strict=False) if os.path.isdir(self.root) else None

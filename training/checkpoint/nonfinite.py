@@ -4,15 +4,13 @@ past the last finite checkpoint. What a run does after a non-finite step: traini
 real non-finite weights through training.run.injection (DSR_INF_WEIGHT_AT)."""
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
 from common.errors import UserError
 
 
-def refuse_non_finite_weights(engine, step: int, latest: Optional[str]) -> None:
+def refuse_non_finite_weights(engine, step: int, latest: str | None) -> None:
     """UserError on every rank when any rank holds a non-finite weight. Collective over the whole job: every rank
     calls it at the same point of save(); the flag is on the engine's device."""
     names, found = [], []

@@ -31,8 +31,6 @@ over the ZeRO partitions itself. What that API does not cover uses DeepSpeed int
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from common.errors import UserError
@@ -111,13 +109,13 @@ class OptimizerState:
             if "exp_avg" in state:
                 state["step"] = adam_step_tensor(step, p, group_of.get(id(p), {}))
 
-    def scaler_state(self) -> Optional[dict]:
+    def scaler_state(self) -> dict | None:
         scaler = getattr(self.opt, "loss_scaler", None)
         if scaler is None or not getattr(scaler, "dynamic", False):
             return None
         return {f: getattr(scaler, f) for f in SCALER_FIELDS}
 
-    def load_scaler_state(self, saved: Optional[dict]) -> None:
+    def load_scaler_state(self, saved: dict | None) -> None:
         scaler = getattr(self.opt, "loss_scaler", None)
         if saved and scaler is not None and getattr(scaler, "dynamic", False):
             for f in SCALER_FIELDS:

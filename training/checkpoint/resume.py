@@ -11,14 +11,18 @@ exist. It runs on global rank 0 under the output folder's lock (training.run.out
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from common.errors import UserError
-from training.checkpoint.folder import (checkpoints_dir, latest_checkpoint, resolve, saved_checkpoints, step_checkpoints,
-                                        step_of)
+from training.checkpoint.folder import (
+    checkpoints_dir,
+    latest_checkpoint,
+    resolve,
+    saved_checkpoints,
+    step_checkpoints,
+    step_of,
+)
 from training.checkpoint.format import read_meta, verify_checkpoint
 from training.config.sections import CheckpointSection
-
 
 AUTO = "auto"
 
@@ -26,7 +30,7 @@ AUTO = "auto"
 LATEST = "latest"                                 # --resume without a value
 
 
-def newest_intact(root: str, verify: bool = True) -> tuple[Optional[str], list[str]]:
+def newest_intact(root: str, verify: bool = True) -> tuple[str | None, list[str]]:
     """(the newest step_* checkpoint of `root` that verifies, or None; "step_N: why" for each newer one skipped).
     verify=False checks completeness only (meta.json and the files it lists), not the checksums."""
     skipped = []
@@ -40,7 +44,7 @@ def newest_intact(root: str, verify: bool = True) -> tuple[Optional[str], list[s
 
 
 def resume_source(section: CheckpointSection, verify: bool = False, report=None,
-                  intact: Optional[tuple] = None) -> Optional[str]:
+                  intact: tuple | None = None) -> str | None:
     """The checkpoint folder this run starts from, or None for a fresh start (UserError when there is none where
     the flags say there must be one). `verify`: with --resume auto, check the candidates' checksums too; `intact`:
     newest_intact's answer already found (train.py's ranks together: training.checkpoint.spread_verify);
@@ -77,7 +81,7 @@ def resume_source(section: CheckpointSection, verify: bool = False, report=None,
     return resolve(ckpt_file) if ckpt_file else None
 
 
-def check_start_point(section: CheckpointSection, source: Optional[str]) -> None:
+def check_start_point(section: CheckpointSection, source: str | None) -> None:
     """Refuse a start that would mix two histories in OUTPUT_DIR's checkpoints (see the module docstring)."""
     saved = saved_checkpoints(section.output_dir)
     if not section.train or not saved:

@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import struct
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -37,7 +37,7 @@ class ShardWriter:
     `close`, fsynced). `metadata` goes into the header's __metadata__ (string values). After `close`, `sha256` is
     the hex digest of the whole file."""
 
-    def __init__(self, path: str, specs: Sequence[tuple], metadata: Optional[dict] = None):
+    def __init__(self, path: str, specs: Sequence[tuple], metadata: dict | None = None):
         self.path, self.tmp = path, path + ".part"
         header, offset, self._expected = {}, 0, []
         for name, shape, dtype in specs:
@@ -52,7 +52,7 @@ class ShardWriter:
         raw += b" " * (-len(raw) % 8)
         self._file = open(self.tmp, "wb")
         self._digest = hashlib.sha256()
-        self.sha256: Optional[str] = None
+        self.sha256: str | None = None
         self._put(struct.pack("<Q", len(raw)))
         self._put(raw)
         self._next = 0
@@ -85,7 +85,7 @@ class ShardWriter:
             os.remove(self.tmp)
 
 
-def write_tensors(path: str, tensors: dict, metadata: Optional[dict] = None) -> str:
+def write_tensors(path: str, tensors: dict, metadata: dict | None = None) -> str:
     """A whole dict {name: tensor} at once (small files: RNG states, tests); returns the file's sha256."""
     writer = ShardWriter(path, [(n, tuple(t.shape), t.dtype) for n, t in tensors.items()], metadata)
     try:
@@ -127,8 +127,8 @@ def read_header(path: str) -> tuple[dict, dict]:
     return header, metadata
 
 
-def read_slice(path: str, name: str, dim: Optional[int] = None, start: int = 0,
-               stop: Optional[int] = None) -> torch.Tensor:
+def read_slice(path: str, name: str, dim: int | None = None, start: int = 0,
+               stop: int | None = None) -> torch.Tensor:
     """Tensor `name` of `path`, or only [start, stop) along `dim`, as a fresh tensor (the file's mapping is
     released before returning)."""
     from safetensors import SafetensorError, safe_open

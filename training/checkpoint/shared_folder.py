@@ -13,14 +13,13 @@ import hashlib
 import os
 import socket
 import uuid
-from typing import Optional
 
 from common.errors import UserError
 
 PROBE = ".shared-folder-check"
 
 
-def _read(path: str) -> Optional[bytes]:
+def _read(path: str) -> bytes | None:
     try:
         with open(path, "rb") as f:
             return f.read()
@@ -28,7 +27,7 @@ def _read(path: str) -> Optional[bytes]:
         return None
 
 
-def _digest(path: str) -> Optional[str]:
+def _digest(path: str) -> str | None:
     data = _read(path)
     return hashlib.sha256(data).hexdigest() if data is not None else None
 

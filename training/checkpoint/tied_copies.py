@@ -10,8 +10,6 @@ first and last stages calls it at the same point of save(); middle stages hold n
 """
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.distributed as dist
 
@@ -38,7 +36,7 @@ def tied_difference(engine) -> float:
     return worst
 
 
-def refuse_drifted_tied_copies(engine, step: int, latest: Optional[str]) -> None:
+def refuse_drifted_tied_copies(engine, step: int, latest: str | None) -> None:
     """UserError on every rank when the copies differ on any: a collective over the whole job in a pipeline."""
     if not engine.pipelined:
         return

@@ -62,7 +62,7 @@ def _kind_ok(value, kind: str) -> bool:
     return isinstance(value, dict)
 
 
-def _expected(annotation) -> tuple[typing.Optional[str], bool, object]:
+def _expected(annotation) -> tuple[str | None, bool, object]:
     """(kind, null allowed, nested model or enum) for a pydantic field annotation; kind None = not checked here."""
     nullable = False
     origin = typing.get_origin(annotation)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import Optional
 
 from common.cli_args import Number, OutOfRange, Parser, integer, number
 from common.errors import UserError
@@ -295,7 +294,7 @@ def load_recipe(path: str) -> dict:
     return flat
 
 
-def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentParser] = None) -> argparse.Namespace:
+def parse_args(argv: list | None = None, parser: argparse.ArgumentParser | None = None) -> argparse.Namespace:
     """Flags over recipe over defaults. `parser`: build_parser() with extra arguments (plan.py adds its own)."""
     parser = parser or build_parser()
     first, _ = parser.parse_known_args(argv)
@@ -313,7 +312,7 @@ def parse_args(argv: Optional[list] = None, parser: Optional[argparse.ArgumentPa
     return args
 
 
-def given_flags(parser: argparse.ArgumentParser, argv: Optional[list]) -> set[str]:
+def given_flags(parser: argparse.ArgumentParser, argv: list | None) -> set[str]:
     """The dests of the flags on the command line itself, not their defaults (`parser`: a fresh build_parser())."""
     for action in parser._actions:
         action.default = argparse.SUPPRESS
@@ -321,7 +320,7 @@ def given_flags(parser: argparse.ArgumentParser, argv: Optional[list]) -> set[st
     return set(vars(found))
 
 
-def parse_config(argv: Optional[list] = None) -> TrainConfig:
+def parse_config(argv: list | None = None) -> TrainConfig:
     """train.py's command line → the typed, checked configuration the trainer runs. It remembers which flags the
     user set (command line, then recipe): a run that starts from a checkpoint takes the checkpoint's value for every
     other setting it carries (training.run.start_point, once the start point is decided)."""

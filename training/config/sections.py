@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
 
 from common.errors import UserError
 from model.config import ModelConfig, ParallelConfig
@@ -33,12 +32,12 @@ class ModelSection:
     decoder_layer: int = 1
     src_len: int = 10
     tgt_len: int = 10
-    vocab_size: Optional[int] = None          # None: the tokenizer's
+    vocab_size: int | None = None          # None: the tokenizer's
     dropout: float = 0.1
-    attention_dropout: Optional[float] = None  # None: = dropout
+    attention_dropout: float | None = None  # None: = dropout
     label_smoothing: float = 0.0
     share_embeddings: bool = False
-    tokenizer: Optional[str] = None
+    tokenizer: str | None = None
     tokenizer_vocab_size: int = 8000
 
     def __post_init__(self):
@@ -62,20 +61,20 @@ class ModelSection:
 @dataclass(frozen=True)
 class ParallelSection:
     distribute: str = "auto"                  # true | false | auto
-    world_size: Optional[int] = None          # the processes the layout is written for (launchers start that many)
+    world_size: int | None = None          # the processes the layout is written for (launchers start that many)
     mp: int = 1
     pipeline_stage: int = 1
     micro_batch_num: int = 1
-    data_parallel: Optional[int] = None       # an optional check of the derived dp size
+    data_parallel: int | None = None       # an optional check of the derived dp size
     optimizer_shard: bool = False             # the seed's --enable_parallel_optimizer
-    zero_stage: Optional[int] = None
+    zero_stage: int | None = None
     gradient_aggregation_group: int = 4
     recompute: bool = False
     vocab_emb_dp: bool = True
     interleave_num: int = 1
-    pipeline_func: Optional[str] = None
+    pipeline_func: str | None = None
     precision: str = "fp32"
-    deepspeed_config: Optional[str] = None    # a DeepSpeed JSON file merged over the generated config
+    deepspeed_config: str | None = None    # a DeepSpeed JSON file merged over the generated config
     deepspeed_overrides: dict = field(default_factory=dict)   # a recipe's "deepspeed" section
 
     def __post_init__(self):
@@ -84,7 +83,7 @@ class ParallelSection:
         if self.world_size is not None and self.world_size < 1:
             raise UserError(f"--world_size {self.world_size} must be >= 1 (the processes the layout is written for)")
 
-    def world_size_note(self, world: int) -> Optional[str]:
+    def world_size_note(self, world: int) -> str | None:
         """The line train.py prints when its launcher started another number of processes than the layout is
         written for (it runs anyway: dp = world // mp // pipeline_stage follows the real world)."""
         if self.world_size is None or self.world_size == world:
@@ -114,11 +113,11 @@ class OptimizationSection:
     min_lr_ratio: float = 0.0
     lr_power: float = 1.0
     clip_grad: float = 0.0
-    decay_steps: Optional[int] = None         # the schedule's horizon; None: the run's steps
+    decay_steps: int | None = None         # the schedule's horizon; None: the run's steps
     adam_beta1: float = 0.9
     adam_beta2: float = 0.98
     adam_eps: float = 1e-8
-    steps: Optional[int] = None               # None: epochs worth
+    steps: int | None = None               # None: epochs worth
     epochs: int = 1
     seed: int = 1234                          # weights and dropout (the data order's seed is DataSection.seed)
     train: bool = True                        # False: only evaluate the loss
@@ -133,8 +132,8 @@ class OptimizationSection:
 
 @dataclass(frozen=True)
 class DataSection:
-    file_path: Optional[str] = None
-    cache_dir: Optional[str] = None           # the token stores (default: <TSV dir>/.tokcache)
+    file_path: str | None = None
+    cache_dir: str | None = None           # the token stores (default: <TSV dir>/.tokcache)
     batch_size: int = 32                      # global, in pairs
     max_tokens: int = 0                       # > 0: token batches
     batch_multiple: int = 16
@@ -161,8 +160,8 @@ class CheckpointSection:
     output_dir: str = "out/train"
     save_checkpoint_steps: int = 0
     keep_checkpoint_max: int = 4
-    resume: Optional[str] = None              # None | "latest" | "auto" | PATH
-    ckpt_file: Optional[str] = None
+    resume: str | None = None              # None | "latest" | "auto" | PATH
+    ckpt_file: str | None = None
     verify: bool = True                       # check a loaded checkpoint's files against their saved sha256
     save_mode: str = "background"             # "sync": every save stalls the step loop until committed
     train: bool = True                        # an evaluation-only run never writes checkpoints
@@ -174,7 +173,7 @@ class CheckpointSection:
 
 @dataclass(frozen=True)
 class ValidationSection:
-    valid_file: Optional[str] = None
+    valid_file: str | None = None
     valid_interval: int = 0                   # 0: once per epoch
     valid_bleu: bool = False
     early_stop_patience: int = 0
@@ -213,7 +212,7 @@ class TrainConfig:
     validation: ValidationSection = field(default_factory=ValidationSection)
     faults: FaultsSection = field(default_factory=FaultsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
-    recipe: Optional[str] = None
+    recipe: str | None = None
     # the flags the user set (command line or recipe): {dest: where, e.g. "--lr" or "recipe R's lr"} — a run
     # that starts from a checkpoint takes the checkpoint's value for every other one (training.run.start_point)
     explicit: dict = field(default_factory=dict, compare=False)
@@ -232,7 +231,7 @@ class TrainConfig:
                             f"--share_embeddings 0")
 
     @classmethod
-    def from_flags(cls, args: argparse.Namespace) -> "TrainConfig":
+    def from_flags(cls, args: argparse.Namespace) -> TrainConfig:
         """Every train.py flag lands in exactly one section (two in SHARED); a flag no section knows is a bug."""
         values = {name: {} for name in SECTIONS}
         owners = {f.name: name for name, kind in SECTIONS.items() for f in dataclasses.fields(kind)}
@@ -259,7 +258,7 @@ class TrainConfig:
                 flags.setdefault(dest_of.get((name, f.name), f.name), getattr(getattr(self, name), f.name))
         return argparse.Namespace(**flags)
 
-    def with_flags(self, **changes) -> "TrainConfig":
+    def with_flags(self, **changes) -> TrainConfig:
         """The same configuration with some flags changed, every section checked again."""
         flags = self.to_flags()
         for dest, value in changes.items():

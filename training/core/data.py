@@ -16,33 +16,33 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 import torch
 
-from model.packing import Packing
-from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from common.errors import UserError
 from common.ranks import local_rank_from_env
+from model.packing import Packing
 from preprocess.build_lock import one_builder
+from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from preprocess.token_batches import TokenBatchSchedule
 from training.core.data_wait import DataWait
 from training.core.tsv_identity import shared_tsv_sha256
 
 
-def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: Optional[str], tsv_sha256: str) -> str:
+def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: str | None, tsv_sha256: str) -> str:
     """Where the BPE tokenizer built for a TSV (when --tokenizer is not given) is cached."""
     digest = tsv_sha256[:16]
     root = cache_dir if cache_dir is not None else default_cache_root(os.path.abspath(tsv_path))
     return os.path.join(root, f"bpe{vocab_size}-{digest}", "tokenizer.json")
 
 
-def prepare_data(file_path: Optional[str], tokenizer: Optional[str], src_len: int, tgt_len: int,
+def prepare_data(file_path: str | None, tokenizer: str | None, src_len: int, tgt_len: int,
                  tokenizer_vocab_size: int = 8000, progress: bool = True,
-                 flag: str = "--file_path", cache_dir: Optional[str] = None) -> TranslationDataset:
+                 flag: str = "--file_path", cache_dir: str | None = None) -> TranslationDataset:
     if not file_path:
         raise UserError(f"{flag} is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
                         "`python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt "
@@ -107,11 +107,11 @@ class StepBatches:
     micro: list
     global_tokens: int
     device: torch.device
-    shape: Optional[tuple] = None
+    shape: tuple | None = None
     src_tokens: int = 0
     padding: float = 0.0
     pairs: int = 0
-    _packings: Optional[list] = field(default=None, init=False, repr=False)
+    _packings: list | None = field(default=None, init=False, repr=False)
 
     def packings(self) -> list[tuple[Packing, Packing]]:
         """Each micro-batch's (source, target) packing, found on the host and copied to the device with the batch

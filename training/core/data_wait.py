@@ -12,7 +12,7 @@ import contextlib
 import itertools
 import socket
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from common.errors import ABORTED, UserError
 from training.core.job_store import closed, master_address
@@ -24,7 +24,7 @@ OTHERS_DELAY = 10.0            # a waiter's own line comes late: the failed rank
 _round = itertools.count()     # every rank prepares the same data sets in the same order: one key space each
 
 
-def _canary() -> Optional[socket.socket]:
+def _canary() -> socket.socket | None:
     """An idle connection to the job's store: job_store.closed tells when its server is gone."""
     addr = master_address()
     if addr is None:
@@ -45,7 +45,7 @@ class DataWait:
         self.leader = rank - local_rank                        # the node's local rank 0 (ranks are node-contiguous)
 
     @classmethod
-    def for_job(cls, local_rank: int) -> Optional["DataWait"]:
+    def for_job(cls, local_rank: int) -> DataWait | None:
         """None for a single process (nothing to wait for)."""
         import torch.distributed as dist
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
@@ -67,7 +67,7 @@ class DataWait:
         process within a second)."""
         return self.canary is not None and closed(self.canary)
 
-    def _get(self, key: str) -> Optional[str]:
+    def _get(self, key: str) -> str | None:
         return self._ask(lambda: self.store.get(key).decode() if self.store.check([key]) else None)
 
     def _check_failed(self) -> None:

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Optional
 
 import torch
 
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
-from training.core import job_store
 from model.parallel.topology import init_deepspeed_comm
+from training.core import job_store
 
 
 def free_port() -> int:
@@ -40,7 +39,7 @@ def adopt_mpi_env(environ=os.environ) -> bool:
     return True
 
 
-def init_distributed(distribute: str, comm_timeout: Optional[float] = None, before_rendezvous=None,
+def init_distributed(distribute: str, comm_timeout: float | None = None, before_rendezvous=None,
                      after_rendezvous=None) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size. `comm_timeout`:
     seconds any collective waits for its peers before failing (model.parallel.topology.init_deepspeed_comm).

@@ -8,18 +8,18 @@ DP group and its gradient-norm treats TP-sharded parameters correctly.
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
+from common.errors import UserError
 from model.config import ModelConfig, ParallelConfig
 from model.costs import GRAD_BYTES
-from model.pipeline import build_pipeline_module
-from model.placement import load_pipeline_func
 from model.parallel.random import RNG
 from model.parallel.topology import ParallelContext, build_grid
+from model.pipeline import build_pipeline_module
+from model.placement import load_pipeline_func
 from model.transformer import Seq2SeqTransformer
-from common.errors import UserError
 from training.core.distributed import device
 from training.core.grad_norm import ClippingAdamW
 from training.core.objective import GlobalTokenMean
@@ -121,8 +121,8 @@ def zero_overlap(parallel: ParallelConfig, device_type: str) -> dict:
 
 
 def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
-                     num_grad_elements: int, overrides: Optional[dict] = None,
-                     user_file: Optional[str] = None, device_type: str = "cpu") -> dict:
+                     num_grad_elements: int, overrides: dict | None = None,
+                     user_file: str | None = None, device_type: str = "cpu") -> dict:
     """The DeepSpeed config for a layout; `device_type`: the accelerator's ("cuda", "cpu"), which picks the ZeRO
     overlap defaults (ZERO_OVERLAP)."""
     micro = global_batch // (parallel.data_parallel * parallel.micro_batch_num)
@@ -189,8 +189,8 @@ class Engine:
                  pipelined: bool, ds_config: dict, objective: GlobalTokenMean, precision: str):
         self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
         self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
-        self.run_id: Optional[str] = None     # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
-        self.boundary_shape: Optional[tuple] = None   # the micro-batch shape the pipeline engine last exchanged
+        self.run_id: str | None = None     # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
+        self.boundary_shape: tuple | None = None   # the micro-batch shape the pipeline engine last exchanged
 
     def expect_shape(self, shape: tuple) -> None:
         """Tell the pipeline engine the shape (rows, source length, target length) of the micro-batches that come
@@ -267,15 +267,15 @@ class Engine:
             total += sum(t.nbytes for t in getattr(opt, attr, None) or [] if torch.is_tensor(t))
         return int(total)
 
-    def loss_scale(self) -> Optional[float]:
+    def loss_scale(self) -> float | None:
         """fp16's current dynamic loss scale (the ZeRO optimizers DeepSpeed builds for fp16 keep it); else None."""
         return float(self.ds.optimizer.loss_scale) if self.precision == "fp16" else None
 
 
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
                  seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
-                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8, precision: str = "fp32", pipeline_func: Optional[str] = None,
-                 ds_overrides: Optional[dict] = None, ds_config_file: Optional[str] = None) -> Engine:
+                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8, precision: str = "fp32", pipeline_func: str | None = None,
+                 ds_overrides: dict | None = None, ds_config_file: str | None = None) -> Engine:
     """The DeepSpeed engine for a layout the caller has validated (model.config.validate_layout, once, in
     training.trainer.Trainer.setup). With token batches (shapes that change between steps, `Engine.expect_shape`)
     `global_batch` is the number the batch sizes are a multiple of, which DeepSpeed's config counts as its batch."""

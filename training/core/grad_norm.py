@@ -16,7 +16,7 @@ DeepSpeed wraps (ZeRO 1–3, BF16_Optimizer) count them by the TP rank and compu
 from __future__ import annotations
 
 import math
-from typing import Iterable
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist

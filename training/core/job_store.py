@@ -17,7 +17,6 @@ import select
 import socket
 import time
 import uuid
-from typing import Optional
 
 from common.errors import UserError
 from common.ranks import launch_id_from_env
@@ -29,12 +28,12 @@ LAUNCH_KEY = f"dsr/launch{_ATTEMPT}"
 SEAT_KEY = f"dsr/seat{_ATTEMPT}/"   # + rank: taken by that rank (a random value) before its rendezvous
 LAUNCH_WAIT = 10.0            # seconds a store may take to show its launch id after it answers (rank 0 writes it at once)
 
-_job: Optional[str] = None    # this process's job id, once joined
-_pending: Optional[str] = None   # the job id of the store this rank took its seat in, until the rendezvous is done
+_job: str | None = None    # this process's job id, once joined
+_pending: str | None = None   # the job id of the store this rank took its seat in, until the rendezvous is done
 _server = None                # rank 0: the store object that keeps the server alive while torch's rendezvous reuses it
 
 
-def joined_job() -> Optional[str]:
+def joined_job() -> str | None:
     """This process's job id: rank 0's from the moment its store exists, another rank's once its group exists."""
     return _job
 
@@ -49,7 +48,7 @@ def busy_port_error(addr: str, port: int) -> UserError:
                      f"and run_cluster.sh take a free one when MASTER_PORT is unset)")
 
 
-def master_address() -> Optional[tuple[str, int]]:
+def master_address() -> tuple[str, int] | None:
     """(MASTER_ADDR, MASTER_PORT) of this process's job, or None when the launcher gave none."""
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT", "")
     return (addr, int(port)) if addr and port.isdigit() else None
@@ -99,7 +98,7 @@ def _serve(addr: str, port: int, timeout: float):
         raise
 
 
-def launch_of(store, patience: float = LAUNCH_WAIT) -> Optional[str]:
+def launch_of(store, patience: float = LAUNCH_WAIT) -> str | None:
     """The launch id a job's store holds; None if it names no job within `patience` s (a failed rank 0's news,
     training.run.job_watch, or not a store of this repository)."""
     deadline = time.monotonic() + patience

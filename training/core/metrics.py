@@ -13,12 +13,10 @@ import os
 import sys
 import threading
 import time
-from typing import Optional
 
 from tqdm import tqdm
 
 from common.errors import UserError, no_room_error
-
 
 
 def _fmt(value) -> str:
@@ -41,7 +39,7 @@ class MetricsWriter:
         self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
         self.total_steps = total_steps
         self._jsonl = self._tb = self._bar = None
-        self._clock: Optional[tuple[float, int]] = None    # (when this run's first step began, the step before it)
+        self._clock: tuple[float, int] | None = None    # (when this run's first step began, the step before it)
         if not enabled:
             return
         os.makedirs(output_dir, exist_ok=True)
@@ -138,7 +136,7 @@ class MetricsWriter:
         if self.enabled:
             print(text, flush=True)
 
-    def close(self, summary: Optional[dict] = None) -> None:
+    def close(self, summary: dict | None = None) -> None:
         if not self.enabled:
             return
         if self._bar is not None:
@@ -188,7 +186,7 @@ class TensorBoard:
     def close(self) -> None:
         self._guarded(None, lambda: self._writer.close())
 
-    def _guarded(self, step: Optional[int], call) -> None:
+    def _guarded(self, step: int | None, call) -> None:
         if self._writer is None:
             return
         try:
@@ -219,7 +217,7 @@ def _quiet_tensorboard_threads() -> None:
 
 
 # ------------------------------------------------------------------------------------------------ metrics log
-def keep_earlier_records(path: str) -> Optional[str]:
+def keep_earlier_records(path: str) -> str | None:
     """A fresh start (step 0) into a folder whose metrics.jsonl holds records (a run that saved no checkpoint):
     move them beside as metrics.<n>.jsonl instead of deleting them; returns the new name, or None."""
     if not os.path.isfile(path) or os.path.getsize(path) == 0:

@@ -15,7 +15,7 @@ step stored in the checkpoint. Changing --steps on resume changes where cosine/p
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 from common.errors import UserError
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import resource
 import sys
-from typing import Optional
 
 import torch
 
@@ -37,7 +36,7 @@ class SpeedMeter:
     def figures(self, src_tokens: int, tgt_tokens: int, pairs: int, lengths: tuple[int, int], seconds: float) -> dict:
         flops = model_flops(self.model_cfg, src_tokens, tgt_tokens, pairs, *lengths)
         rate = flops / max(seconds, 1e-9)
-        out: dict[str, Optional[float]] = {"tflops": rate / 1e12}
+        out: dict[str, float | None] = {"tflops": rate / 1e12}
         if self.peak is not None:
             out["mfu"] = rate / (self.world * self.peak)
         out["peak_mem_mib"] = round(self.peak_memory_mib(), 1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Optional
 
 import torch.distributed as dist
 
@@ -15,11 +14,11 @@ from preprocess.dataset import default_cache_root
 from preprocess.tsv_digest import tsv_sha256
 
 
-def _cache_root(file_path: str, cache_dir: Optional[str]) -> Path:
+def _cache_root(file_path: str, cache_dir: str | None) -> Path:
     return Path(cache_dir) if cache_dir is not None else default_cache_root(Path(os.path.abspath(file_path)))
 
 
-def shared_tsv_sha256(file_path: str, cache_dir: Optional[str]) -> str:
+def shared_tsv_sha256(file_path: str, cache_dir: str | None) -> str:
     """Collective when a process group of several ranks exists: every rank calls it at the same point."""
     root = _cache_root(file_path, cache_dir)
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

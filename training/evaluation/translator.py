@@ -20,18 +20,24 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
+from common.errors import UserError
+from common.hashing import file_sha256
 from model.config import ModelConfig
 from model.inference import beam_decode, greedy_decode
 from model.transformer import Seq2SeqTransformer
-from common.errors import UserError
-from common.hashing import file_sha256
-from preprocess.tokenizer import (TOKENIZER_FILE, decode_hypotheses, encode_sources, load_tokenizer,
-                                  special_ids, tokenizer_from_json)
+from preprocess.tokenizer import (
+    TOKENIZER_FILE,
+    decode_hypotheses,
+    encode_sources,
+    load_tokenizer,
+    special_ids,
+    tokenizer_from_json,
+)
 from training.checkpoint import consolidated
 
 
@@ -54,8 +60,8 @@ class Translator:
         self.averaged = state.get("averaged")
 
     @classmethod
-    def load(cls, ckpt: str, tokenizer_path: Optional[str] = None, ignore_tokenizer_hash: bool = False,
-             device: Optional[str] = None, verify: bool = True) -> "Translator":
+    def load(cls, ckpt: str, tokenizer_path: str | None = None, ignore_tokenizer_hash: bool = False,
+             device: str | None = None, verify: bool = True) -> Translator:
         """`ckpt`: a step_* folder, a run's output_dir or checkpoints/ folder (→ latest), or a consolidated .pt.
         `tokenizer_path`: None for the one the checkpoint recorded. Refuses (UserError) a tokenizer that is not the
         checkpoint's, and a checkpoint that recorded none when no path is given."""
@@ -147,6 +153,7 @@ class Translator:
         replaced if it holds a model (config.json)."""
         import shutil
         import tempfile
+
         from model.hf_export import to_blenderbot
         from preprocess.tokenizer import save_for_transformers
         if beam < 1:

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Optional
-
 import shutil
 
 import torch
@@ -110,5 +108,5 @@ class BestTracker:
     def should_stop(self) -> bool:
         return self.patience > 0 and self.since_best >= self.patience
 
-    def summary(self) -> Optional[dict]:
+    def summary(self) -> dict | None:
         return self.best

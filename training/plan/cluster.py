@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 from common.errors import UserError
 
@@ -91,13 +91,13 @@ def read_hostfile(path: str) -> list[Host]:
     return parse_hostfile_text(text, source=f"hostfile {path}")
 
 
-def format_hostfile(hosts: Sequence[Host], header: Optional[str] = None) -> str:
+def format_hostfile(hosts: Sequence[Host], header: str | None = None) -> str:
     lines = [f"# {line}" for line in header.splitlines()] if header else []
     lines += [f"{h.name} slots={h.slots}" for h in hosts]
     return "\n".join(lines) + "\n"
 
 
-def rank_nodes(world_size: int, hosts: Optional[Sequence[Host]] = None,
+def rank_nodes(world_size: int, hosts: Sequence[Host] | None = None,
                ranks_per_node: int = 8) -> list[tuple[int, str, int]]:
     """(node index, host name, local rank) of every global rank, numbered as DeepSpeed's launcher does.
 

@@ -20,7 +20,6 @@ import argparse
 import os
 import re
 import sys
-from typing import Optional
 
 from common.errors import UserError, run_cli
 from training.checkpoint.folder import saved_checkpoints, step_of
@@ -37,7 +36,7 @@ def world_size(argv: list[str]) -> str:
     return "" if value is None else str(value)
 
 
-def held_checkpoints(run_dir: str) -> Optional[str]:
+def held_checkpoints(run_dir: str) -> str | None:
     """'checkpoints up to step_N' (or their names) when RUN_DIR's output holds complete checkpoints, else None."""
     saved = saved_checkpoints(os.path.join(run_dir, OUTPUT))
     if not saved:
@@ -56,7 +55,7 @@ def earlier_run_folders(prefix: str) -> list[str]:
     return [os.path.join(base, n) for n in sorted(found, reverse=True)]
 
 
-def check_run_folder(run_dir: str, resume: Optional[str], earlier: Optional[str]) -> None:
+def check_run_folder(run_dir: str, resume: str | None, earlier: str | None) -> None:
     """UserError when a launch into RUN_DIR would mix two runs, or when --resume would miss the run it means."""
     held = held_checkpoints(run_dir)
     if held and resume is None:
@@ -73,7 +72,7 @@ def check_run_folder(run_dir: str, resume: Optional[str], earlier: Optional[str]
                             f"here with --resume {os.path.join(old, OUTPUT)}, or move {old} away to start afresh")
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["world_size"]:
         print(world_size(argv[1:]))

@@ -12,7 +12,7 @@ every stage fits. How close the count comes to a measured run: docs/memory.md.
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from common.errors import UserError
 from model.config import ParallelConfig
@@ -25,7 +25,7 @@ DEVICE_MEMORY_GIB = {"h100": 80, "h200": 141, "a100": 80, "a100-40gb": 40, "v100
 USABLE = 0.8          # 1 / 1.22, the largest measured / counted peak (docs/memory.md)
 
 
-def device_bytes(device: Optional[str], device_memory: Optional[float]) -> tuple[str, float]:
+def device_bytes(device: str | None, device_memory: float | None) -> tuple[str, float]:
     """(a name for the report, the device's memory in bytes) from --device / --device_memory (GiB)."""
     if device_memory is not None:
         return (f"{device} " if device else "") + f"{device_memory:g} GiB (--device_memory)", device_memory * GIB
@@ -52,7 +52,7 @@ def candidates(cfg: TrainConfig, world: int, parallel: ParallelConfig,
     """(kind of change, the flags to change, the changed config, the world it runs on), the least disruptive first;
     within a kind, the smallest change first. A ZeRO stage is offered only above the one DeepSpeed already runs
     (bf16 and fp16 run at least stage 1)."""
-    from training.core.engine import optimizer_zero_stage     # (imports DeepSpeed: only when a stage does not fit)
+    from training.core.engine import optimizer_zero_stage  # (imports DeepSpeed: only when a stage does not fit)
     p, dp = cfg.parallel, parallel.data_parallel
     zero = optimizer_zero_stage(parallel, p.precision)
     out: list[tuple[str, str, TrainConfig, int]] = []

@@ -15,21 +15,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
-from model.config import ModelConfig, ParallelConfig
-from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
 from common.cli_args import integer, number
 from common.errors import UserError
+from model.config import ModelConfig, ParallelConfig
+from model.costs import (
+    activation_bytes,
+    boundary_bytes,
+    boundary_tensors,
+    deepspeed_buffer_bytes,
+    dp_bytes,
+    in_flight,
+    rank_peak,
+    state_bytes,
+    tensor_bytes,
+    tp_allreduces,
+)
+from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
 from training.config.flags import build_parser, given_flags, parse_args
-from training.config.sections import TrainConfig
-from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
-from model.costs import (activation_bytes, boundary_bytes, boundary_tensors, deepspeed_buffer_bytes, dp_bytes,
-                         in_flight, rank_peak, state_bytes, tensor_bytes, tp_allreduces)
 from training.config.preflight import check_run
+from training.config.sections import TrainConfig
 from training.plan import memory as mem
+from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
 from training.plan.report import compact_layers, format_plan
-
 
 # ---------------------------------------------------------------------------------------------------------- layout
 
@@ -74,8 +83,8 @@ def count_params(modules: Sequence[tuple[str, object]]) -> dict[str, int]:
 
 # ------------------------------------------------------------------------------------------------------------ plan
 
-def resolve_world(world_size: Optional[int], hostfile: Optional[str],
-                  world_size_given: bool = True) -> tuple[int, Optional[list[Host]]]:
+def resolve_world(world_size: int | None, hostfile: str | None,
+                  world_size_given: bool = True) -> tuple[int, list[Host] | None]:
     """(processes, hosts): a hostfile's slots, else --world_size (or the recipe's world_size). A hostfile wins over
     the recipe's value, as a flag wins over a recipe key; a --world_size given beside it must agree."""
     hosts = read_hostfile(hostfile) if hostfile else None
@@ -191,8 +200,8 @@ def as_json(plan: dict) -> str:
     return json.dumps(plan, indent=1, default=rows)
 
 
-def make_plan(cfg: TrainConfig, world_size: int, hosts: Optional[list[Host]] = None, ranks_per_node: int = 8,
-              device: Optional[str] = None, device_memory: Optional[float] = None,
+def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None, ranks_per_node: int = 8,
+              device: str | None = None, device_memory: float | None = None,
               device_type: str = "cuda") -> dict:
     """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory` (GiB): what the memory
     verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU clusters) or "cpu" (the
@@ -358,7 +367,7 @@ def build_plan_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: list | None = None) -> int:
     args = parse_args(argv, parser=build_plan_parser())
     cfg = TrainConfig.from_flags(args)
     world, hosts = resolve_world(args.world_size, args.hostfile,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import json
-from typing import Sequence
+from collections.abc import Sequence
 
 from common.units import human_bytes as human
 

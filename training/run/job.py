@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from common.ranks import local_rank_from_env, local_size_from_env
 from training.core.distributed import init_distributed
@@ -14,7 +14,7 @@ from training.run.job_watch import JobWatch, mark_store_served
 from training.run.stop_request import SIGNALS
 
 
-def join_job(distribute: str, comm_timeout: Optional[float] = None) -> int:
+def join_job(distribute: str, comm_timeout: float | None = None) -> int:
     """The world size, once this process is in the job's process group (or a one-process one)."""
     # before the rendezvous: rank 0 may refuse before it serves the store; after it: rank 0's store exists, and
     # its end tells every rank
@@ -43,7 +43,7 @@ def stop_signals_end_the_rank() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def share_cores(environ=os.environ, cores: Optional[int] = None) -> Optional[int]:
+def share_cores(environ=os.environ, cores: int | None = None) -> int | None:
     """With several ranks on a node and OMP_NUM_THREADS unset, each rank takes the node's cores ÷ its ranks (at
     least 1) and local rank 0 says so once, as torchrun does; DeepSpeed's launcher leaves it unset, and every rank
     then runs a thread per core: 2 ranks on 2 cores took 3.0× longer per step. Returns the threads set, or None

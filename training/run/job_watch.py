@@ -37,7 +37,6 @@ import socket
 import sys
 import threading
 import time
-from typing import Optional
 
 from common import errors
 from common.ranks import launch_id_from_env
@@ -113,7 +112,7 @@ def mark_store_served() -> None:
             pass
 
 
-def publish_abort(message: str, rank: int, world: int, job: Optional[str], patience: float = 10.0) -> bool:
+def publish_abort(message: str, rank: int, world: int, job: str | None, patience: float = 10.0) -> bool:
     """Tell every rank of the job that it must stop, and why (`message` names the failed rank). True when told.
     `job`: the failed rank's job id if it joined its job (for rank 0: if its process served the store, whose end the
     others have then seen), else None. Only the job's own store is written into: a rank that never joined writes
@@ -170,7 +169,7 @@ def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
     return True
 
 
-def publish_stopped(rank: int, text: str, job: Optional[str]) -> None:
+def publish_stopped(rank: int, text: str, job: str | None) -> None:
     """Record that `rank` is paused (SIGSTOP) in its job's store (nowhere if it never joined): read by the rank
     whose collective times out."""
     addr = job_store.master_address()
@@ -195,7 +194,7 @@ def paused_ranks(store, world: int) -> list[str]:
     return out
 
 
-def paused_ranks_now(world: int, job: Optional[str]) -> list[str]:
+def paused_ranks_now(world: int, job: str | None) -> list[str]:
     """`paused_ranks` from a fresh connection to job `job`'s store (for a supervisor, whose rank is gone)."""
     addr = job_store.master_address()
     store = _job_connection(addr, job, 2.0) if addr and job else None
@@ -205,7 +204,7 @@ def paused_ranks_now(world: int, job: Optional[str]) -> list[str]:
 class JobWatch:
     """The watcher thread of one rank (see the module docstring)."""
 
-    current: Optional["JobWatch"] = None
+    current: JobWatch | None = None
 
     def __init__(self, rank: int, world: int, addr: tuple[str, int]):
         self.rank, self.world, self.addr = rank, world, addr
@@ -215,7 +214,7 @@ class JobWatch:
         self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)
 
     @classmethod
-    def start(cls, rank: int, world: int) -> Optional["JobWatch"]:
+    def start(cls, rank: int, world: int) -> JobWatch | None:
         addr = job_store.master_address()
         if world <= 1 or addr is None or os.environ.get("DSR_JOB_WATCH") == "0":
             return None

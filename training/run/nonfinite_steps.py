@@ -21,7 +21,6 @@ training.run.injection.
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 
 class NonFiniteSteps:
@@ -31,7 +30,7 @@ class NonFiniteSteps:
         self.skipped_before = engine.ds.skipped_steps
         self.in_a_row = 0
 
-    def after_step(self, step: int, loss: float, record: dict) -> Optional[str]:
+    def after_step(self, step: int, loss: float, record: dict) -> str | None:
         """Add `skipped_steps` to the step's record; the message to stop with, or None."""
         skipped_now = self.engine.ds.skipped_steps
         dropped = skipped_now > self.skipped_before           # this step's update was not applied

@@ -18,14 +18,12 @@ import datetime
 import fcntl
 import os
 import socket
-from typing import Optional
 
 from common.errors import UserError
 from common.ranks import global_rank_from_env
 from preprocess.textio import nearest_existing
 from training.checkpoint.folder import remove_partial_saves
 from training.config.sections import CheckpointSection
-
 
 LOCK_NAME = ".train.lock"
 
@@ -100,7 +98,7 @@ class OutputDirLock:
             self._fd = None
 
 
-def claim_output_dir(section: CheckpointSection) -> Optional[OutputDirLock]:
+def claim_output_dir(section: CheckpointSection) -> OutputDirLock | None:
     """On global rank 0: the folder and the lock — before any other work. Other ranks: None (rank 0 decides for the
     job; if it refuses, the launcher stops the others)."""
     if global_rank_from_env() != 0:

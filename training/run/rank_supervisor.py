@@ -44,7 +44,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
@@ -126,8 +126,8 @@ class StderrRelay:
 
     def __init__(self, fd: int):
         self.fd = fd
-        self.last_error: Optional[str] = None
-        self.watchdog: Optional[str] = None
+        self.last_error: str | None = None
+        self.watchdog: str | None = None
         self._partial = b""
         self._thread = threading.Thread(target=self._run, name="stderr-relay", daemon=True)
         self._thread.start()
@@ -188,7 +188,7 @@ class JoinedJob:
         self.fd, self.job = fd, None
         os.set_blocking(fd, False)
 
-    def __call__(self) -> Optional[str]:
+    def __call__(self) -> str | None:
         if self.job is None:
             try:
                 self.job = os.read(self.fd, 256).decode() or None
@@ -211,7 +211,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
         if signal.getsignal(s) != signal.SIG_IGN:       # nohup: the child ignores SIGHUP too (inherited); so do we
             signal.signal(s, forward)
     signal.signal(signal.SIGINT, lambda *_: told.append(signal.SIGINT))    # the terminal sent it to the child too
-    stopped_since: Optional[float] = None
+    stopped_since: float | None = None
     stop_signal = signal.SIGSTOP
     where = f"rank {rank} (pid {child} on {socket.gethostname()})"
     while True:
@@ -259,7 +259,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
 
 
 # ------------------------------------------------------------------------------------------------ survivors
-def _collective_failure(exc: BaseException) -> Optional[str]:
+def _collective_failure(exc: BaseException) -> str | None:
     """'lost' or 'timeout' for an error raised by a torch.distributed collective, else None."""
     import torch.distributed as dist
     if not (isinstance(exc, RuntimeError) and dist.is_available() and dist.is_initialized()

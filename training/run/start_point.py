@@ -20,15 +20,15 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 import torch.distributed as dist
 
 from common.errors import UserError
 from common.hashing import file_sha256
-from training.checkpoint.format import SHAPE_FIELDS, read_meta, recorded_tokenizer
 from training.checkpoint.folder import checkpoints_dir
+from training.checkpoint.format import SHAPE_FIELDS, read_meta, recorded_tokenizer
 from training.checkpoint.resume import AUTO, check_start_point, resume_source
 from training.checkpoint.spread_verify import newest_intact_spread
 from training.config.sections import CheckpointSection, TrainConfig
@@ -46,17 +46,17 @@ TRAJECTORY_FLAGS = ("lr", "lr_schedule", "warmup_steps", "decay_steps", "min_lr_
 
 @dataclass(frozen=True)
 class StartPoint:
-    path: Optional[str] = None        # the checkpoint folder; None: a fresh start
+    path: str | None = None        # the checkpoint folder; None: a fresh start
     how: str = "fresh"                # the flag that chose it
     verified: bool = False            # every file already checked against its sha256 by the job (--resume auto)
-    meta: Optional[dict] = None       # its meta.json
+    meta: dict | None = None       # its meta.json
 
     @property
     def fresh(self) -> bool:
         return self.path is None
 
 
-def _how(section: CheckpointSection, path: Optional[str]) -> str:
+def _how(section: CheckpointSection, path: str | None) -> str:
     if path is None:
         return "fresh"
     if section.resume not in (None, AUTO, "latest"):
@@ -68,7 +68,7 @@ def _how(section: CheckpointSection, path: Optional[str]) -> str:
 
 
 def decide(section: CheckpointSection, report: Callable[[str], None] = print,
-           intact: Optional[tuple] = None) -> StartPoint:
+           intact: tuple | None = None) -> StartPoint:
     """Rank 0's decision (under the output folder's lock); UserError when the flags name no usable start.
     `intact`: --resume auto's candidates already verified (newest_intact_spread)."""
     verify = section.resume == AUTO and section.verify

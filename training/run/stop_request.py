@@ -29,7 +29,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from typing import Optional
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 LAUNCHER_ENDED = 100              # the code a rank notes when its launcher ended (signals use their numbers)
@@ -40,7 +39,7 @@ LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deep
 POLL = 1.0
 
 
-def _proc_stat(pid: int) -> Optional[tuple[int, str]]:
+def _proc_stat(pid: int) -> tuple[int, str] | None:
     """(parent pid, command line) of a live process, None when it is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -55,7 +54,7 @@ def _proc_stat(pid: int) -> Optional[tuple[int, str]]:
     return ppid, f"{cmdline} [{comm}]"
 
 
-def launcher_chain(pid: Optional[int] = None) -> list[tuple[int, int, str]]:
+def launcher_chain(pid: int | None = None) -> list[tuple[int, int, str]]:
     """The launcher processes above `pid` (default: this process): (pid, its parent pid, command line), nearest
     first, up to the first ancestor that is not a launcher. The rank's supervisor is a fork of the rank, so it
     counts as a launcher by its process name."""
@@ -110,12 +109,12 @@ class StopRequest:
     def __init__(self):
         self.code = 0                          # 0: none; a signal number; LAUNCHER_ENDED
         self.launcher = ""                     # which launcher ended
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._chain: list[tuple[int, int, str]] = []
-        self._pending: Optional["_Vote"] = None      # the vote started after the last step, read after the next
+        self._pending: _Vote | None = None      # the vote started after the last step, read after the next
 
-    def install(self) -> "StopRequest":
+    def install(self) -> StopRequest:
         for s in SIGNALS:
             if signal.getsignal(s) != signal.SIG_IGN:                     # nohup's SIGHUP stays ignored
                 signal.signal(s, self._note_signal)
