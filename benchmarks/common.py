@@ -1,7 +1,8 @@
 """What the benchmarks share: the benchmark model, and one training step of ours or of `transformers`' equivalent
 model on the same global batches.
 
-`build_ours(train.py flags)` is train.py's own path (parse_config → data → build_engine → training.core.step.train_step) in
+`build_ours(train.py flags)` is train.py's own path (parse_config → data → build_engine → training.core.step.train_step)
+in
 this process; `build_hf(train.py flags)` builds `transformers`' Blenderbot with the same dimensions — the architecture
 run_scripts/export_hf.py exports ours to (pre-LN, learned positions, GELU; see model/hf_export.py) — trained with a
 plain torch AdamW loop (same betas, eps, weight decay groups) on the very same padded batches, with the mean

@@ -29,7 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)           # first: this folder's common.py would otherwise hide the repository's common/
 
-from common.errors import UserError, run_cli  # noqa: E402
+from common.errors import UserError, run_cli
 
 SIZES = {
     "big": ["--d_model", 1024, "--num_heads", 16, "--ffn_size", 4096, "--encoder_layer", 6, "--decoder_layer", 6,
@@ -124,7 +124,7 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
         optimizer.zero_grad(set_to_none=True)
     for step in range(warmup + steps):
         batches = feeder.step(step)
-        seconds = _timed(lambda: train(batches), cuda)
+        seconds = _timed(lambda batches=batches: train(batches), cuda)
         if step >= warmup:
             times.append(seconds)
             tokens += batches.src_tokens + batches.global_tokens

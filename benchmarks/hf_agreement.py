@@ -19,7 +19,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.errors import run_cli  # noqa: E402
+from common.errors import run_cli
 
 
 def _strip(rows, eos: int, pad: int) -> list[list[int]]:

@@ -14,7 +14,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import BENCH_MODEL, build_hf  # noqa: E402
+from benchmarks.common import BENCH_MODEL, build_hf
 
 
 def main() -> int:

@@ -18,8 +18,8 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.common import BENCH_MODEL, build_hf, build_ours  # noqa: E402
-from common.errors import run_cli  # noqa: E402
+from benchmarks.common import BENCH_MODEL, build_hf, build_ours
+from common.errors import run_cli
 
 
 def main() -> int:

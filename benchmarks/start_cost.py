@@ -204,7 +204,7 @@ def table(results: dict) -> str:
              "all bytes hashed per rank, max | TSV bytes hashed per rank | hashing CPU time, all ranks | "
              "time to first step |", "|---|---|---|---|---|---|---|---|"]
     for name, row in results["layouts"].items():
-        def figure(label, what):
+        def figure(label, what, row=row):
             runs = row["runs"][label]
             ranks = runs[0]["ranks"]
             if what == "time":

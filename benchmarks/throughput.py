@@ -29,7 +29,7 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.common import BENCH_MODEL, cpu_model  # noqa: E402
+from benchmarks.common import BENCH_MODEL, cpu_model
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results.json")
 REPORT = os.path.join(ROOT, "BENCHMARKS.md")
@@ -161,7 +161,8 @@ def write_report(saved: dict) -> None:
         out += [f"## {title}", "",
                 f"{entry['date']}, {m['cpu']} ({m['cores']} cores, {m['simd'] or 'no AVX'}), Python {m['python']}, "
                 f"torch {m['torch']}, DeepSpeed {m['deepspeed']}, transformers {m['transformers']}; "
-                f"{entry['steps']} steps per run, the first {entry['warmup']} left out, {entry['repeats']} repeats.", ""]
+                f"{entry['steps']} steps per run, the first {entry['warmup']} left out, "
+                f"{entry['repeats']} repeats.", ""]
         out += table(entry["results"], list(entry["results"]), base)
         out += ["", f"`{entry['command']}`", ""]
         if entry.get("note"):

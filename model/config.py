@@ -80,7 +80,8 @@ class ParallelConfig:
 
     @classmethod
     def for_world(cls, world_size: int, model_parallel: int = 1, pipeline_stage: int = 1, **kw) -> ParallelConfig:
-        """dp derived as world // mp // pipeline_stage, as the seed's train.py does; validate() says if it doesn't fit."""
+        """dp derived as world // mp // pipeline_stage, as the seed's train.py does; validate() says if it doesn't
+        fit."""
         dp = max(world_size // max(model_parallel, 1) // max(pipeline_stage, 1), 1)
         return cls(data_parallel=dp, model_parallel=model_parallel, pipeline_stage=pipeline_stage, **kw)
 

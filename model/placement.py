@@ -13,7 +13,8 @@ are ever constructed (DeepSpeed LayerSpecs). Embeddings always sit on stage 0, t
 stage. What the function may do with `network`, as the seed's lambdas do:
 
     network.pipeline_stage = k      the block's stage, an int in 0..pipeline_stage-1, not decreasing block to block
-    network.recompute()             activation checkpointing of this block only (exact: model.parallel.random.checkpoint)
+    network.recompute()             activation checkpointing of this block only (exact:
+    model.parallel.random.checkpoint)
     network.set_comm_fusion(k)      the seed's gradient fusion id: recorded and printed per block by plan.py
 
 Fusion ids are reported, not used to group gradient reductions: they only decide how many all-reduce calls
@@ -100,7 +101,8 @@ def load_pipeline_func(spec: str | None) -> Callable:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); give it as 'package.module:function'")
+        raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); "
+                          f"give it as 'package.module:function'") from exc
 
 
 def pipeline_func_name(func: Callable | None) -> str:
@@ -128,7 +130,7 @@ def place_blocks(model: ModelConfig, parallel: ParallelConfig,
                 func(placement, layer_id, offset, parallel, n)
             except Exception as exc:            # the user's code: one line naming it and the block, no traceback
                 detail = " ".join(str(exc).split())
-                raise ConfigError(f"pipeline_func {fname} raised {type(exc).__name__}: {detail} — at {where}")
+                raise ConfigError(f"pipeline_func {fname} raised {type(exc).__name__}: {detail} — at {where}") from exc
             stage = placement.pipeline_stage
             if not isinstance(stage, numbers.Integral) or isinstance(stage, bool):
                 raise ConfigError(f"pipeline_func {fname} set pipeline_stage={stage!r} ({type(stage).__name__}) "

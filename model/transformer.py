@@ -372,11 +372,12 @@ class Seq2SeqTransformer(nn.Module):
     """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard.
     `pipeline_func` (model.pipeline; default: the seed's) still decides which blocks recompute."""
 
-    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig = ParallelConfig(),
+    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig | None = None,
                  ctx: ParallelContext | None = None, seed: int = 1234,
                  pipeline_func: Callable | None = None):
         super().__init__()
         ctx = ctx or ParallelContext.serial()
+        parallel = parallel if parallel is not None else ParallelConfig()
         self.cfg, self.ctx = cfg, ctx
         placements = in_one_process(place_blocks(cfg, parallel, pipeline_func))
         specs = block_specs(cfg, parallel, ctx, seed, placements)

@@ -39,7 +39,7 @@ def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: b
             src_count += 1
             tgt_count += 1
             src_text, tgt_text = src_line.strip(), tgt_line.strip()
-            for name, text, raw in ((src, src_text, src_line), (tgt, tgt_text, tgt_line)):
+            for name, raw in ((src, src_line), (tgt, tgt_line)):
                 if "\t" in raw:
                     fail(f"{name}:{lineno}: sentence contains a tab, which would break the TSV format; "
                          "replace it with a space")

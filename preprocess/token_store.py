@@ -174,8 +174,8 @@ class StoreWriter:
         self.abort()
         raise UserError(f"{NO_ROOM[exc.errno]} writing the token store for {self.source_name} in "
                         f"{self.final.parent} ({human_bytes(self._free() or 0, base=1000)} free there, "
-                        f"{human_bytes(self.written, base=1000)} written); free space or pass --cache_dir DIR on a larger "
-                        f"disk") from None
+                        f"{human_bytes(self.written, base=1000)} written); free space or pass --cache_dir DIR on a "
+                        f"larger disk") from None
 
     def append(self, chunk: TokenChunk, fraction_read: float) -> None:
         """Write one chunk. `fraction_read`: how much of the input has been read so far (0..1): with the bytes
@@ -187,9 +187,9 @@ class StoreWriter:
             expected_more = max(expected_more, projected - self.written)
         if free is not None and expected_more > free:
             self.abort()
-            fail(f"the token store for {self.source_name} needs about {human_bytes(self.written + expected_more, base=1000)} "
-                 f"but {self.final.parent} has {human_bytes(free, base=1000)} free; free space there or pass --cache_dir DIR "
-                 f"on a larger disk")
+            need = human_bytes(self.written + expected_more, base=1000)
+            fail(f"the token store for {self.source_name} needs about {need} but {self.final.parent} has "
+                 f"{human_bytes(free, base=1000)} free; free space there or pass --cache_dir DIR on a larger disk")
         for side, ids, lengths in (("src", chunk.src_ids, chunk.src_lengths), ("tgt", chunk.tgt_ids,
                                                                                chunk.tgt_lengths)):
             self._write(tokens_file(side), ids.astype(self.dtype, copy=False))

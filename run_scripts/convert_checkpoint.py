@@ -17,7 +17,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.errors import run_cli  # noqa: E402
+from common.errors import run_cli
 
 
 def main(argv=None) -> int:

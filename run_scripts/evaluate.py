@@ -27,9 +27,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.cli_args import Parser, integer  # noqa: E402
-from common.errors import UserError, run_cli  # noqa: E402
-from training.evaluation.decode_cli import add_decoding_flags, load_translator, warn_truncated  # noqa: E402
+from common.cli_args import Parser, integer
+from common.errors import UserError, run_cli
+from training.evaluation.decode_cli import add_decoding_flags, load_translator, warn_truncated
 
 
 def parse_args(argv=None) -> argparse.Namespace:

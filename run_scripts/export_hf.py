@@ -30,8 +30,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.errors import UserError, run_cli  # noqa: E402
-from training.evaluation.decode_cli import add_checkpoint_flags, load_translator  # noqa: E402
+from common.errors import UserError, run_cli
+from training.evaluation.decode_cli import add_checkpoint_flags, load_translator
 
 
 def main(argv=None) -> int:

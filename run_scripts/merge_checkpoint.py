@@ -5,7 +5,8 @@ fp32 state dict for the serial model.
     python run_scripts/merge_checkpoint.py out/tp2/checkpoints/step_00000020 --output model.pt
     python run_scripts/merge_checkpoint.py out/tp2 --output model.pt          # the latest checkpoint of a run
 
-The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N, ...})` (training/checkpoint/consolidated.py);
+The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N, ...})`
+(training/checkpoint/consolidated.py);
 the state dict loads with `Seq2SeqTransformer(ModelConfig(**obj["model_config"])).load_state_dict(obj["model"])`,
 and evaluate.py / export_hf.py take the file as --ckpt_file. `--with_optimizer` also stores AdamW's exp_avg /
 exp_avg_sq per parameter.
@@ -18,7 +19,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.errors import run_cli  # noqa: E402
+from common.errors import run_cli
 from training.checkpoint.consolidated import merge, save  # noqa: E402,F401  (merge: importable from here, as before)
 
 

@@ -9,9 +9,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train  # noqa: E402
+import train
 
-from common.errors import UserError  # noqa: E402
+from common.errors import UserError
 
 
 def main():

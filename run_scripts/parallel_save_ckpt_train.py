@@ -10,7 +10,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train  # noqa: E402
+import train
 
 DEFAULTS = ["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "4"]
 

@@ -20,8 +20,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 # "unable to detect" warning on stdout, which would also break --json.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
-from common.errors import run_cli  # noqa: E402
-from training.plan.planner import main  # noqa: E402
+from common.errors import run_cli
+from training.plan.planner import main
 
 if __name__ == "__main__":
     run_cli(lambda: main(sys.argv[1:]))

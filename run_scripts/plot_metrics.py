@@ -6,7 +6,8 @@ learning rate, gradient norm and tokens/s against the step.
     python run_scripts/plot_metrics.py out/run-a out/run-b --output ab.png --smooth 20
 
 Each argument is a run's output_dir (its metrics.jsonl) or a metrics.jsonl file; every run gets one colour in every
-panel, labelled with its folder's name (a launcher's run folder for runs/NAME-TIME/output). --smooth N draws the training loss, gradient norm and tokens/s as running
+panel, labelled with its folder's name (a launcher's run folder for runs/NAME-TIME/output). --smooth N draws the
+training loss, gradient norm and tokens/s as running
 means over N steps (the raw values faint behind them); validation points are drawn as they are. A panel no run has
 data for (BLEU without --valid_bleu) says so. A line a crash cut short is skipped, and said.
 """
@@ -19,7 +20,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from common.errors import UserError, run_cli  # noqa: E402
+from common.errors import UserError, run_cli
 
 # panel title → (metrics.jsonl key, y label, smoothed?)
 PANELS = [("loss", "loss", "loss (train; valid: markers)", True), ("valid BLEU", "valid_bleu", "BLEU", False),

@@ -18,8 +18,8 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from common.errors import UserError, run_cli  # noqa: E402
-from training.plan.cluster import format_hostfile, read_rank_table  # noqa: E402
+from common.errors import UserError, run_cli
+from training.plan.cluster import format_hostfile, read_rank_table
 
 
 def main(argv=None) -> int:

@@ -17,8 +17,8 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 os.environ.setdefault("DS_ACCELERATOR", "cpu")      # DTensor on CPU/gloo here; nothing in it needs a GPU
 
-from common.errors import run_cli  # noqa: E402
-from demos.sharded_mlp.train import main  # noqa: E402
+from common.errors import run_cli
+from demos.sharded_mlp.train import main
 
 if __name__ == "__main__":
     run_cli(lambda: main(sys.argv[1:]))

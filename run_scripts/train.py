@@ -19,9 +19,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from common import launch_payload  # noqa: E402
-from common.errors import run_cli  # noqa: E402
-from training.run.rank_supervisor import reported_collective_failures, supervise_rank  # noqa: E402
+from common import launch_payload
+from common.errors import run_cli
+from training.run.rank_supervisor import reported_collective_failures, supervise_rank
 
 
 def main(argv=None) -> int:

@@ -15,7 +15,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from common.errors import run_cli  # noqa: E402
+from common.errors import run_cli
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -79,7 +79,7 @@ def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300)
             line = answers.readline()
         except TimeoutError:
             os.killpg(pid, signal.SIGKILL)
-            raise subprocess.TimeoutExpired(cmd, timeout)
+            raise subprocess.TimeoutExpired(cmd, timeout) from None
         finally:
             conn.close()
         if not line:

@@ -475,7 +475,7 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
     bare = ["--file_path", multi30k_tsv, "--output_dir", cut, "--resume", *rest]
     resumed = run_train(1, [*bare, "--steps", 3, "--save_checkpoint_steps", 3])
     assert losses(cut) == losses(full)                      # bit for bit: the same model, data order and dropout
-    line = next(l for l in resumed.stdout.splitlines() if l.startswith("starting from checkpoint "))
+    line = next(row for row in resumed.stdout.splitlines() if row.startswith("starting from checkpoint "))
     for setting in ("vocab_size=8000 d_model=32 num_heads=4 ffn_size=64 encoder_layer=2 decoder_layer=2 src_len=12 "
                     "tgt_len=12 share_embeddings=false dropout=0.1 attention_dropout=0.1 label_smoothing=0.0",
                     "/checkpoints/step_00000002/tokenizer.json", "batch_size=16 seed=7"):
@@ -497,7 +497,7 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
     assert info["started_from"]["checkpoint"].endswith("checkpoints/step_00000003"), info["started_from"]
     _expect_error(heads, "--num_heads 2 conflicts with checkpoint", "num_heads=4", "Leave --num_heads out")
     _expect_error(from_recipe, f"recipe {recipe}'s d_model 64 conflicts with checkpoint")
-    assert len([l for l in heads.stderr.splitlines() if l.strip()]) == 1
+    assert len([row for row in heads.stderr.splitlines() if row.strip()]) == 1
 
 
 def _write_format_1(src, dst):

@@ -169,7 +169,8 @@ def test_a_meta_json_field_of_the_wrong_type_is_one_line(run_copy, multi30k_tsv,
               f"{meta_path}: field 'optimizer_step' is \"four\", not an integer")
 
 
-@pytest.mark.parametrize("field,value,kind", [("vocab_size", 500.0, "an integer"), ("dropout", "0.1", "a finite number"),
+@pytest.mark.parametrize("field,value,kind", [("vocab_size", 500.0, "an integer"),
+                                              ("dropout", "0.1", "a finite number"),
                                               ("share_embeddings", 0, "true or false")])
 def test_a_model_field_of_the_wrong_type_is_one_line_and_resume_auto_passes_it(field, value, kind, run_copy,
                                                                               multi30k_tsv, bpe_tokenizer):

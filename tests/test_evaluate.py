@@ -156,7 +156,7 @@ def test_evaluate_end_to_end_bleu_matches_sacrebleu(trained, bpe_tokenizer, val5
                         "--batch_size", 16, "--output", hyp_file, "--no_progress", *flags)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         lines = proc.stdout.splitlines()
-        bleu_line = next(l for l in lines if l.startswith("BLEU = "))
+        bleu_line = next(row for row in lines if row.startswith("BLEU = "))
         summary = json.loads(lines[-1])
         hyps = hyp_file.read_text(encoding="utf-8").split("\n")
         assert hyps[-1] == "" and len(hyps) == 51                # 50 lines, each ending in a newline

@@ -326,7 +326,8 @@ class Job:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     p.kill()
             self.popen.wait()
-            raise AssertionError(f"the job did not end within {timeout:.0f} s:\n{self.err.read_text()[-3000:]}")
+            raise AssertionError(f"the job did not end within {timeout:.0f} s:\n"
+                                 f"{self.err.read_text()[-3000:]}") from None
         return subprocess.CompletedProcess(self.popen.args, self.popen.returncode, self.out.read_text(),
                                            self.err.read_text())
 
@@ -621,7 +622,7 @@ def test_save_on_signal_0_stops_without_a_save_and_ctrl_c_stays_quick(multi30k_t
         out.mkdir()
         job = Job(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, *extra)],
                   out, env())
-        job.wait_for(lambda: _logged_step(out) >= 1, "training")
+        job.wait_for(lambda out=out: _logged_step(out) >= 1, "training")
         job.popen.send_signal(sig)
         proc = job.finish(60)
         assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
@@ -648,7 +649,8 @@ def test_comm_timeout_reaches_every_process_group_nccl_ones_too(tmp_path):
         "import torch.distributed.distributed_c10d as c10d\n"
         "c10d.default_pg_nccl_timeout = datetime.timedelta(minutes=10)   # as in a CUDA build\n"
         "from model.parallel.topology import init_deepspeed_comm\n"
-        "os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1', MASTER_PORT=sys.argv[1])\n"
+        "os.environ.update(RANK='0', WORLD_SIZE='1', LOCAL_RANK='0', MASTER_ADDR='127.0.0.1',\n"
+        "                  MASTER_PORT=sys.argv[1])\n"
         "init_deepspeed_comm('gloo', 42.0)\n"
         "group = dist.new_group([0])\n"
         "print(c10d._get_default_timeout(dist.Backend.NCCL).total_seconds(),\n"
@@ -803,18 +805,16 @@ def test_cli_mistakes_are_one_line(cli, argv, needle, bad_inputs, tmp_path):
     sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
     if cli == "train":
         from training.config.flags import parse_args
-        call = lambda: parse_args(argv + ["--output_dir", str(tmp_path / "out")])     # noqa: E731
+        argv = argv + ["--output_dir", str(tmp_path / "out")]
+        main = parse_args
     elif cli == "plan":
-        from training.plan.planner import main as call_plan
-        call = lambda: call_plan(argv)                                                 # noqa: E731
+        from training.plan.planner import main
     elif cli == "merge":
-        from merge_checkpoint import main as call_merge
-        call = lambda: call_merge(argv)                                                # noqa: E731
+        from merge_checkpoint import main
     else:
-        from evaluate import main as call_eval
-        call = lambda: call_eval(argv)                                                 # noqa: E731
+        from evaluate import main
     with pytest.raises(UserError) as err:
-        call()
+        main(argv)
     assert needle.format(d=bad_inputs) in str(err.value)
 
 

@@ -113,7 +113,8 @@ def test_recipe_key_and_flag_reach_the_parallel_config(tmp_path):
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"parallel": {"model_parallel": 2, "interleave_num": 4}}))
     assert parse_config(["--recipe", str(recipe)]).parallel.parallel_config(2).interleave_num == 4
-    assert parse_config(["--recipe", str(recipe), "--interleave_num", "2"]).parallel.parallel_config(2).interleave_num == 2
+    flagged = parse_config(["--recipe", str(recipe), "--interleave_num", "2"])
+    assert flagged.parallel.parallel_config(2).interleave_num == 2
     assert parse_config([]).parallel.parallel_config(1).interleave_num == 1
 
 
@@ -127,7 +128,10 @@ def test_same_collectives_n_times_at_one_nth_the_size():
     f1, b1, fn, bn = run_ranks(2, _pair_case, n, torch.float32, False, True)[0][2]
     h = tiny().d_model
     src, tgt, _ = batch()
-    real = lambda ids: [int((part != 0).sum()) * h for part in ids.chunk(n)]       # noqa: E731
+
+    def real(ids):
+        return [int((part != 0).sum()) * h for part in ids.chunk(n)]
+
     src_parts, tgt_parts = real(src), real(tgt)
     assert src_parts != [sum(src_parts) // n] * n           # the parts differ: sizes are really per part
     layer_fwd = [src_parts] * (2 * enc) + [tgt_parts] * (3 * dec)

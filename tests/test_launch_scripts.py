@@ -502,7 +502,8 @@ def test_hostfile_parsing():
     for text, needle in [("a\u200b slots=2\n", r"line 1: host 'a\\u200b' holds characters a terminal does not "
                                                   r"show \(U\+200B\)"),
                          ("a;touch${IFS}x slots=2\n", "holds characters other than letters"),
-                         ("x slots=1\na slots=2\n\na slots=2\n", "line 4: host a is listed twice \\(first on line 2\\)")]:
+                         ("x slots=1\na slots=2\n\na slots=2\n",
+                          "line 4: host a is listed twice \\(first on line 2\\)")]:
         with pytest.raises(UserError, match=needle):
             parse_hostfile_text(text)
     nodes = rank_nodes(12, [Host("a", 8), Host("b", 4)])

@@ -137,13 +137,13 @@ def test_tensorboard_out_of_room_is_one_line_naming_the_folder(tmp_path):
     import resource
     import sys
     folder = tmp_path / "tensorboard"
-    code = ("import sys; sys.path.insert(0, %r)\n"
+    code = (f"import sys; sys.path.insert(0, {str(REPO_ROOT)!r})\n"
             "from training.core.metrics import TensorBoard\n"
-            "tb = TensorBoard(%r, purge_step=1)\n"
+            f"tb = TensorBoard({str(folder)!r}, purge_step=1)\n"
             "for step in range(1, 3001):\n"
             "    tb.write({'train/loss': 1.0, 'train/lr': 0.5}, step)\n"
             "tb.close()\n"
-            "print('went on', flush=True)\n") % (str(REPO_ROOT), str(folder))
+            "print('went on', flush=True)\n")
     limit = 16 << 10
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))

@@ -124,7 +124,8 @@ def ended_within(proc, seconds: float) -> tuple[float, str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"the job was still running {seconds:.0f} s later:\n{out[-3000:]}\n{err[-3000:]}")
+        raise AssertionError(f"the job was still running {seconds:.0f} s later:\n"
+                             f"{out[-3000:]}\n{err[-3000:]}") from None
     return time.monotonic() - start, out, err
 
 

@@ -21,7 +21,8 @@ gradient accumulation)
                 ranks in fp32 (on a 2-core avx512_bf16 CPU the layouts' worst went from 4.5e-5 / 1.2e-3 with
                 DeepSpeed's bf16 reduction to 3.7e-5 / 9.8e-4): what is left is bf16 compute — bf16-tp2, which has
                 no data-parallel reduction, is 2.7e-5 / 9.6e-4 either way — so the bounds stay. Real bugs are
-                larger: a micro-batch or data-parallel share dropped or counted twice, a loss normalised by the wrong token
+                larger: a micro-batch or data-parallel share dropped or counted twice, a loss normalised by the wrong
+                token
                 count or a missing tensor-parallel reduction change the loss by 1e-2 to 1 from the first steps;
                 the bf16 data-parallel path this repository used to take (DeepSpeed's ZeRO-0 wrapper, bf16
                 gradients all-reduced and accumulated in bf16) is off by 3.0e-3 (loss) and 8e-2 (norm). Smaller
@@ -309,7 +310,8 @@ def test_plan_predicts_the_optimizer_state_deepspeed_allocates(name, world, runs
     from training.plan import planner as P
     got = json.loads((runs(name) / "run.json").read_text())["optimizer_state_bytes_rank0"]
     flags = ["--tokenizer", bpe_tokenizer, *TINY, *CASES[name][1], "--vocab_size", "8000"]
-    want = P.make_plan(TrainConfig.from_flags(parse_args([str(f) for f in flags], parser=P.build_plan_parser())), world)["ranks"][0]
+    config = TrainConfig.from_flags(parse_args([str(f) for f in flags], parser=P.build_plan_parser()))
+    want = P.make_plan(config, world)["ranks"][0]
     print(f"PLAN {name}: DeepSpeed holds {got:,} B of optimizer state on rank 0, plan.py predicts "
           f"{want['optimizer_bytes']:,} B ({got / want['optimizer_bytes'] - 1:+.2%})")
     assert abs(got / want["optimizer_bytes"] - 1) <= 0.05

@@ -109,7 +109,8 @@ def test_pipelined_stage_modules_carry_the_functions_recompute():
 
 @pytest.mark.parametrize("func,needles", [
     ("out_of_range", ["pipeline_func tests.pipeline_funcs:out_of_range placed blocks",
-                      "on stages [1, 2, 3, 4] with pipeline_stage=2", "every stage must be in 0..1 (encoder.1 is on 2)"]),
+                      "on stages [1, 2, 3, 4] with pipeline_stage=2",
+                      "every stage must be in 0..1 (encoder.1 is on 2)"]),
     ("decreasing", ["on stages [1, 0, 1, 0]", "must not decrease", "(encoder.1 on 0 after encoder.0 on 1)"]),
     ("skips_a_stage", ["on stages [0, 0, 2, 2] with pipeline_stage=3", "stage(s) [1] hold no block"]),
     ("float_stage", ["set pipeline_stage=0.0 (float)", "block encoder.0", "must be an int"]),

@@ -48,7 +48,7 @@ def finish(popen: subprocess.Popen, out: Path, timeout: float = 300) -> subproce
             with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
         popen.wait()
-        raise AssertionError(f"{out.name} did not end within {timeout} s")
+        raise AssertionError(f"{out.name} did not end within {timeout} s") from None
     return subprocess.CompletedProcess(popen.args, popen.returncode, (out.parent / f"{out.name}.stdout").read_text(),
                                        (out.parent / f"{out.name}.stderr").read_text())
 

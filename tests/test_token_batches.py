@@ -84,7 +84,10 @@ def test_vectorised_schedule_equals_the_plain_packing_rule(lengths, max_tokens, 
 
 def test_same_batches_every_epoch_in_a_new_order_and_a_pure_function_of_the_step(lengths):
     _, src, tgt = lengths
-    make = lambda seed: TokenBatchSchedule(src, tgt, 2048, 16, seed, SRC_LEN, TGT_LEN)   # noqa: E731
+
+    def make(seed):
+        return TokenBatchSchedule(src, tgt, 2048, 16, seed, SRC_LEN, TGT_LEN)
+
     a, b = make(5), make(5)
     n = a.batches_per_epoch
     epoch0 = {tuple(a.global_batch(k)) for k in range(n)}

@@ -156,7 +156,7 @@ def parse_strategy(text: str) -> tuple:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        raise UserError(f"--strategy {text!r} is not a tuple of tuples, e.g. \"((2, 4), (4, 1))\"")
+        raise UserError(f"--strategy {text!r} is not a tuple of tuples, e.g. \"((2, 4), (4, 1))\"") from None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -96,16 +96,19 @@ def execute_dump(plan: Plan, records: Sequence[OpRecord], rank: int,
     for rec in records:
         p = plan.ops[rec.name]
         shapes = ", ".join(str(i.after) for i in rec.inputs)
-        lines.append(f"%{p.op.instance} = {p.op.kind}({', '.join('%' + i.value.rsplit('.', 1)[-1] for i in rec.inputs)})"
+        names = ", ".join("%" + i.value.rsplit(".", 1)[-1] for i in rec.inputs)
+        lines.append(f"%{p.op.instance} = {p.op.kind}({names})"
                      f" {{in_strategy: {format_strategy(p.strategy)}}} : ({shapes}) -> {rec.out_shape}")
         for i, layout in zip(rec.inputs, p.in_layouts):
             moved = [m for _, m in implied_collectives(plan.value_layout(i.value), layout)]
             if i.before == i.after and not i.collectives:
                 continue
-            where = f" over ranks {_ranks(group_ranks(mesh, coord, moved))}" if i.collectives else " (local StridedSlice)"
+            where = (f" over ranks {_ranks(group_ranks(mesh, coord, moved))}" if i.collectives
+                     else " (local StridedSlice)")
             lines.append(f"    %{i.value.rsplit('.', 1)[-1]}: {i.before} -> {i.after}  {_counts(i.collectives)}{where}")
         if p.reduction_dims:
-            lines.append(f"    AllReduce {rec.out_shape} over ranks {_ranks(group_ranks(mesh, coord, p.reduction_dims))}"
+            group = _ranks(group_ranks(mesh, coord, p.reduction_dims))
+            lines.append(f"    AllReduce {rec.out_shape} over ranks {group}"
                          f"  {_counts(rec.reduction)}")
     if backward is not None:
         lines.append(f"# backward: {_counts(backward)}")

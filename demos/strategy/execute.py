@@ -1,7 +1,8 @@
 """Run a strategy plan on DTensors: each operator's inputs are redistributed to its strategy's layout, it runs on
 its blocks, and a contracted split is all-reduced inside the operator (MindSpore's forward AllReduce). In backward,
 DTensor brings each parameter's gradient to the parameter's own placements: the partial sums of the ranks that hold
-the same block are all-reduced (MindSpore's mirror AllReduce). Every step of this is recorded per operator — the local shapes this rank computed with and the
+the same block are all-reduced (MindSpore's mirror AllReduce). Every step of this is recorded per operator — the local
+shapes this rank computed with and the
 collectives `CommDebugMode` counted — which is what `demos.strategy.dump` prints.
 
 Works the same in real processes (one rank each, gloo/nccl) and in one process simulating all ranks

@@ -89,7 +89,10 @@ def layouts_for(op: OpNode, strategy: Strategy, mesh: Sequence[int]) -> tuple[li
     if assigned is None:
         raise StrategyError(f"{where}: splits {sorted(v for v in splits.values() if v > 1)} cannot each take whole "
                             f"dimensions of the mesh {tuple(mesh)}")
-    dims_of = lambda letters: tuple(assigned.get(c, ()) for c in letters)     # noqa: E731
+
+    def dims_of(letters):
+        return tuple(assigned.get(c, ()) for c in letters)
+
     ins = [Layout(tuple(sh), tuple(mesh), dims_of(letters)) for letters, sh in zip(op.in_letters, op.in_shapes)]
     contracted = sorted(m for c, ms in assigned.items() if c not in op.out_letters for m in ms)
     out = Layout(tuple(op.out_shape), tuple(mesh), dims_of(op.out_letters), tuple(contracted))
@@ -212,7 +215,8 @@ class _Propagation:
             for consumer, i in self.graph.consumers(name):                     # forward edges
                 if consumer.name in self.chosen:
                     continue
-                s = self.choose(consumer, lambda ins, out, i=i: redistribution_cost(produced, ins[i]))
+                s = self.choose(consumer,
+                                lambda ins, out, i=i, produced=produced: redistribution_cost(produced, ins[i]))
                 self.fix(consumer, s, f"propagated from {name}")
                 queue.append(consumer.name)
             if name in self.inputs:
@@ -222,7 +226,7 @@ class _Propagation:
                 if value in self.graph.params:                                # through a parameter to its readers
                     for reader, j in self.graph.consumers(value):
                         if reader.name not in self.chosen:
-                            s = self.choose(reader, lambda ins, out, j=j: redistribution_cost(
+                            s = self.choose(reader, lambda ins, out, j=j, value=value: redistribution_cost(
                                 self.params[value][0], ins[j]))
                             self.fix(reader, s, f"propagated from {name} through {value}")
                             queue.append(reader.name)
@@ -231,7 +235,7 @@ class _Propagation:
                     continue
                 producer = self.graph.op(value)
                 need = plan.in_layouts[i]
-                s = self.choose(producer, lambda ins, out: redistribution_cost(out.reduced(), need))
+                s = self.choose(producer, lambda ins, out, need=need: redistribution_cost(out.reduced(), need))
                 self.fix(producer, s, f"propagated from {name}")
                 queue.append(producer.name)
 

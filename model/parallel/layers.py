@@ -1,6 +1,7 @@
 """Tensor-parallel layers: column-parallel and row-parallel linear, vocab-parallel embedding.
 
-Each is written as math on top of `model.parallel.mappings`. Weights are drawn at serial size from the block's generator and
+Each is written as math on top of `model.parallel.mappings`. Weights are drawn at serial size from the block's generator
+and
 sliced, so shard r of any TP size equals rows/columns r of the serial weight (see `model.parallel.random`).
 
     ColumnParallelLinear  Y_r = X A_r (+ b_r)     A split by output features; input enters with copy_to_tp

@@ -1,6 +1,7 @@
 """How a full (serial) tensor maps to TP shards and back — the one place that knows the slicing rule.
 
-A parameter tagged by `model.parallel.layers.mark_tensor_parallel` is split along `partition_dim` into tp equal pieces, the
+A parameter tagged by `model.parallel.layers.mark_tensor_parallel` is split along `partition_dim` into tp equal pieces,
+the
 full size padded up to a multiple of tp with zero rows (vocab padding). Untagged parameters are replicated.
 Tests compare TP gradients with the serial model through `take_shard`; checkpoints reshard through both functions.
 """

@@ -34,7 +34,8 @@ def rank_map(parallel: ParallelConfig) -> list[RankCoord]:
     looked up: its get_coord searches every rank, quadratic in the world (65,536 ranks took 41 s in plan.py).
     tests/test_plan.py checks the two agree."""
     tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
-    return [RankCoord(rank=rank, pp=rank // (dp * tp), dp=rank // tp % dp, tp=rank % tp) for rank in range(pp * dp * tp)]
+    return [RankCoord(rank=rank, pp=rank // (dp * tp), dp=rank // tp % dp, tp=rank % tp)
+            for rank in range(pp * dp * tp)]
 
 
 @dataclass

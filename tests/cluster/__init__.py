@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import subprocess
 from pathlib import Path
-from typing import Optional
 
 SCRIPT = Path(__file__).resolve().parent / "virtual_cluster.sh"
 NEEDS = ("pdsh", "mpirun", "ompi_info", "orted")

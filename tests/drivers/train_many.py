@@ -27,7 +27,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
 
-from common.errors import run_cli  # noqa: E402
+from common.errors import run_cli
 
 
 def traced_training(config) -> None:

@@ -69,7 +69,8 @@ def resolve(path: str) -> str:
 
 def write_atomic(path: str, write) -> None:
     tmp = path + ".part"
-    with checkpoint_file_guard(tmp):        # out of room: one line, the partial save removed (training.checkpoint.disk_full)
+    # out of room: one line, the partial save removed (training.checkpoint.disk_full)
+    with checkpoint_file_guard(tmp):
         with open(tmp, "wb") as f:
             write(f)
             f.flush()

@@ -25,7 +25,8 @@ each file it reads data from against it (`verify=False` skips that: `--verify 0`
 instead, each file hashed once per job: training.checkpoint.spread_verify), so bytes changed on disk after
 the save — a flipped bit in a shard — are refused with the file's name instead of trained on. Weights that are not
 finite are refused at every load (resume, evaluate, export, averaging) naming the tensor; saves already refuse to
-write them (training.checkpoint.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1 (torch .pt shards) is
+write them (training.checkpoint.nonfinite). Checkpoints from before checksums were stored load unverified. Format 1
+(torch .pt shards) is
 converted by run_scripts/convert_checkpoint.py (training.checkpoint.convert).
 """
 from __future__ import annotations
@@ -138,7 +139,7 @@ def read_meta(path: str) -> dict:
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{meta_path} is corrupt ({exc})")
+        raise UserError(f"{meta_path} is corrupt ({exc})") from exc
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if version == 1:
         raise UserError(f"{path} is a format-1 checkpoint (torch .pt shards) and this version reads format "

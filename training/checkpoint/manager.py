@@ -261,7 +261,7 @@ def _snapshot_shard(state, params: list, keys, staging, keep: bool) -> list | No
     """The gathers of `_gather_shard`, on the main thread in the same order; the writer (`keep`) copies each value
     into a host buffer (training.checkpoint.snapshot), the others only take part."""
     values = [] if keep else None
-    for n, p in params:
+    for _name, p in params:
         for k in keys:
             value = state.get(p, k)
             if keep:

@@ -3,7 +3,8 @@ histories in one output folder.
 
 `resume_source(section)` is what train.py loads: `--resume` (the folder's latest), `--resume auto` (the newest
 checkpoint of the folder that verifies — complete, and every file matching the sha256 stored at save — skipping and
-naming the others; else `--ckpt_file`, else nothing), `--resume PATH` (that checkpoint), `--ckpt_file PATH`. `check_start_point` refuses a
+naming the others; else `--ckpt_file`, else nothing), `--resume PATH` (that checkpoint), `--ckpt_file PATH`.
+`check_start_point` refuses a
 fresh run into a folder that already holds checkpoints (its saves would replace them and `latest` would jump between
 two histories), a run from a checkpoint elsewhere, and one from an older checkpoint of this folder while newer ones
 exist. It runs on global rank 0 under the output folder's lock (training.run.output_lock.claim_output_dir).

@@ -123,7 +123,7 @@ def read_header(path: str) -> tuple[dict, dict]:
         if 8 + n + end != size:
             raise ValueError(f"the header describes {8 + n + end} bytes, the file has {size}")
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-        raise UserError(f"checkpoint file {path} is corrupt or truncated ({type(exc).__name__}: {exc})")
+        raise UserError(f"checkpoint file {path} is corrupt or truncated ({type(exc).__name__}: {exc})") from exc
     return header, metadata
 
 
@@ -143,7 +143,7 @@ def read_slice(path: str, name: str, dim: int | None = None, start: int = 0,
                 out = view[tuple(index)]
             return out.clone()                      # off the mapping: the mapping closes with the file
     except SafetensorError as exc:
-        raise UserError(f"checkpoint file {path} is corrupt or truncated (SafetensorError: {exc})")
+        raise UserError(f"checkpoint file {path} is corrupt or truncated (SafetensorError: {exc})") from exc
 
 
 def read_all(path: str) -> dict:
@@ -153,4 +153,4 @@ def read_all(path: str) -> dict:
     try:
         return load_file(path)
     except SafetensorError as exc:
-        raise UserError(f"checkpoint file {path} is corrupt or truncated (SafetensorError: {exc})")
+        raise UserError(f"checkpoint file {path} is corrupt or truncated (SafetensorError: {exc})") from exc

@@ -123,8 +123,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "pipeline_stage 1)")
     g.add_argument("--gradient_aggregation_group", type=POSITIVE, default=4,
                    help="gradient reduction buckets per step: bucket = gradient bytes / groups (default 4)")
-    g.add_argument("--recompute", type=_bool, default=False, help="0/1: activation checkpointing of every block (what the built-in "
-                        "pipeline_funcs do with it; a custom pipeline_func calls recompute() on the blocks it picks)")
+    g.add_argument("--recompute", type=_bool, default=False,
+                   help="0/1: activation checkpointing of every block (what the built-in pipeline_funcs do with it; "
+                        "a custom pipeline_func calls recompute() on the blocks it picks)")
     g.add_argument("--vocab_emb_dp", type=_bool, default=True,
                    help="1 (default): replicate the embedding tables; 0: split their rows over mp ranks")
     g.add_argument("--interleave_num", type=POSITIVE, default=1,

@@ -43,7 +43,8 @@ def init_distributed(distribute: str, comm_timeout: float | None = None, before_
                      after_rendezvous=None) -> int:
     """Join the launcher's process group (or make a one-process one); returns the world size. `comm_timeout`:
     seconds any collective waits for its peers before failing (model.parallel.topology.init_deepspeed_comm).
-    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes, `after_rendezvous()` once the process group exists and this rank has joined its job
+    `before_rendezvous(rank, world)`: called before the rendezvous in a job of several processes, `after_rendezvous()`
+    once the process group exists and this rank has joined its job
     (job_store.joined_job(); the job watch: training.run.job.join_job)."""
     import deepspeed.comm as ds_dist
     if distribute != "false":

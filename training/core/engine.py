@@ -1,4 +1,5 @@
-"""DeepSpeed engine setup (on the process group of training.core.distributed): grid, model (pipelined or not), optimizer, LR schedule, ZeRO config.
+"""DeepSpeed engine setup (on the process group of training.core.distributed): grid, model (pipelined or not),
+optimizer, LR schedule, ZeRO config.
 
 pipeline_stage > 1 → the model is a `PipelineModule` driven by DeepSpeed's pipeline engine (ZeRO 0/1).
 pipeline_stage = 1 → the same blocks in one `nn.Module` on DeepSpeed's regular engine (ZeRO 0–3); micro-batches are
@@ -52,8 +53,9 @@ def check_precision(precision: str) -> None:
     if HALF_DTYPES[precision] not in supported:
         names = [n for n, d in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
                  if d in supported]
+        fallback = names[-1] if len(names) > 1 else "fp32"
         raise UserError(f"--precision {precision}: DeepSpeed's {acc.device_name()} accelerator supports "
-                        f"{', '.join(names)} on this machine; use --precision {names[-1] if len(names) > 1 else 'fp32'}")
+                        f"{', '.join(names)} on this machine; use --precision {fallback}")
 
 
 def optimizer_zero_stage(parallel: ParallelConfig, precision: str) -> int:
@@ -189,7 +191,8 @@ class Engine:
                  pipelined: bool, ds_config: dict, objective: GlobalTokenMean, precision: str):
         self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
         self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
-        self.run_id: str | None = None     # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
+        # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
+        self.run_id: str | None = None
         self.boundary_shape: tuple | None = None   # the micro-batch shape the pipeline engine last exchanged
 
     def expect_shape(self, shape: tuple) -> None:
@@ -274,7 +277,8 @@ class Engine:
 
 def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
                  seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
-                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8, precision: str = "fp32", pipeline_func: str | None = None,
+                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8, precision: str = "fp32",
+                 pipeline_func: str | None = None,
                  ds_overrides: dict | None = None, ds_config_file: str | None = None) -> Engine:
     """The DeepSpeed engine for a layout the caller has validated (model.config.validate_layout, once, in
     training.trainer.Trainer.setup). With token batches (shapes that change between steps, `Engine.expect_shape`)

@@ -26,7 +26,8 @@ _ATTEMPT = f"/{os.environ['TORCHELASTIC_RESTART_COUNT']}" if os.environ.get("TOR
 JOB_KEY = f"dsr/job{_ATTEMPT}"
 LAUNCH_KEY = f"dsr/launch{_ATTEMPT}"
 SEAT_KEY = f"dsr/seat{_ATTEMPT}/"   # + rank: taken by that rank (a random value) before its rendezvous
-LAUNCH_WAIT = 10.0            # seconds a store may take to show its launch id after it answers (rank 0 writes it at once)
+# seconds a store may take to show its launch id after it answers (rank 0 writes it at once)
+LAUNCH_WAIT = 10.0
 
 _job: str | None = None    # this process's job id, once joined
 _pending: str | None = None   # the job id of the store this rank took its seat in, until the rendezvous is done
@@ -131,7 +132,8 @@ def check_before_rendezvous(addr: str, port: int, rank: int, timeout: float) -> 
     _pending = store.get(JOB_KEY).decode()
 
 
-ANOTHER_JOB_DELAY = 10.0     # this job's rank 0 met the same port (busy): its line first; its launcher ends us meanwhile
+# this job's rank 0 met the same port (busy): its line first; its launcher ends us meanwhile
+ANOTHER_JOB_DELAY = 10.0
 
 
 def _another_job(addr: str, port: int, why: str) -> UserError:

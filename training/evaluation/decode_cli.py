@@ -1,4 +1,5 @@
-"""The flags run_scripts/evaluate.py and run_scripts/translate.py share (export_hf.py the checkpoint's) — which checkpoint, which tokenizer, how to
+"""The flags run_scripts/evaluate.py and run_scripts/translate.py share (export_hf.py the checkpoint's) — which
+checkpoint, which tokenizer, how to
 decode — and the translator they build from them, so the two decode alike and say the same about truncated sources.
 """
 from __future__ import annotations

@@ -9,7 +9,8 @@ The tokenizer is the one the checkpoint recorded (checkpoints hold a copy of the
 averaged .pt files its text), unless a tokenizer path is given — which must be the checkpoint's (sha256). A checkpoint
 saved before checkpoints recorded their tokenizer needs the path.
 
-The checkpoint is consolidated into the serial model (training/checkpoint/consolidated.py) and decoded by model/inference.py on
+The checkpoint is consolidated into the serial model (training/checkpoint/consolidated.py) and decoded by
+model/inference.py on
 one device (default: DeepSpeed's accelerator, as in training). Sources are encoded as the training data is (tokens,
 then EOS); a source longer than the model's src_len positions is cut to src_len-1 tokens + EOS — as the training
 data was — and listed in `truncated`, which the caller must report (evaluate.py prints a warning and counts them).

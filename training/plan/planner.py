@@ -203,7 +203,8 @@ def as_json(plan: dict) -> str:
 def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None, ranks_per_node: int = 8,
               device: str | None = None, device_memory: float | None = None,
               device_type: str = "cuda") -> dict:
-    """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory` (GiB): what the memory
+    """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory`
+    (GiB): what the memory
     verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU clusters) or "cpu" (the
     DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
     model, parallel = configs(cfg, world_size)

@@ -80,7 +80,8 @@ def format_plan(plan: dict) -> str:
     out.append(f"  pipeline   pipeline_func: {L['pipeline_func']}"
                + (f" ({SPLITS[L['pipeline_func']]})" if L["pipeline_func"] in SPLITS else ""))
     for st in S:
-        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} ranks {st['ranks'][0]}-{st['ranks'][1]}")
+        first, last = st["ranks"][0], st["ranks"][1]
+        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} ranks {first}-{last}")
     out.append(f"    {'block':<12} {'stage':>5}  {'recompute':<9}  comm_fusion (reported, not used: model/pipeline.py)")
     for b in plan["blocks"]:
         out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")

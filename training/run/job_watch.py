@@ -274,8 +274,9 @@ class JobWatch:
         news store a failed rank 0's supervisor serves (NEWS holds this rank's launcher id), and write nothing else."""
         launch, store, canary = launch_id_from_env(), None, None
         while not self._closing.is_set() and job_store.joined_job() is None:
-            if store is not None and job_store.closed(canary):          # that store ended: look again (no call on it: torch
-                store = canary = None                           # would log a C++ stack for each)
+            # that store ended: look again (no call on it: torch would log a C++ stack for each)
+            if store is not None and job_store.closed(canary):
+                store = canary = None
             if store is None:
                 store = _connect(self.addr, POLL)
                 try:

@@ -46,7 +46,7 @@ def check_writable_folder(output_dir: str) -> str:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
         raise UserError(f"--output_dir {output_dir} cannot be created ({exc.strerror}); choose a folder you can "
-                        f"write to")
+                        f"write to") from exc
     for name in FOLDERS:
         inside = os.path.join(path, name)
         if os.path.exists(inside) and not os.path.isdir(inside):
@@ -70,7 +70,7 @@ class OutputDirLock:
             self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise UserError(f"--output_dir {output_dir} cannot be written ({exc.strerror} creating {LOCK_NAME}); "
-                            f"choose a folder you can write to")
+                            f"choose a folder you can write to") from exc
         try:
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
