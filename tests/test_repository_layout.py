@@ -1,5 +1,5 @@
 """The shape of the code: one home per concern, no import circles, packages layered, every module named in the
-README's "What is where", every recipe loads into the typed configuration.
+docs/code-map.md ("What is where"), every recipe loads into the typed configuration.
 
 Imports are read with `ast` from the source (nothing is imported), function-level imports included: a circle hidden
 inside a function is still a circle.
@@ -123,9 +123,8 @@ def test_training_sub_packages_import_only_the_levels_below():
 
 
 def what_is_where() -> dict[str, str]:
-    """README's "What is where" code block as {package folder: the text of its entry}."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme.split("## What is where", 1)[1]
+    """docs/code-map.md's code block ("What is where") as {package folder: the text of its entry}."""
+    section = (REPO_ROOT / "docs" / "code-map.md").read_text()
     block = re.search(r"```[a-z]*\n(.*?)```", section, re.S).group(1)
     entries, current = {}, None
     for line in block.splitlines():
@@ -148,7 +147,7 @@ def test_every_module_is_named_in_what_is_where():
         text = entries.get(folder, "")
         if not re.search(rf"(?<![\w/]){re.escape(path.stem)}(\.py)?(?!\w)", text):
             missing.append(f"{folder}{path.name}")
-    assert not missing, f"README's What is where does not name: {missing}"
+    assert not missing, f"docs/code-map.md does not name: {missing}"
 
 
 def test_what_is_where_names_only_folders_that_exist():
