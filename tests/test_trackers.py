@@ -16,15 +16,16 @@ wandb = pytest.importorskip("wandb", reason="pip install '.[test]' installs it (
 mlflow = pytest.importorskip("mlflow", reason="pip install '.[test]' installs it (setup.cfg)")
 
 
-def read_wandb_run(run_dir: Path) -> tuple[str, dict, dict]:
-    """(name, config, {step: numbers}) of an offline run, from its run-*.wandb file: wandb's record log (LevelDB's log
-    format: 32 KiB blocks of chunks, each a 7-byte header — crc32c, length, kind — then the bytes; kinds 1 whole, 2
-    first, 3 middle, 4 last) after a 7-byte file header, each record a wandb_internal_pb2.Record."""
+def read_wandb_run(run_dir: Path) -> dict:
+    """An offline run's name, config, history ({step: numbers}) and exit code (None: never finished), from its
+    run-*.wandb file: wandb's record log (LevelDB's log format: 32 KiB blocks of chunks, each a 7-byte header —
+    crc32c, length, kind — then the bytes; kinds 1 whole, 2 first, 3 middle, 4 last) after a 7-byte file header,
+    each record a wandb_internal_pb2.Record."""
     from wandb.proto import wandb_internal_pb2
     (path,) = run_dir.glob("run-*.wandb")
     data, block = path.read_bytes(), 32768
     assert data[:4] == b":W&B", data[:7]
-    pos, pending, name, config, history = 7, b"", None, {}, {}
+    pos, pending, run = 7, b"", {"name": None, "config": {}, "history": {}, "exit_code": None}
     while pos + 7 <= len(data):
         room = block - pos % block
         if room < 7:                                   # a block's tail too short for a header: padding
@@ -43,13 +44,15 @@ def read_wandb_run(run_dir: Path) -> tuple[str, dict, dict]:
         pending = b""
         which = record.WhichOneof("record_type")
         if which == "run":
-            name = record.run.display_name
+            run["name"] = record.run.display_name
+        if which == "exit":
+            run["exit_code"] = record.exit.exit_code
         updates = record.run.config.update if which == "run" else record.config.update if which == "config" else []
-        config.update({u.key: json.loads(u.value_json) for u in updates if u.key != "_wandb"})
+        run["config"].update({u.key: json.loads(u.value_json) for u in updates if u.key != "_wandb"})
         if which == "history":
             items = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
-            history[record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
-    return name, config, history
+            run["history"][record.history.step.num] = {k: v for k, v in items.items() if not k.startswith("_")}
+    return run
 
 
 def offline_runs(output_dir: Path) -> list[Path]:
@@ -78,8 +81,9 @@ def test_wandb_offline_run_has_metrics_and_run_record(multi30k_tsv, bpe_tokenize
                   "--steps", 6, "--valid_file", valid, "--valid_interval", 3, "--wandb", "proj",
                   "--wandb_run_name", "tiny"])
     (run_dir,) = offline_runs(out)
-    name, config, history = read_wandb_run(run_dir)
-    assert name == "tiny"
+    run = read_wandb_run(run_dir)
+    config, history = run["config"], run["history"]
+    assert run["name"] == "tiny" and run["exit_code"] == 0
     records = read_metrics(out)
     assert [r["step"] for r in records] == list(range(1, 7)) == sorted(history)
     assert {r["step"]: numbers(r) for r in records} == history
@@ -95,9 +99,25 @@ def test_wandb_two_ranks_one_run(multi30k_tsv, bpe_tokenizer, tmp_path, offline)
     run_train(2, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
                   "--mp", 2, "--steps", 4, "--wandb", "proj"])
     (run_dir,) = offline_runs(out)
-    _, config, history = read_wandb_run(run_dir)
-    assert {r["step"]: numbers(r) for r in read_metrics(out)} == history and sorted(history) == [1, 2, 3, 4]
-    assert config["world"] == 2 and config["mp"] == 2
+    run = read_wandb_run(run_dir)
+    assert {r["step"]: numbers(r) for r in read_metrics(out)} == run["history"]
+    assert sorted(run["history"]) == [1, 2, 3, 4]
+    assert run["config"]["world"] == 2 and run["config"]["mp"] == 2 and run["exit_code"] == 0
+
+
+@pytest.mark.slow
+def test_wandb_run_ends_failed_when_training_stops_on_an_error(multi30k_tsv, bpe_tokenizer, tmp_path, offline,
+                                                                  monkeypatch):
+    """Step 3's loss is nan (--nan_policy stop) on 2 ranks, whose processes leave by os._exit (no exit hooks): the
+    run is finished before, marked failed (exit code 1) with steps 1-3, and the job ends with its error line."""
+    monkeypatch.setenv("DSR_NAN_AT", "3")
+    out = tmp_path / "tp2"
+    proc = run_train(2, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
+                         "--mp", 2, "--steps", 6, "--wandb", "proj"], check=False)
+    assert proc.returncode != 0 and "\nerror: step 3: the loss is nan" in proc.stderr, proc.stderr[-3000:]
+    (run_dir,) = offline_runs(out)
+    run = read_wandb_run(run_dir)
+    assert run["exit_code"] == 1 and sorted(run["history"]) == [1, 2, 3] and "loss" not in run["history"][3]
 
 
 def test_wandb_service_killed_mid_run_is_one_warning(multi30k_tsv, bpe_tokenizer, tmp_path, offline, monkeypatch):
