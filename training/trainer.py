@@ -28,6 +28,7 @@ from training.core.metrics import MetricsWriter
 from training.core.schedule import lr_factor
 from training.core.speed import SpeedMeter
 from training.core.step import StepTimer, current_lr, eval_step, train_step
+from training.core.trackers import Trackers
 from training.evaluation.validation import BEST, BestTracker, Validator
 from training.run import injection
 from training.run.job import join_job
@@ -148,7 +149,9 @@ class Trainer:
         self.writer = MetricsWriter(self.cfg.checkpoint.output_dir, enabled=self.rank == 0,
                                     total_steps=self.total_steps, start_step=self.start_step,
                                     log_interval=log.log_interval, tensorboard=log.tensorboard,
-                                    checkpoint_steps=self.cfg.checkpoint.save_checkpoint_steps)
+                                    checkpoint_steps=self.cfg.checkpoint.save_checkpoint_steps,
+                                    trackers=Trackers.chosen(self.cfg.checkpoint.output_dir, log.wandb,
+                                                             log.wandb_entity, log.wandb_run_name, log.mlflow))
         self._provenance = self._where_from() if self.rank == 0 else {}      # one git call, on the writing rank
         info = self.info = self._describe()
         self.writer.run_info(info)
@@ -169,6 +172,14 @@ class Trainer:
         self.setup()
         self.load()
         self.start_logging()
+        try:
+            return self.loop(request)
+        except BaseException:
+            # the trackers' runs end marked failed now: a launched rank leaves by os._exit, past any exit hook
+            self.writer.close(status="failed")
+            raise
+
+    def loop(self, request: StopRequest) -> int:
         opt, faults = self.cfg.optimization, self.cfg.faults
         speed = SpeedMeter(self.model_cfg, self.world, self.cfg.parallel.precision, device())
         nonfinite = NonFiniteSteps(self.engine, faults.nan_policy, faults.nan_skip_limit, opt.lr,
@@ -184,7 +195,7 @@ class Trainer:
                 stop = nonfinite.after_step(done, record["loss"], record)
                 if stop:                           # logged (loss null), then ended before validating or saving
                     self.writer.log(record)
-                    self.writer.close()
+                    self.writer.close(status="failed")
                     raise UserError(stop)
             improved = self.validate(done, record)
             self.writer.log(record)
@@ -269,7 +280,7 @@ class Trainer:
         # what this rank's optimizer holds now, next to the run's description (plan.py predicts it:
         # tests/test_parity.py)
         self.writer.run_info({**self._describe(), "optimizer_state_bytes_rank0": self.engine.optimizer_state_bytes()})
-        self.writer.close(summary)
+        self.writer.close(summary, status="stopped" if stopped else "finished")
         if self.lock is not None:
             self.lock.release()
         return 0

@@ -185,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output_dir", default="out/train", help="metrics.jsonl, TensorBoard, checkpoints")
     g.add_argument("--log_interval", type=POSITIVE, default=1, help="print a loss line every N steps (default 1)")
     g.add_argument("--tensorboard", type=_bool, default=True, help="0/1: write TensorBoard events")
+    # experiment trackers (training/core/trackers.py; pip install '.[wandb]' / '.[mlflow]'): rank 0 logs there too
+    g.add_argument("--wandb", default=None, metavar="PROJECT",
+                   help="also log metrics.jsonl's numbers (and run.json as the config) to this Weights & Biases "
+                        "project; WANDB_MODE=offline writes the run under OUTPUT_DIR/wandb without a network")
+    g.add_argument("--wandb_entity", default=None, help="the W&B team or user the project belongs to")
+    g.add_argument("--wandb_run_name", default=None, help="the run's name in W&B or MLflow (default: theirs)")
+    g.add_argument("--mlflow", default=None, metavar="EXPERIMENT",
+                   help="also log them to this MLflow experiment, at MLFLOW_TRACKING_URI (default: a store in "
+                        "OUTPUT_DIR/mlruns)")
 
     g = p.add_argument_group("validation")
     g.add_argument("--valid_file", default=None,

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from common.errors import UserError
 from model.config import ModelConfig, ParallelConfig
+from training.core.trackers import require
 
 
 @dataclass(frozen=True)
@@ -191,6 +192,17 @@ class FaultsSection:
 class LoggingSection:
     log_interval: int = 1
     tensorboard: bool = True
+    # experiment trackers (training/core/trackers.py): a W&B project, an MLflow experiment; the run name is both's
+    wandb: str | None = None
+    wandb_entity: str | None = None
+    wandb_run_name: str | None = None
+    mlflow: str | None = None
+
+    def __post_init__(self):
+        # a tracker's package is checked here, before any process group: one line naming the extra to install
+        for package in ("wandb", "mlflow"):
+            if getattr(self, package):
+                require(package)
 
 
 # flag dest → (section, field) where the two names differ

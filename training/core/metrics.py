@@ -4,7 +4,8 @@ in the loss line), loss, lr, grad_norm (global, before clipping;
 training only), loss_scale and skipped_steps (fp16), pairs (the global batch's sentence pairs: with token batches
 they vary), tokens (the global batch's target tokens), tokens_per_sec,
 step_time, padding (PAD share of the batch's positions), tflops (the model's FLOPs per second, all ranks), mfu
-(where the device's peak is known), peak_mem_mib; see training/core/speed.py)."""
+(where the device's peak is known), peak_mem_mib; see training/core/speed.py), and the experiment trackers chosen
+(training/core/trackers.py: the same numbers, and run.json as their configuration)."""
 from __future__ import annotations
 
 import json
@@ -17,6 +18,7 @@ import time
 from tqdm import tqdm
 
 from common.errors import UserError, no_room_error
+from training.core.trackers import Trackers
 
 
 def _fmt(value) -> str:
@@ -35,10 +37,12 @@ def format_duration(seconds: float) -> str:
 
 class MetricsWriter:
     def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
-                 log_interval: int = 1, tensorboard: bool = True, checkpoint_steps: int = 0):
+                 log_interval: int = 1, tensorboard: bool = True, checkpoint_steps: int = 0,
+                 trackers: Trackers | None = None):
         self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
         self.total_steps = total_steps
         self._jsonl = self._tb = self._bar = None
+        self._trackers = trackers if enabled and trackers else None     # rank 0's alone: one tracker run per job
         self._clock: tuple[float, int] | None = None    # (when this run's first step began, the step before it)
         if not enabled:
             return
@@ -78,6 +82,8 @@ class MetricsWriter:
             scalars.update({f"valid/{key[len('valid_'):]}": record[key] for key in ("valid_loss", "valid_bleu")
                             if record.get(key) is not None})
             self._tb.write(scalars, step)
+        if self._trackers is not None:
+            self._trackers.log(record)
         if self._bar is not None:
             self._bar.update(1)
             self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
@@ -131,13 +137,17 @@ class MetricsWriter:
             with open(tmp, "w", encoding="utf-8") as f:
                 json.dump(info, f, indent=1)
             os.replace(tmp, os.path.join(self.output_dir, "run.json"))
+            if self._trackers is not None:
+                self._trackers.run_record(info)
 
     def message(self, text: str) -> None:
         if self.enabled:
             print(text, flush=True)
 
-    def close(self, summary: dict | None = None) -> None:
-        if not self.enabled:
+    def close(self, summary: dict | None = None, status: str = "finished") -> None:
+        """status (the trackers' end of the run): finished, stopped (a stop request) or failed. A second call does
+        nothing: the trainer closes on its error path too, whatever was closed before."""
+        if not self.enabled or self._jsonl is None or self._jsonl.closed:
             return
         if self._bar is not None:
             self._bar.close()
@@ -147,6 +157,8 @@ class MetricsWriter:
         self._jsonl.close()
         if self._tb is not None:
             self._tb.close()
+        if self._trackers is not None:
+            self._trackers.close(status)
 
 
 TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops", "mfu",

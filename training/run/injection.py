@@ -9,7 +9,9 @@ environment variable is set.
 - DSR_INF_WEIGHT_AT=6 sets one weight of global rank 0 to inf after step 6 (as memory corruption or an optimizer
   without checks would), so the save that follows meets a rank whose weights are not finite while the others' are;
 - DSR_UNTIE_AT=4 nudges the last pipeline stage's replica of the shared embedding table after step 4 (as an
-  optimizer that skipped the tied-gradient sum would), so the save that follows meets copies that differ.
+  optimizer that skipped the tied-gradient sum would), so the save that follows meets copies that differ;
+- DSR_TRACKER_DOWN_AT=5 SIGKILLs global rank 0's experiment-tracker service (W&B's wandb-core, a child process)
+  after step 5, as a crash or an out-of-memory kill of it would: the tracker's next call fails for real.
 """
 from __future__ import annotations
 
@@ -69,13 +71,26 @@ def _corrupt_one_weight(engine) -> None:
 
 def after_step(engine, step: int) -> None:
     """After every step: DSR_INF_WEIGHT_AT's steps leave an inf weight on global rank 0, DSR_UNTIE_AT's a replica
-    of the shared table that differs from its owner."""
+    of the shared table that differs from its owner, DSR_TRACKER_DOWN_AT's a rank 0 without its tracker service."""
     if step in _steps("DSR_INF_WEIGHT_AT") and dist.get_rank() == 0:
         _corrupt_one_weight(engine)
+    if step in _steps("DSR_TRACKER_DOWN_AT") and dist.get_rank() == 0:
+        _kill_tracker_service()
     if step in _steps("DSR_UNTIE_AT"):
         for p in engine.module.parameters():
             if getattr(p, "tied_to", None):            # the replica (the owner has no tied_to)
                 p.data.view(-1)[0] += 1e-3
+
+
+def _kill_tracker_service() -> None:
+    import psutil
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name().startswith("wandb"):
+                child.kill()
+                child.wait(10)
+        except psutil.NoSuchProcess:
+            pass
 
 
 def _steps(variable: str) -> set:

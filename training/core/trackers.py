@@ -1,0 +1,184 @@
+"""Experiment trackers beside metrics.jsonl: Weights & Biases (--wandb PROJECT) and MLflow (--mlflow EXPERIMENT).
+
+The metrics writer (training.core.metrics) feeds them on global rank 0 only: the run record (run.json) as the run's
+configuration, and every step record's numbers under metrics.jsonl's keys at its step. A tracker is a side channel:
+one that fails (its service gone, its disk full, its server unreachable) is turned off with one warning, and
+training goes on. docs/metrics-and-validation.md#experiment-trackers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+
+from common.errors import UserError
+
+DISTRIBUTION = "ds-transformer-recipes"          # setup.cfg's name: its extras [wandb] and [mlflow] install these
+
+
+def require(flag: str) -> None:
+    """Argument-check time (before any process group): --wandb needs wandb, --mlflow mlflow (and, for the default
+    store in OUTPUT_DIR, SQLAlchemy). The specs are looked up, not imported: importing them costs seconds on every
+    rank."""
+    packages = [flag] + (["sqlalchemy"] if flag == "mlflow" and not os.environ.get("MLFLOW_TRACKING_URI") else [])
+    for package in packages:
+        try:
+            found = importlib.util.find_spec(package) is not None
+        except (ImportError, ValueError):           # a finder that refuses it; a broken half-imported module
+            found = False
+        if not found:
+            raise UserError(f"--{flag} needs the {package} package: pip install '{DISTRIBUTION}[{flag}]', or "
+                            f"leave --{flag} out")
+
+
+def scalars(record: dict) -> dict:
+    """The numbers of one metrics.jsonl record, under its keys, `step` left out (it is the tracker's step)."""
+    return {key: value for key, value in record.items() if key != "step" and not isinstance(value, bool)
+            and isinstance(value, (int, float)) and math.isfinite(value)}
+
+
+class WandbRun:
+    flag = "--wandb"
+
+    def __init__(self, project: str, entity: str | None, name: str | None, output_dir: str):
+        self.project, self.entity, self.name, self.output_dir = project, entity, name, output_dir
+        self._wandb = self._run = None
+
+    def start(self, record: dict) -> None:
+        import wandb
+        self._wandb = wandb
+        # WANDB_MODE (offline, disabled), WANDB_DIR and the rest of wandb's environment are read by wandb itself;
+        # the run folder goes under OUTPUT_DIR unless WANDB_DIR says otherwise. console="off": wandb leaves
+        # stdout/stderr alone (the step lines and the one-line errors stay as they are)
+        where = None if os.environ.get("WANDB_DIR") else self.output_dir
+        self._run = wandb.init(project=self.project, entity=self.entity, name=self.name, dir=where, config=record,
+                               settings=wandb.Settings(console="off"))
+
+    def update(self, record: dict) -> None:
+        self._run.config.update(record, allow_val_change=True)
+
+    def log(self, numbers: dict, step: int) -> None:
+        self._run.log(numbers, step=step)
+
+    def finish(self, status: str) -> None:
+        self._run.finish(exit_code=0 if status == "finished" else 1)
+        # the service process ends now, not at interpreter exit: a launched rank leaves by os._exit (no atexit)
+        self._wandb.teardown()
+
+    def abandon(self) -> None:
+        """After a failure: drop the connection and wandb's exit hook, which would otherwise fail again at exit."""
+        if self._wandb is not None:
+            try:
+                self._wandb.teardown()
+            except (Exception, SystemExit):  # noqa: BLE001 - the tracker is already broken; nothing more to say
+                pass
+
+
+class MlflowRun:
+    flag = "--mlflow"
+
+    def __init__(self, experiment: str, name: str | None, output_dir: str):
+        self.experiment, self.name, self.output_dir = experiment, name, output_dir
+        self._mlflow = self._logged = None
+
+    def start(self, record: dict) -> None:
+        import mlflow
+        self._mlflow = mlflow
+        if not os.environ.get("MLFLOW_TRACKING_URI"):
+            # mlflow's default, a store in the working folder (and its file store refused since 3.x): the run's own
+            # folder instead, a SQLite database with the artifacts beside it
+            mlflow.set_tracking_uri(f"sqlite:///{Path(self.output_dir, 'mlflow.db').resolve()}")
+            if mlflow.get_experiment_by_name(self.experiment) is None:
+                mlflow.create_experiment(self.experiment,
+                                         artifact_location=Path(self.output_dir, "mlruns").resolve().as_uri())
+        mlflow.set_experiment(self.experiment)
+        mlflow.start_run(run_name=self.name)
+        self._logged = set()
+        self.update(record)
+
+    def update(self, record: dict) -> None:
+        # parameters cannot change once logged: the new ones go in (the run record grows at the end), and the
+        # whole record each time as the run's run.json artifact
+        params = {k: v for k, v in flatten(record).items() if k not in self._logged}
+        self._mlflow.log_params(params)
+        self._logged |= set(params)
+        self._mlflow.log_dict(record, "run.json")
+
+    def log(self, numbers: dict, step: int) -> None:
+        # queued, not waited for: rank 0 must not wait for a tracking server at every step (the other ranks would
+        # wait for rank 0 at the next collective); end_run sends what is queued
+        self._mlflow.log_metrics(numbers, step=step, synchronous=False)
+
+    def finish(self, status: str) -> None:
+        self._mlflow.end_run({"finished": "FINISHED", "stopped": "KILLED"}.get(status, "FAILED"))
+
+    def abandon(self) -> None:
+        if self._mlflow is not None:
+            try:
+                self._mlflow.end_run("FAILED")
+            except Exception:  # noqa: BLE001 - the tracker is already broken; nothing more to say
+                pass
+
+
+def flatten(record: dict, prefix: str = "") -> dict:
+    """{"config": {"model": {"d_model": 32}}} → {"config.model.d_model": "32"}: MLflow's parameters are flat
+    strings (at most 6000 characters)."""
+    out = {}
+    for key, value in record.items():
+        if isinstance(value, dict) and value:
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = str(value)[:6000]
+    return out
+
+
+class Trackers:
+    """The trackers a run chose; each call goes to every one still on."""
+
+    def __init__(self, runs: list):
+        self._runs, self._started = list(runs), False
+        self._step: int | None = None
+
+    @classmethod
+    def chosen(cls, output_dir: str, wandb: str | None = None, wandb_entity: str | None = None,
+               wandb_run_name: str | None = None, mlflow: str | None = None) -> Trackers:
+        runs = []
+        if wandb:
+            runs.append(WandbRun(wandb, wandb_entity, wandb_run_name, output_dir))
+        if mlflow:
+            runs.append(MlflowRun(mlflow, wandb_run_name, output_dir))
+        return cls(runs)
+
+    def __bool__(self) -> bool:
+        return bool(self._runs)
+
+    def run_record(self, record: dict) -> None:
+        """The first record starts the runs (their configuration); later ones update it."""
+        for run in list(self._runs):
+            self._guarded(run, "update" if self._started else "start", record)
+        self._started = True
+
+    def log(self, record: dict) -> None:
+        self._step = record["step"]
+        numbers = scalars(record)
+        for run in list(self._runs):
+            self._guarded(run, "log", numbers, self._step)
+
+    def close(self, status: str) -> None:
+        """status: finished, stopped (a stop request) or failed."""
+        for run in list(self._runs):
+            self._guarded(run, "finish", status)
+        self._runs = []
+
+    def _guarded(self, run, method: str, *args) -> None:
+        try:
+            getattr(run, method)(*args)
+        except Exception as exc:  # noqa: BLE001 - any failure of a side channel must leave training running
+            self._runs.remove(run)
+            run.abandon()
+            at = f" at step {self._step}" if self._step is not None else ""
+            why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            print(f"warning: {run.flag} tracking stopped{at} ({why}); training goes on, metrics.jsonl keeps every "
+                  f"step", file=sys.stderr, flush=True)
