@@ -65,7 +65,8 @@ tensor parallel  all-reduces of b·s·h (encoder) or b·t·h (decoder) elements:
            backward, per decoder layer 3 + 3; per stage holding decoder layers 1 backward (the memory's gradient);
            the head's input 1 backward; the loss 3 small forward ones (b·t, b·t, 2·b·t); split embeddings
            (vocab_emb_dp false) 2 forward (b·s·h, b·t·h); recompute repeats the blocks' forward ones in backward.
-           These are exactly the calls `model.parallel.mappings.CommLog` records (tests/test_tp_model.py, tests/test_plan.py).
+           These are exactly the calls `model.parallel.mappings.CommLog` records (tests/test_tp_model.py,
+           tests/test_plan.py).
            A ring all-reduce of P bytes over tp ranks sends 2·(tp-1)/tp·P per rank.
 pipeline   per micro-batch across each stage boundary (`model.pipeline`): after an encoder block or a non-last
            decoder block one float [b,s+t,h] (the two hidden tensors joined) and src_ids [b,s], tgt_ids [b,t] int64,
@@ -174,8 +175,8 @@ GRAD_BYTES = 4
 
 def deepspeed_zero_stage(requested: int, precision: str) -> int:
     """The ZeRO stage DeepSpeed runs for the requested one: fp16/bf16 at ZeRO 0 run stage 1, the only one that keeps
-    fp32 master weights and accumulation (why: training.core.engine.optimizer_zero_stage, which calls this; plan.py's
-    layout line and --check print it, so they say what the DeepSpeed config says)."""
+    fp32 master weights and accumulation (why: training.core.engine.optimizer_zero_stage, which builds the DeepSpeed
+    config and must agree: tests/test_plan_advice.py). plan.py --check prints it without importing DeepSpeed."""
     return max(requested, 1) if precision in ("fp16", "bf16") else requested
 
 

@@ -52,7 +52,7 @@ def _split_score(stage_of: list[int], params: list[float], flops: list[float], p
 def _splits(n: int, pp: int):
     """Every block → stage assignment that is non-decreasing and leaves no middle stage empty (model.placement)."""
     for cuts in itertools.combinations_with_replacement(range(n + 1), pp - 1):
-        if all(a < b for a, b in zip(cuts, cuts[1:])):
+        if all(a < b for a, b in zip(cuts, cuts[1:], strict=False)):
             yield [sum(1 for c in cuts if c <= i) for i in range(n)]
 
 
@@ -96,7 +96,7 @@ def best_split(measures: dict, pp: int) -> list[int]:
     if math.comb(n + pp - 1, pp - 1) <= SEARCH_LIMIT:
         return min(_splits(n, pp), key=lambda s: _split_score([0] + s + [pp - 1], params, flops, pp))
     total_p, total_f = sum(params) or 1, sum(flops) or 1
-    return _minmax_split([p / total_p + f / total_f for p, f in zip(params, flops)], pp)
+    return _minmax_split([p / total_p + f / total_f for p, f in zip(params, flops, strict=True)], pp)
 
 
 def split_func(base: Callable, block_stages: list[int]) -> Callable:
@@ -108,8 +108,9 @@ def split_func(base: Callable, block_stages: list[int]) -> Callable:
 
 
 def _describe_moves(model: ModelConfig, now: list[int], best: list[int]) -> str:
-    names = [f"encoder.{i}" for i in range(model.encoder_layers)] + [f"decoder.{i}" for i in range(model.decoder_layers)]
-    return ", ".join(f"{names[i]} to stage {b}" for i, (a, b) in enumerate(zip(now, best)) if a != b)
+    names = ([f"encoder.{i}" for i in range(model.encoder_layers)]
+             + [f"decoder.{i}" for i in range(model.decoder_layers)])
+    return ", ".join(f"{names[i]} to stage {b}" for i, (a, b) in enumerate(zip(now, best, strict=True)) if a != b)
 
 
 def _remedy(change: str, flags: str | None, world: int, measures: dict, why: str) -> dict:

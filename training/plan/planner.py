@@ -24,8 +24,8 @@ from model.costs import (
     activation_bytes,
     boundary_bytes,
     boundary_tensors,
-    deepspeed_zero_stage,
     deepspeed_buffer_bytes,
+    deepspeed_zero_stage,
     dp_bytes,
     in_flight,
     layer_forward_flops,
@@ -231,9 +231,9 @@ def as_json(plan: dict) -> str:
 def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None, ranks_per_node: int = 8,
               device: str | None = None, device_memory: float | None = None,
               device_type: str = "cuda") -> dict:
-    """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory` (GiB): what the memory
-    verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU clusters) or "cpu" (the
-    DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
+    """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory`
+    (GiB): what the memory verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU
+    clusters) or "cpu" (the DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
     model, parallel = configs(cfg, world_size)
     device_name, memory = mem.device_bytes(device, device_memory)
     func = load_pipeline_func(cfg.parallel.pipeline_func)
@@ -406,9 +406,10 @@ def build_plan_parser() -> argparse.ArgumentParser:
                    help="add a prediction of the step time and scaling efficiency (text and --json)")
     s.add_argument("--step_time_1gpu", type=number(0, low_open=True, why="seconds"), default=None, metavar="SECONDS",
                    help="one GPU's measured step time on one data-parallel rank's batch (default: the model's FLOPs "
-                        f"at --assumed_mfu of --device's peak — assumed, not measured)")
+                        "at --assumed_mfu of --device's peak — assumed, not measured)")
     s.add_argument("--assumed_mfu", type=number(0, 1, low_open=True, why="a share of the peak"),
-                   default=speed.ASSUMED_MFU, help=f"MFU of the default one-GPU step time (default {speed.ASSUMED_MFU})")
+                   default=speed.ASSUMED_MFU,
+                   help=f"MFU of the default one-GPU step time (default {speed.ASSUMED_MFU})")
     s.add_argument("--intra_node_GB_s", type=number(0, low_open=True, why="a bandwidth"),
                    default=speed.INTRA_NODE_GB_S, metavar="GB/s",
                    help=f"GB/s a GPU sends to another of its node, each way (default {speed.INTRA_NODE_GB_S:g}: "

@@ -84,7 +84,8 @@ def format_plan(plan: dict) -> str:
     out.append(f"  pipeline   pipeline_func: {L['pipeline_func']}"
                + (f" ({SPLITS[L['pipeline_func']]})" if L["pipeline_func"] in SPLITS else ""))
     for st in S:
-        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} ranks {st['ranks'][0]}-{st['ranks'][1]}")
+        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} "
+                   f"ranks {st['ranks'][0]}-{st['ranks'][1]}")
     out.append(f"    {'block':<12} {'stage':>5}  {'recompute':<9}  comm_fusion (reported, not used: model/pipeline.py)")
     for b in plan["blocks"]:
         out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")
@@ -188,7 +189,7 @@ def format_memory(plan: dict) -> list[str]:
     out = [f"memory on {M['device']}: a stage fits when its largest rank's peak is at most "
            f"{100 * M['usable_fraction']:.0f}% of it = {human(usable)} (the rest: what the count leaves out, "
            f"docs/memory.md)"]
-    for v, st in zip(M["stages"], plan["stages"]):
+    for v, st in zip(M["stages"], plan["stages"], strict=True):
         out.append(f"  stage {v['stage']}: peak {human(v['peak_bytes'])} → "
                    + ("fits" if v["fits"] else f"DOES NOT FIT ({v['peak_bytes'] / max(usable, 1):.1f}× the usable "
                                                f"memory; activations {human(st['activations']['peak'])})"))
@@ -231,8 +232,8 @@ def format_advice(plan: dict) -> list[str]:
             out.append("    no split of the blocks or of the embeddings on these GPUs balances it better")
     sb = A.get("small_batch")
     if sb:
-        out.append(f"  small batch  {sb['pairs_per_micro_batch']} pairs = {sb['tokens_per_micro_batch']:,} source tokens "
-                   f"per GPU per micro-batch (global batch {plan['layout']['global_batch']}, "
+        out.append(f"  small batch  {sb['pairs_per_micro_batch']} pairs = {sb['tokens_per_micro_batch']:,} source "
+                   f"tokens per GPU per micro-batch (global batch {plan['layout']['global_batch']}, "
                    f"{sb['pairs_per_dp_rank']} pairs per data-parallel rank): below {sb['threshold_tokens']:,} = "
                    f"{sb['sms']} SMs × 128 × 128 / d_model {plan['model']['d_model']}, the rows a d_model-wide matrix "
                    f"product needs to give every SM of the {sb['device']} one 128×128 output tile — so the step is "

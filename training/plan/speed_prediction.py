@@ -137,9 +137,12 @@ def format_speed(sp: dict, world: int) -> list[str]:
 
     where = {True: f"across nodes, {lk['inter_node_GB_s_per_gpu']:.0f} GB/s per GPU", False: "inside a node, "
              f"{lk['intra_node_GB_s']:.0f} GB/s"}
+    overlap = ("overlaps the last micro-batch's backward except its last bucket" if c["dp_overlaps_backward"]
+               else "after backward, not overlapped (the optimizer DeepSpeed builds: docs/speed.md)")
     out = [f"speed (prediction, not a measurement): one GPU {ms(sp['step_time_1gpu_s'])} per step "
            f"({sp['step_time_1gpu_source']})",
-           f"  step on {world} GPU{'s' if world > 1 else ''} {ms(sp['step_time_s'])} = compute {ms(sp['compute_s'])} + pipeline bubble "
+           f"  step on {world} GPU{'s' if world > 1 else ''} {ms(sp['step_time_s'])} = compute "
+           f"{ms(sp['compute_s'])} + pipeline bubble "
            f"{ms(sp['pipeline_bubble_s'])} ({sp['pipeline_bubble_share']:.0%} idle) + tensor parallel "
            f"{ms(sp['tp_s'])} + pipeline sends {ms(sp['pp_s'])} + data parallel {ms(sp['dp_exposed_s'])} exposed "
            f"(gradients {ms(sp['dp_gradient_s'])}, {ms(sp['dp_hidden_s'])} of it behind backward, parameter "
@@ -148,6 +151,6 @@ def format_speed(sp: dict, world: int) -> list[str]:
            f"{sp['efficiency']:.0%}",
            f"  links: NVLink {lk['intra_node_GB_s']:.0f} GB/s per GPU each way (--intra_node_GB_s), network "
            f"{lk['inter_node_Gb_s']:.0f} Gb/s per node of {lk['gpus_per_node']} GPUs (--inter_node_Gb_s); "
-           f"gradient reduction {'overlaps the last backward except its last bucket' if c['dp_overlaps_backward'] else 'after backward, not overlapped (DeepSpeed optimizer: docs/speed.md)'}; "
+           f"gradient reduction {overlap}; "
            f"TP and pipeline transfers not overlapped; latency ignored"]
     return out
