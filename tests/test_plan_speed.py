@@ -101,3 +101,13 @@ def test_links_refuse_non_positive_bandwidths():
         S.Links(450, 0, 8)
     with pytest.raises(UserError, match="--step_time_1gpu -1: a step time must be > 0"):
         S.predict(-1, 1, 1, 1, 1, 1, NO_COMM, S.Links(450, 3200, 8))
+
+
+def test_a_step_too_short_for_a_bandwidth_model_is_said():
+    """The seed's 16pcs (d_model 128, 32 pairs of 10 tokens) predicts microseconds: the section says such a step is
+    bound by launches and latency, which it leaves out, and that its pipeline sends cross the nodes."""
+    text = run_plan("--recipe", RECIPES / "16pcs" / "16pcs.json", "--hostfile",
+                    RECIPES.parent / "run_scripts" / "hostfiles" / "hostfile_2nodes", "--predict_speed").stdout
+    section = text.split("speed (prediction, not a measurement)")[1]
+    assert "read these times as lower bounds" in section and "pipeline sends" in section
+    assert "(across nodes)" in section and "(33% idle)" in section          # pp 2, 2 micro-batches: 1/3

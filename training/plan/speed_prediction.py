@@ -18,6 +18,8 @@ INTER_NODE_GB_S = 3200.0
 # bf16 peak. Published bf16 Transformer training reaches 30-50% MFU on A100/H100 (larger models nearer 50%); a
 # 210 M-parameter model with d_model 1024 sits at the low end.
 ASSUMED_MFU = 0.35
+# Below this a step is a few hundred kernel launches (~5 µs each) and collectives (~10-30 µs each): not modelled.
+SHORT_STEP_S = 0.01
 
 
 @dataclass(frozen=True)
@@ -133,18 +135,20 @@ def format_speed(sp: dict, world: int) -> list[str]:
     c, lk = sp["comm"], sp["links"]
 
     def ms(x: float) -> str:
-        return f"{x * 1e3:.1f} ms"
+        return f"{x * 1e3:.1f} ms" if x >= 1e-3 or x == 0 else f"{x * 1e3:.2g} ms"
 
     where = {True: f"across nodes, {lk['inter_node_GB_s_per_gpu']:.0f} GB/s per GPU", False: "inside a node, "
              f"{lk['intra_node_GB_s']:.0f} GB/s"}
     overlap = ("overlaps the last micro-batch's backward except its last bucket" if c["dp_overlaps_backward"]
                else "after backward, not overlapped (the optimizer DeepSpeed builds: docs/speed.md)")
+    pp_where = " (across nodes)" if c["pp_spans"] else ""
     out = [f"speed (prediction, not a measurement): one GPU {ms(sp['step_time_1gpu_s'])} per step "
            f"({sp['step_time_1gpu_source']})",
            f"  step on {world} GPU{'s' if world > 1 else ''} {ms(sp['step_time_s'])} = compute "
            f"{ms(sp['compute_s'])} + pipeline bubble "
            f"{ms(sp['pipeline_bubble_s'])} ({sp['pipeline_bubble_share']:.0%} idle) + tensor parallel "
-           f"{ms(sp['tp_s'])} + pipeline sends {ms(sp['pp_s'])} + data parallel {ms(sp['dp_exposed_s'])} exposed "
+           f"{ms(sp['tp_s'])} + pipeline sends {ms(sp['pp_s'])}{pp_where} + data parallel "
+           f"{ms(sp['dp_exposed_s'])} exposed "
            f"(gradients {ms(sp['dp_gradient_s'])}, {ms(sp['dp_hidden_s'])} of it behind backward, parameter "
            f"all-gather {ms(sp['dp_param_gather_s'])}; {where[c['dp_spans']]})",
            f"  speed-up {sp['speedup']:.2f}× one GPU at equal per-GPU batch, scaling efficiency "
@@ -153,4 +157,7 @@ def format_speed(sp: dict, world: int) -> list[str]:
            f"{lk['inter_node_Gb_s']:.0f} Gb/s per node of {lk['gpus_per_node']} GPUs (--inter_node_Gb_s); "
            f"gradient reduction {overlap}; "
            f"TP and pipeline transfers not overlapped; latency ignored"]
+    if sp["step_time_s"] < SHORT_STEP_S:
+        out.append(f"  a step under {SHORT_STEP_S * 1e3:.0f} ms is bound by kernel launches and collective latency, "
+                   f"which this bandwidth model leaves out: read these times as lower bounds")
     return out
