@@ -135,25 +135,25 @@ def balance(cfg: TrainConfig, world: int, model: ModelConfig, parallel: Parallel
     emb = measures["layer_params"].get("embeddings", 0)
     if parallel.vocab_emb_dp and parallel.model_parallel > 1 and r["params"]["high_stage"] == 0:
         out["cause"] = {"embeddings_params": emb, "stage_params": measures["params"][0]}
-    tries = [(cfg, "", "")]
+    tries = [(cfg, "", "", measures)]
     if parallel.vocab_emb_dp and parallel.model_parallel > 1:
         changed = dataclasses.replace(cfg, parallel=dataclasses.replace(cfg.parallel, vocab_emb_dp=False))
         try:
             split_emb = remeasure(changed, func)
         except UserError:
             split_emb = None
-        if split_emb is not None:
+        better = split_emb is not None and ratios(split_emb)["params"]["ratio"] < r["params"]["ratio"]
+        if better:
             out["remedies"].append(_remedy("--vocab_emb_dp 0", "--vocab_emb_dp 0", world, split_emb,
                                            f"the word tables split over the {parallel.model_parallel} TP ranks "
                                            f"instead of replicated on each"))
-            tries.append((changed, "--vocab_emb_dp 0", "with the tables split, "))
+            tries.append((changed, "--vocab_emb_dp 0", "with the tables split, ", split_emb))
     now = assign_stages(model, parallel, func)
-    for changed, prefix, context in tries:
-        base = measures if not prefix else remeasure(changed, func)
+    for changed, prefix, context, base in tries:
         best = best_split(base, pp)
         if best == now:
             continue
-        named = [name for name, f in BUILTIN_PIPELINE_FUNCS.items()
+        named = [name for name in BUILTIN_PIPELINE_FUNCS
                  if assign_stages(model, parallel, load_pipeline_func(name)) == best]
         try:
             replanned = remeasure(changed, split_func(func, best))

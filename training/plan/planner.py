@@ -370,11 +370,15 @@ examples:
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 2048 --num_heads 16 \
       --ffn_size 8192 --encoder_layer 12 --decoder_layer 12 --src_len 512 --tgt_len 512 --batch_size 256
       (does not fit an h100: the verdict names --recompute 1 and --micro_batch_num 4)
+  python run_scripts/plan.py --recipe recipes/transformer-big-wmt14-en-fr/transformer-big-wmt14-en-fr-16gpu.json \
+      --world_size 16 --batch_size 1536 --predict_speed      (step time and scaling: docs/speed.md)
 
 Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
 largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 80% of the
 device's memory (--device, default h100; or --device_memory GiB) and, when it does not, which changes would make it
-fit. A layout that cannot run exits with status 2 and one `error:` line listing the layouts that would fit.
+fit. Pipeline stages more than 1.5x apart and micro-batches too small for the GPUs are flagged with re-planned
+remedies (docs/parallelism.md). A layout that cannot run exits with status 2 and one `error:` line listing the
+layouts that would fit.
 """
 
 
