@@ -106,6 +106,22 @@ def forward_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, 
     return m.encoder_layers * enc + m.decoder_layers * dec + tgt_tokens * 2 * h * v
 
 
+def layer_forward_flops(m: ModelConfig, name: str, pairs: int, src_len: int, tgt_len: int, tp: int = 1) -> float:
+    """Forward FLOPs of one pipeline layer ("embeddings", "encoder.i", "decoder.i", "head") on one of `tp` tensor
+    parallel ranks, for `pairs` pairs padded to src_len / tgt_len (every position counted): the terms of
+    forward_flops, split by layer, so a pipeline stage's compute is the sum of its layers'. Lookups count 0."""
+    h, f, b, s, t = m.d_model, m.ffn, pairs, src_len, tgt_len
+    if name.startswith("encoder."):
+        total = b * s * (8 * h * h + 4 * h * f) + 4 * b * s * s * h
+    elif name.startswith("decoder."):
+        total = b * t * (12 * h * h + 4 * h * f) + b * s * 4 * h * h + 4 * b * t * (t + s) * h
+    elif name == "head":
+        total = b * t * 2 * h * m.vocab_size
+    else:
+        total = 0
+    return total / tp
+
+
 def model_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
     """FLOPs of one training step's forward and backward over a global batch (3× forward; no recompute)."""
     return 3 * forward_flops(m, src_tokens, tgt_tokens, pairs, src_len, tgt_len)
@@ -155,6 +171,13 @@ ZERO3_PREFETCH = 50_000_000         # DeepSpeed's stage3_prefetch_bucket_size de
 # precision (training.core.engine.GRAD_REDUCE_DTYPE, DeepSpeed's communication_data_type), and half precision
 # accumulates gradients in fp32 too
 GRAD_BYTES = 4
+
+
+def deepspeed_zero_stage(requested: int, precision: str) -> int:
+    """The ZeRO stage DeepSpeed runs for the requested one: fp16/bf16 at ZeRO 0 run stage 1, the only one that keeps
+    fp32 master weights and accumulation (why: training.core.engine.optimizer_zero_stage, which builds the DeepSpeed
+    config and must agree: tests/test_plan_advice.py). plan.py --check prints it without importing DeepSpeed."""
+    return max(requested, 1) if precision in ("fp16", "bf16") else requested
 
 
 def uses_bf16_optimizer(zero: int, precision: str) -> bool:

@@ -45,3 +45,9 @@ def float_stage(network, layer_id, offset, parallel_config, layers):
 
 def skips_a_stage(network, layer_id, offset, parallel_config, layers):
     network.pipeline_stage = 0 if offset == 0 else parallel_config.pipeline_stage - 1
+
+
+def every_block_on_stage_0(network, layer_id, offset, parallel_config, layers):
+    """The split plan.py's balance advice names for the seed's 16pcs ("move decoder.0 to stage 0"): every block on
+    the first stage, the head alone on the last (tests/test_plan_advice.py re-plans it through --pipeline_func)."""
+    network.pipeline_stage = 0

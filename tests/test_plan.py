@@ -236,7 +236,7 @@ def test_16pcs_every_rank_builds_its_stage_and_shards():
         assert c.rank == c.pp * 8 + c.tp and c.dp == 0
         ctx = ParallelContext(tp_size=mp, tp_rank=c.tp, tp_group=None, pp_size=2, pp_rank=c.pp)
         specs = block_specs(model, parallel, ctx, 1234, placements)
-        mods = [cls(**kw) for (cls, kw), s in zip(specs, stages) if s == c.pp]
+        mods = [cls(**kw) for (cls, kw), s in zip(specs, stages, strict=True) if s == c.pp]
         kinds = [type(m) for m in mods]
         if c.pp == 0:
             assert kinds == [Embeddings, EncoderLayer]
@@ -657,14 +657,9 @@ def test_a_stage_that_does_not_fit_is_said_with_changes_that_do_fit():
     assert "--recompute 1 --micro_batch_num 32" not in " ".join(remedies)    # not when the smaller change fits
     text = format_plan(plan)
     assert "stage 0: peak " in text and "DOES NOT FIT" in text and "it would fit with: --micro_batch_num 32" in text
-    for remedy in remedies:
-        flags = remedy.split(" (")[0].split()
-        world = 2
-        if " on " in remedy:
-            world = int(flags[-2])
-            flags = flags[:-3]
-        fixed = P.make_plan(args_for(*BIG_ACTIVATIONS, *flags), world, device_memory=2)
-        assert all(v["fits"] for v in fixed["memory"]["stages"]), remedy
+    for change in plan["memory"]["remedy_changes"]:
+        fixed = P.make_plan(args_for(*BIG_ACTIVATIONS, *change["flags"].split()), change["world_size"], device_memory=2)
+        assert all(v["fits"] for v in fixed["memory"]["stages"]), change
     # nothing helps a model bigger than the device: said, not silently
     plan = P.make_plan(args_for(*BIG_ACTIVATIONS), 2, device_memory=0.01)
     assert plan["memory"]["remedies"] == [] and "no change tried fits" in format_plan(plan)

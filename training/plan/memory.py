@@ -70,11 +70,11 @@ def candidates(cfg: TrainConfig, world: int, parallel: ParallelConfig,
         if dp % 2 == 0:
             out.append(("pp", f"--pipeline_stage {p.pipeline_stage * 2}",
                         _with(cfg, pipeline_stage=p.pipeline_stage * 2), world))
-        out.append(("pp", f"--pipeline_stage {p.pipeline_stage * 2} on {world * 2} ranks",
+        out.append(("pp", f"--pipeline_stage {p.pipeline_stage * 2}",
                     _with(cfg, pipeline_stage=p.pipeline_stage * 2), world * 2))
     if dp % 2 == 0:
         out.append(("mp", f"--mp {p.mp * 2}", _with(cfg, mp=p.mp * 2), world))
-    out.append(("mp", f"--mp {p.mp * 2} on {world * 2} ranks", _with(cfg, mp=p.mp * 2), world * 2))
+    out.append(("mp", f"--mp {p.mp * 2}", _with(cfg, mp=p.mp * 2), world * 2))
     if not p.recompute:                               # recompute together with each of the others
         out += [(f"recompute+{kind}", f"--recompute 1 {flags}", _with(changed, recompute=True), w)
                 for kind, flags, changed, w in out[1:]]
@@ -82,13 +82,15 @@ def candidates(cfg: TrainConfig, world: int, parallel: ParallelConfig,
 
 
 def remedies(cfg: TrainConfig, world: int, parallel: ParallelConfig, blocks: int, memory: float,
-             stage_peaks: Callable[[TrainConfig, int], list[int]], limit: int = 4) -> list[str]:
+             stage_peaks: Callable[[TrainConfig, int], list[int]], limit: int = 4) -> list[dict]:
     """The changes under which every stage fits (each re-planned with `stage_peaks(config, world)`), with the largest
-    stage's peak: the smallest change of each kind, the least disruptive kinds first; empty when none is enough."""
+    stage's peak: the smallest change of each kind, the least disruptive kinds first; empty when none is enough.
+    Each: {"text", "flags", "world_size", "changes_gpu_count", "largest_stage_bytes"}; a change that needs more GPUs
+    says so in its text ("needs 32 GPUs, not 16"), as a flag alone would not."""
     found, kinds, fitting = [], set(), set()
     for kind, flags, changed, w in candidates(cfg, world, parallel, blocks):
         if kind in kinds or (kind.startswith("recompute+") and ("recompute" in kinds
-                                                                 or flags[len("--recompute 1 "):] in fitting)):
+                                                                 or (flags[len("--recompute 1 "):], w) in fitting)):
             continue                                   # a smaller change of this kind already fits
         try:
             peaks = stage_peaks(changed, w)
@@ -96,8 +98,10 @@ def remedies(cfg: TrainConfig, world: int, parallel: ParallelConfig, blocks: int
             continue
         if max(peaks) <= USABLE * memory:
             kinds.add(kind)
-            fitting.add(flags)
-            found.append(f"{flags} (largest stage {max(peaks) / GIB:.1f} GiB)")
+            fitting.add((flags, w))
+            gpus = f"needs {w} GPUs, not {world}: --world_size {w}; " if w != world else ""
+            found.append({"text": f"{flags} ({gpus}largest stage {max(peaks) / GIB:.1f} GiB)", "flags": flags,
+                          "world_size": w, "changes_gpu_count": w != world, "largest_stage_bytes": max(peaks)})
             if len(found) == limit:
                 break
     return found

@@ -25,8 +25,10 @@ from model.costs import (
     boundary_bytes,
     boundary_tensors,
     deepspeed_buffer_bytes,
+    deepspeed_zero_stage,
     dp_bytes,
     in_flight,
+    layer_forward_flops,
     rank_peak,
     state_bytes,
     tensor_bytes,
@@ -36,7 +38,9 @@ from model.placement import assign_stages, layer_stages, load_pipeline_func, pip
 from training.config.flags import build_parser, given_flags, parse_args
 from training.config.preflight import check_run
 from training.config.sections import TrainConfig
+from training.plan import advice
 from training.plan import memory as mem
+from training.plan import speed_prediction as speed
 from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
 from training.plan.report import compact_layers, format_plan
 
@@ -158,17 +162,41 @@ def rank_memory(n_params: int, by_layer: dict, activations: int, parallel: Paral
             "total_bytes": rank_peak(state["total_bytes"], activations, buffers)}
 
 
+def stage_measures(cfg: TrainConfig, world_size: int, func=None, device_type: str = "cuda") -> dict:
+    """What the balance of a layout is judged by, per stage (each the largest over its TP ranks): "params", "peak_bytes"
+    (the memory verdict's input) and "flops" (forward FLOPs of one micro-batch, model.costs.layer_forward_flops), plus
+    "layer_params" / "layer_flops" by layer name. `func`: a pipeline_func object to plan with instead of the recipe's
+    (training.plan.advice re-plans other splits with it). UserError for a layout that cannot run."""
+    model, parallel = configs(cfg, world_size)
+    func = func or load_pipeline_func(cfg.parallel.pipeline_func)
+    built = _layout_memory(cfg, model, parallel, func, device_type)
+    acts = stage_activations(cfg, model, parallel, func)
+    pp, tp = parallel.pipeline_stage, parallel.model_parallel
+    counts = built["counts"]
+    peaks = [max(rank_memory(sum(counts[(k, r)].values()), counts[(k, r)], acts[k]["peak"], parallel,
+                             built["ds_cfgs"][(k, r)], cfg.parallel.precision)["total_bytes"] for r in range(tp))
+             for k in range(pp)]
+    return _measures(model, parallel, cfg, counts, peaks, [a["layers"] for a in acts])
+
+
+def _measures(model: ModelConfig, parallel: ParallelConfig, cfg: TrainConfig, counts: dict, peaks: list[int],
+              layers: list[list[str]]) -> dict:
+    micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
+    tp = parallel.model_parallel
+    layer_params = {name: max(counts[(k, r)][name] for r in range(tp))
+                    for k, names in enumerate(layers) for name in names}
+    layer_flops = {name: layer_forward_flops(model, name, micro, model.src_len, model.tgt_len, tp)
+                   for names in layers for name in names}
+    return {"layers": layers, "params": [max(sum(counts[(k, r)].values()) for r in range(tp))
+                                         for k in range(len(layers))],
+            "peak_bytes": list(peaks), "flops": [sum(layer_flops[n] for n in names) for names in layers],
+            "layer_params": layer_params, "layer_flops": layer_flops}
+
+
 def stage_peaks(cfg: TrainConfig, world_size: int, device_type: str = "cuda") -> list[int]:
     """Each stage's largest per-rank peak in bytes (the memory verdict's input; UserError for a layout that cannot
     run)."""
-    model, parallel = configs(cfg, world_size)
-    func = load_pipeline_func(cfg.parallel.pipeline_func)
-    built = _layout_memory(cfg, model, parallel, func, device_type)
-    acts = stage_activations(cfg, model, parallel, func)
-    return [max(rank_memory(sum(built["counts"][(k, r)].values()), built["counts"][(k, r)], acts[k]["peak"],
-                            parallel, built["ds_cfgs"][(k, r)], cfg.parallel.precision)["total_bytes"]
-                for r in range(parallel.model_parallel))
-            for k in range(parallel.pipeline_stage)]
+    return stage_measures(cfg, world_size, device_type=device_type)["peak_bytes"]
 
 
 class RankRows(Sequence):
@@ -204,9 +232,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
               device: str | None = None, device_memory: float | None = None,
               device_type: str = "cuda") -> dict:
     """Everything plan.py prints, as a dict (`as_json` writes it; "ranks" is a RankRows). `device` / `device_memory`
-    (GiB): what the memory
-    verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU clusters) or "cpu" (the
-    DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
+    (GiB): what the memory verdict compares against (default an H100); `device_type`: "cuda" (plans are for GPU
+    clusters) or "cpu" (the DeepSpeed settings train.py picks on a CPU: no ZeRO overlap buffers)."""
     model, parallel = configs(cfg, world_size)
     device_name, memory = mem.device_bytes(device, device_memory)
     func = load_pipeline_func(cfg.parallel.pipeline_func)
@@ -215,13 +242,15 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
     placements = place_blocks(model, parallel, func)
     recomputed = [p.name for p in placements if p.recomputed]
     micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
-    zero, prec = parallel.effective_zero_stage, cfg.parallel.precision
+    prec = cfg.parallel.precision
     tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
     el = 2 if prec in ("fp16", "bf16") else 4
 
     # every distinct (stage, tp rank) builds its own blocks and counts their parameters
     built = _layout_memory(cfg, model, parallel, func, device_type)
     counts, ds_cfg = built["counts"], built["ds_cfg"]
+    # the stage the layout line names is the one in the DeepSpeed config printed below (bf16 at ZeRO 0 runs 1)
+    zero = ds_cfg["zero_optimization"]["stage"]
     acts_by_stage = stage_activations(cfg, model, parallel, func)
 
     nodes = rank_nodes(world_size, hosts, ranks_per_node)
@@ -276,6 +305,10 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
     verdict = mem.verdict([st["peak_bytes"] for st in stages], memory)
     fixes = [] if all(v["fits"] for v in verdict) else mem.remedies(
         cfg, world_size, parallel, model.num_blocks, memory, lambda c, w: stage_peaks(c, w, device_type))
+    measures = _measures(model, parallel, cfg, counts, [st["peak_bytes"] for st in stages],
+                         [st["layers"] for st in stages])
+    tips = advice.plan_advice(cfg, world_size, model, parallel, func, measures, device,
+                              lambda c, f: stage_measures(c, world_size, f, device_type))
     batch_at_dp1 = cfg.data.batch_size // parallel.micro_batch_num
     return {
         "recipe": cfg.recipe, "world_size": world_size,
@@ -283,6 +316,7 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
                   else {"ranks_per_node": ranks_per_node, "count": -(-world_size // ranks_per_node)}),
         "layout": {"data_parallel": dp, "model_parallel": tp, "pipeline_stage": pp,
                    "micro_batch_num": parallel.micro_batch_num, "zero_stage": zero,
+                   "zero_stage_requested": parallel.effective_zero_stage,
                    "optimizer_shard": parallel.optimizer_shard, "recompute": parallel.recompute,
                    "vocab_emb_dp": parallel.vocab_emb_dp, "pipeline_func": pipeline_func_name(func),
                    "global_batch": cfg.data.batch_size, "micro_batch": micro,
@@ -302,7 +336,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
                     "comm_fusion": p.comm_fusion} for p in placements],
         "stages": stages, "ranks": ranks,
         "memory": {"device": device_name, "device_bytes": int(memory), "usable_fraction": mem.USABLE,
-                   "stages": verdict, "remedies": fixes},
+                   "stages": verdict, "remedies": [f["text"] for f in fixes], "remedy_changes": fixes},
+        "advice": tips,
     }
 
 
@@ -318,7 +353,8 @@ def check_line(cfg: TrainConfig, world_size: int, hosts=None) -> str:
     stages = f"pipeline_func {pipeline_func_name(func)}: {stages}"
     return (f"layout ok: {world_size} ranks = dp {parallel.data_parallel} × mp {parallel.model_parallel} × pp "
             f"{parallel.pipeline_stage}; global batch {cfg.data.batch_size} = micro {micro} × micro_batch_num "
-            f"{parallel.micro_batch_num} × dp {parallel.data_parallel}; ZeRO {parallel.effective_zero_stage}; "
+            f"{parallel.micro_batch_num} × dp {parallel.data_parallel}; ZeRO "
+            f"{deepspeed_zero_stage(parallel.effective_zero_stage, cfg.parallel.precision)}; "
             f"{stages}")
 
 
@@ -334,11 +370,15 @@ examples:
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 2048 --num_heads 16 \
       --ffn_size 8192 --encoder_layer 12 --decoder_layer 12 --src_len 512 --tgt_len 512 --batch_size 256
       (does not fit an h100: the verdict names --recompute 1 and --micro_batch_num 4)
+  python run_scripts/plan.py --recipe recipes/transformer-big-wmt14-en-fr/transformer-big-wmt14-en-fr-16gpu.json \
+      --world_size 16 --batch_size 1536 --predict_speed      (step time and scaling: docs/speed.md)
 
 Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
 largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 80% of the
 device's memory (--device, default h100; or --device_memory GiB) and, when it does not, which changes would make it
-fit. A layout that cannot run exits with status 2 and one `error:` line listing the layouts that would fit.
+fit. Pipeline stages more than 1.5x apart and micro-batches too small for the GPUs are flagged with re-planned
+remedies (docs/parallelism.md). A layout that cannot run exits with status 2 and one `error:` line listing the
+layouts that would fit.
 """
 
 
@@ -365,6 +405,23 @@ def build_plan_parser() -> argparse.ArgumentParser:
     g.add_argument("--write_hostfile", default=None, metavar="PATH",
                    help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
                         "comments dropped; run_cluster.sh passes this copy to DeepSpeed and mpirun)")
+    s = p.add_argument_group("plan.py --predict_speed (docs/speed.md)")
+    s.add_argument("--predict_speed", action="store_true",
+                   help="add a prediction of the step time and scaling efficiency (text and --json)")
+    s.add_argument("--step_time_1gpu", type=number(0, low_open=True, why="seconds"), default=None, metavar="SECONDS",
+                   help="one GPU's measured step time on one data-parallel rank's batch (default: the model's FLOPs "
+                        "at --assumed_mfu of --device's peak — assumed, not measured)")
+    s.add_argument("--assumed_mfu", type=number(0, 1, low_open=True, why="a share of the peak"),
+                   default=speed.ASSUMED_MFU,
+                   help=f"MFU of the default one-GPU step time (default {speed.ASSUMED_MFU})")
+    s.add_argument("--intra_node_GB_s", type=number(0, low_open=True, why="a bandwidth"),
+                   default=speed.INTRA_NODE_GB_S, metavar="GB/s",
+                   help=f"GB/s a GPU sends to another of its node, each way (default {speed.INTRA_NODE_GB_S:g}: "
+                        f"H100 SXM NVLink 4)")
+    s.add_argument("--inter_node_Gb_s", type=number(0, low_open=True, why="a bandwidth"),
+                   default=speed.INTER_NODE_GB_S, metavar="Gb/s",
+                   help=f"Gb/s a node sends to the network, all its NICs, each way (default {speed.INTER_NODE_GB_S:g}:"
+                        f" 8 × 400 Gb/s InfiniBand NDR, a DGX H100)")
     return p
 
 
@@ -382,6 +439,11 @@ def main(argv: list | None = None) -> int:
         print(check_line(cfg, world, hosts))
         return 0
     plan = make_plan(cfg, world, hosts, args.gpus_per_node, device=args.device, device_memory=args.device_memory)
+    if args.predict_speed:
+        per_node = max(h.slots for h in hosts) if hosts else args.gpus_per_node
+        links = speed.Links(args.intra_node_GB_s, args.inter_node_Gb_s, per_node)
+        plan["speed"] = speed.speed_section(plan, configs(cfg, world)[0], args.step_time_1gpu, args.device, links,
+                                            args.assumed_mfu)
     print(as_json(plan) if args.json else format_plan(plan))
     sys.stdout.flush()
     return 0

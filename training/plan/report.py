@@ -5,6 +5,7 @@ import json
 from collections.abc import Sequence
 
 from common.units import human_bytes as human
+from training.plan.speed_prediction import format_speed
 
 RANK_ROWS = 256                  # rank rows the text report prints before it shows only the ends
 
@@ -50,6 +51,9 @@ def format_plan(plan: dict) -> str:
     out.append(f"plan: {plan['recipe'] or '(flags only)'} on {world} ranks, {where}")
     zero_why = {0: "off", 1: "optimizer state sharded over dp", 2: "optimizer state + gradients sharded over dp",
                 3: "optimizer state + gradients + parameters sharded over dp"}[L["zero_stage"]]
+    if L.get("zero_stage_requested", L["zero_stage"]) != L["zero_stage"]:
+        zero_why += (f"; ZeRO {L['zero_stage_requested']} asked, DeepSpeed runs {L['zero_stage']} in "
+                     f"{M['precision']} for its fp32 master weights")
     out.append(f"  layout     dp {L['data_parallel']} × mp {L['model_parallel']} × pp {L['pipeline_stage']} = "
                f"{world}; ZeRO {L['zero_stage']} ({zero_why}); recompute {'on' if L['recompute'] else 'off'}; "
                f"embeddings {'replicated (vocab_emb_dp)' if L['vocab_emb_dp'] else 'split over mp'}")
@@ -80,11 +84,12 @@ def format_plan(plan: dict) -> str:
     out.append(f"  pipeline   pipeline_func: {L['pipeline_func']}"
                + (f" ({SPLITS[L['pipeline_func']]})" if L["pipeline_func"] in SPLITS else ""))
     for st in S:
-        first, last = st["ranks"][0], st["ranks"][1]
-        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} ranks {first}-{last}")
+        out.append(f"    stage {st['stage']}: {compact_layers(st['layers']):<36} "
+                   f"ranks {st['ranks'][0]}-{st['ranks'][1]}")
     out.append(f"    {'block':<12} {'stage':>5}  {'recompute':<9}  comm_fusion (reported, not used: model/pipeline.py)")
     for b in plan["blocks"]:
         out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")
+    out.extend(format_advice(plan))
     out.append("")
     out.append("ranks (rank = pp·dp·mp + dp·mp + tp: TP fastest, then DP, then PP); bytes per rank, peak = "
                "params + grads + optimizer + activations + DeepSpeed's buffers")
@@ -171,6 +176,9 @@ def format_plan(plan: dict) -> str:
     out.append(f"DeepSpeed config (rank 0): train_batch_size {ds['train_batch_size']}, train_micro_batch_size_per_gpu "
                f"{ds['train_micro_batch_size_per_gpu']}, gradient_accumulation_steps "
                f"{ds['gradient_accumulation_steps']}, zero_optimization {json.dumps(ds['zero_optimization'])}")
+    if plan.get("speed"):
+        out.append("")
+        out.extend(format_speed(plan["speed"], world))
     return "\n".join(out)
 
 
@@ -181,7 +189,7 @@ def format_memory(plan: dict) -> list[str]:
     out = [f"memory on {M['device']}: a stage fits when its largest rank's peak is at most "
            f"{100 * M['usable_fraction']:.0f}% of it = {human(usable)} (the rest: what the count leaves out, "
            f"docs/memory.md)"]
-    for v, st in zip(M["stages"], plan["stages"]):
+    for v, st in zip(M["stages"], plan["stages"], strict=True):
         out.append(f"  stage {v['stage']}: peak {human(v['peak_bytes'])} → "
                    + ("fits" if v["fits"] else f"DOES NOT FIT ({v['peak_bytes'] / max(usable, 1):.1f}× the usable "
                                                f"memory; activations {human(st['activations']['peak'])})"))
@@ -193,4 +201,42 @@ def format_memory(plan: dict) -> list[str]:
         out.append("  no change tried fits (recompute, ZeRO stages, smaller micro-batches, twice the pipeline stages "
                    "or tensor parallelism, each with recompute): use more GPUs per replica, a smaller model, or "
                    "shorter sequences")
+    return out
+
+
+def _x(ratio: float | None) -> str:
+    return "∞" if ratio is None else f"{ratio:.1f}×"
+
+
+def format_advice(plan: dict) -> list[str]:
+    """The stage-balance flag and its re-planned remedies, and the small-batch note (training/plan/advice.py)."""
+    A, world, out = plan.get("advice") or {}, plan["world_size"], []
+    bal = A.get("balance")
+    if bal and bal["flagged"]:
+        r = bal["ratios"]
+        names = {"params": "parameters", "peak_bytes": "peak memory", "flops": "compute"}
+        parts = [f"{names[k]} stage {v['high_stage']} {_x(v['ratio'])} stage {v['low_stage']}" for k, v in r.items()
+                 if v["ratio"] is None or v["ratio"] > bal["threshold"]]
+        cause = ""
+        if bal["cause"]:
+            c = bal["cause"]
+            cause = (f"; {c['embeddings_params'] / 1e6:.2f} M of stage 0's {c['stage_params'] / 1e6:.2f} M parameters "
+                     f"are the word tables replicated on every TP rank (vocab_emb_dp)")
+        out.append(f"  balance    UNEVEN STAGES: {', '.join(parts)} (flagged above {bal['threshold']}×){cause}")
+        if bal["remedies"]:
+            out.append(f"    remedies on the same {world} GPUs, each re-planned (parameters / peak memory / compute "
+                       f"ratio): " + "; ".join(
+                           f"{m['change']}: {_x(m['ratios']['params'])} / {_x(m['ratios']['peak_bytes'])} / "
+                           f"{_x(m['ratios']['flops'])}" for m in bal["remedies"]))
+        else:
+            out.append("    no split of the blocks or of the embeddings on these GPUs balances it better")
+    sb = A.get("small_batch")
+    if sb:
+        out.append(f"  small batch  {sb['pairs_per_micro_batch']} pairs = {sb['tokens_per_micro_batch']:,} source "
+                   f"tokens per GPU per micro-batch (global batch {plan['layout']['global_batch']}, "
+                   f"{sb['pairs_per_dp_rank']} pairs per data-parallel rank): below {sb['threshold_tokens']:,} = "
+                   f"{sb['sms']} SMs × 128 × 128 / d_model {plan['model']['d_model']}, the rows a d_model-wide matrix "
+                   f"product needs to give every SM of the {sb['device']} one 128×128 output tile — so the step is "
+                   f"bound by kernel launches and latency, not compute; --batch_size {sb['batch_size_at_threshold']} "
+                   f"reaches it, or use fewer GPUs")
     return out
