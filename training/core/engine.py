@@ -15,7 +15,7 @@ import torch
 
 from common.errors import UserError
 from model.config import ModelConfig, ParallelConfig
-from model.costs import GRAD_BYTES
+from model.costs import GRAD_BYTES, deepspeed_zero_stage
 from model.parallel.random import RNG
 from model.parallel.topology import ParallelContext, build_grid
 from model.pipeline import build_pipeline_module
@@ -66,8 +66,7 @@ def optimizer_zero_stage(parallel: ParallelConfig, precision: str) -> int:
     without fp32 accumulation, sum micro-batch gradients in half precision, and ZeRO 0 with fp32 accumulation is
     refused), so a ZeRO-0 layout in fp16/bf16 runs stage 1: bf16 → BF16_Optimizer, fp16 → the ZeRO-1 optimizer
     with dynamic loss scaling. Stage 1 only partitions the optimizer state over dp (nothing changes at dp 1)."""
-    stage = parallel.effective_zero_stage
-    return max(stage, 1) if precision in HALF_DTYPES else stage
+    return deepspeed_zero_stage(parallel.effective_zero_stage, precision)   # one rule, plan.py's too
 
 
 def clips_in_client_optimizer(parallel: ParallelConfig, precision: str) -> bool:
