@@ -90,8 +90,9 @@ def main(argv=None) -> int:
         print(f"{chrf}")
         print(f"chrF signature: {chrf_metric.get_signature()}")
     decoding = f"beam {args.beam} (lenpen {args.lenpen})" if args.beam > 1 else "greedy"
-    print(f"checkpoint {translator.checkpoint} (step {translator.step}), {len(hyps)} sentences, {decoding} on "
-          f"{translator.device}{'' if not args.no_cache else ' without KV cache'}: {result.seconds:.1f} s "
+    print(f"checkpoint {translator.checkpoint} (step {translator.step}{translator.chosen}), {len(hyps)} sentences, "
+          f"{decoding} on {translator.device}{'' if not args.no_cache else ' without KV cache'}: "
+          f"{result.seconds:.1f} s "
           f"({len(hyps) / result.seconds:.1f} sentences/s), {result.unfinished} reached tgt_len {cfg.tgt_len} "
           f"without EOS, {len(result.truncated)} sources truncated; total {seconds:.1f} s"
           + (f"; hypotheses in {args.output}" if args.output else ""))

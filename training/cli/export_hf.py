@@ -52,8 +52,9 @@ def main(argv=None) -> int:
     cfg = translator.cfg
     print(f"wrote {path}: BlenderbotForConditionalGeneration (d_model {cfg.d_model}, {cfg.encoder_layers}+"
           f"{cfg.decoder_layers} layers, vocab {cfg.vocab_size}, shared embeddings {cfg.share_embeddings}) from "
-          f"{translator.checkpoint} (step {translator.step}), tokenizer {translator.tokenizer_path}; generate() "
-          f"defaults: num_beams {args.beam}, length_penalty {args.lenpen}, max_new_tokens {cfg.tgt_len}")
+          f"{translator.checkpoint} (step {translator.step}{translator.chosen}), tokenizer "
+          f"{translator.tokenizer_path}; "
+          f"generate() defaults: num_beams {args.beam}, length_penalty {args.lenpen}, max_new_tokens {cfg.tgt_len}")
     return 0
 
 
