@@ -108,8 +108,11 @@ def test_the_installed_commands_answer_help(scripts, tmp_path):
     shim = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--help"], env=env(),
                           capture_output=True, text=True, timeout=300)
     command = results[names.index("dstr-translate")]
-    flags = lambda text: sorted(set(w for w in text.split() if w.startswith("--")))  # noqa: E731 - a one-line helper
     assert flags(shim.stdout) == flags(command.stdout) and "--ckpt_file" in flags(command.stdout)
+
+
+def flags(help_text: str) -> list[str]:
+    return sorted({w.strip(",[]") for w in help_text.split() if w.startswith("--")})
 
 
 def test_a_user_mistake_is_one_line(scripts, tmp_path):
