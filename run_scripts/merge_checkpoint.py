@@ -1,48 +1,15 @@
 #!/usr/bin/env python3
-"""Merge a checkpoint saved under any layout (TP shards, pipeline stages, ZeRO partitions) into one consolidated
-fp32 state dict for the serial model.
+"""The installed `dstr-merge-checkpoint` command run from the repository; code: training/cli/merge_checkpoint.py.
 
-    python run_scripts/merge_checkpoint.py out/tp2/checkpoints/step_00000020 --output model.pt
-    python run_scripts/merge_checkpoint.py out/tp2 --output model.pt          # the latest checkpoint of a run
-
-The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N, ...})`
-(training/checkpoint/consolidated.py);
-the state dict loads with `Seq2SeqTransformer(ModelConfig(**obj["model_config"])).load_state_dict(obj["model"])`,
-and evaluate.py / export_hf.py take the file as --ckpt_file. `--with_optimizer` also stores AdamW's exp_avg /
-exp_avg_sq per parameter.
+This file stays for the commands, recipes and launchers that name it (`--help` lists the flags).
 """
-from __future__ import annotations
-
-import argparse
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
-from common.errors import run_cli
-from training.checkpoint.consolidated import merge, save  # noqa: E402,F401  (merge: importable from here, as before)
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint", help="a step_* folder, a checkpoints/ folder or a run's output_dir (→ latest)")
-    p.add_argument("--output", "-o", required=True, help="where to write the consolidated .pt file")
-    p.add_argument("--with_optimizer", action="store_true", help="include AdamW moments")
-    p.add_argument("--no_verify", action="store_true",
-                   help="load a checkpoint folder without checking its files against the sha256 stored at save "
-                        "(default: checked; a damaged file is refused naming it)")
-    args = p.parse_args(argv)
-    from preprocess.textio import check_output_file
-    check_output_file(args.output, "--output")                 # before the (long) merge
-    merged = merge(args.checkpoint, args.with_optimizer, verify=not args.no_verify)
-    save(merged, args.output)
-    n = sum(t.numel() for t in merged["model"].values())
-    print(f"wrote {args.output}: {len(merged['model'])} tensors, {n:,} parameters, step {merged['step']}, "
-          f"saved under {merged['saved_layout']['data_parallel']}dp×{merged['saved_layout']['model_parallel']}mp×"
-          f"{merged['saved_layout']['pipeline_stage']}pp")
-    return 0
-
+from common.errors import run_cli  # noqa: E402 - after the path insert
+from training.cli.merge_checkpoint import main, merge, save  # noqa: E402,F401 - importable from here, as before
 
 if __name__ == "__main__":
     run_cli(main)

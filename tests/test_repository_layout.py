@@ -102,7 +102,9 @@ def test_packages_import_only_the_layers_below():
 
 
 # training/'s sub-packages, bottom up: each imports only the levels below its own (the trainer sits on top)
-TRAINING_LEVELS = {"core": 0, "config": 1, "checkpoint": 2, "run": 3, "evaluation": 3, "plan": 3, "trainer": 4}
+# cli/ (the commands) on top of everything
+TRAINING_LEVELS = {"core": 0, "config": 1, "checkpoint": 2, "run": 3, "evaluation": 3, "plan": 3, "trainer": 4,
+                   "cli": 5}
 
 
 def _training_part(module: str):
@@ -208,7 +210,8 @@ def test_the_installed_package_holds_every_package():
 
 # what starts a process group (directly or through train.py's or the demos' code)
 PROCESS_GROUP_STARTERS = re.compile(r"\b(init_distributed|init_process_group|run_training|build_ours|train_digits|"
-                                    r"run_distributed|join_job|import train|from demos\.\w+\.train)\b")
+                                    r"run_distributed|join_job|import train|from demos\.\w+\.train|"
+                                    r"training\.cli\.train)\b")
 ENTRY_FOLDERS = ("run_scripts", "benchmarks", "tests/drivers", "demos")
 
 

@@ -1,7 +1,6 @@
 """The flags run_scripts/evaluate.py and run_scripts/translate.py share (export_hf.py the checkpoint's) — which
-checkpoint, which tokenizer, how to
-decode — and the translator they build from them, so the two decode alike and say the same about truncated sources.
-"""
+checkpoint, which tokenizer, how to decode — and the translator they build from them, so the two decode alike and
+say the same about truncated sources."""
 from __future__ import annotations
 
 import argparse
@@ -12,8 +11,9 @@ from common.cli_args import integer, number
 
 def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     """Which checkpoint, which tokenizer, and how they are checked (evaluate.py, translate.py, export_hf.py)."""
-    p.add_argument("--ckpt_file", required=True, help="a step_* folder, a checkpoints/ folder, a run's output_dir, "
-                                                      "or a merged/averaged .pt")
+    p.add_argument("--ckpt_file", required=True,
+                   help="a step_* folder, a checkpoints/ folder, a run's output_dir (→ its latest checkpoint), "
+                        "RUN/best (the run's lowest valid_loss), RUN/latest, or a merged/averaged .pt")
     p.add_argument("--tokenizer", default=None,
                    help="the tokenizer.json the checkpoint was trained with, or its folder (default: the copy the "
                         "checkpoint holds; only checkpoints saved before checkpoints recorded it need this)")
@@ -47,9 +47,15 @@ def add_decoding_flags(p: argparse.ArgumentParser) -> None:
 
 
 def load_translator(args: argparse.Namespace):
+    """The Translator of --ckpt_file; its `chosen` says which checkpoint a name (best, latest, a run) led to, and
+    why ("; best: ..."), for the line each command prints about what it loaded."""
+    from training.evaluation.checkpoint_choice import choose
     from training.evaluation.translator import Translator
-    return Translator.load(args.ckpt_file, args.tokenizer, args.ignore_tokenizer_hash, args.device,
-                           verify=not args.no_verify)
+    path, why = choose(args.ckpt_file)
+    translator = Translator.load(path, args.tokenizer, args.ignore_tokenizer_hash, args.device,
+                                 verify=not args.no_verify)
+    translator.chosen = f"; {why}" if why else ""
+    return translator
 
 
 def warn_truncated(truncated: list, total: int, src_len: int) -> None:

@@ -10,12 +10,10 @@ averaged .pt files its text), unless a tokenizer path is given — which must be
 saved before checkpoints recorded their tokenizer needs the path.
 
 The checkpoint is consolidated into the serial model (training/checkpoint/consolidated.py) and decoded by
-model/inference.py on
-one device (default: DeepSpeed's accelerator, as in training). Sources are encoded as the training data is (tokens,
-then EOS); a source longer than the model's src_len positions is cut to src_len-1 tokens + EOS — as the training
-data was — and listed in `truncated`, which the caller must report (evaluate.py prints a warning and counts them).
-Sentences are decoded in batches of similar length (sorted, then put back in input order).
-"""
+model/inference.py on one device (default: DeepSpeed's accelerator, as in training). Sources are encoded as the
+training data is (tokens, then EOS); a source longer than the model's src_len positions is cut to src_len-1 tokens +
+EOS — as the training data was — and listed in `truncated`, which the caller must report (evaluate.py prints a
+warning and counts them). Sentences are decoded in batches of similar length (sorted, then put back in input order)."""
 from __future__ import annotations
 
 import hashlib
@@ -59,6 +57,7 @@ class Translator:
         self.vocab_limit = tokenizer.get_vocab_size(with_added_tokens=True)
         self.step, self.checkpoint = state["step"], state["checkpoint"]
         self.averaged = state.get("averaged")
+        self.chosen = ""            # which checkpoint a name like RUN/best led to, and why (decode_cli.load_translator)
 
     @classmethod
     def load(cls, ckpt: str, tokenizer_path: str | None = None, ignore_tokenizer_hash: bool = False,
@@ -140,7 +139,7 @@ class Translator:
             src = torch.full((len(batch), width), self.ids.pad, dtype=torch.long)
             for row, i in enumerate(batch):
                 src[row, : len(sources[i])] = torch.tensor(sources[i], dtype=torch.long)
-            for i, out in zip(batch, self.decode_ids(src, beam, length_penalty, use_cache).tolist()):
+            for i, out in zip(batch, self.decode_ids(src, beam, length_penalty, use_cache).tolist(), strict=True):
                 generated[i] = out
         hypotheses, finished = decode_hypotheses(self.tokenizer, generated, self.ids.eos, self.ids.pad)
         return Translation(hypotheses, truncated, finished.count(False), time.perf_counter() - start)
