@@ -81,14 +81,19 @@ def test_no_installed_distribution_uses_our_names():
 @pytest.fixture(scope="module")
 def scripts(tmp_path_factory):
     """The console scripts pip writes at install time (its own script maker, the same template), in a temporary
-    folder; they import the packages from PYTHONPATH (this checkout, tests.launch.env)."""
-    from pip._vendor.distlib.scripts import ScriptMaker
+    folder; they import the packages from PYTHONPATH (this checkout, tests.launch.env). The maker runs in its own
+    interpreter: pip's vendored distlib imports the standard library's distutils, after which setuptools (which
+    test_repository_layout imports) refuses to load in this process."""
     folder = tmp_path_factory.mktemp("bin")
-    maker = ScriptMaker(None, str(folder))
-    maker.executable = sys.executable
-    maker.variants = {""}
-    for name, target in entry_points().items():
-        maker.make(f"{name} = {target}")
+    code = ("import sys\n"
+            "from pip._vendor.distlib.scripts import ScriptMaker\n"
+            "maker = ScriptMaker(None, sys.argv[1])\n"
+            "maker.executable = sys.executable\n"
+            "maker.variants = {''}\n"
+            "for spec in sys.argv[2:]:\n"
+            "    maker.make(spec)\n")
+    specs = [f"{name} = {target}" for name, target in entry_points().items()]
+    subprocess.run([sys.executable, "-c", code, str(folder), *specs], check=True, timeout=120)
     return folder
 
 
