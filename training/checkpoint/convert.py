@@ -18,6 +18,7 @@ import torch
 from common.errors import UserError
 from training.checkpoint.folder import resolve
 from training.checkpoint.format import FORMAT_VERSION, rng_file, rng_tensors, shard_file, write_shard_file
+from training.checkpoint.recovery_script import ship_recovery_files
 from training.checkpoint.shard_io import write_tensors
 
 
@@ -26,7 +27,7 @@ def _load_pt(path: str):
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged (or not format-1) file
         raise UserError(f"checkpoint file {path} is corrupt, truncated or not a format-1 file "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})")
+                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from None
 
 
 def convert_format_1(old: str, new: str) -> dict:
@@ -63,5 +64,6 @@ def convert_format_1(old: str, new: str) -> dict:
                          "zero_stage": "unknown"}, "converted_from": os.path.abspath(old)}
     with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
+    ship_recovery_files(tmp)
     os.replace(tmp, new)
     return out
