@@ -43,6 +43,8 @@ def write(obj: dict, path: str) -> None:
     tensors = {name: t.detach().to("cpu", torch.float32).contiguous() for name, t in obj["model"].items()}
     metadata = {"format": FORMAT, "tensors_sha256": tensors_sha256(tensors)}
     metadata.update({k: json.dumps(obj[k]) for k in FIELDS if obj.get(k) is not None})
+    if isinstance(obj.get("checkpoint"), str) and os.path.isdir(obj["checkpoint"]):   # the source, wherever it is read
+        metadata["checkpoint"] = json.dumps(os.path.abspath(obj["checkpoint"]))
     tmp = path + ".part"
     save_file(tensors, tmp, metadata=metadata)
     as_created(tmp)                     # save_file makes it 0600; a state dict to share is an ordinary file

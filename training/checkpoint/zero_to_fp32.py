@@ -48,7 +48,7 @@ def main(argv=None) -> int:
 
     def consolidate() -> int:
         out = output_path(args.output, args.safe_serialization)
-        merged = merge(args.checkpoint_dir, verify=not args.no_verify)
+        merged = merge(os.path.abspath(args.checkpoint_dir), verify=not args.no_verify)     # "." named in full
         save(merged, out)
         print(f"wrote {out}: {len(merged['model'])} fp32 tensors, step {merged['step']}, from {merged['checkpoint']}")
         return 0
