@@ -14,6 +14,7 @@ back out, must equal what was saved, tensor for tensor. Runs of one world size s
                     1 process: the reshards and round trips into the serial layout
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -22,6 +23,7 @@ import time
 import pytest
 import torch
 
+from common.file_modes import umask as current_umask
 from tests import accelerator
 from tests.launch import (
     REPO_ROOT,
@@ -243,7 +245,7 @@ def test_reshard_onto_another_layout(src, dst, runs):
     half = precision_of(src) != "fp32"
     got_losses, ref_losses = losses(got), losses(ref)[CUT:]
     first = abs(got_losses[0] - ref_losses[0]) / ref_losses[0]
-    worst_loss = max(abs(a - b) / b for a, b in zip(got_losses, ref_losses))
+    worst_loss = max(abs(a - b) / b for a, b in zip(got_losses, ref_losses, strict=False))
     a, b = merged(ref), merged(got)
     worst_step = max(float((a["model"][n] - b["model"][n]).abs().max()) for n in a["model"]) / LR
     print(f"RESHARD {src}->{dst}: next-step loss rel {first:.2e}, worst loss rel {worst_loss:.2e}, "
@@ -301,6 +303,108 @@ def test_merged_checkpoint_loads_into_serial_model(runs, tmp_path):
     model = Seq2SeqTransformer(ModelConfig(**obj["model_config"]))
     model.load_state_dict(obj["model"], strict=True)
     assert obj["step"] == STEPS
+
+
+CONSOLIDATED = ["tp2", "pp2", "dp2-zero2", "dp2-zero3"]       # saved by real 2-rank runs (the references)
+
+
+def merge_cli(*args, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
+    return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), *map(str, args)],
+                      cwd=cwd, env=env())
+
+
+def test_consolidated_safetensors_is_the_serial_state_dict_of_every_layout(runs, tmp_path):
+    """merge_checkpoint.py --output X.safetensors: the tensors a plain safetensors reader sees are the single-device
+    model's state dict as the .pt of the same checkpoint loads into it; the header holds step, model config, source
+    and digests; evaluate/translate/export load it as they load the .pt."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from model.config import ModelConfig
+    from model.transformer import Seq2SeqTransformer
+    from training.checkpoint import consolidated
+    for name in CONSOLIDATED:
+        ckpt = step_dir(runs(name), STEPS)
+        pt, st = tmp_path / f"{name}.pt", tmp_path / f"{name}.safetensors"
+        if name == CONSOLIDATED[0]:                               # the command itself once, the function after
+            for out in (pt, st):
+                proc = merge_cli(runs(name), "--output", out)     # a run's folder → its latest
+                assert proc.returncode == 0, proc.stderr[-3000:]
+        else:
+            merged = consolidated.merge(str(ckpt))
+            consolidated.save(merged, str(pt))
+            consolidated.save(merged, str(st))
+        obj = torch.load(pt, weights_only=True)
+        model = Seq2SeqTransformer(ModelConfig(**obj["model_config"]))
+        model.load_state_dict(obj["model"], strict=True)
+        serial = model.state_dict()
+        tensors = load_file(str(st))
+        assert tensors.keys() == serial.keys(), name
+        for key, value in serial.items():
+            assert tensors[key].dtype == torch.float32 and torch.equal(tensors[key], value), (name, key)
+        with safe_open(str(st), framework="pt") as f:
+            info = f.metadata()
+        meta = json.loads((ckpt / "meta.json").read_text())
+        assert json.loads(info["step"]) == STEPS and json.loads(info["model_config"]) == meta["model"], name
+        assert json.loads(info["source_sha256"]) == meta["sha256"] and json.loads(info["checkpoint"]) == str(ckpt)
+        assert json.loads(info["saved_layout"]) == meta["parallel"] and len(info["tensors_sha256"]) == 64
+        loaded = consolidated.load(str(st))                      # what evaluate.py / translate.py / export_hf.py do
+        assert loaded["tokenizer_json"] == obj["tokenizer_json"] and loaded["step"] == STEPS
+        assert all(torch.equal(loaded["model"][k], v) for k, v in obj["model"].items())
+    assert oct(os.stat(st).st_mode & 0o777) == oct(0o666 & ~current_umask())   # not safetensors' own 0600
+
+
+def test_consolidation_refuses_damage_in_one_line(runs, tmp_path, assert_user_error):
+    """A flipped byte in a ZeRO-3 run's shard: merge_checkpoint.py and the folder's zero_to_fp32.py refuse it naming
+    the file, and write nothing; so is a consolidated .safetensors changed after it was written."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(step_dir(runs("dp2-zero3"), STEPS), ckpt)
+    shard = ckpt / "shard_pp0_tp0.safetensors"
+    data = bytearray(shard.read_bytes())
+    data[-5] ^= 0x01
+    shard.write_bytes(bytes(data))
+    for proc in (merge_cli(ckpt, "--output", tmp_path / "out.safetensors"),
+                 run_python([sys.executable, ckpt / "zero_to_fp32.py", ".", tmp_path / "out.safetensors"], cwd=ckpt,
+                            env=env())):
+        assert_user_error(proc, "shard_pp0_tp0.safetensors", "sha256")
+        assert not list(tmp_path.glob("out.safetensors*"))
+    good = tmp_path / "good.safetensors"
+    assert merge_cli(step_dir(runs("dp2-zero3"), STEPS), "--output", good).returncode == 0
+    data = bytearray(good.read_bytes())
+    data[-5] ^= 0x01
+    good.write_bytes(bytes(data))
+    (tmp_path / "in.fr").write_text("Un homme en vélo.\n", encoding="utf-8")
+    proc = run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--ckpt_file", good,
+                       "--input", tmp_path / "in.fr"], env=env())
+    assert_user_error(proc, "good.safetensors does not match the tensors_sha256 in its header")
+
+
+def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, assert_user_error):
+    """Every checkpoint folder holds a zero_to_fp32.py (as DeepSpeed's do) that reads this format: run from the folder
+    as DeepSpeed's is, it writes what merge_checkpoint.py writes. Without the package importable: one line saying
+    what to install. DeepSpeed's own zero_to_fp32 fails naming the note that says which script to run."""
+    from safetensors.torch import load_file
+
+    from training.checkpoint import consolidated
+    ckpt = step_dir(runs("pp2"), STEPS)
+    script = ckpt / "zero_to_fp32.py"
+    assert os.stat(script).st_mode & 0o100                      # executable, as DeepSpeed makes its copy
+    want = consolidated.merge(str(ckpt))["model"]
+    for out in ("model.safetensors", "model.bin", "folder"):
+        proc = run_python([sys.executable, script, ".", tmp_path / out], cwd=ckpt, env=env())
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        path = tmp_path / "folder" / "pytorch_model.bin" if out == "folder" else tmp_path / out
+        got = load_file(str(path)) if out.endswith(".safetensors") else torch.load(path, weights_only=True)
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), out
+    # -S -E: no site-packages (no editable install) and no PYTHONPATH, run from the folder: not importable
+    proc = subprocess.run([sys.executable, "-S", "-E", "zero_to_fp32.py", ".", str(tmp_path / "x.pt")], cwd=ckpt,
+                          capture_output=True, text=True, timeout=60)
+    assert_user_error(proc, "needs the ds-transformer-recipes package", "pip install", "merge_checkpoint.py")
+    proc = subprocess.run([sys.executable, "-m", "deepspeed.utils.zero_to_fp32", str(ckpt.parent),
+                           str(tmp_path / "ds.bin")], cwd=tmp_path, env=env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode != 0
+    assert "NOT-A-DEEPSPEED-CHECKPOINT_run-zero_to_fp32.py-in-this-folder" in proc.stderr.strip().splitlines()[-1]
 
 
 def test_shards_are_safetensors_with_format_and_identity(runs):

@@ -202,7 +202,28 @@ def test_export_errors_are_one_line_and_write_nothing(trained_shared, bpe_tokeni
         (("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", fresh, "--beam", 0), ("--beam 0",)),
         (("--ckpt_file", trained_shared, "--tokenizer", other, "--output", fresh), ("sha256 differs",)),
     ]
-    for (_, needles), result in zip(cases, concurrently(*[lambda a=argv: export(*a) for argv, _ in cases])):
+    results = concurrently(*[lambda a=argv: export(*a) for argv, _ in cases])
+    for (_, needles), result in zip(cases, results, strict=True):
         assert_user_error(result, *needles)
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
     assert not fresh.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bpe4k", "hf"]
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o027])
+def test_exported_folder_has_the_modes_save_pretrained_gives_under_the_umask(trained_shared, tmp_path, mask):
+    """Not the 0700 folder of the tempfile.mkdtemp it is staged in, nor safetensors' 0600 model file: 0777 / 0666
+    less the umask, as a folder and files created in place are (0755 / 0644 under the usual 022)."""
+    import os
+
+    from training.evaluation.translator import Translator
+    translator = Translator.load(str(trained_shared), device="cpu")
+    old = os.umask(mask)
+    try:
+        out = translator.export_transformers(str(tmp_path / "hf"))
+    finally:
+        os.umask(old)
+    files = sorted(os.listdir(out))
+    assert "model.safetensors" in files and "config.json" in files
+    assert oct(os.stat(out).st_mode & 0o777) == oct(0o777 & ~mask)
+    assert {name: oct(os.stat(os.path.join(out, name)).st_mode & 0o777) for name in files} == \
+        {name: oct(0o666 & ~mask) for name in files}

@@ -2,9 +2,12 @@
 
 The consolidated form is a dict {"model": {name: fp32 tensor}, "model_config": {...}, "step": N, "saved_layout":
 {...}, "tokenizer_sha256": ..., "tokenizer_json": the text of the run's tokenizer.json (when the checkpoint recorded
-it: a .pt then decodes with no --tokenizer), and for an average "averaged": [{"checkpoint", "step"}, ...]}.
-run_scripts/merge_checkpoint.py and run_scripts/average_checkpoints.py write it with torch.save; evaluate.py and
-export_hf.py take such a file wherever they take a checkpoint folder (`load`). Checkpoint folders are read only
+it: a .pt then decodes with no --tokenizer), "source_sha256" (meta.json's digests of the files merged), and for an
+average "averaged": [{"checkpoint", "step"}, ...]}. run_scripts/merge_checkpoint.py and
+run_scripts/average_checkpoints.py write it (`save`: by the output's extension, torch.save of that dict, a
+.safetensors of its state dict with the rest as metadata — training.checkpoint.safetensors_io — or a .bin holding the
+bare state dict, as DeepSpeed's zero_to_fp32 writes); evaluate.py and export_hf.py take a .pt or .safetensors
+wherever they take a checkpoint folder (`load`). Checkpoint folders are read only
 through training.checkpoint.manager's public functions (resolve, read_meta, load_full_state, check_compatible).
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ import torch
 
 from common.errors import UserError
 from model.config import ModelConfig
+from training.checkpoint import safetensors_io
 from training.checkpoint.folder import resolve
 from training.checkpoint.format import (
     check_compatible,
@@ -26,6 +30,7 @@ from training.checkpoint.format import (
 )
 
 KEYS = ("model", "model_config", "step")
+SAFETENSORS = ".safetensors"
 
 
 def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
@@ -37,7 +42,7 @@ def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
     full = load_full_state(path, meta, verify=verify)
     out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
            "step": meta["step"], "saved_layout": meta["parallel"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
-           "checkpoint": path}
+           "checkpoint": path, "source_sha256": meta.get("sha256") or None}
     try:
         tokenizer = recorded_tokenizer(path, meta)
     except UserError as exc:          # a missing or changed copy: the reader may still be given the tokenizer
@@ -55,10 +60,16 @@ def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
 
 
 def load(path: str, verify: bool = True) -> dict:
-    """A consolidated .pt file (merge_checkpoint.py, average_checkpoints.py), or a checkpoint folder merged now.
-    Weights that are not finite are refused either way, naming the tensor."""
+    """A consolidated .pt or .safetensors file (merge_checkpoint.py, average_checkpoints.py), or a checkpoint folder
+    merged now. Weights that are not finite are refused either way, naming the tensor."""
     if not os.path.isfile(path):
         return merge(path, verify=verify)
+    if path.endswith(SAFETENSORS):
+        obj = safetensors_io.read(path, verify=verify)
+        obj.setdefault("checkpoint", path)
+        for name, tensor in obj["model"].items():
+            refuse_non_finite(name, tensor, path)
+        return obj
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means it is not our file
@@ -109,8 +120,16 @@ def average(paths: Sequence[str], verify: bool = True) -> dict:
 
 
 def save(obj: dict, path: str) -> None:
-    """torch.save to path atomically (a .part file renamed into place)."""
+    """obj to path atomically (a .part file renamed into place), in the form its extension names: .safetensors
+    (the state dict, the rest as metadata), .bin (the bare state dict, torch.save: what DeepSpeed's zero_to_fp32
+    and transformers' pytorch_model.bin hold), anything else the whole dict (torch.save)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    if path.endswith(SAFETENSORS):
+        safetensors_io.write(obj, path)
+        return
+    if path.endswith(".bin") and "optimizer" in obj:
+        raise UserError(f"{path}: a .bin output holds the state dict alone, not the AdamW moments; write a .pt file "
+                        f"for --with_optimizer")
     tmp = path + ".part"
-    torch.save(obj, tmp)
+    torch.save(obj["model"] if path.endswith(".bin") else obj, tmp)
     os.replace(tmp, path)

@@ -18,6 +18,7 @@ import torch
 from common.errors import UserError
 from training.checkpoint.folder import resolve
 from training.checkpoint.format import FORMAT_VERSION, rng_file, rng_tensors, shard_file, write_shard_file
+from training.checkpoint.recovery_script import ship_recovery_files
 from training.checkpoint.shard_io import write_tensors
 
 
@@ -63,5 +64,6 @@ def convert_format_1(old: str, new: str) -> dict:
                          "zero_stage": "unknown"}, "converted_from": os.path.abspath(old)}
     with open(os.path.join(tmp, "meta.json"), "w", encoding="utf-8") as f:
         json.dump(out, f, indent=1)
+    ship_recovery_files(tmp)
     os.replace(tmp, new)
     return out

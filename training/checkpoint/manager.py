@@ -50,6 +50,7 @@ from training.checkpoint.format import (
 )
 from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.optimizer_state import KEYS, local_shape
+from training.checkpoint.recovery_script import ship_recovery_files
 from training.checkpoint.shard_io import ShardWriter, read_all, read_header, write_tensors
 from training.checkpoint.shared_folder import check_checkpoint
 from training.checkpoint.spread_verify import verify_spread
@@ -197,6 +198,7 @@ def _commit(meta: dict, tmp: str, final: str, root: str, name: str | None, step:
     """Rank 0, once every rank's files are in `tmp`: meta.json, the rename, `latest`, pruning."""
     if meta.get("tokenizer"):
         shutil.copyfile(tokenizer_path, os.path.join(tmp, TOKENIZER))
+    ship_recovery_files(tmp)
     meta["sha256"] = collect_digests(tmp, meta["shards"] + meta["rng"])     # each writer's, as it wrote
     write_atomic(os.path.join(tmp, "meta.json"), lambda f: f.write(json.dumps(meta, indent=1).encode()))
     if os.path.exists(final):                             # re-saving a step (a resumed run) replaces it
@@ -308,7 +310,7 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, da
     sched = engine.ds.lr_scheduler
     sched.last_epoch = meta["lr_scheduler"]["last_epoch"]
     sched._last_lr = list(meta["lr_scheduler"]["last_lr"])
-    for group, lr in zip(sched.optimizer.param_groups, sched.get_last_lr()):
+    for group, lr in zip(sched.optimizer.param_groups, sched.get_last_lr(), strict=True):
         group["lr"] = lr
     engine.ds.global_steps = meta["step"]
     engine.ds.global_samples = meta["samples_seen"]

@@ -13,7 +13,7 @@ def add_checkpoint_flags(p: argparse.ArgumentParser) -> None:
     """Which checkpoint, which tokenizer, and how they are checked (evaluate.py, translate.py, export_hf.py)."""
     p.add_argument("--ckpt_file", required=True,
                    help="a step_* folder, a checkpoints/ folder, a run's output_dir (→ its latest checkpoint), "
-                        "RUN/best (the run's lowest valid_loss), RUN/latest, or a merged/averaged .pt")
+                        "RUN/best (the run's lowest valid_loss), RUN/latest, or a merged/averaged .pt or .safetensors")
     p.add_argument("--tokenizer", default=None,
                    help="the tokenizer.json the checkpoint was trained with, or its folder (default: the copy the "
                         "checkpoint holds; only checkpoints saved before checkpoints recorded it need this)")

@@ -154,6 +154,7 @@ class Translator:
         import shutil
         import tempfile
 
+        from common.file_modes import as_created
         from model.hf_export import to_blenderbot
         from preprocess.tokenizer import save_for_transformers
         if beam < 1:
@@ -176,6 +177,7 @@ class Translator:
         try:
             hf.save_pretrained(tmp)
             save_for_transformers(self.tokenizer, tmp, self.cfg.src_len)
+            as_created(tmp)        # mkdtemp's 0700 and safetensors' 0600 → 0755 / 0644 under a 022 umask
             if existing:
                 shutil.rmtree(output_dir)
             elif os.path.isdir(output_dir):
