@@ -242,3 +242,9 @@ def test_every_entry_point_that_starts_a_process_group_leaves_through_run_cli():
     assert not wrong, f"entry points that start a process group but do not leave through run_cli: {wrong}"
     assert {"run_scripts/train.py", "run_scripts/sharded_mlp.py", "tests/drivers/train_many.py",
             "benchmarks/profile_step.py"} <= set(checked), checked
+
+
+def test_the_readme_is_a_user_guide_of_at_most_300_lines():
+    """Details live in docs/ (one page per topic); the front page stays short enough to read."""
+    lines = (REPO_ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= 300, f"README.md has {len(lines)} lines: move details into docs/"
