@@ -322,7 +322,8 @@ def main() -> int:
     args = parser.parse_args()
     options = options_from_args(args)
     opened = [open_corpus(p, options, "--input") for p in args.input]
-    inputs = [p if source.is_tsv else source for p, source in zip(args.input, opened, strict=True)]   # a TSV: read as before
+    # a TSV stays a path: read as before
+    inputs = [p if source.is_tsv else source for p, source in zip(args.input, opened, strict=True)]
     path = train_tokenizer(inputs, args.output, type=args.type, vocab_size=args.vocab_size,
                            min_frequency=args.min_frequency, progress=sys.stderr.isatty(),
                            split_punctuation=args.split_punctuation, sample_size=args.sample_size)

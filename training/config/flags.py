@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("validation")
     g.add_argument("--valid_file", default=None,
                    help="validation TSV (source<TAB>target, same tokenizer; or a table, as --file_path): valid_loss "
-                        "is logged every --valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best")
+                        "is logged every --valid_interval steps and the best checkpoint kept in "
+                        "OUTPUT_DIR/checkpoints/best")
     g.add_argument("--valid_interval", type=integer(0, why="0: once per epoch"), default=0,
                    help="steps between validations (default 0 = once per epoch); also after the last step")
     g.add_argument("--valid_bleu", type=_bool, default=False,
