@@ -195,3 +195,17 @@ def test_train_20_steps_from_jsonl_columns(corpora, tmp_path):
                          "--tgt_field", "french")
     steps = [m for m in metrics if "loss" in m]
     assert len(steps) == 20 and steps[-1]["loss"] < steps[0]["loss"]
+
+
+def test_a_table_trains_the_losses_of_the_tsv_of_its_pairs_also_on_2_ranks(corpora, tmp_path):
+    """Same pairs, same auto-built tokenizer (from the table's pairs, in the same order), same store: the losses
+    of the TSV's run, bit for bit; on 2 ranks rank 0 takes the table's identity and hands it to rank 1."""
+    def run(nproc, name, *flags):
+        out = tmp_path / name
+        run_train(nproc, [*flags, "--tokenizer_vocab_size", "500", "--cache_dir", tmp_path / f"cache-{name}",
+                          "--output_dir", out, *TINY, "--steps", "10"], timeout=600)
+        return [m["loss"] for m in read_metrics(out) if "loss" in m]
+    tsv = run(1, "tsv", "--file_path", corpora / "pairs.tsv")
+    assert run(1, "folder", "--file_path", corpora / "wmt", "--src_lang", "en", "--tgt_lang", "fr") == tsv
+    assert (run(2, "folder2", "--file_path", corpora / "wmt", "--src_lang", "en", "--tgt_lang", "fr")
+            == run(2, "tsv2", "--file_path", corpora / "pairs.tsv"))
