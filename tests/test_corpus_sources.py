@@ -160,14 +160,17 @@ def test_errors_name_what_is_there(corpora, tmp_path, pairs):
     bad(tmp_path / "folder", None, "not one written by datasets' save_to_disk")
 
 
-def test_cli_errors_are_one_line(corpora, tokenizer, run_module, assert_user_error, tmp_path):
+def test_cli_errors_are_one_line(corpora, tokenizer, run_module, assert_user_error, tmp_path, monkeypatch):
     common = ["--tokenizer", tokenizer, "--src_len", 16, "--tgt_len", 16, "--cache_dir", tmp_path, "--no_progress"]
     assert_user_error(run_module("preprocess.dataset", "--file_path", corpora / "wmt", "--split", "test",
                                  "--src_lang", "en", "--tgt_lang", "fr", *common),
                       "no split 'test'", "train, validation")
     assert_user_error(run_module("preprocess.dataset", "--file_path", corpora / "pairs.jsonl", *common),
                       "--src_field and --tgt_field", "english, french")
-    # a Hub name without the network: at once, naming the fix (not half a minute of retries and a traceback)
+    # a Hub name without the network: at once, naming the fix (not half a minute of retries and a traceback). Offline
+    # said outright, so that a machine with the network does not download wmt14 here; without it (this machine) the
+    # one connection attempt gives the same line
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     hub = run_module("preprocess.dataset", "--file_path", "wmt14", "--dataset_config", "fr-en", "--src_lang", "fr",
                      "--tgt_lang", "en", *common)
     assert_user_error(hub, "wmt14", "network", "save_to_disk", "--file_path DIR")
