@@ -130,9 +130,23 @@ class CorpusSource:
         if self._table is None:
             import datasets
             datasets.disable_progress_bars()       # our own progress bar counts the pairs
-            data = self._load(datasets)
-            self._table = (data, *self._columns(data))
+            datasets.logging.set_verbosity(datasets.logging.CRITICAL)   # a parse error is our one line, not two
+            try:
+                data = self._load(datasets)
+                self._table = (data, *self._columns(data))
+            except Exception as exc:  # noqa: BLE001 - a file datasets cannot parse: its reason, in one line
+                raise self._unreadable(exc) from None
         return self._table
+
+    def _unreadable(self, exc: Exception) -> Exception:
+        """A file `datasets` or pyarrow cannot parse (a broken JSON line, a truncated Parquet file) as one line;
+        anything else (our own UserError, a bug) as it is."""
+        if isinstance(exc, UserError) or type(exc).__module__.split(".")[0] not in ("datasets", "pyarrow", "json") \
+                and not isinstance(exc, ValueError):
+            return exc
+        reason = str(exc.__cause__ or exc).strip().splitlines()
+        return UserError(f"{self.flag} {self.name}: cannot be read as {self.path.suffix.lstrip('.') or 'a table'} "
+                         f"({reason[0] if reason else type(exc).__name__}); check the file, or convert it to a TSV")
 
     def _split(self, names) -> str:
         split = self.options.split or self.options.default_split
@@ -247,19 +261,17 @@ class CorpusSource:
             return
         data, convert, used = self._open()
         first = 1
-        try:
-            for batch in data.select_columns(used).iter(batch_size=rows):
-                pairs = convert(batch, first=first)
-                yield pairs, first
-                first += len(pairs[0])
-        except UserError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a file datasets cannot parse: its reason, in one line
-            if type(exc).__module__.split(".")[0] not in ("datasets", "pyarrow", "json"):
-                raise
-            reason = str(exc.__cause__ or exc).strip().splitlines()
-            fail(f"{self.flag} {self.name}: cannot be read as {self.path.suffix.lstrip('.') or 'a table'} "
-                 f"({reason[0] if reason else type(exc).__name__}); check the file, or convert it to a TSV")
+        batches = data.select_columns(used).iter(batch_size=rows)
+        while True:
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            except Exception as exc:  # noqa: BLE001 - a file datasets cannot parse: its reason, in one line
+                raise self._unreadable(exc) from None
+            pairs = convert(batch, first=first)
+            yield pairs, first
+            first += len(pairs[0])
 
     def pairs(self) -> Iterator[tuple[str, str]]:
         for (sources, targets), _ in self.batches():

@@ -167,6 +167,9 @@ def test_cli_errors_are_one_line(corpora, tokenizer, run_module, assert_user_err
                       "no split 'test'", "train, validation")
     assert_user_error(run_module("preprocess.dataset", "--file_path", corpora / "pairs.jsonl", *common),
                       "--src_field and --tgt_field", "english, french")
+    (tmp_path / "broken.jsonl").write_text('{"english": "a", "french": "b"}\n{"english": "c", "fren\n')
+    assert_user_error(run_module("preprocess.dataset", "--file_path", tmp_path / "broken.jsonl", "--src_field",
+                                 "english", "--tgt_field", "french", *common), "broken.jsonl: cannot be read as jsonl")
     # a Hub name without the network: at once, naming the fix (not half a minute of retries and a traceback). Offline
     # said outright, so that a machine with the network does not download wmt14 here; without it (this machine) the
     # one connection attempt gives the same line
