@@ -111,11 +111,14 @@ class CorpusSource:
         suffix = self.path.suffix.lower()
         if suffix in TABLE_BUILDERS:
             return "file"
-        if suffix in TSV_SUFFIXES or not suffix:
-            return "tsv"
+        if suffix in TSV_SUFFIXES or not suffix or not self.path.is_file():
+            return "tsv"                     # (not a regular file: the TSV reader says so, as it always did)
         # any other name: a TSV still (the behaviour before tables), if its first line holds a tab or it is empty
-        with open(self.path, "rb") as f:
-            head = f.read(1 << 16)
+        try:
+            with open(self.path, "rb") as f:
+                head = f.read(1 << 16)
+        except OSError:
+            return "tsv"                     # unreadable: the TSV reader's line names why
         if not head or b"\t" in head.split(b"\n", 1)[0]:
             return "tsv"
         fail(f"{self.flag} {self.name}: unknown extension {suffix!r}; give {FORMATS}")
