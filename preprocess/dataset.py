@@ -44,6 +44,7 @@ from common.errors import UserError, fail, run_cli
 from common.hashing import file_sha256
 from common.units import human_bytes
 from preprocess.build_lock import one_builder
+from preprocess.corpus_source import CorpusOptions, add_corpus_flags, open_corpus, options_from_args
 from preprocess.store_builder import build_store
 from preprocess.textio import check_readable
 from preprocess.token_batches import compact_permutation
@@ -73,14 +74,16 @@ class TranslationDataset:
 
     def __init__(self, tsv_path, tokenizer_path, src_len, tgt_len, cache_dir=None, progress=True,
                  num_proc: int | None = None, tsv_sha256: str | None = None, block_bytes: int | None = None,
-                 verify: bool = True):
+                 verify: bool = True, corpus: CorpusOptions | None = None, batch_rows: int | None = None):
         for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
             if int(value) != value or value < 2:
                 fail(f"{name}={value} must be an integer >= 2 (at least one token plus BOS/EOS)")
         if num_proc is not None and num_proc < 1:
             fail(f"--num_proc {num_proc} must be >= 1")
         self.src_len, self.tgt_len = int(src_len), int(tgt_len)
-        self.tsv_path = check_readable(tsv_path)
+        # a TSV as always; a datasets folder, a .jsonl/.json/.csv/.parquet file or a Hub name through `corpus`
+        self.source = open_corpus(tsv_path, corpus)
+        self.tsv_path = check_readable(tsv_path) if self.source.is_tsv else self.source.path
         tokenizer_path = Path(tokenizer_path)
         if tokenizer_path.is_dir():
             tokenizer_path = tokenizer_path / TOKENIZER_FILE
@@ -91,7 +94,7 @@ class TranslationDataset:
         self.vocab_size = self.tokenizer.get_vocab_size(with_added_tokens=True)
 
         cache_root = Path(cache_dir) if cache_dir is not None else default_cache_root(self.tsv_path)
-        sha = tsv_sha256 or file_sha256(self.tsv_path)
+        sha = tsv_sha256 or self.source.identity()
         key = cache_key(self.tsv_path, tokenizer_path, self.src_len, self.tgt_len, tsv_sha256=sha)
         self.cache_path = cache_root / f"{self.tsv_path.stem}-{key}"
         self.cache_hit = self.cache_path.is_dir()
@@ -99,7 +102,8 @@ class TranslationDataset:
 
         def build() -> dict:
             return build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len,
-                               self.cache_path, sha, num_proc=num_proc, progress=progress, block_bytes=block_bytes)
+                               self.cache_path, sha, num_proc=num_proc, progress=progress, block_bytes=block_bytes,
+                               source=self.source, batch_rows=batch_rows)
         if not self.cache_hit:
             # one builder per store, also across nodes sharing the cache folder; a process that waited for another
             # one's build finds it done and only opens it
@@ -314,7 +318,9 @@ def main() -> int:
                "--src_len 128 --tgt_len 128 --cache_dir /scratch/tokcache --num_proc 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--file_path", required=True, metavar="TSV", help="source<TAB>target training file")
+    parser.add_argument("--file_path", required=True, metavar="PATH",
+                        help="source<TAB>target TSV; or a datasets save_to_disk folder, or a .jsonl/.json/.csv/"
+                             ".parquet file, with the column flags below")
     parser.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
                         help="from python -m preprocess.tokenizer (the file or its directory)")
     parser.add_argument("--src_len", type=int, required=True, help="source length incl. EOS")
@@ -326,10 +332,12 @@ def main() -> int:
                         help="tokenizer processes (default: the cores this process may use, at most 8; 1: this "
                              "process alone)")
     parser.add_argument("--no_progress", action="store_true", help="hide progress bars")
+    add_corpus_flags(parser.add_argument_group("table input (not for a TSV): docs/data.md, Input formats"))
     args = parser.parse_args()
     start = time.perf_counter()
     dataset = TranslationDataset(args.file_path, args.tokenizer, args.src_len, args.tgt_len,
-                                 cache_dir=args.cache_dir, progress=not args.no_progress, num_proc=args.num_proc)
+                                 cache_dir=args.cache_dir, progress=not args.no_progress, num_proc=args.num_proc,
+                                 corpus=options_from_args(args))
     seconds = time.perf_counter() - start
     stats = dataset.stats()
     print(f"{'loaded cache' if dataset.cache_hit else 'tokenized'} {dataset.tsv_path} in {seconds:.2f} s "

@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import UserError, fail
+from preprocess.corpus_source import BATCH_ROWS
 from preprocess.textio import LineBlocks, _is_gzip, split_tsv_block
 from preprocess.token_store import UINT16_IDS, StoreWriter, TokenChunk, token_dtype
 from preprocess.tokenizer import load_tokenizer, special_ids
@@ -63,8 +64,9 @@ class ChunkEncoder:
         ids = np.fromiter(chain.from_iterable(rows), dtype=self.dtype, count=int(kept.sum()))
         return ids, kept, before, cut
 
-    def __call__(self, block: bytes, first_lineno: int) -> TokenChunk:
-        sources, targets = split_tsv_block(block, self.name, first_lineno)
+    def __call__(self, block, first_lineno: int) -> TokenChunk:
+        """`block`: TSV lines (bytes), or (sources, targets) already read and checked from a table."""
+        sources, targets = block if isinstance(block, tuple) else split_tsv_block(block, self.name, first_lineno)
         src_ids, src_kept, src_before, src_cut = self._side(sources, self.keep["src"])
         tgt_ids, tgt_kept, tgt_before, tgt_cut = self._side(targets, self.keep["tgt"])
         flags = src_cut.astype(np.uint8) | (tgt_cut.astype(np.uint8) << 1)
@@ -144,6 +146,13 @@ def _with_fractions(blocks: LineBlocks) -> Iterator[tuple[bytes, int, float]]:
     """(block, first line number, fraction of the file read up to the block's end)."""
     for block, lineno in blocks:
         yield block, lineno, blocks.consumed / max(blocks.size, 1)
+
+
+def _table_fractions(source, rows: int) -> Iterator[tuple[tuple, int, float]]:
+    """A table's batches as blocks: ((sources, targets), first row, fraction of its rows read, 0 when unknown)."""
+    total = source.num_rows
+    for pairs, first in source.batches(rows):
+        yield pairs, first, (first - 1 + len(pairs[0])) / total if total else 0.0
 
 
 def _lost_worker(workers: list, name: str) -> UserError:
@@ -247,20 +256,36 @@ def _file_state(path: Path) -> tuple[int, int, int]:
 
 def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: int, tgt_len: int, final: Path,
                 expected_sha256: str, num_proc: int | None = None, block_bytes: int | None = None,
-                progress: bool = True) -> dict:
+                progress: bool = True, source=None, batch_rows: int | None = None) -> dict:
     """Tokenize `tsv_path` into a store at `final` (atomically). `expected_sha256`: the TSV hash the store's key
-    was made from; the file is hashed again while read and must not differ. Returns how it went: the worker
-    processes (1: this process) and the chunks."""
+    was made from; the file is hashed again while read and must not differ. `source`: a table
+    (preprocess.corpus_source.CorpusSource, not a TSV) read in batches of `batch_rows` rows instead; its files must
+    keep their size, time and inode while read. Returns how it went: the worker processes (1: this process) and the
+    chunks."""
     tsv_path = Path(tsv_path)
     dtype = token_dtype(vocab_size)
     if vocab_size > UINT16_IDS:
         print(f"note: the vocabulary of {tokenizer_path} has {vocab_size} ids, more than 16 bits hold: token ids "
               f"are stored as uint32 (4 bytes each instead of 2)", flush=True)
-    before = _file_state(tsv_path)
-    block_bytes = block_bytes or BLOCK_BYTES
-    blocks = LineBlocks(tsv_path, block_bytes)
-    workers = worker_count(num_proc, blocks.size, block_bytes, _is_gzip(tsv_path))   # (num_proc >= 1: checked)
-    read = _with_fractions(blocks)
+    if source is None or source.is_tsv:
+        before = _file_state(tsv_path)
+        block_bytes = block_bytes or BLOCK_BYTES
+        blocks = LineBlocks(tsv_path, block_bytes)
+        workers = worker_count(num_proc, blocks.size, block_bytes, _is_gzip(tsv_path))   # (num_proc >= 1: checked)
+        read = _with_fractions(blocks)
+
+        def changed() -> bool:
+            return blocks.sha256 != expected_sha256 or _file_state(tsv_path) != before
+    else:
+        before = source.state()
+        rows = batch_rows or BATCH_ROWS
+        total = source.num_rows
+        wanted = default_num_proc() if num_proc is None else int(num_proc)
+        workers = max(1, min(wanted, -(-total // rows))) if total else wanted
+        read = _table_fractions(source, rows)
+
+        def changed() -> bool:
+            return source.state() != before
     ahead = list(islice(read, workers)) if workers > 1 else []
     if len(ahead) < workers:
         workers = max(1, len(ahead))                     # fewer blocks than workers: one worker each
@@ -275,8 +300,8 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
                 writer.append(chunk, fraction)
                 bar.update(chunk.pairs, writer.pairs, fraction)
             if writer.pairs == 0:
-                fail(f"{tsv_path}: file is empty")
-            if blocks.sha256 != expected_sha256 or _file_state(tsv_path) != before:
+                fail(f"{tsv_path}: file is empty" if source is None or source.is_tsv else f"{tsv_path}: no rows")
+            if changed():
                 fail(f"{tsv_path} changed while it was being read (its contents, size or modification time differ "
                      f"from when this run started); let whatever writes it finish, then run again")
             writer.commit({"src_len": src_len, "tgt_len": tgt_len, "vocab_size": vocab_size,

@@ -35,6 +35,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from common.errors import fail, run_cli
 from common.hashing import file_sha256
+from preprocess.corpus_source import CorpusSource, add_corpus_flags, open_corpus, options_from_args
 from preprocess.textio import atomic_write, iter_tsv_pairs, nearest_existing
 
 TOKENIZER_FILE = "tokenizer.json"
@@ -53,8 +54,19 @@ class SpecialIds:
     eos: int
 
 
+def _pairs(source) -> Iterator[tuple[str, str]]:
+    """A TSV path's pairs, or a preprocess.corpus_source.CorpusSource's (a table read in batches)."""
+    return source.pairs() if isinstance(source, CorpusSource) else iter_tsv_pairs(source)
+
+
+def _input_record(source) -> dict:
+    if isinstance(source, CorpusSource):
+        return {"path": source.name, "sha256": source.identity()}
+    return {"path": str(source), "sha256": file_sha256(source)}
+
+
 def _count_pairs(tsv_paths: Sequence[str | Path]) -> int:
-    return sum(1 for path in tsv_paths for _ in iter_tsv_pairs(path))
+    return sum(1 for path in tsv_paths for _ in _pairs(path))
 
 
 def _sentences(tsv_paths: Sequence[str | Path], chosen: np.ndarray | None = None) -> Iterator[str]:
@@ -62,7 +74,7 @@ def _sentences(tsv_paths: Sequence[str | Path], chosen: np.ndarray | None = None
     target) for determinism. `chosen`: sorted indices of the pairs to use (counted across the files), else all."""
     k, position = 0, 0
     for path in tsv_paths:
-        for src, tgt in iter_tsv_pairs(path):
+        for src, tgt in _pairs(path):
             if chosen is None or (k < len(chosen) and chosen[k] == position):
                 yield src
                 yield tgt
@@ -135,7 +147,7 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
     uniformly (fixed seed) from all the files, instead of all of them."""
     if type not in TYPES:
         fail(f"unknown tokenizer type {type!r}; choose one of: {', '.join(TYPES)}")
-    if isinstance(tsv_paths, (str, Path)):
+    if isinstance(tsv_paths, (str, Path, CorpusSource)):
         tsv_paths = [tsv_paths]
     if not tsv_paths:
         fail("no input TSV files given")
@@ -177,7 +189,7 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
         "split_punctuation": split_punctuation,
         "sample_size": None if chosen is None else len(chosen),
         "special_tokens": {token: i for i, token in enumerate(specials)},
-        "inputs": [{"path": str(p), "sha256": file_sha256(p)} for p in tsv_paths],
+        "inputs": [_input_record(p) for p in tsv_paths],
     }
     tokenizer_path = output_dir / TOKENIZER_FILE
     with atomic_write(tokenizer_path) as handle:
@@ -287,7 +299,9 @@ def main() -> int:
                "  python -m preprocess.tokenizer --input output/wmt14.fr_en.txt --output output/word --type word",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", required=True, nargs="+", metavar="TSV", help="training TSV file(s)")
+    parser.add_argument("--input", required=True, nargs="+", metavar="PATH",
+                        help="training TSV file(s); or datasets save_to_disk folders / .jsonl/.json/.csv/.parquet "
+                             "files, with the column flags below")
     parser.add_argument("--output", required=True, metavar="DIR", help="directory for tokenizer.json")
     # Validated in train_tokenizer rather than with argparse choices, so a bad value gives the same one-line
     # "error: ..." as every other user mistake.
@@ -304,8 +318,13 @@ def main() -> int:
     parser.add_argument("--split_punctuation", action="store_true",
                         help="bpe: split punctuation from words before learning merges (decoding still restores "
                              "the original spacing)")
+    add_corpus_flags(parser.add_argument_group("table input (not for a TSV): docs/data.md, Input formats"))
     args = parser.parse_args()
-    path = train_tokenizer(args.input, args.output, type=args.type, vocab_size=args.vocab_size,
+    options = options_from_args(args)
+    opened = [open_corpus(p, options, "--input") for p in args.input]
+    # a TSV stays a path: read as before
+    inputs = [p if source.is_tsv else source for p, source in zip(args.input, opened, strict=True)]
+    path = train_tokenizer(inputs, args.output, type=args.type, vocab_size=args.vocab_size,
                            min_frequency=args.min_frequency, progress=sys.stderr.isatty(),
                            split_punctuation=args.split_punctuation, sample_size=args.sample_size)
     tok = load_tokenizer(path)

@@ -1,17 +1,25 @@
-"""The README's Prepare → Train → Translate commands, run as written: Train uses the tokenizer and lengths Prepare
-made (it finds the prepared token store instead of building another) and saves a checkpoint, and Translate reads
-it. Run in a scratch folder holding links to data/ and run_scripts/, so `out/` lands there, not in the checkout."""
+"""The README's commands, run as written, in a scratch folder holding links to data/ and run_scripts/ (so `out/`
+lands there, not in the checkout):
+- Prepare → Train → Translate: Train uses the tokenizer, lengths and token store Prepare made and saves a checkpoint,
+  and Translate reads it;
+- "Any corpus you have": the datasets folder and JSONL lines train (the user's files made here from Multi30k, in the
+  shapes the lines name), the Hub line ends in one line without the network;
+- Validate, then the installed `dstr-translate` on the run's best checkpoint, answered through a pipe.
+The one liberty taken: `deepspeed` gets a free `--master_port` (never the default 29500 other jobs may hold)."""
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import REPO_ROOT
+from tests.multiproc import free_port
 
 pytestmark = pytest.mark.slow
 
@@ -28,29 +36,107 @@ def _blocks(title: str) -> list[str]:
     return re.findall(r"```bash\n(.*?)```", section, re.S)
 
 
-def test_prepare_train_translate_chain(tmp_path):
-    prepare, train = _blocks("Train on your own data")[:2]
-    translate = _blocks("Translate, evaluate, average, export to transformers")[0]
-    one_process = [c for c in _commands(train) if not c.startswith("deepspeed")]
-    chain = _commands(prepare) + one_process[:1] + _commands(translate)[:1]
-    assert "--tokenizer out/data/bpe8k/tokenizer.json" in chain[3] and "--save_checkpoint_steps" in chain[3], chain
-    assert "out/serial" in chain[4], chain
+def _block_after(title: str, lead: str) -> list[str]:
+    """The commands of the first bash block that follows the paragraph starting with `lead` in section `title`."""
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+    return _commands(re.search(r"```bash\n(.*?)```", section.split(lead, 1)[1], re.S).group(1))
+
+
+@pytest.fixture
+def scratch(tmp_path):
     for name in ("data", "run_scripts"):
         (tmp_path / name).symlink_to(REPO_ROOT / name)
-    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1",
-               PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"])
+    return tmp_path
+
+
+def _env(**extra) -> dict:
+    return dict(os.environ, PYTHONPATH=str(REPO_ROOT), OMP_NUM_THREADS="1",
+                PATH=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"], **extra)
+
+
+def _run(command: str, cwd, env=None, ok=True, stdin=None) -> subprocess.CompletedProcess:
+    if command.startswith("deepspeed "):
+        command = command.replace("deepspeed ", f"deepspeed --master_port {free_port()} ", 1)
+    proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env or _env(), capture_output=True, text=True,
+                          timeout=900, input=stdin)
+    if ok:
+        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+    return proc
+
+
+def _stores(folder) -> dict:
+    return {p.parent.name: p.stat().st_mtime_ns for p in folder.glob(".tokcache/*/meta.json")}
+
+
+def test_prepare_train_translate_chain(scratch):
+    prepare = _block_after("Train on your own data", "**Prepare data**")
+    train = _block_after("Train on your own data", "**Train** in one process")
+    translate = _commands(_blocks("Translate, evaluate, average, export to transformers")[0])
+    one_process = [c for c in train if not c.startswith("deepspeed")]
+    chain = prepare + one_process[:1] + translate[:1]
+    assert "--tokenizer out/data/bpe8k/tokenizer.json" in chain[3] and "--save_checkpoint_steps" in chain[3], chain
+    assert "out/serial" in chain[4], chain
     results, stores = [], []
     for command in chain:
-        proc = subprocess.run(["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True,
-                              timeout=900)
-        assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
-        results.append(proc)
-        stores.append({p.parent.name: p.stat().st_mtime_ns
-                       for p in (tmp_path / "out/data").glob(".tokcache/*/meta.json")})
-    run = json.loads((tmp_path / "out/serial/run.json").read_text())
+        results.append(_run(command, scratch))
+        stores.append(_stores(scratch / "out/data"))
+    run = json.loads((scratch / "out/serial/run.json").read_text())
     assert run["files"]["tokenizer"].endswith("out/data/bpe8k/tokenizer.json"), run["files"]
     assert len(stores[2]) == 1 and stores[3] == stores[2], stores       # Train used the store Prepare built
-    assert (tmp_path / "out/serial/checkpoints/step_00000020").is_dir()
+    assert (scratch / "out/serial/checkpoints/step_00000020").is_dir()
     translation = results[4].stdout.splitlines()
     assert len(translation) == 1 and translation[0].strip(), results[4].stdout + results[4].stderr
     assert "step 20" in results[4].stderr, results[4].stderr
+
+
+def _multi30k_pairs(n: int) -> list[tuple[str, str]]:
+    def lines(name):
+        with gzip.open(REPO_ROOT / "data/multi30k" / name, "rt", encoding="utf-8") as f:
+            return [next(f).strip() for _ in range(n)]
+    return list(zip(lines("train.fr.gz"), lines("train.en.gz")))
+
+
+def test_any_corpus_lines(scratch):
+    """The folder and JSONL lines train 20 steps on files in the shapes they name (the folder as the README's
+    save_to_disk line writes it, from Multi30k pairs instead of WMT14, which needs the network); the Hub line,
+    offline, is one `error:` line that says how to bring the data."""
+    import datasets
+    commands = _block_after("Train on your own data", "**Any corpus you have**")
+    fetch, folder, hub, jsonl = commands
+    assert "save_to_disk('wmt14_fr_en')" in fetch and "--file_path wmt14_fr_en " in folder, commands
+    pairs = _multi30k_pairs(2000)
+    rows = {"translation": [{"fr": fr, "en": en} for fr, en in pairs]}
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows),
+                          "validation": datasets.Dataset.from_dict({k: v[:50] for k, v in rows.items()})}
+                         ).save_to_disk(str(scratch / "wmt14_fr_en"))
+    with open(scratch / "pairs.jsonl", "w", encoding="utf-8") as f:
+        for fr, en in pairs:
+            f.write(json.dumps({"english": en, "french": fr}, ensure_ascii=False) + "\n")
+    for command, out in ((folder, "out/wmt"), (jsonl, "out/j")):
+        _run(command, scratch)
+        steps = [json.loads(line)["step"] for line in (scratch / out / "metrics.jsonl").read_text().splitlines()
+                 if '"loss"' in line]
+        assert steps[-1] == 20, steps
+    offline = _run(hub, scratch, env=_env(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"), ok=False)
+    errors = [line for line in offline.stderr.splitlines() if line.startswith("error:")]
+    assert offline.returncode != 0 and len(errors) == 1 and "save_to_disk" in errors[0], offline.stderr[-2000:]
+    assert "Traceback" not in offline.stderr, offline.stderr[-2000:]
+
+
+@pytest.mark.skipif(shutil.which("dstr-translate") is None,
+                    reason="the console commands are not installed (pip install -e .)")
+def test_validate_then_translate_the_best_checkpoint(scratch):
+    """The Validate block (2 ranks, 400 steps, validation every 100), then the README's `dstr-translate` line on
+    the run's best checkpoint: one translation, and stderr says the checkpoint is the best validation's."""
+    prepare = _block_after("Train on your own data", "**Prepare data**")
+    _run(prepare[0], scratch)                                          # the training TSV the Validate block reads
+    for command in _block_after("Train on your own data", "**Validate, schedule the learning rate"):
+        _run(command, scratch)
+    assert (scratch / "out/valid-run/checkpoints/best").is_dir()
+    line = next(c for c in _commands(_blocks("Translate, evaluate, average, export to transformers")[0])
+                if "dstr-translate" in c)
+    assert "out/valid-run/best" in line, line
+    proc = _run(line, scratch)
+    assert len(proc.stdout.splitlines()) == 1 and proc.stdout.strip(), proc.stdout + proc.stderr
+    assert "best" in proc.stderr and "valid_loss" in proc.stderr, proc.stderr[-2000:]

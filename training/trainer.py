@@ -70,7 +70,8 @@ class Trainer:
         check_precision(cfg.parallel.precision)
 
         self.data = prepare_data(cfg.data.file_path, cfg.model.tokenizer, cfg.model.src_len, cfg.model.tgt_len,
-                                 cfg.model.tokenizer_vocab_size, progress=self.rank == 0, cache_dir=cfg.data.cache_dir)
+                                 cfg.model.tokenizer_vocab_size, progress=self.rank == 0, cache_dir=cfg.data.cache_dir,
+                                 corpus=cfg.data.corpus())
         self.vocab = cfg.model.vocab_size or self.data.vocab_size
         if self.vocab < self.data.vocab_size:
             raise UserError(f"--vocab_size {self.vocab} is smaller than the tokenizer's vocabulary "
@@ -116,7 +117,8 @@ class Trainer:
             self.validator = Validator(val.valid_file, str(self.data.tokenizer_path), self.cfg.model.src_len,
                                        self.cfg.model.tgt_len, self.cfg.data.valid_batch_size, self.engine.ctx,
                                        self.parallel.micro_batch_num, device(), progress=self.rank == 0,
-                                       bleu=bleu_model, cache_dir=self.cfg.data.cache_dir)
+                                       bleu=bleu_model, cache_dir=self.cfg.data.cache_dir,
+                                       corpus=self.cfg.data.corpus(valid=True))
             self.valid_every = val.valid_interval or self.feeder.schedule.batches_per_epoch
             self.tracker = BestTracker(self.checkpoints.root, val.early_stop_patience, self.start_step,
                                        self.valid_every)

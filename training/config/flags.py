@@ -13,6 +13,7 @@ import json
 from common.cli_args import Number, OutOfRange, Parser, integer, number
 from common.errors import UserError
 from model.config import MAX_POSITIONS
+from preprocess.corpus_source import add_corpus_flags
 from preprocess.textio import read_json
 from preprocess.tokenizer import BPE_SPECIALS
 from training.config.deepspeed_check import check_deepspeed_config, strip_comments
@@ -72,7 +73,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--distribute", default="auto", choices=["true", "false", "auto"],
                    help="true: join the launcher's process group; false: one process; auto (default): true when "
                         "started by a launcher (WORLD_SIZE set)")
-    g.add_argument("--file_path", help="training data: a TSV of 'source<TAB>target' pairs (preprocess.parallel)")
+    g.add_argument("--file_path", help="training data: a TSV of 'source<TAB>target' pairs (preprocess.parallel); or a "
+                   "datasets save_to_disk folder, a .jsonl/.json/.csv/.parquet file or a Hub name, with the "
+                   "'table input' flags")
     g.add_argument("--mp", type=POSITIVE, default=1, help="model (tensor) parallel size (default 1)")
     g.add_argument("--pipeline_stage", type=POSITIVE, default=1, help="number of pipeline stages (default 1)")
     g.add_argument("--micro_batch_num", type=POSITIVE, default=1,
@@ -110,6 +113,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--cache_dir", default=None,
                    help="where the token store of --file_path/--valid_file (and an auto-built tokenizer) is written "
                         "and looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder")
+
+    g = p.add_argument_group("table input (--file_path/--valid_file not a TSV; docs/data.md, Input formats)")
+    add_corpus_flags(g, split_help="split of --file_path when it is a DatasetDict folder or a Hub dataset (default: "
+                                   "train; a plain Dataset folder or a .jsonl/.json/.csv/.parquet file is read whole)")
+    g.add_argument("--valid_split", default=None, metavar="SPLIT",
+                   help="split of --valid_file when it is a DatasetDict folder or a Hub dataset (default: validation)")
 
     g = p.add_argument_group("parallelism and memory")
     g.add_argument("--world_size", type=integer(1, why="the processes the layout is written for"), default=None,
@@ -197,8 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("validation")
     g.add_argument("--valid_file", default=None,
-                   help="validation TSV (source<TAB>target, same tokenizer): valid_loss is logged every "
-                        "--valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best")
+                   help="validation TSV (source<TAB>target, same tokenizer; or a table, as --file_path): valid_loss "
+                        "is logged every --valid_interval steps and the best checkpoint kept in "
+                        "OUTPUT_DIR/checkpoints/best")
     g.add_argument("--valid_interval", type=integer(0, why="0: once per epoch"), default=0,
                    help="steps between validations (default 0 = once per epoch); also after the last step")
     g.add_argument("--valid_bleu", type=_bool, default=False,

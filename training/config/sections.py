@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from common.errors import UserError
 from model.config import ModelConfig, ParallelConfig
+from preprocess.corpus_source import CorpusOptions
 from training.core.trackers import require
 
 
@@ -140,7 +141,21 @@ class DataSection:
     batch_multiple: int = 16
     pad_multiple: int = 8
     seed: int = 1234
+    # a table's pairs (not a TSV's): preprocess.corpus_source
+    split: str | None = None               # None: train (--file_path), validation (--valid_file)
+    valid_split: str | None = None
+    src_field: str | None = None
+    tgt_field: str | None = None
+    src_lang: str | None = None
+    tgt_lang: str | None = None
+    dataset_config: str | None = None
     # batch_size against the layout: model.config.validate_layout (it names the sizes that would fit)
+
+    def corpus(self, valid: bool = False) -> CorpusOptions:
+        """How --file_path's (or with `valid` --valid_file's) pairs are taken from a table."""
+        return CorpusOptions(split=self.valid_split if valid else self.split, src_field=self.src_field,
+                             tgt_field=self.tgt_field, src_lang=self.src_lang, tgt_lang=self.tgt_lang,
+                             config=self.dataset_config, default_split="validation" if valid else "train")
 
     @property
     def batch_unit(self) -> tuple[int, str]:

@@ -27,6 +27,7 @@ from common.errors import UserError
 from common.ranks import local_rank_from_env
 from model.packing import Packing
 from preprocess.build_lock import one_builder
+from preprocess.corpus_source import CorpusOptions, open_corpus
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, default_cache_root, dp_slice, micro_slices
 from preprocess.token_batches import TokenBatchSchedule
 from training.core.data_wait import DataWait
@@ -42,39 +43,43 @@ def auto_tokenizer_path(tsv_path: str, vocab_size: int, cache_dir: str | None, t
 
 def prepare_data(file_path: str | None, tokenizer: str | None, src_len: int, tgt_len: int,
                  tokenizer_vocab_size: int = 8000, progress: bool = True,
-                 flag: str = "--file_path", cache_dir: str | None = None) -> TranslationDataset:
+                 flag: str = "--file_path", cache_dir: str | None = None,
+                 corpus: CorpusOptions | None = None) -> TranslationDataset:
+    """`corpus`: how pairs are taken from a table (a datasets folder, .jsonl/.json/.csv/.parquet, a Hub name)."""
     if not file_path:
         raise UserError(f"{flag} is required: a TSV of 'source<TAB>target' pairs, e.g. made by "
                         "`python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt "
-                        "data/multi30k/train.en.gz --output out/data/train.fr_en.tsv`")
-    if not os.path.isfile(file_path):
+                        "data/multi30k/train.en.gz --output out/data/train.fr_en.tsv` (or a datasets folder or "
+                        ".jsonl/.parquet file: docs/data.md)")
+    source = open_corpus(file_path, corpus, flag)
+    if source.is_tsv and not os.path.isfile(file_path):
         raise UserError(f"{flag} {file_path} not found (make it with python -m preprocess.parallel)")
     if tokenizer and not os.path.isfile(tokenizer):
         raise UserError(f"--tokenizer {tokenizer} not found (make one with python -m preprocess.tokenizer, or "
                         f"leave --tokenizer out to build one from --file_path)")
-    sha = shared_tsv_sha256(file_path, cache_dir)    # rank 0 reads it (or its record) and broadcasts it
+    sha = shared_tsv_sha256(file_path, cache_dir, source)    # rank 0 reads it (or its record) and broadcasts it
     tok_path = tokenizer or auto_tokenizer_path(file_path, tokenizer_vocab_size, cache_dir, sha)
     local_rank = local_rank_from_env()
     wait = DataWait.for_job(local_rank)
     if local_rank == 0:
         with wait.preparing(f"prepares {file_path}") if wait else contextlib.nullcontext():
             if not tokenizer and not os.path.isfile(tok_path):
-                _build_tokenizer(file_path, tok_path, tokenizer_vocab_size, progress)
+                _build_tokenizer(file_path if source.is_tsv else source, tok_path, tokenizer_vocab_size, progress)
             data = TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir,
-                                      progress=progress, tsv_sha256=sha)
+                                      progress=progress, tsv_sha256=sha, corpus=corpus)
     else:
         if wait:
             wait.wait_for_leader()
         # local rank 0 verified the store's checksums (or rebuilt it) before saying it is ready: hashing it again
         # here would read every byte once more per rank; the structural checks still run
         data = TranslationDataset(file_path, tok_path, src_len, tgt_len, cache_dir=cache_dir, progress=False,
-                                  tsv_sha256=sha, verify=False)
+                                  tsv_sha256=sha, verify=False, corpus=corpus)
     if wait:
         wait.wait_for_all()
     return data
 
 
-def _build_tokenizer(file_path: str, tok_path: str, vocab_size: int, progress: bool) -> None:
+def _build_tokenizer(file_path, tok_path: str, vocab_size: int, progress: bool) -> None:
     """The BPE tokenizer train.py builds when --tokenizer is not given: one builder per cache folder (another
     node's, sharing it, may be building it already: then this one waits for it)."""
     from preprocess.tokenizer import train_tokenizer

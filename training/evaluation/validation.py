@@ -33,15 +33,15 @@ class Validator:
     when the engine's module is not the whole serial model; None: no BLEU."""
 
     def __init__(self, valid_file: str, tokenizer_path: str, src_len: int, tgt_len: int, global_batch: int,
-                 ctx, micro_batch_num: int, device, progress: bool, bleu=None, cache_dir=None):
+                 ctx, micro_batch_num: int, device, progress: bool, bleu=None, cache_dir=None, corpus=None):
         self.data = prepare_data(valid_file, tokenizer_path, src_len, tgt_len, progress=progress,
-                                 flag="--valid_file", cache_dir=cache_dir)
+                                 flag="--valid_file", cache_dir=cache_dir, corpus=corpus)
         self.global_batch, self.ctx, self.micro, self.device = global_batch, ctx, micro_batch_num, device
         self.tokenizer_path, self.save_for_bleu = str(tokenizer_path), bleu
         self.references = None
         if bleu is not None:
-            from preprocess.textio import read_tsv_pairs
-            self.sources, self.references = read_tsv_pairs(valid_file)
+            from preprocess.corpus_source import read_pairs
+            self.sources, self.references = read_pairs(valid_file, corpus, "--valid_file")
 
     def evaluate(self, engine, step: int = 0) -> dict:
         """{"valid_loss": ...[, "valid_bleu": ...]}, identical on every rank. Collective: every rank calls it."""
