@@ -21,7 +21,10 @@ import pytest
 from tests.conftest import REPO_ROOT
 from tests.multiproc import free_port
 
-pytestmark = pytest.mark.slow
+# the README's commands are the installed ones (dstr-*): `pip install -e .`, as the README's two commands do
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(shutil.which("dstr-train") is None,
+                                 reason="the console commands are not installed (pip install -e .)")]
 
 
 def _commands(block: str) -> list[str]:
@@ -124,8 +127,6 @@ def test_any_corpus_lines(scratch):
     assert "Traceback" not in offline.stderr, offline.stderr[-2000:]
 
 
-@pytest.mark.skipif(shutil.which("dstr-translate") is None,
-                    reason="the console commands are not installed (pip install -e .)")
 def test_validate_then_translate_the_best_checkpoint(scratch):
     """The Validate block (2 ranks, 400 steps, validation every 100), then the README's `dstr-translate` line on
     the run's best checkpoint: one translation, and stderr says the checkpoint is the best validation's."""
@@ -135,8 +136,8 @@ def test_validate_then_translate_the_best_checkpoint(scratch):
         _run(command, scratch)
     assert (scratch / "out/valid-run/checkpoints/best").is_dir()
     line = next(c for c in _commands(_blocks("Translate, evaluate, average, export to transformers")[0])
-                if "dstr-translate" in c)
-    assert "out/valid-run/best" in line, line
+                if "out/valid-run/best" in c)
+    assert line.split("|")[1].split()[0] == "dstr-translate", line
     proc = _run(line, scratch)
     assert len(proc.stdout.splitlines()) == 1 and proc.stdout.strip(), proc.stdout + proc.stderr
     assert "best" in proc.stderr and "valid_loss" in proc.stderr, proc.stderr[-2000:]
