@@ -22,6 +22,7 @@ import multiprocessing
 import os
 import signal
 import sys
+import time
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
@@ -159,11 +160,13 @@ def _lost_worker(workers: list, name: str) -> UserError:
     """A worker died (kill -9, the out-of-memory killer, a crash): say how, from its exit status where known.
     `workers`: every worker process seen (a broken pool forgets its own, and SIGTERMs the rest: their -15 is not
     the news)."""
-    codes = []
-    for proc in workers:
-        proc.join(timeout=2)
-        if proc.exitcode is not None and proc.exitcode < 0:
-            codes.append(-proc.exitcode)
+    # the pool's own thread reaps its workers too: a join that loses that race sees no status (ECHILD) until the
+    # other thread records it on the same process object, so look again until each has one (2 s at most)
+    deadline = time.monotonic() + 2
+    while any(proc.exitcode is None for proc in workers) and time.monotonic() < deadline:
+        for proc in workers:
+            proc.join(timeout=0.05)
+    codes = [-proc.exitcode for proc in workers if proc.exitcode is not None and proc.exitcode < 0]
     how = ""
     if codes:
         code = next((c for c in codes if c != signal.SIGTERM), codes[0])
@@ -187,9 +190,9 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
             yield encoder(block, lineno), fraction
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method), initializer=_start_worker,
-                               initargs=(os.getpid(), *encoder_args))
     seen: dict = {}                                       # pid → worker process, for _lost_worker
+    pool = ProcessPoolExecutor(workers, mp_context=_RecordingContext(multiprocessing.get_context(method), seen),
+                               initializer=_start_worker, initargs=(os.getpid(), *encoder_args))
     try:
         pending: deque = deque()
         for block, lineno, read in blocks:
@@ -197,7 +200,6 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
             # want one thread anyway, and this says so before the fork (the first submit forks them all)
             with _environment(TOKENIZERS_PARALLELISM="false"):
                 pending.append((pool.submit(_encode_in_worker, block, lineno), read))
-            seen.update(getattr(pool, "_processes", None) or {})
             if len(pending) >= 2 * workers:
                 future, fraction = pending.popleft()
                 yield future.result(), fraction
@@ -213,6 +215,23 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+class _RecordingContext:
+    """A multiprocessing context whose processes are recorded in `seen` as they start. The pool forks its workers
+    one after another inside the first submit, and forgets them when it breaks: a worker killed during those forks
+    was otherwise never seen, and the line named the SIGTERM the pool sent the others."""
+
+    def __init__(self, context, seen: dict):
+        class Recorded(context.Process):
+            def start(self):
+                super().start()
+                seen[self.pid] = self
+
+        self._context, self.Process = context, Recorded
+
+    def __getattr__(self, name):
+        return getattr(self._context, name)
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:

@@ -72,12 +72,17 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
         assert a.poll() is None, (tmp_path / "a.stderr").read_text()[-3000:]
         assert time.time() < deadline, "A did not start training"
         time.sleep(0.3)
-    b = finish(start(multi30k_tsv, bpe_tokenizer, tmp_path / "b", port), tmp_path / "b", timeout=120)
+    b = start(multi30k_tsv, bpe_tokenizer, tmp_path / "b", port)
     # B's rank 1 alone, as on a node of its own (no launcher there ends it when B's rank 0 fails): it finds A's
-    # store, whose rank 1 seat is taken, and refuses in one line (before: it completed the rendezvous in A's store)
-    lone = subprocess.run([sys.executable, TRAIN, "--local_rank=1", *job_args(multi30k_tsv, bpe_tokenizer,
-                                                                           tmp_path / "b1", STEPS)],
-                          env=rank_env(env(), 1, 2, port), cwd=REPO_ROOT, capture_output=True, text=True, timeout=120)
+    # store, whose rank 1 seat is taken, and refuses in one line (before: it completed the rendezvous in A's store).
+    # It starts beside B (each takes about 15 s here, most of it imports), so both end while A still trains.
+    lone = subprocess.Popen([sys.executable, TRAIN, "--local_rank=1", *job_args(multi30k_tsv, bpe_tokenizer,
+                                                                             tmp_path / "b1", STEPS)],
+                            env=rank_env(env(), 1, 2, port), cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    b = finish(b, tmp_path / "b", timeout=120)
+    out, err = lone.communicate(timeout=120)
+    lone = subprocess.CompletedProcess(lone.args, lone.returncode, out, err)
     a_step_when_b_ended = logged_step(tmp_path / "a")
     a_done, twin_done = finish(a, tmp_path / "a"), finish(twin, tmp_path / "twin")
 

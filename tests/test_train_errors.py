@@ -177,6 +177,10 @@ PLAN_VALUES = [   # plan.py shares train.py's flags and adds its own
     (["--world_size", "0"], "error: --world_size 0 must be >= 1"),
     (["--world_size", "2", "--gpus_per_node", "-8"], "error: --gpus_per_node -8 must be >= 1"),
     (["--world_size", "2", "--device_memory", "nan"], "error: --device_memory nan must be a finite number > 0"),
+    (["--world_size", "2", "--step_time_1gpu", "0"], "error: --step_time_1gpu 0 must be > 0"),
+    (["--world_size", "2", "--assumed_mfu", "1.5"], "error: --assumed_mfu 1.5 must be in (0, 1]"),
+    (["--world_size", "2", "--intra_node_GB_s", "-1"], "error: --intra_node_GB_s -1 must be > 0"),
+    (["--world_size", "2", "--inter_node_Gb_s", "nan"], "error: --inter_node_Gb_s nan must be a finite number > 0"),
 ]
 
 
