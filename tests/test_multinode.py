@@ -216,7 +216,9 @@ def test_a_refusal_by_rank_0_on_node_0_ends_node_1s_ranks(cluster, data, tmp_pat
     assert proc.returncode != 0
     assert any(line.startswith("error: --output_dir") and "is in use" in line for line in err.splitlines()), err
     rank_logs = {p.name: p.read_text() for p in only_launch(run_dir_of(tmp_path / "runs")).glob("vnode1_rank*.log")}
-    assert len(rank_logs) == 2 and all("stopping: rank 0 (pid" in t for t in rank_logs.values()), rank_logs
+    # node 1's ranks heard rank 0's refusal: the first to hear it names it and exits, and node 1's launcher then ends
+    # its sibling, which may go before its own watcher prints the same line (seen once in a full run)
+    assert len(rank_logs) == 2 and any("stopping: rank 0 (pid" in t for t in rank_logs.values()), rank_logs
     print(f"busy output folder on node 0: the whole job ended {took:.1f} s after its launch")
     assert took < ENDS_WITHIN + 30       # the launch itself (8 Python processes on 2 cores) takes most of it
     assert_nothing_left(cluster)
