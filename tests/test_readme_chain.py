@@ -141,3 +141,20 @@ def test_validate_then_translate_the_best_checkpoint(scratch):
     proc = _run(line, scratch)
     assert len(proc.stdout.splitlines()) == 1 and proc.stdout.strip(), proc.stdout + proc.stderr
     assert "best" in proc.stderr and "valid_loss" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_resume_block_saves_and_merge_consolidates_to_safetensors(scratch):
+    """The Resume block's first run (2 ranks, tp2, saves every 10 steps), then its `dstr-merge-checkpoint` line as
+    written: one .safetensors of the serial model's weights, which the README says replaces DeepSpeed's
+    zero_to_fp32."""
+    from safetensors import safe_open
+    prepare = _block_after("Train on your own data", "**Prepare data**")
+    _run(prepare[0], scratch)
+    block = _blocks("Resume and continue on another layout")[0]
+    commands = _commands(block)
+    merge = next(c for c in commands if c.startswith("dstr-merge-checkpoint"))
+    _run(commands[0], scratch)
+    _run(merge, scratch)
+    out = scratch / merge.split("--output ", 1)[1].split()[0]
+    with safe_open(str(out), "pt") as f:
+        assert int(f.metadata()["step"]) == 40 and len(list(f.keys())) > 0, f.metadata()
