@@ -101,3 +101,12 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
         print("interrupted", file=sys.stderr, flush=True)
         leave(130)
     leave(int(result or 0))
+
+
+def console_script(main: Callable[[], object]) -> Callable[[], NoReturn]:
+    """The no-argument callable a console script (setup.cfg entry point) calls: `main` under `run_cli`."""
+    def entry() -> NoReturn:
+        run_cli(main)
+    entry.main = main          # (not __wrapped__: inspect would then show main as the entry point's source)
+    entry.__doc__ = f"Console script: {main.__module__}.main, user mistakes in one line."
+    return entry

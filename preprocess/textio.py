@@ -45,7 +45,7 @@ def check_readable(path: PathLike) -> Path:
     return path
 
 
-def _decode_line(raw: bytes, name: str, lineno: int) -> str:
+def decode_line(raw: bytes, name: str, lineno: int) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -61,7 +61,7 @@ def _decode_line(raw: bytes, name: str, lineno: int) -> str:
 def _iter_raw(handle: Iterable[bytes], name: str) -> Iterator[tuple[int, str]]:
     lineno = 0
     for lineno, raw in enumerate(handle, start=1):
-        yield lineno, _decode_line(raw, name, lineno)
+        yield lineno, decode_line(raw, name, lineno)
     if lineno == 0:
         fail(f"{name}: file is empty")
 
@@ -157,9 +157,9 @@ def split_tsv_block(block: bytes, name: str, first_lineno: int) -> tuple[list[st
         text = block.decode("utf-8")
     except UnicodeDecodeError:                     # find the line, for the message
         for offset, raw in enumerate(block.split(b"\n")):
-            _decode_line(raw, name, first_lineno + offset)
+            decode_line(raw, name, first_lineno + offset)
         raise
-    lines = text.split("\n")                       # only "\n" ends a line (see _decode_line)
+    lines = text.split("\n")                       # only "\n" ends a line (see decode_line)
     if lines[-1] == "":
         lines.pop()
     if first_lineno == 1 and lines and lines[0].startswith("\ufeff"):

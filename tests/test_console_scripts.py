@@ -13,6 +13,7 @@ import inspect
 import os
 import subprocess
 import sys
+import textwrap
 from importlib.metadata import distributions
 
 import pytest
@@ -55,10 +56,12 @@ def test_entry_points_resolve_inside_the_installed_packages_and_leave_through_ru
         module = target.split(":")[0]
         assert module.split(".")[0] in packages, (name, target)
         # the function's own body calls run_cli: one exit path, user mistakes in one line
-        tree = ast.parse(inspect.getsource(function))
+        tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
         calls = {getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(tree)
                  if isinstance(n, ast.Call)}
         assert "run_cli" in calls, (name, target)
+        wrapped = getattr(function, "main", None)       # common.errors.console_script(main)
+        assert wrapped is None or wrapped is importlib.import_module(module).main, (name, target)
 
 
 def test_no_installed_distribution_uses_our_names():

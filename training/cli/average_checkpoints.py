@@ -14,9 +14,8 @@ with --keep_checkpoint_max >= K to have them.
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
 
-from common.errors import UserError, run_cli
+from common.errors import UserError, console_script
 
 
 def main(argv=None) -> int:
@@ -46,9 +45,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

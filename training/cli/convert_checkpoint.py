@@ -11,9 +11,8 @@ and left in place. NEW must not exist. Resume from it with train.py --ckpt_file 
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
 
-from common.errors import run_cli
+from common.errors import console_script
 
 
 def main(argv=None) -> int:
@@ -29,9 +28,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -22,10 +22,9 @@ import argparse
 import json
 import os
 import time
-from typing import NoReturn
 
 from common.cli_args import Parser, integer
-from common.errors import UserError, run_cli
+from common.errors import UserError, console_script
 from training.evaluation.decode_cli import add_decoding_flags, load_translator, warn_truncated
 
 
@@ -110,9 +109,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

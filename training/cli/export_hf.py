@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import NoReturn
 
-from common.errors import UserError, run_cli
+from common.errors import UserError, console_script
 from training.evaluation.decode_cli import add_checkpoint_flags, load_translator
 
 
@@ -58,9 +57,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

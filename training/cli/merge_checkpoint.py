@@ -17,9 +17,8 @@ folder also holds a zero_to_fp32.py that runs this).
 from __future__ import annotations
 
 import argparse
-from typing import NoReturn
 
-from common.errors import run_cli
+from common.errors import console_script
 from training.checkpoint.consolidated import merge, save
 
 
@@ -46,9 +45,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import NoReturn
 
-from common.errors import run_cli
+from common.errors import console_script
 
 
 def main(argv=None) -> int:
@@ -17,9 +16,7 @@ def main(argv=None) -> int:
     return plan(sys.argv[1:] if argv is None else argv)
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -16,9 +16,8 @@ import argparse
 import json
 import os
 import sys
-from typing import NoReturn
 
-from common.errors import UserError, run_cli
+from common.errors import UserError, console_script
 
 # panel title → (metrics.jsonl key, y label, smoothed?)
 PANELS = [("loss", "loss", "loss (train; valid: markers)", True), ("valid BLEU", "valid_bleu", "BLEU", False),
@@ -134,9 +133,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -14,10 +14,9 @@ processes regardless. dp is derived as world_size // mp // pipeline_stage, as in
 from __future__ import annotations
 
 import sys
-from typing import NoReturn
 
 from common import launch_payload
-from common.errors import run_cli
+from common.errors import console_script
 from training.run.rank_supervisor import reported_collective_failures, supervise_rank
 
 
@@ -35,9 +34,7 @@ def main(argv=None) -> int:
     return rc
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -21,10 +21,9 @@ import argparse
 import contextlib
 import sys
 from dataclasses import dataclass
-from typing import NoReturn
 
 from common.cli_args import Parser
-from common.errors import UserError, run_cli
+from common.errors import UserError, console_script
 from training.evaluation.decode_cli import add_decoding_flags, load_translator, warn_truncated
 
 
@@ -129,9 +128,7 @@ def main(argv=None) -> int:
     return 0
 
 
-def cli() -> NoReturn:
-    """The console script (setup.cfg): one exit path, user mistakes in one line."""
-    run_cli(main)
+cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

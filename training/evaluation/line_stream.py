@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 # the rules every other reader of text follows: UTF-8 or one `error:` line naming the line, a byte-order mark on the
 # first line dropped, only "\n" ends a line
-from preprocess.textio import _decode_line
+from preprocess.textio import decode_line
 
 CHUNK = 1 << 16
 
@@ -46,7 +46,7 @@ def arriving_lines(fd: int, name: str = "stdin") -> Iterator[list[str]]:
             lines.pop()
         for raw in lines:
             lineno += 1
-            group.append(_decode_line(raw, name, lineno))
+            group.append(decode_line(raw, name, lineno))
         if group:
             yield group
 
