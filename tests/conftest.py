@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +19,14 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+
+# A suite started under nohup (SIGHUP ignored) or as a background job of a script (SIGINT ignored) would pass the
+# ignore on to every run it starts (an ignored signal stays ignored across exec), and the stop-signal tests would
+# see runs that, rightly, never stop. A handler is not inherited: pytest still outlives its terminal, its runs don't.
+if signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    signal.signal(signal.SIGHUP, lambda *_: None)
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")

@@ -145,5 +145,6 @@ def test_supervisors_write_only_into_their_own_jobs_store(fresh_job_store, monke
     monkeypatch.setenv("DSR_LAUNCH_ID", "another-launch")
     assert not job_watch.publish_abort("rank 1 of another launch failed", 1, 2, None, patience=1)
     assert not store.check([job_watch.ABORT])
-    assert job_watch.publish_abort("rank 1 (pid 7 on vm) failed: its own line", 1, 2, job, patience=1)
+    # the default patience: on a loaded machine (the suite's other worker, other jobs) a connection took over 5 s
+    assert job_watch.publish_abort("rank 1 (pid 7 on vm) failed: its own line", 1, 2, job)
     assert store.get(job_watch.ABORT) == b"rank 1 (pid 7 on vm) failed: its own line"
