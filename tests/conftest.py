@@ -85,3 +85,14 @@ def assert_user_error():
         return lines[0]
 
     return check
+
+
+# The files that take longest (minutes each, measured with --durations), started first: with two workers a file runs
+# whole on one worker (--dist loadfile), and a long file drawn last leaves the other worker idle at the end.
+SLOW_FILES_FIRST = ("test_faults.py", "test_multinode.py", "test_parity.py", "test_recipes.py", "test_readme_chain.py",
+                    "test_checkpoint.py", "test_background_save.py", "test_sharded_mlp.py", "test_shared_machine.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: the rest keep their order
