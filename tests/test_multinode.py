@@ -211,7 +211,8 @@ def test_a_refusal_by_rank_0_on_node_0_ends_node_1s_ranks(cluster, data, tmp_pat
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         start = time.monotonic()
         proc = launch(cluster, data, tmp_path / "runs", *DPxTP, *LONG, "--output_dir", busy, wait=False)
-        took, out, err = ended_within(proc, 120)
+        # without the refusal reaching node 1, its ranks would wait for rank 0 until --comm_timeout (1800 s)
+        took, out, err = ended_within(proc, 150)
     took = time.monotonic() - start
     assert proc.returncode != 0
     assert any(line.startswith("error: --output_dir") and "is in use" in line for line in err.splitlines()), err
@@ -220,7 +221,8 @@ def test_a_refusal_by_rank_0_on_node_0_ends_node_1s_ranks(cluster, data, tmp_pat
     # its sibling, which may go before its own watcher prints the same line (seen once in a full run)
     assert len(rank_logs) == 2 and any("stopping: rank 0 (pid" in t for t in rank_logs.values()), rank_logs
     print(f"busy output folder on node 0: the whole job ended {took:.1f} s after its launch")
-    assert took < ENDS_WITHIN + 30       # the launch itself (8 Python processes on 2 cores) takes most of it
+    # no bound tighter than ended_within's: the launch itself (8 Python processes on 2 cores) takes most of the time,
+    # 30-40 s alone and 88 s with two training jobs beside the suite
     assert_nothing_left(cluster)
 
 
