@@ -52,7 +52,8 @@ class OursRunner:
                                    lr=o.lr, weight_decay=o.weight_decay,
                                    lr_schedule=lr_factor("constant", 0, 1, 0.0, 1.0), clip_grad=o.clip_grad,
                                    precision=cfg.parallel.precision, ds_overrides=cfg.parallel.deepspeed_overrides)
-        schedule = batch_schedule(self.data, d.batch_size, d.seed, d.max_tokens, d.batch_multiple, d.pad_multiple)
+        schedule = batch_schedule(self.data, d.batch_size, d.seed, d.max_tokens, d.batch_multiple, d.pad_multiple,
+                                  d.num_batch_buckets)
         self.feeder = BatchFeeder(self.data, schedule, self.engine.ctx.dp_rank, self.engine.ctx.dp_size,
                                   parallel.micro_batch_num, device())
 

@@ -2,7 +2,9 @@
 to its own longest pair, as many pairs as fit a token budget.
 
     lengths      a pair's source and target lengths in tokens (with EOS), each rounded up to a multiple of
-                 `pad_multiple` (a few distinct shapes: a pipeline's buffers and the kernels see few sizes)
+                 `pad_multiple`; with `num_buckets` N > 0 then up to one of at most N lengths per side, those that
+                 add the fewest PAD positions (`length_buckets`; fairseq's --num-batch-buckets): batches come in
+                 fewer shapes, so pipeline stages exchange fewer tensor sizes and the kernels see fewer sizes
     order        all pairs sorted by (target, source) padded length, ties broken by a permutation drawn from
                  `seed` — fixed for the whole run
     batches      the sorted pairs cut into groups of `batch_multiple`; consecutive groups join a batch while
@@ -11,10 +13,10 @@ to its own longest pair, as many pairs as fit a token budget.
     epoch e      the same batches, in the order `np.random.default_rng([seed, e]).permutation(n_batches)`
 
 Like `preprocess.dataset.GlobalBatchSchedule`, which pairs form step k's batch — and how long it is padded —
-depends only on the data, max_tokens, batch_multiple, pad_multiple and seed, never on the parallel layout or
-iterator state: every layout trains on the same batches and a resume is `global_batch(step)` again. Every batch
-holds a multiple of `batch_multiple` pairs, so data_parallel × micro_batch_num (× interleave_num) must divide
-batch_multiple (checked with the layout, `model.config.validate_layout`).
+depends only on the data, max_tokens, batch_multiple, pad_multiple, num_buckets and seed, never on the parallel
+layout or iterator state: every layout trains on the same batches and a resume is `global_batch(step)` again.
+Every batch holds a multiple of `batch_multiple` pairs, so data_parallel × micro_batch_num (× interleave_num) must
+divide batch_multiple (checked with the layout, `model.config.validate_layout`).
 """
 from __future__ import annotations
 
@@ -34,6 +36,44 @@ def compact_permutation(seed, n: int) -> np.ndarray:
 def padded_length(real: np.ndarray, multiple: int, cap: int) -> np.ndarray:
     """Lengths rounded up to a multiple of `multiple`, at most `cap` (the dataset's fixed width)."""
     return np.minimum(-(-real // multiple) * multiple, cap)
+
+
+def length_buckets(padded: np.ndarray, n: int) -> np.ndarray:
+    """The at most N lengths a side's padded lengths snap to, chosen to add the fewest PAD positions: the distinct
+    lengths, in order, cut into N runs, each padded to its longest (the longest pair's length is always one). An
+    exact dynamic program over the distinct lengths (a few dozen to a few hundred), not over the pairs."""
+    counts = np.bincount(padded)
+    values = np.flatnonzero(counts)
+    if len(values) <= n:
+        return values
+    c = counts[values].astype(np.float64)
+    cum_c = np.concatenate([[0.0], np.cumsum(c)])
+    cum_cv = np.concatenate([[0.0], np.cumsum(c * values)])
+    v = len(values)
+    # cost[i, j]: PAD positions added when lengths i..j all pad to values[j] (inf where i > j)
+    i, j = np.arange(v)[:, None], np.arange(v)[None, :]
+    cost = np.where(i <= j, values[None, :] * (cum_c[j + 1] - cum_c[i]) - (cum_cv[j + 1] - cum_cv[i]), np.inf)
+    best = cost[0].copy()                            # best[j]: lengths 0..j in one run
+    cut = [np.zeros(v, dtype=np.int64)]              # cut[k][j]: where the last of k+1 runs covering 0..j starts
+    for _ in range(1, n):
+        # a last run i..j after the best k runs over 0..i-1
+        total = np.concatenate([[0.0], best[:-1]])[:, None] + cost
+        total[0] = cost[0]
+        start = np.argmin(total, axis=0)
+        best = total[start, np.arange(v)]
+        cut.append(start)
+    ends, j = [], v - 1
+    for k in range(n - 1, -1, -1):
+        if j < 0:
+            break
+        ends.append(values[j])
+        j = cut[k][j] - 1
+    return np.unique(ends)
+
+
+def snap(padded: np.ndarray, buckets: np.ndarray) -> np.ndarray:
+    """Each length up to the smallest bucket that holds it."""
+    return buckets[np.searchsorted(buckets, padded)].astype(padded.dtype)
 
 
 def _sort_order(src_pad: np.ndarray, tgt_pad: np.ndarray, tie: np.ndarray) -> np.ndarray:
@@ -70,12 +110,14 @@ def _pack(group_src: list, group_tgt: list, multiple: int, max_tokens: int) -> l
 
 class TokenBatchSchedule:
     def __init__(self, src_real: np.ndarray, tgt_real: np.ndarray, max_tokens: int, batch_multiple: int, seed: int,
-                 src_len: int, tgt_len: int, pad_multiple: int = 8):
+                 src_len: int, tgt_len: int, pad_multiple: int = 8, num_buckets: int = 0):
         """src_real / tgt_real: each pair's real (non-PAD) source and target length, as stored (with EOS)."""
         for name, value in (("max_tokens", max_tokens), ("batch_multiple", batch_multiple),
                             ("pad_multiple", pad_multiple)):
             if value < 1:
                 fail(f"--{name} {value} must be >= 1")
+        if num_buckets < 0:
+            fail(f"--num_batch_buckets {num_buckets} must be >= 0 (0: no buckets)")
         self.seed, self.max_tokens, self.batch_multiple = int(seed), int(max_tokens), int(batch_multiple)
         # small integer types throughout: for 10 M pairs every byte per pair is 10 MB of each rank's memory
         src_pad = padded_length(np.asarray(src_real, dtype=np.int32), pad_multiple, src_len)
@@ -83,6 +125,11 @@ class TokenBatchSchedule:
         if max(src_len, tgt_len) < 2 ** 16:
             src_pad, tgt_pad = src_pad.astype(np.uint16), tgt_pad.astype(np.uint16)
         n = len(src_pad)
+        if num_buckets and n:
+            self.buckets = (length_buckets(src_pad, num_buckets), length_buckets(tgt_pad, num_buckets))
+            src_pad, tgt_pad = snap(src_pad, self.buckets[0]), snap(tgt_pad, self.buckets[1])
+        else:
+            self.buckets = None
         groups = n // batch_multiple
         if groups == 0:
             fail(f"--batch_multiple {batch_multiple} exceeds the {n} pairs of the dataset")

@@ -102,3 +102,82 @@ def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
         print(f"tp2xpp2, 2 micro-batches of [{B // 2}, {S}+{T}] d={D}, per TP rank and step: {name}: activations "
               f"{a['activation']} B + ids {a['ids']} B + meta {a['meta']} B forward, gradients {gr['gradient']} B "
               f"+ meta {gr['meta']} B backward")
+
+
+SHAPES = [(S, T), (S + 4, T + 3), (S, T), (S + 4, T + 3), (S, T)]     # token batches: a shape comes back
+
+
+def _shape_cycle(rank, world, remember):
+    """tp2×pp2 engine trained on 5 steps whose micro-batch shapes alternate (`SHAPES`), announced as train.py
+    does (Engine.expect_shape). remember=False is how it was before training.core.boundary_meta: the engine
+    started over (reset_activation_shape) at every change of shape. Returns per step (loss, grad norm) and the
+    metadata messages this rank sent and the host reads (.item/.tolist) it made in steps 3-5, all repeats."""
+    import deepspeed.runtime.pipe.p2p as p2p
+
+    from model.parallel.topology import init_deepspeed_comm
+    from training.core.engine import build_engine
+    init_deepspeed_comm("gloo")
+    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
+                      src_len=S + 4, tgt_len=T + 3, dropout=0.0, attention_dropout=0.0, pad_id=0)
+    engine = build_engine(cfg, ParallelConfig(model_parallel=2, pipeline_stage=2, micro_batch_num=2),
+                          world_size=world, global_batch=B, seed=3, lr=1e-3, weight_decay=0.0,
+                          lr_schedule=lambda step: 1.0, clip_grad=1.0)
+    ds = engine.ds
+    if not remember:
+        ds._send_tensor_meta, ds._recv_tensor_meta = engine.boundary._send, engine.boundary._recv
+        last = []
+
+        def start_over_at_a_change(shape):
+            if last and last[-1] != shape:
+                ds.reset_activation_shape()
+            last.append(shape)
+        engine.expect_shape = start_over_at_a_change
+    counts = {"meta messages": 0, "host reads": 0}
+    real_send, real_item, real_tolist = p2p.send, torch.Tensor.item, torch.Tensor.tolist
+
+    def send(tensor, dest_stage, async_op=False):
+        counts["meta messages"] += tensor.dtype == torch.int32       # DeepSpeed's metadata buffer (int32)
+        return real_send(tensor, dest_stage, async_op)
+
+    def item(t):
+        counts["host reads"] += 1
+        return real_item(t)
+
+    def tolist(t):
+        counts["host reads"] += 1
+        return real_tolist(t)
+
+    g = torch.Generator().manual_seed(11)
+    results = []
+    for step, (s, t) in enumerate(SHAPES):
+        micro = []
+        for _ in range(2):
+            src, tgt, labels = (torch.randint(4, 60, (B // 2, n), generator=g) for n in (s, t, t))
+            src[0, s - 2:], tgt[1, 2:], labels[1, 2:] = 0, 0, 0
+            micro.append(((src, tgt), labels))
+        engine.objective.begin_step(int(sum((m[1] != 0).sum() for m in micro)))
+        engine.expect_shape((B // 2, s, t))
+        if step == 2:
+            p2p.send, torch.Tensor.item, torch.Tensor.tolist = send, item, tolist
+        loss = float(ds.train_batch(data_iter=iter(micro)))
+        results.append((loss, engine.grad_norm()))
+    p2p.send, torch.Tensor.item, torch.Tensor.tolist = real_send, real_item, real_tolist
+    return results, counts, ds.stage_id
+
+
+def test_a_shape_seen_before_is_not_exchanged_again_and_trains_alike():
+    """Stages remember per micro-batch shape what they exchanged about the boundary tensors (sizes, and the
+    tensor-parallel split's records): when a shape comes back, stage 0 sends no metadata and stage 1 reads none
+    back, where the engine used to start over at each change of shape (one message and its host reads per change;
+    gradients need none, their buffers are sized from the stage's own outputs). Losses and gradient norms are
+    bit-identical to starting over."""
+    kept, fresh = run_ranks(4, _shape_cycle, True), run_ranks(4, _shape_cycle, False)
+    for (steps, counts, stage), (steps_fresh, counts_fresh, _) in zip(kept, fresh):
+        assert steps == steps_fresh, (stage, steps, steps_fresh)
+        print(f"stage {stage}, steps 3-5 (shapes seen before): remembered {counts}, started over {counts_fresh}")
+        assert counts["meta messages"] == 0
+        if stage == 0:      # the sender: one message per change of shape before
+            assert counts_fresh["meta messages"] == 3 and counts["host reads"] == counts_fresh["host reads"]
+        else:               # the receiver: its reads of each message gone
+            assert counts_fresh["meta messages"] == 0 and counts["host reads"] < counts_fresh["host reads"]
+    assert sorted(r[2] for r in kept) == [0, 0, 1, 1]

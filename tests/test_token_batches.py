@@ -4,8 +4,10 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
-from preprocess.token_batches import TokenBatchSchedule, padded_length
-from tests.launch import TINY, run_train
+from preprocess.token_batches import TokenBatchSchedule, length_buckets, padded_length, snap
+import json
+
+from tests.launch import TINY, losses, run_train
 
 SRC_LEN = TGT_LEN = 32
 
@@ -126,17 +128,22 @@ def test_a_resume_with_other_batching_flags_is_refused_naming_the_saved_ones():
     from training.core.data import check_data_order, data_order, legacy_data_order
 
     def order(**kw):
-        flags = dict(max_tokens=2048, batch_multiple=16, pad_multiple=8, seed=1, batch_size=128)
+        flags = dict(max_tokens=2048, batch_multiple=16, pad_multiple=8, seed=1, batch_size=128, num_batch_buckets=0)
         return data_order(Namespace(**{**flags, **kw}))
 
     saved = order()
     check_data_order(saved, order(batch_size=64), "ckpt")          # batch_size is not part of a token-batch order
-    for kw in ({"max_tokens": 4096}, {"batch_multiple": 8}, {"pad_multiple": 1}, {"seed": 2}, {"max_tokens": 0}):
+    for kw in ({"max_tokens": 4096}, {"batch_multiple": 8}, {"pad_multiple": 1}, {"seed": 2}, {"max_tokens": 0},
+               {"num_batch_buckets": 4}):
         with pytest.raises(UserError, match=r"checkpoint ckpt was trained with token batches max_tokens=2048 "
                                             r"batch_multiple=16 pad_multiple=8 seed=1; resuming with .* would change "
                                             r"the data order. Pass --max_tokens 2048 --batch_multiple 16 "
-                                            r"--pad_multiple 8 --seed 1$"):
+                                            r"--pad_multiple 8 --seed 1 --num_batch_buckets 0$"):
             check_data_order(saved, order(**kw), "ckpt")
+    # buckets are recorded only when on, so checkpoints saved before the flag existed match a run without it
+    assert "num_batch_buckets" not in saved and order(num_batch_buckets=4)["num_batch_buckets"] == 4
+    with pytest.raises(UserError, match=r"--seed 1 --num_batch_buckets 4$"):
+        check_data_order(order(num_batch_buckets=4), saved, "ckpt")
     fixed = order(max_tokens=0)
     assert fixed == {"batching": "fixed", "batch_size": 128, "seed": 1}
     with pytest.raises(UserError, match=r"Pass --batch_size 128 --seed 1 \(and no --max_tokens\)$"):
@@ -147,3 +154,66 @@ def test_a_resume_with_other_batching_flags_is_refused_naming_the_saved_ones():
     check_data_order(legacy_data_order(legacy, saved), saved, "ckpt")
     with pytest.raises(UserError, match="seed=1"):
         check_data_order(legacy_data_order(legacy, order(seed=3)), order(seed=3), "ckpt")
+
+
+def test_length_buckets_add_the_fewest_pad_positions_of_any_choice():
+    """The dynamic program against every choice of at most N lengths (the longest always among them)."""
+    import itertools
+    rng = np.random.default_rng(1)
+    for _ in range(150):
+        lengths = rng.integers(1, 12, int(rng.integers(1, 30))) * 8
+        n = int(rng.integers(1, 5))
+        buckets = length_buckets(lengths, n)
+        values = np.unique(lengths)
+        assert len(buckets) <= n and buckets[-1] == values[-1] and set(buckets) <= set(values)
+        added = (snap(lengths, buckets) - lengths).sum()
+        best = min((snap(lengths, np.array(sorted({*others, values[-1]}))) - lengths).sum()
+                   for r in range(min(n, len(values))) for others in itertools.combinations(values[:-1], r))
+        assert added == best, (lengths, n, buckets)
+
+
+def test_bucketed_batches_come_in_few_shapes_and_still_cover_each_pair_once(lengths):
+    """--num_batch_buckets N on the real Multi30k lengths: each side's padded lengths are among N values, so the
+    batches have fewer distinct shapes; still nothing real is cut and no pair comes twice in an epoch."""
+    data, src, tgt = lengths
+    plain = TokenBatchSchedule(src, tgt, 1024, 16, 3, SRC_LEN, TGT_LEN, pad_multiple=1)
+    shapes = {0: len(plain.stats()["shapes"])}
+    for n in (2, 4):
+        sched = TokenBatchSchedule(src, tgt, 1024, 16, 3, SRC_LEN, TGT_LEN, pad_multiple=1, num_buckets=n)
+        src_b, tgt_b = sched.buckets
+        assert len(src_b) <= n and len(tgt_b) <= n
+        seen = []
+        for step in range(sched.batches_per_epoch):
+            idx = sched.global_batch(step)
+            s, t = sched.shape(step)
+            assert s in src_b and t in tgt_b and len(idx) * max(s, t) <= 1024
+            assert src[idx].max() <= s and tgt[idx].max() <= t
+            seen.append(idx)
+        seen = np.concatenate(seen)
+        assert len(np.unique(seen)) == len(seen) and len(seen) > len(src) - sched.batches_per_epoch * 16
+        shapes[n] = len(sched.stats()["shapes"])
+    print(f"distinct batch shapes, Multi30k, --max_tokens 1024 --pad_multiple 1: {shapes}")
+    assert shapes[2] <= 4 < shapes[0] and shapes[4] <= 16 and shapes[4] < shapes[0]
+    with pytest.raises(UserError, match="--num_batch_buckets -1 must be >= 0"):
+        TokenBatchSchedule(src, tgt, 1024, 16, 3, SRC_LEN, TGT_LEN, num_buckets=-1)
+
+
+def test_bucketed_token_batches_train_and_a_resume_takes_the_buckets_from_the_checkpoint(
+        multi30k_tsv, bpe_tokenizer, tmp_path):
+    """train.py with --num_batch_buckets: the checkpoint records it with the other batching flags, a bare
+    --resume takes it (the same losses as the uninterrupted run), and resuming without buckets is refused."""
+    base = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--log_interval", 1,
+            "--max_tokens", 256, "--num_batch_buckets", 2]
+    full, cut = tmp_path / "full", tmp_path / "cut"
+    run_train(1, [*base, "--output_dir", full, "--steps", 3])
+    run_train(1, [*base, "--output_dir", cut, "--steps", 2, "--save_checkpoint_steps", 2])
+    meta = json.loads((cut / "checkpoints" / "step_00000002" / "meta.json").read_text())
+    assert meta["data_order"]["num_batch_buckets"] == 2
+    bare = ["--file_path", multi30k_tsv, "--output_dir", cut, "--resume", "--tensorboard", 0, "--log_interval", 1]
+    refused = run_train(1, [*bare, "--steps", 3, "--num_batch_buckets", 0], check=False)
+    assert refused.returncode != 0 and "Traceback" not in refused.stderr
+    assert "Pass --max_tokens 256 --batch_multiple 16 --pad_multiple 8 --seed 7 --num_batch_buckets 2" in \
+        refused.stderr, refused.stderr[-2000:]
+    resumed = run_train(1, [*bare, "--steps", 3])
+    assert "num_batch_buckets=2" in resumed.stdout
+    assert losses(cut) == losses(full)

@@ -154,7 +154,7 @@ BAD_VALUES = [   # (train.py arguments, the start of its one error line)
        "--interleave_num", "--batch_multiple", "--pad_multiple", "--epochs", "--log_interval", "--nan_skip_limit")],
     *[([flag, "-1"], f"error: {flag} -1 must be >= 0") for flag in
       ("--steps", "--warmup_steps", "--max_tokens", "--valid_interval", "--early_stop_patience",
-       "--save_checkpoint_steps", "--keep_checkpoint_max")],
+       "--save_checkpoint_steps", "--keep_checkpoint_max", "--num_batch_buckets")],
     (["--tokenizer_vocab_size", "4"], "error: --tokenizer_vocab_size 4 must be >= 5 (more than the 4 special tokens)"),
     (["--batch_size", "3.5"], "error: --batch_size 3.5 must be an integer >= 1"),
     (["--lr", "fast"], "error: --lr fast must be a finite number >= 0"),

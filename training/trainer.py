@@ -82,7 +82,7 @@ class Trainer:
                             f"({self.data.num_samples} pairs)")
         self.model_cfg = cfg.model.model_config(vocab_size=self.vocab, pad_id=self.data.pad_id)
         schedule = batch_schedule(self.data, cfg.data.batch_size, cfg.data.seed, cfg.data.max_tokens,
-                                  cfg.data.batch_multiple, cfg.data.pad_multiple)
+                                  cfg.data.batch_multiple, cfg.data.pad_multiple, cfg.data.num_batch_buckets)
         opt = cfg.optimization
         self.total_steps = opt.steps if opt.steps is not None else opt.epochs * schedule.batches_per_epoch
         lr_schedule = lr_factor(opt.lr_schedule, opt.warmup_steps, opt.horizon(self.total_steps), opt.min_lr_ratio,

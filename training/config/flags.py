@@ -163,6 +163,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "data_parallel × micro_batch_num (× interleave_num) must divide it")
     g.add_argument("--pad_multiple", type=POSITIVE, default=8,
                    help="with --max_tokens: batch lengths are rounded up to a multiple of this (default 8: few shapes)")
+    g.add_argument("--num_batch_buckets", type=integer(0, why="0: no buckets"), default=0,
+                   help="with --max_tokens: snap each side's lengths to at most N lengths, chosen to add the fewest "
+                        "PAD positions (fairseq's --num-batch-buckets): batches come in fewer shapes, so pipeline "
+                        "stages exchange fewer tensor sizes (default 0 = off; the recipes say what they use)")
 
     g = p.add_argument_group("schedule and logging")
     g.add_argument("--steps", type=integer(0), default=None, help="optimizer steps (default: --epochs worth)")

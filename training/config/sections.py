@@ -140,6 +140,7 @@ class DataSection:
     max_tokens: int = 0                       # > 0: token batches
     batch_multiple: int = 16
     pad_multiple: int = 8
+    num_batch_buckets: int = 0
     seed: int = 1234
     # a table's pairs (not a TSV's): preprocess.corpus_source
     split: str | None = None               # None: train (--file_path), validation (--valid_file)

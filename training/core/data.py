@@ -164,13 +164,13 @@ def validation_batches(data: TranslationDataset, global_batch: int, dp_rank: int
 
 
 def batch_schedule(data: TranslationDataset, global_batch: int, seed: int, max_tokens: int = 0,
-                   batch_multiple: int = 16, pad_multiple: int = 8):
+                   batch_multiple: int = 16, pad_multiple: int = 8, num_batch_buckets: int = 0):
     """Fixed-size global batches of `global_batch` pairs padded to the dataset's lengths, or with `max_tokens`
     token batches (`preprocess.token_batches`); both layout-free."""
     if max_tokens:
         src_real, tgt_real = data.real_lengths()
         return TokenBatchSchedule(src_real, tgt_real, max_tokens, batch_multiple, seed, data.src_len, data.tgt_len,
-                                  pad_multiple)
+                                  pad_multiple, num_batch_buckets)
     return GlobalBatchSchedule(data.num_samples, global_batch, seed)
 
 
@@ -202,8 +202,11 @@ def data_order(args) -> dict:
     """What decides which pairs form step k's batch (besides the data itself): a checkpoint stores it, and a resume
     with different values would train on another sequence of batches than the uninterrupted run."""
     if args.max_tokens:
-        return {"batching": "tokens", "max_tokens": args.max_tokens, "batch_multiple": args.batch_multiple,
-                "pad_multiple": args.pad_multiple, "seed": args.seed}
+        order = {"batching": "tokens", "max_tokens": args.max_tokens, "batch_multiple": args.batch_multiple,
+                 "pad_multiple": args.pad_multiple, "seed": args.seed}
+        if args.num_batch_buckets:          # absent = 0, as in checkpoints saved before the flag existed
+            order["num_batch_buckets"] = args.num_batch_buckets
+        return order
     return {"batching": "fixed", "batch_size": args.batch_size, "seed": args.seed}
 
 
@@ -213,6 +216,8 @@ def _describe(order: dict) -> str:
 
 
 def _flags(order: dict) -> str:
+    if order["batching"] == "tokens":
+        order = {**order, "num_batch_buckets": order.get("num_batch_buckets", 0)}
     flags = " ".join(f"--{k} {v}" for k, v in order.items() if k != "batching")
     return flags if order["batching"] == "tokens" else flags + " (and no --max_tokens)"
 

@@ -21,6 +21,7 @@ from model.parallel.topology import ParallelContext, build_grid
 from model.pipeline import build_pipeline_module
 from model.placement import load_pipeline_func
 from model.transformer import Seq2SeqTransformer
+from training.core.boundary_meta import BoundaryMeta
 from training.core.distributed import device
 from training.core.grad_norm import ClippingAdamW
 from training.core.objective import GlobalTokenMean
@@ -148,8 +149,8 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         # Between pipeline stages each TP rank sends 1/mp of the activation and of its gradient, and the receiving
         # stage all-gathers them over its TP ranks (the tensors are replicated over them), instead of every TP rank
         # sending its full copy. DeepSpeed splits one grad-carrying tensor per boundary: model.pipeline joins
-        # ours into one. With batch shapes that change (token batches) the engine's cached split layout is reset
-        # whenever the shape changes (training.core.step). DeepSpeed turns both off at mp 1. Its receiving side
+        # ours into one. With batch shapes that change (token batches) the engine's split records are kept per
+        # shape (training.core.boundary_meta). DeepSpeed turns both off at mp 1. Its receiving side
         # (PartitionedTensor.from_meta) always assumes equal pieces; ours are, since d_model is a multiple of
         # num_heads and num_heads of mp (validate_layout).
         "pipeline": {"pipe_partitioned": True, "grad_partitioned": True},
@@ -192,20 +193,15 @@ class Engine:
         self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
         # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
         self.run_id: str | None = None
-        self.boundary_shape: tuple | None = None   # the micro-batch shape the pipeline engine last exchanged
+        # what the stages exchanged about their boundary tensors, per micro-batch shape (token batches change it)
+        self.boundary = BoundaryMeta(ds_engine) if pipelined else None
 
     def expect_shape(self, shape: tuple) -> None:
         """Tell the pipeline engine the shape (rows, source length, target length) of the micro-batches that come
-        next. DeepSpeed's pipeline engine records how it split the first partitioned activation and gradient
-        (pipe_partition_*_meta_cache) and reuses that for every later one; with token batches the shape changes
-        from step to step (and from training to validation), so the records are dropped whenever it does
-        (`reset_activation_shape`, which also makes both stages exchange the new shapes). Every micro-batch of a
-        step has one shape, and every rank sees the same shapes, so the stages drop them together. This is also
-        what DeepSpeed's `dynamic_shape` would do, at every micro-batch instead of at a change of shape."""
+        next (every micro-batch of a step has one; every rank sees the same shapes): the stages exchange a shape's
+        tensor sizes the first time it comes and reuse them afterwards (training.core.boundary_meta)."""
         if self.pipelined:
-            if self.boundary_shape is not None and shape != self.boundary_shape:
-                self.ds.reset_activation_shape()
-            self.boundary_shape = shape
+            self.boundary.expect(shape)
 
     @property
     def module(self):

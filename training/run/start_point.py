@@ -38,7 +38,8 @@ MODEL_FLAGS = {"vocab_size": "vocab_size", "d_model": "d_model", "num_heads": "n
                "encoder_layer": "encoder_layers", "decoder_layer": "decoder_layers", "src_len": "src_len",
                "tgt_len": "tgt_len", "share_embeddings": "share_embeddings", "dropout": "dropout",
                "attention_dropout": "attention_dropout", "label_smoothing": "label_smoothing"}
-DATA_ORDER_FLAGS = {"fixed": ("batch_size", "seed"), "tokens": ("max_tokens", "batch_multiple", "pad_multiple", "seed")}
+DATA_ORDER_FLAGS = {"fixed": ("batch_size", "seed"),
+                    "tokens": ("max_tokens", "batch_multiple", "pad_multiple", "num_batch_buckets", "seed")}
 # meta.json "optimization": the trajectory, by flag dest (decay_steps and steps saved as resolved step counts)
 TRAJECTORY_FLAGS = ("lr", "lr_schedule", "warmup_steps", "decay_steps", "min_lr_ratio", "lr_power", "clip_grad",
                     "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "steps")
@@ -151,6 +152,8 @@ def _data_order(meta: dict, flags, explicit: dict, taken: list) -> None:
         return
     if order["batching"] == "fixed" and "max_tokens" not in explicit:
         flags.max_tokens = 0                              # fixed batches: no token batching
+    if order["batching"] == "tokens":
+        order = {"num_batch_buckets": 0, **order}         # not recorded when 0
     for dest in DATA_ORDER_FLAGS[order["batching"]]:
         if dest in order and dest not in explicit:
             setattr(flags, dest, order[dest])
