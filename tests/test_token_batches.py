@@ -1,12 +1,12 @@
 """Token batches (--max_tokens): pure functions over the real Multi30k lengths, then train.py's checks.
 Parity of token batches under dp, tp and pp (dynamic shapes) against one process: tests/test_parity.py."""
+import json
+
 import numpy as np
 import pytest
 
 from common.errors import UserError
 from preprocess.token_batches import TokenBatchSchedule, length_buckets, padded_length, snap
-import json
-
 from tests.launch import TINY, losses, run_train
 
 SRC_LEN = TGT_LEN = 32

@@ -227,3 +227,27 @@ def test_deepspeed_import_leaves_mlflow_out_until_asked():
     bare = subprocess.run([sys.executable, "-c", "import sys, deepspeed; print('mlflow' in sys.modules)"],
                           cwd="/", env=env(), capture_output=True, text=True, timeout=120)
     assert bare.stdout.splitlines()[-1:] == ["True"], bare.stderr[-2000:]
+
+
+@needs_wandb
+def test_wandb_without_credentials_logs_offline_and_says_how_to_upload(multi30k_tsv, bpe_tokenizer, tmp_path,
+                                                                        monkeypatch):
+    """Online mode (no WANDB_MODE) on a machine with no W&B key: wandb.init would ask for one at a terminal (rank 0
+    blocked, the other ranks waiting at their next collective) or, with no terminal, fail. The run is logged
+    offline instead, with one note naming `wandb login` and the `wandb sync` command."""
+    home = tmp_path / "home"
+    home.mkdir()
+    for name in ("WANDB_MODE", "WANDB_DIR", "WANDB_API_KEY", "WANDB_DISABLED", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("NETRC", str(home / "no-netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(home / "wandb-config"))
+    out = tmp_path / "run"
+    proc = run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
+                         "--steps", 2, "--wandb", "proj"], timeout=240)
+    assert "no W&B credentials here (`wandb login` or WANDB_API_KEY)" in proc.stdout, proc.stdout[-2000:]
+    assert f"wandb sync {out / 'wandb'}/offline-run-*" in proc.stdout
+    assert "tracking stopped" not in proc.stderr, proc.stderr[-2000:]
+    (run_dir,) = offline_runs(out)
+    run = read_wandb_run(run_dir)
+    assert sorted(run["history"]) == [1, 2] and run["exit_code"] == 0

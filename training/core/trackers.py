@@ -53,8 +53,23 @@ class WandbRun:
         # the run folder goes under OUTPUT_DIR unless WANDB_DIR says otherwise. console="off": wandb leaves
         # stdout/stderr alone (the step lines and the one-line errors stay as they are)
         where = None if os.environ.get("WANDB_DIR") else self.output_dir
+        mode = None if self.has_credentials(wandb) else "offline"
+        if mode:
+            folder = os.path.join(os.environ.get("WANDB_DIR") or self.output_dir, "wandb")
+            print(f"note: --wandb: no W&B credentials here (`wandb login` or WANDB_API_KEY), so the run is logged "
+                  f"offline in {folder}; upload it later with `wandb sync {folder}/offline-run-*`", flush=True)
         self._run = wandb.init(project=self.project, entity=self.entity, name=self.name, dir=where, config=record,
-                               settings=wandb.Settings(console="off"))
+                               mode=mode, settings=wandb.Settings(console="off"))
+
+    @staticmethod
+    def has_credentials(wandb) -> bool:
+        """Whether wandb may go online: credentials found (WANDB_API_KEY, a settings file, .netrc) or a mode that
+        needs none. Without any, wandb.init asks for a key at a terminal — rank 0 blocked while the other ranks
+        wait at their next collective — or, without one, raises."""
+        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or \
+                os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+            return True
+        return bool(wandb.login(prompt=False, verify=False))
 
     def update(self, record: dict) -> None:
         self._run.config.update(record, allow_val_change=True)
