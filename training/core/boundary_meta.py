@@ -38,15 +38,25 @@ class BoundaryMeta:
         self.received: dict = {}                # shape -> the layout this stage received from the one before
         self.partition: dict = {}               # shape -> the engine's split records for it
         self.messages = {"sent": 0, "received": 0}      # metadata messages that really crossed (tests count them)
-        self._send, self._recv = ds_engine._send_tensor_meta, ds_engine._recv_tensor_meta
-        ds_engine._send_tensor_meta = self._send_once
-        ds_engine._recv_tensor_meta = self._recv_once
+        # the engine's parts this relies on (DeepSpeed >= 0.15, its dynamic-shape pipeline work); without them
+        # the engine starts over at each change of shape, as before
+        self.remembers = all(hasattr(ds_engine, name) for name in
+                             ("_send_tensor_meta", "_recv_tensor_meta", "_allocate_or_extend_buffers"))
+        if self.remembers:
+            self._send, self._recv = ds_engine._send_tensor_meta, ds_engine._recv_tensor_meta
+            ds_engine._send_tensor_meta = self._send_once
+            ds_engine._recv_tensor_meta = self._recv_once
 
     def expect(self, shape: tuple) -> None:
         """The micro-batches that come next have `shape`: point the engine at what it exchanged for that shape."""
         if shape == self.shape:
             return
         ds = self.ds
+        if not self.remembers:
+            if self.shape is not None:
+                ds.reset_activation_shape()
+            self.shape = shape
+            return
         if self.shape is not None:
             self.partition[self.shape] = {name: getattr(ds, name) for name in PARTITION_RECORDS}
         self.shape = shape
