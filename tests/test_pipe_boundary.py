@@ -7,6 +7,7 @@ and gradient norm, and each TP rank sends half the activation and gradient bytes
 DeepSpeed's own `p2p.send`), which is what plan.py's cost model (model.costs.boundary_bytes) says it sends. That the
 split is on in train.py's runs, and exact over 20 steps with fixed and token batches, is checked by
 tests/test_parity.py (tp2xpp2 cases, run.json's pipe_partitioned)."""
+import pytest
 import torch
 
 from model.config import ModelConfig, ParallelConfig
@@ -104,14 +105,19 @@ def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
               f"+ meta {gr['meta']} B backward")
 
 
-SHAPES = [(S, T), (S + 4, T + 3), (S, T), (S + 4, T + 3), (S, T)]     # token batches: a shape comes back
+# token batches: shapes come back. A small, B large, C new but inside B's buffers; validation at D in between
+A, B_, C, D_ = (S, T), (S + 4, T + 3), (S + 2, T + 1), (S + 1, T + 2)
+TRAIN_SHAPES = [A, B_, C, A, B_, C]
+VALIDATE_AFTER = {1: D_, 4: D_}            # eval_batch after these steps (indices), at shape D
+COUNT_FROM = 3                             # steps 4-6 and the second validation repeat shapes seen before
 
 
-def _shape_cycle(rank, world, remember):
-    """tp2×pp2 engine trained on 5 steps whose micro-batch shapes alternate (`SHAPES`), announced as train.py
-    does (Engine.expect_shape). remember=False is how it was before training.core.boundary_meta: the engine
-    started over (reset_activation_shape) at every change of shape. Returns per step (loss, grad norm) and the
-    metadata messages this rank sent and the host reads (.item/.tolist) it made in steps 3-5, all repeats."""
+def _shape_cycle(rank, world, remember, tp, pp):
+    """A tp×pp engine trained on `TRAIN_SHAPES`, validated at `D_` in between, each batch's shape announced as
+    train.py does (Engine.expect_shape). remember=False is how it was before training.core.boundary_meta: the
+    engine started over (reset_activation_shape) at every change of shape. Returns the losses, the metadata
+    messages this rank sent and the host reads (.item, .tolist, .to("cpu")) it made from step 4 on (shapes seen
+    before), its stage, and the messages BoundaryMeta let through over the whole run."""
     import deepspeed.runtime.pipe.p2p as p2p
 
     from model.parallel.topology import init_deepspeed_comm
@@ -119,7 +125,7 @@ def _shape_cycle(rank, world, remember):
     init_deepspeed_comm("gloo")
     cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
                       src_len=S + 4, tgt_len=T + 3, dropout=0.0, attention_dropout=0.0, pad_id=0)
-    engine = build_engine(cfg, ParallelConfig(model_parallel=2, pipeline_stage=2, micro_batch_num=2),
+    engine = build_engine(cfg, ParallelConfig(model_parallel=tp, pipeline_stage=pp, micro_batch_num=2),
                           world_size=world, global_batch=B, seed=3, lr=1e-3, weight_decay=0.0,
                           lr_schedule=lambda step: 1.0, clip_grad=1.0)
     ds = engine.ds
@@ -133,23 +139,22 @@ def _shape_cycle(rank, world, remember):
             last.append(shape)
         engine.expect_shape = start_over_at_a_change
     counts = {"meta messages": 0, "host reads": 0}
-    real_send, real_item, real_tolist = p2p.send, torch.Tensor.item, torch.Tensor.tolist
+    real = {"send": p2p.send, "item": torch.Tensor.item, "tolist": torch.Tensor.tolist, "to": torch.Tensor.to}
 
     def send(tensor, dest_stage, async_op=False):
         counts["meta messages"] += tensor.dtype == torch.int32       # DeepSpeed's metadata buffer (int32)
-        return real_send(tensor, dest_stage, async_op)
+        return real["send"](tensor, dest_stage, async_op)
 
-    def item(t):
-        counts["host reads"] += 1
-        return real_item(t)
-
-    def tolist(t):
-        counts["host reads"] += 1
-        return real_tolist(t)
+    def read(name):
+        def counted(t, *args, **kwargs):
+            if name != "to" or (args and str(args[0]) == "cpu"):
+                counts["host reads"] += 1
+            return real[name](t, *args, **kwargs)
+        return counted
 
     g = torch.Generator().manual_seed(11)
-    results = []
-    for step, (s, t) in enumerate(SHAPES):
+
+    def batches(s, t):
         micro = []
         for _ in range(2):
             src, tgt, labels = (torch.randint(4, 60, (B // 2, n), generator=g) for n in (s, t, t))
@@ -157,27 +162,44 @@ def _shape_cycle(rank, world, remember):
             micro.append(((src, tgt), labels))
         engine.objective.begin_step(int(sum((m[1] != 0).sum() for m in micro)))
         engine.expect_shape((B // 2, s, t))
-        if step == 2:
-            p2p.send, torch.Tensor.item, torch.Tensor.tolist = send, item, tolist
-        loss = float(ds.train_batch(data_iter=iter(micro)))
-        results.append((loss, engine.grad_norm()))
-    p2p.send, torch.Tensor.item, torch.Tensor.tolist = real_send, real_item, real_tolist
-    return results, counts, ds.stage_id
+        return iter(micro)
+
+    losses = []
+    for step, shape in enumerate(TRAIN_SHAPES):
+        if step == COUNT_FROM:
+            p2p.send = send
+            torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.to = read("item"), read("tolist"), read("to")
+        losses.append((float(ds.train_batch(data_iter=batches(*shape))), engine.grad_norm()))
+        if step in VALIDATE_AFTER:
+            losses.append(float(ds.eval_batch(data_iter=batches(*VALIDATE_AFTER[step]))))
+    p2p.send = real["send"]
+    torch.Tensor.item, torch.Tensor.tolist, torch.Tensor.to = real["item"], real["tolist"], real["to"]
+    return losses, counts, ds.stage_id, dict(engine.boundary.messages)
 
 
-def test_a_shape_seen_before_is_not_exchanged_again_and_trains_alike():
+@pytest.mark.parametrize("tp,pp", [(2, 2), (1, 3)], ids=["tp2xpp2", "pp3"])
+def test_a_shape_seen_before_is_not_exchanged_again_and_trains_alike(tp, pp):
     """Stages remember per micro-batch shape what they exchanged about the boundary tensors (sizes, and the
-    tensor-parallel split's records): when a shape comes back, stage 0 sends no metadata and stage 1 reads none
-    back, where the engine used to start over at each change of shape (one message and its host reads per change;
-    gradients need none, their buffers are sized from the stage's own outputs). Losses and gradient norms are
-    bit-identical to starting over."""
-    kept, fresh = run_ranks(4, _shape_cycle, True), run_ranks(4, _shape_cycle, False)
-    for (steps, counts, stage), (steps_fresh, counts_fresh, _) in zip(kept, fresh):
-        assert steps == steps_fresh, (stage, steps, steps_fresh)
-        print(f"stage {stage}, steps 3-5 (shapes seen before): remembered {counts}, started over {counts_fresh}")
+    tensor-parallel split's records): over the run each boundary carries one metadata message per distinct shape
+    (4: A, B, C and validation's D), and when a shape comes back no stage sends one or reads one back, where the
+    engine used to start over at each change of shape (a message and its host reads per change; gradients need
+    none, their buffers are sized from the stage's own outputs). pp3's middle stage receives activations and
+    gradients from one buffer pool. Training and validation losses and gradient norms are bit-identical to
+    starting over."""
+    world = tp * pp
+    kept, fresh = run_ranks(world, _shape_cycle, True, tp, pp), run_ranks(world, _shape_cycle, False, tp, pp)
+    for (losses, counts, stage, messages), (losses_fresh, counts_fresh, _, _) in zip(kept, fresh):
+        assert losses == losses_fresh, (stage, losses, losses_fresh)
+        print(f"tp{tp}xpp{pp} stage {stage}, steps 4-6 and the second validation (shapes seen before): "
+              f"remembered {counts}, started over {counts_fresh}; messages over the run {messages}")
+        assert messages == {"sent": 4 if stage < pp - 1 else 0, "received": 4 if stage > 0 else 0}, messages
         assert counts["meta messages"] == 0
-        if stage == 0:      # the sender: one message per change of shape before
-            assert counts_fresh["meta messages"] == 3 and counts["host reads"] == counts_fresh["host reads"]
-        else:               # the receiver: its reads of each message gone
-            assert counts_fresh["meta messages"] == 0 and counts["host reads"] < counts_fresh["host reads"]
-    assert sorted(r[2] for r in kept) == [0, 0, 1, 1]
+        if stage < pp - 1:          # a sender: one message per change of shape before
+            assert counts_fresh["meta messages"] == 4, counts_fresh
+        if stage > 0:               # a receiver: its reads of each message (and of the split records) gone
+            assert counts["host reads"] < counts_fresh["host reads"], (counts, counts_fresh)
+        elif tp > 1:                # the first stage: its copies of the split records to the host gone
+            assert counts["host reads"] < counts_fresh["host reads"], (counts, counts_fresh)
+        else:
+            assert counts["host reads"] == counts_fresh["host reads"], (counts, counts_fresh)
+    assert sorted(r[2] for r in kept) == sorted(s for s in range(pp) for _ in range(tp))
