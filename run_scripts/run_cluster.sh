@@ -12,9 +12,11 @@
 # hostfile's slots are the world size: they win over the recipe's world_size (a note says so when they differ).
 # RECIPE defaults to recipes/16pcs/16pcs.json. The run folder RUN is runs/<recipe>[-$RUN_NAME]/ as with run.sh:
 # RUN/output, and LOGS = RUN/logs/<time> for each launch. What it runs (LOGS/command.sh has the exact line):
-#   pdsh (DeepSpeed's default): deepspeed --hostfile LOGS/hostfile --master_addr $MASTER_ADDR --master_port \
-#       $MASTER_PORT run_scripts/train.py --launch_payload TOKEN
-#     needs passwordless ssh from this node to every host, and pdsh.
+#   pdsh (DeepSpeed's default): python -m training.run.launcher --hostfile LOGS/hostfile --master_addr \
+#       $MASTER_ADDR --master_port $MASTER_PORT run_scripts/train.py --launch_payload TOKEN
+#     needs passwordless ssh from this node to every host, and pdsh. training.run.launcher is DeepSpeed's runner
+#     (`deepspeed`), except that stopping it ends this job's launchers on each node and no other job's (DeepSpeed's
+#     pkill pattern matches every DeepSpeed launch on the nodes); DEEPSPEED=deepspeed runs DeepSpeed's own.
 #   openmpi (--launcher openmpi or LAUNCHER=openmpi): deepspeed --hostfile LOGS/hostfile --force_multi --launcher
 #       openmpi --launcher_args "-x MASTER_ADDR=... -x MASTER_PORT=... $LAUNCHER_ARGS" run_scripts/train.py ...
 #     mpirun starts every rank (it must work across the hosts: ssh, same OpenMPI everywhere). DeepSpeed adds
@@ -43,6 +45,9 @@ USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [
 example: bash run_scripts/run_cluster.sh /shared/data/train.fr_en.tsv run_scripts/hostfiles/hostfile_2nodes"
 
 source "$(dirname "${BASH_SOURCE[0]}")/launch_common.sh"
+if [ -z "${DEEPSPEED:-}" ]; then
+    DS_LAUNCHER=("$PYTHON" -m training.run.launcher)       # DeepSpeed's runner, stopping only this job (above)
+fi
 # Every stop signal reaches the launcher as SIGTERM: on other nodes the ranks hear only what DeepSpeed's runner
 # passes on through pdsh (its kill command runs on SIGTERM and SIGINT; a SIGHUP would kill the runner without it)
 PASS_ON=""

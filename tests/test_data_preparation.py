@@ -170,7 +170,10 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
         needle = {"bad line": "bad.tsv:11: no tab", "full disk": "free space there or pass --cache_dir DIR",
                   "killed worker": "a tokenizer worker process died while tokenizing"}[case]
         one_error(proc, needle)
-        assert took < 15, took
+        print(f"{case}: train.py ended {took:.1f} s after the build started")
+        # the hang this replaced lasted forever; alone a few seconds, 15.3 s once with two training jobs beside the
+        # suite (and more tests beside it) on 2 cores
+        assert took < 45, took
         assert not _processes_naming(tmp_path), "processes left behind"
         if case == "killed worker":
             assert "killed by SIGKILL" in error_lines(proc)[0]

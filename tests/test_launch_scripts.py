@@ -325,6 +325,9 @@ def test_run_cluster_commands(tsv, tmp_path):
     launch_id = payload["env"].pop("DSR_LAUNCH_ID")
     assert "--output-filename" not in mpi and payload["env"] == {"OMP_NUM_THREADS": "1", "NCCL_IB_HCA": "mlx5"}
     assert launch_id and " " not in launch_id
+    # without DEEPSPEED: DeepSpeed's runner that stops only this job's launchers (tests/test_shared_machine.py)
+    cmd, _, _ = cluster_dry_run([tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, DEEPSPEED="")
+    assert cmd[:3] == [sys.executable, "-m", "training.run.launcher"], cmd[:4]
 
 
 def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):

@@ -22,6 +22,7 @@ import math
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -72,7 +73,8 @@ def launch(cluster, data, runs_dir, *flags, launcher="pdsh", wait=True, **env):
     cmd = ["bash", CLUSTER_SH, data["tsv"], cluster.hostfile, RECIPE, *map(str, FLAGS),
            "--tokenizer", data["tokenizer"], *map(str, flags)]
     extra = {"LAUNCHER": "openmpi", "LAUNCHER_ARGS": "--allow-run-as-root"} if launcher == "openmpi" else {}
-    e = script_env(runs_dir, **extra, **env)
+    # DEEPSPEED unset: run_cluster.sh's own runner (training.run.launcher), as a user gets it
+    e = script_env(runs_dir, **{"DEEPSPEED": "", **extra, **env})
     args = dict(cwd=REPO_ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     proc = subprocess.Popen(cluster.command(0, cmd), **args)
     if not wait:
@@ -264,10 +266,20 @@ def test_sigterm_to_the_launcher_on_node_0_saves_the_step_on_every_node(cluster,
     proc = launch(cluster, data, runs, *DPxTP, *LONG, "--log_interval", 1, wait=False)
     run_dir, at = wait_for_step(runs, 2, proc)
     output = run_dir / "output"
-    runner = [pid for pid, cmdline, _ in cluster.processes(0) if "deepspeed.launcher.runner" in cmdline]
+    runner = [pid for pid, cmdline, _ in cluster.processes(0) if "training.run.launcher" in cmdline]
     assert len(runner) == 1
-    os.kill(runner[0], signal.SIGTERM)
-    took, out, err = ended_within(proc, ENDS_WITHIN + 30)
+    # another job's DeepSpeed launch on the same nodes (the virtual nodes share this machine's processes), started
+    # by the same interpreter: DeepSpeed's runner would end it too (its pkill pattern matches every launch)
+    other = subprocess.Popen(["bash", "-c", f'exec -a "{sys.executable} -u -m deepspeed.launcher.launch '
+                              f'--world_info=b3RoZXI= --node_rank=0 --master_addr=10.9.9.9 --master_port=29500 '
+                              f'train.py" sleep 600'])
+    try:
+        os.kill(runner[0], signal.SIGTERM)
+        took, out, err = ended_within(proc, ENDS_WITHIN + 30)
+        assert other.poll() is None, "the SIGTERM'd job's launcher ended another job's launch"
+    finally:
+        other.kill()
+        other.wait()
     assert_nothing_left(cluster)
     assert proc.returncode != 0
     rank0 = (only_launch(run_dir_of(runs)) / "vnode0_rank0.log").read_text()

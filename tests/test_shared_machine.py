@@ -7,6 +7,7 @@ that one trains on exactly as its twin. In-process: the store's rules (a rank's 
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -148,3 +149,45 @@ def test_supervisors_write_only_into_their_own_jobs_store(fresh_job_store, monke
     # the default patience: on a loaded machine (the suite's other worker, other jobs) a connection took over 5 s
     assert job_watch.publish_abort("rank 1 (pid 7 on vm) failed: its own line", 1, 2, job)
     assert store.get(job_watch.ABORT) == b"rank 1 (pid 7 on vm) failed: its own line"
+
+
+def _launch_lookalike(cmdline: str) -> subprocess.Popen:
+    """A process whose command line reads `cmdline` (what pkill -f matches), doing nothing."""
+    return subprocess.Popen(["bash", "-c", f'exec -a "{cmdline}" sleep 600'])
+
+
+def test_stopping_a_multinode_run_ends_its_own_launchers_and_no_other_jobs():
+    """DeepSpeed's pdsh runner, stopped, runs `pkill -f "<python> -u -m deepspeed.launcher.launch"` on every node:
+    that ends any other DeepSpeed job started there by the same interpreter. run_cluster.sh's runner
+    (training.run.launcher) narrows the pattern to this job's --world_info, --master_addr and --master_port. The
+    commands are DeepSpeed's own (PDSHRunner.get_cmd), and the pattern goes through a shell as pdsh sends it."""
+    import shlex
+
+    from deepspeed.launcher.multinode_runner import PDSHRunner
+    from deepspeed.launcher.runner import parse_args
+
+    from training.run.launcher import job_kill_command
+    args = parse_args(["--master_addr", "10.1.2.3", "--master_port", "29555", "train.py", "--steps", "5"])
+    cmd, kill_cmd, _ = PDSHRunner(args, "eyJob3N0QSI6IFswXX0+=").get_cmd(dict(os.environ), {"hostA": [0, 1],
+                                                                                           "hostB": [0, 1]})
+    ours = job_kill_command(kill_cmd, cmd)
+    assert ours[:-2] == kill_cmd[:-2] and ours[-2] == "pkill -f"          # pdsh's arguments unchanged
+    launch = f"{sys.executable} -u -m deepspeed.launcher.launch"
+    job = "--master_addr=10.1.2.3 --master_port=29555 --enable_each_rank_log=/x train.py --steps 5"
+    mine = [_launch_lookalike(f"{launch} --world_info=eyJob3N0QSI6IFswXX0+= --node_rank={n} {job}") for n in (0, 1)]
+    others = [_launch_lookalike(f"{launch} --world_info=eyJob3N0QSI6IFswXX0+= --node_rank=0 "
+                                f"--master_addr=10.1.2.3 --master_port=29556 train.py"),     # another port
+              _launch_lookalike(f"{launch} --world_info=b3RoZXI= --node_rank=0 --master_addr=10.1.2.3 "
+                                f"--master_port=29555 train.py")]                           # another job's hosts
+    try:
+        time.sleep(0.5)
+        subprocess.run(["bash", "-c", " ".join(ours[-2:])], timeout=30)               # as the node's shell runs it
+        for p in mine:
+            p.wait(timeout=10)
+        assert all(p.poll() is None for p in others), "another job's launcher was ended"
+        # DeepSpeed's own pattern would have ended them all
+        assert shlex.split(" ".join(kill_cmd[-2:]))[-1].replace("\\", "") in f"{launch} --world_info"
+    finally:
+        for p in mine + others:
+            p.kill()
+            p.wait()

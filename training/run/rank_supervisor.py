@@ -24,8 +24,9 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
   the watchdog's message in the relayed stderr and reports a communication timeout naming the collective, its
   process group and the ranks known to be paused, instead of "an abort in native code".
 - Survivors (`reported_collective_failures`): a collective that fails because a peer closed its connection
-  becomes a UserError printed only after `PEER_LOST_DELAY` seconds — the launcher, which has seen the dead rank
-  exit, normally ends the survivor before that, so the dead rank's line is the one the user reads.
+  becomes a UserError printed only after `PEER_LOST_DELAY` seconds (`PEER_LOST_WAIT_FOR_NEWS` with a job watch,
+  whose news of the dead rank ends it first) — the launcher, which has seen the dead rank exit, normally ends the
+  survivor before that, so the dead rank's line is the one the user reads.
 - A rank that stops answering (paused with SIGSTOP, hung, its node gone) makes every collective that waits for it
   fail after `--comm_timeout` seconds (set on every process group: model.parallel.topology.init_deepspeed_comm). Rank 0
   reports it at once, other ranks a few seconds per rank later, so the lowest surviving rank speaks and the launcher
@@ -51,6 +52,10 @@ from common.ranks import world_and_rank_from_env
 from training.run import job_watch
 
 PEER_LOST_DELAY = 5.0        # > DeepSpeed's launcher poll (1 s) + its SIGTERM to every rank
+# with a job watch running, the dead rank's supervisor's news normally ends this rank within a second or two; on a
+# loaded machine (other jobs on its cores) it was seen to take longer than PEER_LOST_DELAY, and the survivor's
+# secondary line then stood beside the cause
+PEER_LOST_WAIT_FOR_NEWS = 20.0
 TIMEOUT_DELAY_PER_RANK = 2.0
 PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
              "Socket closed", "NCCL communicator was aborted")
@@ -285,8 +290,9 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         rank = dist.get_rank()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if kind == "lost":
+            delay = PEER_LOST_WAIT_FOR_NEWS if job_watch.JobWatch.current is not None else PEER_LOST_DELAY
             raise UserError(f"rank {rank}: another rank closed its connection ({first[:160]}); it ended first, "
-                            f"and its own line or log says why", report_delay=PEER_LOST_DELAY,
+                            f"and its own line or log says why", report_delay=delay,
                             exit_status=job_watch.ABORTED) from None
         watch = job_watch.JobWatch.current
         paused = watch.stopped_ranks() if watch is not None else []

@@ -34,8 +34,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 LAUNCHER_ENDED = 100              # the code a rank notes when its launcher ended (signals use their numbers)
 SIGNAL_VOTE = 1000                # in the all-reduce a signal counts 1000 + its number, above LAUNCHER_ENDED
 # command-line fragments of the processes that launch and supervise ranks
-LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deepspeed", "torch.distributed.run",
-             "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec", "rank-supervisor")
+LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deepspeed", "training.run.launcher",
+             "torch.distributed.run", "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec",
+             "rank-supervisor")
 POLL = 1.0
 
 
