@@ -94,15 +94,17 @@ def run_ranks(world: int, fn, *args, timeout: float = 180.0) -> list:
     results, errors = {}, []
     try:
         for _ in range(world):
-            rank, status, payload = queue.get(timeout=timeout)
+            # after a failure the others get a few seconds to report too: the first to fail is often not the cause
+            # (a peer's error closes its connections, and the ranks that were waiting on it fail next)
+            rank, status, payload = queue.get(timeout=timeout if not errors else 5.0)
             if status == "ok":
                 import torch
                 results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
             else:
                 errors.append(f"rank {rank}:\n{payload}")
-                break
     except Exception as exc:  # queue.Empty on a hang
-        errors.append(f"timed out after {timeout}s waiting for ranks ({exc!r})")
+        if not errors:
+            errors.append(f"timed out after {timeout}s waiting for ranks ({exc!r})")
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.5)
