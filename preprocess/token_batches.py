@@ -50,17 +50,23 @@ def length_buckets(padded: np.ndarray, n: int) -> np.ndarray:
     cum_c = np.concatenate([[0.0], np.cumsum(c)])
     cum_cv = np.concatenate([[0.0], np.cumsum(c * values)])
     v = len(values)
-    # cost[i, j]: PAD positions added when lengths i..j all pad to values[j] (inf where i > j)
-    i, j = np.arange(v)[:, None], np.arange(v)[None, :]
-    cost = np.where(i <= j, values[None, :] * (cum_c[j + 1] - cum_c[i]) - (cum_cv[j + 1] - cum_cv[i]), np.inf)
-    best = cost[0].copy()                            # best[j]: lengths 0..j in one run
+
+    def cost(j: int) -> np.ndarray:
+        """PAD positions added when lengths i..j (i = 0..j) all pad to values[j]: one column, O(v) memory."""
+        return values[j] * (cum_c[j + 1] - cum_c[:j + 1]) - (cum_cv[j + 1] - cum_cv[:j + 1])
+
+    best = np.array([cost(j)[0] for j in range(v)])     # best[j]: lengths 0..j in one run
     cut = [np.zeros(v, dtype=np.int64)]              # cut[k][j]: where the last of k+1 runs covering 0..j starts
     for _ in range(1, n):
-        # a last run i..j after the best k runs over 0..i-1
-        total = np.concatenate([[0.0], best[:-1]])[:, None] + cost
-        total[0] = cost[0]
-        start = np.argmin(total, axis=0)
-        best = total[start, np.arange(v)]
+        # a last run i..j after the best k runs over 0..i-1 (i = 0: one run only)
+        before = np.concatenate([[0.0], best[:-1]])
+        start, new = np.zeros(v, dtype=np.int64), np.empty(v)
+        for j in range(v):
+            total = before[:j + 1] + cost(j)
+            total[0] = cost(j)[0]
+            start[j] = int(np.argmin(total))
+            new[j] = total[start[j]]
+        best = new
         cut.append(start)
     ends, j = [], v - 1
     for k in range(n - 1, -1, -1):

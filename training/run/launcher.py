@@ -45,8 +45,9 @@ def main(argv: list | None = None) -> None:
     pdsh_command = multinode_runner.PDSHRunner.get_cmd
 
     def get_cmd(self, environment, active_resources):
-        cmd, kill_cmd, env = pdsh_command(self, environment, active_resources)
-        return cmd, job_kill_command(kill_cmd, cmd), env
+        # (cmd, kill_cmd, env) in DeepSpeed 0.19; only the kill command is replaced, whatever else comes with it
+        cmd, kill_cmd, *rest = pdsh_command(self, environment, active_resources)
+        return (cmd, job_kill_command(kill_cmd, cmd), *rest)
     multinode_runner.PDSHRunner.get_cmd = get_cmd
     runner.main(argv)
 
