@@ -181,6 +181,59 @@ def test_mlflow_server_unreachable_is_one_warning(multi30k_tsv, bpe_tokenizer, t
     assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
 
 
+
+@needs_wandb
+@needs_mlflow
+def test_resumed_run_continues_its_tracker_runs(multi30k_tsv, bpe_tokenizer, tmp_path, offline, monkeypatch):
+    """A run killed (SIGKILL) right after step 5, its last checkpoint at step 3, resumed to step 6: the resume
+    continues the W&B run (a second offline folder with the same id, which `wandb sync` joins) and the MLflow run
+    (the same run id, FINISHED again) that OUTPUT_DIR/trackers.json names, and sends each the steps it does not have:
+    offline, W&B cannot know, so the new folder has steps 4-6 (wandb-core, its parent killed, ends without writing
+    the steps still in its queue: the killed run's folder has some of steps 1-5, the same numbers);
+    MLflow's store has no step twice, and every value it has is metrics.jsonl's (the replayed steps are the same
+    numbers). A third run, after the MLflow run was deleted from its store, says so and starts a new one."""
+    out = tmp_path / "run"
+    args = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
+            "--save_checkpoint_steps", 3, "--save_mode", "sync", "--wandb", "proj", "--mlflow", "exp"]
+    monkeypatch.setenv("DSR_CRASH_AT", "train:5")
+    killed = run_train(1, [*args, "--steps", 6], check=False)
+    assert killed.returncode != 0 and [r["step"] for r in read_metrics(out)] == [1, 2, 3, 4, 5], killed.stderr[-2000:]
+    monkeypatch.delenv("DSR_CRASH_AT")
+    resumed = run_train(1, [*args, "--steps", 6, "--resume", "auto"])
+    for flag in ("--wandb", "--mlflow"):
+        assert f"note: {flag} continues the run named in {out / 'trackers.json'}" in resumed.stdout, \
+            resumed.stdout[-3000:]
+    record = json.loads((out / "trackers.json").read_text())
+    records = {r["step"]: r for r in read_metrics(out)}
+    assert sorted(records) == [1, 2, 3, 4, 5, 6]
+
+    first, second = offline_runs(out)
+    assert first.name.endswith(record["wandb"]["id"]) and second.name.endswith(record["wandb"]["id"])
+    before, after = read_wandb_run(first)["history"], read_wandb_run(second)
+    same = ("loss", "lr", "grad_norm", "tokens", "pairs")       # the numbers a replay repeats (timings differ)
+    assert set(before) <= {1, 2, 3, 4, 5}
+    assert all({k: before[step][k] for k in same} == {k: records[step][k] for k in same} for step in before), before
+    assert after["history"] == {step: numbers(records[step]) for step in (4, 5, 6)} and after["exit_code"] == 0
+
+    import mlflow
+    client = mlflow.tracking.MlflowClient(tracking_uri=f"sqlite:///{out / 'mlflow.db'}")
+    experiment = client.get_experiment_by_name("exp").experiment_id
+    (run,) = client.search_runs([experiment])
+    assert run.info.run_id == record["mlflow"]["run_id"] and run.info.status == "FINISHED"
+    for key in ("loss", "lr", "grad_norm"):
+        got = [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, key)]
+        steps = [step for step, _ in got]
+        assert len(steps) == len(set(steps)) and {4, 5, 6} <= set(steps), (key, got)
+        assert all(value == records[step][key] for step, value in got), (key, got)
+
+    client.delete_run(run.info.run_id)
+    third = run_train(1, [*args, "--steps", 7, "--resume", "auto"])
+    assert f"note: --mlflow: the run this one resumes ({run.info.run_id}) cannot be continued (" in third.stdout
+    (new,) = client.search_runs([experiment])
+    assert new.info.run_id != run.info.run_id and new.info.status == "FINISHED"
+    assert [m.step for m in client.get_metric_history(new.info.run_id, "loss")] == [7]
+    assert json.loads((out / "trackers.json").read_text())["mlflow"]["run_id"] == new.info.run_id
+
 BLOCK_WANDB = """import sys
 
 

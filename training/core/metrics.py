@@ -56,6 +56,8 @@ class MetricsWriter:
                 print(f"{path} held the records of an earlier run with no checkpoint to continue; kept as {kept}",
                       flush=True)
         else:
+            if self._trackers is not None:
+                self._trackers.resuming()
             dropped = drop_records_after(path, start_step)
             if dropped:
                 print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps "

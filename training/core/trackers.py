@@ -1,13 +1,15 @@
 """Experiment trackers beside metrics.jsonl: Weights & Biases (--wandb PROJECT) and MLflow (--mlflow EXPERIMENT).
 
 The metrics writer (training.core.metrics) feeds them on global rank 0 only: the run record (run.json) as the run's
-configuration, and every step record's numbers under metrics.jsonl's keys at its step. A tracker is a side channel:
-one that fails (its service gone, its disk full, its server unreachable) is turned off with one warning, and
-training goes on. docs/metrics-and-validation.md#experiment-trackers.
+configuration, and every step record's numbers under metrics.jsonl's keys at its step. A resumed run continues the
+tracker runs OUTPUT_DIR/trackers.json names. A tracker is a side channel: one that fails (its service gone, its disk
+full, its server unreachable) is turned off with one warning, and training goes on.
+docs/metrics-and-validation.md#experiment-trackers.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
 import os
 import sys
@@ -16,6 +18,7 @@ from pathlib import Path
 from common.errors import UserError
 
 DISTRIBUTION = "ds-transformer-recipes"          # setup.cfg's name: its extras [wandb] and [mlflow] install these
+RECORD = "trackers.json"        # in OUTPUT_DIR: the tracker runs this folder's run logs to, continued by its resumes
 
 
 def require(flag: str) -> None:
@@ -42,11 +45,17 @@ def scalars(record: dict) -> dict:
 class WandbRun:
     flag = "--wandb"
 
+    key = "wandb"
+
     def __init__(self, project: str, entity: str | None, name: str | None, output_dir: str):
         self.project, self.entity, self.name, self.output_dir = project, entity, name, output_dir
         self._wandb = self._run = None
+        self.continued, self.have_through = False, 0
 
-    def start(self, record: dict) -> None:
+    def start(self, record: dict, earlier: dict | None = None) -> None:
+        """earlier: trackers.json's entry of the run this one resumes, continued when it names the same project
+        (and entity). An offline run continued writes a second offline-run-* folder with the same id: `wandb sync`
+        uploads them, in order, as one run."""
         import wandb
         self._wandb = wandb
         # WANDB_MODE (offline, disabled), WANDB_DIR and the rest of wandb's environment are read by wandb itself;
@@ -58,8 +67,17 @@ class WandbRun:
             folder = os.path.join(os.environ.get("WANDB_DIR") or self.output_dir, "wandb")
             print(f"note: --wandb: no W&B credentials here (`wandb login` or WANDB_API_KEY), so the run is logged "
                   f"offline in {folder}; upload it later with `wandb sync {folder}/offline-run-*`", flush=True)
+        self.continued = bool(earlier) and (earlier.get("project"), earlier.get("entity")) == \
+            (self.project, self.entity) and isinstance(earlier.get("id"), str)
+        resume = {"id": earlier["id"], "resume": "allow"} if self.continued else {}
         self._run = wandb.init(project=self.project, entity=self.entity, name=self.name, dir=where, config=record,
-                               mode=mode, settings=wandb.Settings(console="off"))
+                               mode=mode, settings=wandb.Settings(console="off"), **resume)
+        # online, a resumed run starts at the step after the server's last one (wandb drops, with a warning each
+        # time, a step that goes back); offline nothing is known, everything is sent and `wandb sync` sorts it out
+        self.have_through = max(0, self._run.step - 1) if self.continued else 0
+
+    def identity(self) -> dict:
+        return {"id": self._run.id, "project": self.project, "entity": self.entity}
 
     @staticmethod
     def has_credentials(wandb) -> bool:
@@ -94,11 +112,16 @@ class WandbRun:
 class MlflowRun:
     flag = "--mlflow"
 
+    key = "mlflow"
+
     def __init__(self, experiment: str, name: str | None, output_dir: str):
         self.experiment, self.name, self.output_dir = experiment, name, output_dir
         self._mlflow = self._logged = None
+        self.continued, self.have_through = False, 0
 
-    def start(self, record: dict) -> None:
+    def start(self, record: dict, earlier: dict | None = None) -> None:
+        """earlier: trackers.json's entry of the run this one resumes, continued when it names the same experiment
+        in the same tracking store and the store still has it."""
         import mlflow
         self._mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):
@@ -109,9 +132,29 @@ class MlflowRun:
                 mlflow.create_experiment(self.experiment,
                                          artifact_location=Path(self.output_dir, "mlruns").resolve().as_uri())
         mlflow.set_experiment(self.experiment)
-        mlflow.start_run(run_name=self.name)
         self._logged = set()
+        if earlier and (earlier.get("experiment"), earlier.get("tracking_uri")) == \
+                (self.experiment, mlflow.get_tracking_uri()) and isinstance(earlier.get("run_id"), str):
+            try:
+                run = mlflow.start_run(run_id=earlier["run_id"])
+                self.continued = True
+                # a parameter keeps its first value (MLflow refuses a change); run.json, the artifact, is the latest
+                self._logged = set(run.data.params)
+                # what the store has: the steps logged before the kill but still queued (log_metrics is
+                # asynchronous) are not there
+                client = mlflow.tracking.MlflowClient()
+                self.have_through = max((m.step for key in ("lr", "loss")
+                                         for m in client.get_metric_history(run.info.run_id, key)), default=0)
+            except mlflow.exceptions.MlflowException as exc:
+                print(f"note: --mlflow: the run this one resumes ({earlier['run_id']}) cannot be continued "
+                      f"({str(exc).splitlines()[0][:200]}); a new run starts", flush=True)
+        if not self.continued:
+            mlflow.start_run(run_name=self.name)
         self.update(record)
+
+    def identity(self) -> dict:
+        return {"run_id": self._mlflow.active_run().info.run_id, "experiment": self.experiment,
+                "tracking_uri": self._mlflow.get_tracking_uri()}
 
     def update(self, record: dict) -> None:
         # parameters cannot change once logged: the new ones go in (the run record grows at the end), and the
@@ -152,9 +195,10 @@ def flatten(record: dict, prefix: str = "") -> dict:
 class Trackers:
     """The trackers a run chose; each call goes to every one still on."""
 
-    def __init__(self, runs: list):
-        self._runs, self._started = list(runs), False
+    def __init__(self, runs: list, output_dir: str | None = None):
+        self._runs, self._started, self._output_dir = list(runs), False, output_dir
         self._step: int | None = None
+        self._resuming = False                         # from a checkpoint: continue the runs trackers.json names
 
     @classmethod
     def chosen(cls, output_dir: str, wandb: str | None = None, wandb_entity: str | None = None,
@@ -164,22 +208,65 @@ class Trackers:
             runs.append(WandbRun(wandb, wandb_entity, wandb_run_name, output_dir))
         if mlflow:
             runs.append(MlflowRun(mlflow, wandb_run_name, output_dir))
-        return cls(runs)
+        return cls(runs, output_dir)
 
     def __bool__(self) -> bool:
         return bool(self._runs)
 
+    def resuming(self) -> None:
+        """This run resumes from a checkpoint: its tracker runs continue those trackers.json names, and each is sent
+        the steps it does not have yet. The steps it has from before the resume's checkpoint step keep their first
+        values: replayed from the checkpoint they are the same numbers (metrics.jsonl holds the new records)."""
+        self._resuming = True
+
     def run_record(self, record: dict) -> None:
         """The first record starts the runs (their configuration); later ones update it."""
-        for run in list(self._runs):
-            self._guarded(run, "update" if self._started else "start", record)
+        if self._started:
+            for run in list(self._runs):
+                self._guarded(run, "update", record)
+            return
         self._started = True
+        earlier = self._read_record() if self._resuming else {}
+        for run in list(self._runs):
+            self._guarded(run, "start", record, earlier.get(run.key))
+        for run in self._runs:
+            if run.continued:
+                print(f"note: {run.flag} continues the run named in {os.path.join(self._output_dir, RECORD)}"
+                      + (f" (it has steps through {run.have_through}: those are not sent again)"
+                         if run.have_through else ""), flush=True)
+        ids = {}
+        for run in self._runs:
+            try:
+                ids[run.key] = run.identity()
+            except Exception:  # noqa: BLE001 - without its identity a resume starts a new tracker run, no more
+                pass
+        if ids:
+            self._write_record({**earlier, **ids})
 
     def log(self, record: dict) -> None:
         self._step = record["step"]
         numbers = scalars(record)
         for run in list(self._runs):
-            self._guarded(run, "log", numbers, self._step)
+            if self._step > run.have_through:
+                self._guarded(run, "log", numbers, self._step)
+
+    def _read_record(self) -> dict:
+        try:
+            with open(os.path.join(self._output_dir, RECORD), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):               # none yet (a run before trackers.json existed), or damaged
+            return {}
+        return {k: v for k, v in record.items() if isinstance(v, dict)} if isinstance(record, dict) else {}
+
+    def _write_record(self, record: dict) -> None:
+        path = os.path.join(self._output_dir, RECORD)
+        try:
+            with open(path + ".part", "w", encoding="utf-8") as f:
+                json.dump(record, f, indent=1)
+            os.replace(path + ".part", path)
+        except OSError as exc:
+            print(f"warning: could not write {path} ({exc.strerror}): a resume of this run will start new tracker "
+                  f"runs", file=sys.stderr, flush=True)
 
     def close(self, status: str) -> None:
         """status: finished, stopped (a stop request) or failed."""
