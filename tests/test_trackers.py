@@ -234,6 +234,31 @@ def test_resumed_run_continues_its_tracker_runs(multi30k_tsv, bpe_tokenizer, tmp
     assert [m.step for m in client.get_metric_history(new.info.run_id, "loss")] == [7]
     assert json.loads((out / "trackers.json").read_text())["mlflow"]["run_id"] == new.info.run_id
 
+
+@needs_mlflow
+def test_tracker_that_fails_to_start_loses_its_trackers_json_entry(tmp_path, monkeypatch, capsys):
+    """A resume whose MLflow server is unreachable: MLflow is turned off with one warning, and trackers.json forgets
+    its run (the next resume starts a new one instead of meeting the same failure) but keeps W&B's entry, a tracker
+    not chosen this time. A fresh start (step 0) in the folder forgets every earlier run."""
+    from tests.multiproc import free_port
+    from training.core.metrics import MetricsWriter
+    from training.core.trackers import MlflowRun, Trackers
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    record = tmp_path / "trackers.json"
+    earlier = {"wandb": {"id": "abc", "project": "p", "entity": None},
+               "mlflow": {"run_id": "r1", "experiment": "exp", "tracking_uri": "sqlite:///x.db"}}
+    record.write_text(json.dumps(earlier))
+    trackers = Trackers([MlflowRun("exp", None, str(tmp_path))], str(tmp_path))
+    writer = MetricsWriter(str(tmp_path), enabled=True, total_steps=4, start_step=2, tensorboard=False,
+                           trackers=trackers)
+    writer.run_info({"world": 1})
+    writer.close()
+    assert "warning: --mlflow tracking stopped (" in capsys.readouterr().err
+    assert json.loads(record.read_text()) == {"wandb": earlier["wandb"]}
+    MetricsWriter(str(tmp_path), enabled=True, total_steps=4, start_step=0, tensorboard=False).close()
+    assert not record.exists()
+
 BLOCK_WANDB = """import sys
 
 

@@ -18,7 +18,7 @@ import time
 from tqdm import tqdm
 
 from common.errors import UserError, no_room_error
-from training.core.trackers import Trackers
+from training.core.trackers import Trackers, forget_earlier_runs
 
 
 def _fmt(value) -> str:
@@ -51,6 +51,7 @@ class MetricsWriter:
         # the records of the steps it replays; TensorBoard hides those events itself (purge_step)
         path = os.path.join(output_dir, "metrics.jsonl")
         if start_step == 0:
+            forget_earlier_runs(output_dir)
             kept = keep_earlier_records(path)
             if kept:
                 print(f"{path} held the records of an earlier run with no checkpoint to continue; kept as {kept}",

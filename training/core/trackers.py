@@ -69,12 +69,23 @@ class WandbRun:
                   f"offline in {folder}; upload it later with `wandb sync {folder}/offline-run-*`", flush=True)
         self.continued = bool(earlier) and (earlier.get("project"), earlier.get("entity")) == \
             (self.project, self.entity) and isinstance(earlier.get("id"), str)
-        resume = {"id": earlier["id"], "resume": "allow"} if self.continued else {}
-        self._run = wandb.init(project=self.project, entity=self.entity, name=self.name, dir=where, config=record,
-                               mode=mode, settings=wandb.Settings(console="off"), **resume)
-        # online, a resumed run starts at the step after the server's last one (wandb drops, with a warning each
-        # time, a step that goes back); offline nothing is known, everything is sent and `wandb sync` sorts it out
-        self.have_through = max(0, self._run.step - 1) if self.continued else 0
+
+        def init(**resume):
+            return wandb.init(project=self.project, entity=self.entity, name=self.name, dir=where, config=record,
+                              mode=mode, settings=wandb.Settings(console="off"), **resume)
+        if self.continued:
+            try:
+                self._run = init(id=earlier["id"], resume="allow")
+            except Exception as exc:  # noqa: BLE001 - e.g. a run deleted on the server: W&B refuses its id (409)
+                self.continued = False
+                print(f"note: --wandb: the run this one resumes ({earlier['id']}) cannot be continued "
+                      f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); a new run starts",
+                      flush=True)
+        if not self.continued:
+            self._run = init()
+        # online, a resumed run's starting_step is the step after the server's last one (wandb drops, with a
+        # warning each time, a step that goes back); offline nothing is known (resumed False): everything is sent
+        self.have_through = max(0, self._run.starting_step - 1) if self.continued and self._run.resumed else 0
 
     def identity(self) -> dict:
         return {"id": self._run.id, "project": self.project, "entity": self.entity}
@@ -136,15 +147,14 @@ class MlflowRun:
         if earlier and (earlier.get("experiment"), earlier.get("tracking_uri")) == \
                 (self.experiment, mlflow.get_tracking_uri()) and isinstance(earlier.get("run_id"), str):
             try:
-                run = mlflow.start_run(run_id=earlier["run_id"])
-                self.continued = True
+                # what the store has (the steps a killed run logged but still had queued, log_metrics being
+                # asynchronous, are not there); every training record has an lr
+                have = max((m.step for m in mlflow.tracking.MlflowClient().get_metric_history(earlier["run_id"],
+                                                                                             "lr")), default=0)
+                run = mlflow.start_run(run_id=earlier["run_id"])       # refuses a deleted run, changing nothing
+                self.continued, self.have_through = True, have
                 # a parameter keeps its first value (MLflow refuses a change); run.json, the artifact, is the latest
                 self._logged = set(run.data.params)
-                # what the store has: the steps logged before the kill but still queued (log_metrics is
-                # asynchronous) are not there
-                client = mlflow.tracking.MlflowClient()
-                self.have_through = max((m.step for key in ("lr", "loss")
-                                         for m in client.get_metric_history(run.info.run_id, key)), default=0)
             except mlflow.exceptions.MlflowException as exc:
                 print(f"note: --mlflow: the run this one resumes ({earlier['run_id']}) cannot be continued "
                       f"({str(exc).splitlines()[0][:200]}); a new run starts", flush=True)
@@ -180,6 +190,14 @@ class MlflowRun:
                 pass
 
 
+def forget_earlier_runs(output_dir: str) -> None:
+    """A fresh start (step 0) in a folder an earlier run used: its tracker runs are not this run's to continue."""
+    try:
+        os.remove(os.path.join(output_dir, RECORD))
+    except FileNotFoundError:
+        pass
+
+
 def flatten(record: dict, prefix: str = "") -> dict:
     """{"config": {"model": {"d_model": 32}}} → {"config.model.d_model": "32"}: MLflow's parameters are flat
     strings (at most 6000 characters)."""
@@ -197,6 +215,7 @@ class Trackers:
 
     def __init__(self, runs: list, output_dir: str | None = None):
         self._runs, self._started, self._output_dir = list(runs), False, output_dir
+        self._chosen = tuple(runs)
         self._step: int | None = None
         self._resuming = False                         # from a checkpoint: continue the runs trackers.json names
 
@@ -240,8 +259,10 @@ class Trackers:
                 ids[run.key] = run.identity()
             except Exception:  # noqa: BLE001 - without its identity a resume starts a new tracker run, no more
                 pass
-        if ids:
-            self._write_record({**earlier, **ids})
+        # a tracker chosen but off (it failed to start) loses its entry: the next resume starts a new run rather
+        # than meet the same failure; the entries of trackers not chosen this time stay
+        chosen = {run.key for run in self._chosen}
+        self._write_record({**{k: v for k, v in earlier.items() if k not in chosen}, **ids})
 
     def log(self, record: dict) -> None:
         self._step = record["step"]
