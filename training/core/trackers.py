@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
+from preprocess.textio import atomic_write
 
 DISTRIBUTION = "ds-transformer-recipes"          # setup.cfg's name: its extras [wandb] and [mlflow] install these
 RECORD = "trackers.json"        # in OUTPUT_DIR: the tracker runs this folder's run logs to, continued by its resumes
@@ -282,9 +283,8 @@ class Trackers:
     def _write_record(self, record: dict) -> None:
         path = os.path.join(self._output_dir, RECORD)
         try:
-            with open(path + ".part", "w", encoding="utf-8") as f:
+            with atomic_write(path) as f:
                 json.dump(record, f, indent=1)
-            os.replace(path + ".part", path)
         except OSError as exc:
             print(f"warning: could not write {path} ({exc.strerror}): a resume of this run will start new tracker "
                   f"runs", file=sys.stderr, flush=True)
