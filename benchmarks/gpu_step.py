@@ -5,6 +5,7 @@ model TFLOP/s, MFU against a named device's dense peak, peak memory — per prec
     python benchmarks/gpu_step.py                                    # CUDA: transformer-big; CPU: a tiny model
     python benchmarks/gpu_step.py --precision bf16 fp32 --recompute 0 1 --max_tokens 8192 16384 25000
     python benchmarks/gpu_step.py --size tiny --steps 3 --warmup 1 --device_peak H100 --json out/step.json
+    python benchmarks/gpu_step.py --precision bf16 --compile none default reduce-overhead --profile out/profile
 
 The data is the bundled Multi30k (French → English; a TSV and a BPE tokenizer are made in --workdir unless
 --file_path/--tokenizer are given). The model is the transformer-big recipe's (recipes/transformer-big-wmt14-en-fr:
@@ -15,7 +16,12 @@ model.costs's count (the one plan.py and metrics.jsonl use); MFU only against a 
 after --warmup steps. --hf also trains `transformers`' Blenderbot of the same dimensions (the architecture
 run_scripts/export_hf.py exports to) on the very same batches — a plain torch loop: fused AdamW, autocast for bf16,
 gradient checkpointing for recompute, the same label-smoothed cross-entropy over the non-PAD targets — as the
-reference. Not yet here (issue 31): CUDA graphs / torch.compile variants, a profile of the best configuration.
+reference. --compile MODE compiles every block of our model with torch.compile (dynamic shapes: token batches
+change shape) — `reduce-overhead` is the CUDA-graph variant (inductor records a graph per batch shape), `default`
+fuses the element-wise work without graphs; the losses say whether a variant computes the same thing. A variant that
+fails (out of memory, a compiler error) is reported in its row and the others go on. --profile DIR profiles the
+fastest configuration (benchmarks/step_profile.py: device kernels by kind, idle share, launches, host syncs; the
+Chrome trace is DIR/trace.json).
 """
 from __future__ import annotations
 
@@ -37,6 +43,8 @@ SIZES = {
     "tiny": ["--d_model", 32, "--num_heads", 4, "--ffn_size", 64, "--encoder_layer", 2, "--decoder_layer", 2,
              "--src_len", 32, "--tgt_len", 32, "--dropout", 0.1],
 }
+COMPILE_MODES = {"none": None, "default": "default", "reduce-overhead": "reduce-overhead",
+                 "max-autotune": "max-autotune"}
 COMMON = ["--share_embeddings", "true", "--label_smoothing", 0.1, "--lr", 5e-4, "--tensorboard", 0,
           "--log_interval", 10 ** 6]
 
@@ -50,6 +58,9 @@ def parse(argv):
                    help="default: 0 1 on CUDA, 0 on CPU")
     p.add_argument("--max_tokens", nargs="+", type=int, default=None,
                    help="token batch sizes (tokens per side): default 8192 16384 25000 (big), 512 1024 (tiny)")
+    p.add_argument("--compile", nargs="+", default=["none"], choices=list(COMPILE_MODES),
+                   help="torch.compile every block: none (eager), default, reduce-overhead (CUDA graphs), "
+                        "max-autotune (default: none)")
     p.add_argument("--steps", type=int, default=10, help="measured steps per configuration (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3)")
     p.add_argument("--device_peak", default=None, metavar="NAME",
@@ -60,6 +71,9 @@ def parse(argv):
     p.add_argument("--workdir", default="out/gpu_step", help="where the default data and tokenizer go")
     p.add_argument("--hf", action="store_true", help="also train transformers' equivalent model on the same batches")
     p.add_argument("--json", default=None, metavar="OUT", help="write the figures here as JSON")
+    p.add_argument("--profile", default=None, metavar="DIR",
+                   help="profile the fastest configuration: DIR/trace.json (Chrome trace) and DIR/profile.json")
+    p.add_argument("--profile_steps", type=int, default=3, help="steps the profile records (default 3)")
     return p.parse_args(argv)
 
 
@@ -133,24 +147,33 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
             "hf_peak_mem_mib": round(mem, 1) if mem is not None else None}
 
 
-def measure(flags: list, steps: int, warmup: int, peak_name, hf: bool = False) -> dict:
+def build(flags: list, compile_mode: str):
+    """train.py's engine for these flags, every block compiled with torch.compile unless `compile_mode` is none."""
+    from benchmarks.common import build_ours
+    runner = build_ours([str(f) for f in flags])
+    if COMPILE_MODES[compile_mode]:
+        for block in runner.engine.module.blocks:
+            block.compile(dynamic=True, mode=COMPILE_MODES[compile_mode])
+    return runner
+
+
+def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, hf: bool = False) -> dict:
     import torch
 
-    from benchmarks.common import build_ours
     from model.costs import model_flops, peak_flops
     from training.core.speed import SpeedMeter, device_name
     from training.core.step import train_step
-    runner = build_ours([str(f) for f in flags])
+    runner = build(flags, compile_mode)
     engine, cuda = runner.engine, runner.engine.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(engine.device)
-    times, work = [], []
+    times, work, loss = [], [], None
     for step in range(warmup + steps):
         batches = runner.feeder.step(step)
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
-        train_step(engine, batches)               # ends in a read of the loss: the step's work is done
+        loss = train_step(engine, batches)        # ends in a read of the loss: the step's work is done
         seconds = time.perf_counter() - start
         if step >= warmup:
             times.append(seconds)
@@ -170,20 +193,65 @@ def measure(flags: list, steps: int, warmup: int, peak_name, hf: bool = False) -
     out = {"median_step_s": per_step, "tokens_per_s": tokens / total, "target_tokens_per_s":
            sum(t for _, t, _ in work) / total, "tflops": rate / 1e12,
            "mfu": rate / peak if peak else None, "peak_device": name if peak else None, "peak_mem_mib": round(mem, 1),
-           "device": device_name(engine.device)}
+           "device": device_name(engine.device), "loss": loss}
     feeder, data, model_cfg, device = runner.feeder, runner.data, engine.model_cfg, engine.device
     recompute = engine.parallel.recompute
     del runner, engine
-    if cuda:
-        torch.cuda.empty_cache()
+    _free(cuda)
     if hf:
         out.update(measure_hf(feeder, data, model_cfg, device, out_precision(flags), recompute, steps, warmup))
         out["speedup_vs_hf"] = out["tokens_per_s"] / out["hf_tokens_per_s"]
     return out
 
 
+def _free(cuda: bool) -> None:
+    import gc
+
+    import torch
+    gc.collect()
+    if cuda:
+        torch.cuda.empty_cache()
+
+
+def profile_best(rows: list, warmup: int, steps: int, out_dir: str) -> dict:
+    """Profile the configuration with the most tokens/s (benchmarks/step_profile.py); write DIR/trace.json and
+    DIR/profile.json, print where the step's time goes."""
+    from benchmarks.step_profile import describe, profile_steps
+    from training.core.step import train_step
+    best = max((r for r in rows if "error" not in r), key=lambda r: r["tokens_per_s"])
+    os.makedirs(out_dir, exist_ok=True)
+    runner = build(best["flags"], best["compile"])
+    engine = runner.engine
+    for step in range(warmup):
+        train_step(engine, runner.feeder.step(step))
+    summary = profile_steps(lambda i: train_step(engine, runner.feeder.step(warmup + i)), steps,
+                            os.path.join(out_dir, "trace.json"), engine.device.type == "cuda")
+    summary["configuration"] = {k: best[k] for k in ("size", "precision", "recompute", "max_tokens", "compile")}
+    with open(os.path.join(out_dir, "profile.json"), "w", encoding="utf-8") as f:
+        json.dump(summary, f, indent=1)
+    print(f"profile of the fastest configuration {summary['configuration']} → {out_dir}/trace.json")
+    for line in describe(summary):
+        print(line)
+    return summary
+
+
 def out_precision(flags: list) -> str:
     return str(flags[flags.index("--precision") + 1])
+
+
+def _print_row(row: dict, hf: bool) -> None:
+    head = (f"{row['size']} {row['precision']} recompute={int(row['recompute'])} max_tokens={row['max_tokens']} "
+            f"compile={row['compile']}")
+    if "error" in row:
+        print(f"{head}: failed — {row['error']}", flush=True)
+        return
+    mfu = f"{100 * row['mfu']:.1f}% of {row['peak_device']}" if row["mfu"] is not None else "-"
+    print(f"{head}: {row['median_step_s'] * 1000:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
+          f"{row['tflops']:.3f} TFLOP/s, MFU {mfu}, peak {row['peak_mem_mib']:,.0f} MiB, loss {row['loss']:.4f} "
+          f"({row['device']})", flush=True)
+    if hf:
+        print(f"  transformers on the same batches: {row['hf_median_step_s'] * 1000:.1f} ms/step, "
+              f"{row['hf_tokens_per_s']:,.0f} tokens/s; ours {row['speedup_vs_hf']:.2f}×", flush=True)
 
 
 def main(argv=None) -> int:
@@ -199,24 +267,26 @@ def main(argv=None) -> int:
     for precision in precisions:
         for recompute in recomputes:
             for tokens in max_tokens:
-                flags = ["--file_path", tsv, "--tokenizer", tok, "--cache_dir", os.path.join(args.workdir, "cache"),
-                         *SIZES[size], *COMMON, "--precision", precision, "--recompute", bool(recompute),
-                         "--max_tokens", tokens, "--output_dir", os.path.join(args.workdir, "run")]
-                row = {"size": size, "precision": precision, "recompute": bool(recompute), "max_tokens": tokens,
-                       **measure(flags, args.steps, args.warmup, args.device_peak, args.hf)}
-                rows.append(row)
-                mfu = f"{100 * row['mfu']:.1f}% of {row['peak_device']}" if row["mfu"] is not None else "-"
-                print(f"{size} {precision} recompute={int(recompute)} max_tokens={tokens}: "
-                      f"{row['median_step_s'] * 1000:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
-                      f"{row['tflops']:.3f} TFLOP/s, MFU {mfu}, peak {row['peak_mem_mib']:,.0f} MiB "
-                      f"({row['device']})", flush=True)
-                if args.hf:
-                    print(f"  transformers on the same batches: {row['hf_median_step_s'] * 1000:.1f} ms/step, "
-                          f"{row['hf_tokens_per_s']:,.0f} tokens/s; ours {row['speedup_vs_hf']:.2f}×", flush=True)
+                for mode in args.compile:
+                    flags = ["--file_path", tsv, "--tokenizer", tok, "--cache_dir",
+                             os.path.join(args.workdir, "cache"), *SIZES[size], *COMMON, "--precision", precision,
+                             "--recompute", bool(recompute), "--max_tokens", tokens,
+                             "--output_dir", os.path.join(args.workdir, "run")]
+                    row = {"size": size, "precision": precision, "recompute": bool(recompute),
+                           "max_tokens": tokens, "compile": mode}
+                    try:
+                        row.update(measure(flags, mode, args.steps, args.warmup, args.device_peak, args.hf))
+                    except RuntimeError as e:     # out of memory, a compiler failure: this variant's answer
+                        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
+                        _free(cuda)
+                    _print_row(row, args.hf)
+                    rows.append({**row, "flags": [str(f) for f in flags]})
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(rows, f, indent=1)
-    return 0
+    if args.profile and any("error" not in r for r in rows):
+        profile_best(rows, args.warmup, args.profile_steps, args.profile)
+    return 0 if any("error" not in r for r in rows) else 1
 
 
 if __name__ == "__main__":

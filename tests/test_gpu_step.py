@@ -39,3 +39,25 @@ def test_an_unknown_device_peak_is_one_line(multi30k_tsv, bpe_tokenizer, tmp_pat
                        "--device_peak", "TPUv9"], env=env(), timeout=600)
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines()[-1].startswith("error: --device_peak TPUv9: no fp32 peak known")
+
+
+@pytest.mark.slow
+def test_compiled_variant_and_profile_of_the_fastest(multi30k_tsv, bpe_tokenizer, tmp_path):
+    """--compile default trains the same model on the same batches as eager (the losses agree to compiler rounding),
+    and --profile writes the fastest configuration's trace and where its step's time went."""
+    out, prof = tmp_path / "step.json", tmp_path / "profile"
+    proc = run_python([sys.executable, SCRIPT, "--file_path", str(multi30k_tsv), "--tokenizer", str(bpe_tokenizer),
+                       "--workdir", str(tmp_path / "work"), "--steps", "2", "--warmup", "1", "--max_tokens", "512",
+                       "--compile", "none", "default", "--profile", str(prof), "--profile_steps", "2",
+                       "--json", str(out)],
+                      env={**env(), "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}, timeout=900)  # cold, as CI
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    eager, compiled = json.loads(out.read_text())
+    assert (eager["compile"], compiled["compile"]) == ("none", "default")
+    assert "error" not in compiled and compiled["tokens_per_s"] > 0
+    assert abs(compiled["loss"] - eager["loss"]) <= 1e-3 * eager["loss"], (eager["loss"], compiled["loss"])
+    summary = json.loads((prof / "profile.json").read_text())
+    fastest = max((eager, compiled), key=lambda r: r["tokens_per_s"])
+    assert summary["configuration"]["compile"] == fastest["compile"] and summary["steps"] == 2
+    assert summary["host_ops_ms_by_kind"]["matmul"] > 0 and (prof / "trace.json").stat().st_size > 0
+    assert "profile of the fastest configuration" in proc.stdout and "host operators' own time" in proc.stdout
