@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The Python packages train.py needs that the lent GPU machines' image lacks (its list: the device library's
+# KINDS.md), as wheels for its Python 3.12, in .whl/ (git-ignored, about 6 MB) — the versions installed here, so the
+# GPU runs the code CI tests. Run here, where pip reaches an index; then carry .whl to the device
+# (benchmarks/gpu_session.sh installs them there).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEST=.whl
+rm -rf "$DEST" && mkdir -p "$DEST"
+version() { python3 -c "import importlib.metadata as m; print(m.version('$1'))"; }
+# DeepSpeed is published as a source archive only: build its (pure-Python) wheel, no ops compiled ahead
+DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation "deepspeed==$(version deepspeed)" -w "$DEST"
+PACKAGES=()
+for name in hjson datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection; do
+    PACKAGES+=("$name==$(version "$name")")
+done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+    -d "$DEST" "${PACKAGES[@]}"
+ls -l "$DEST"
