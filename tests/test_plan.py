@@ -624,7 +624,7 @@ BUFFER_CASES = [
                          ids=[f"{w}-{'_'.join(map(str, f)) or 'fp32'}-{d}" for w, f, d, _ in BUFFER_CASES])
 def test_deepspeed_buffers_by_hand(world, flags, device, want):
     """What DeepSpeed 0.19.8 allocates beyond params / grads / optimizer state, per optimizer, with gradients
-    reduced in fp32 (model/costs.py's docstring cites where). Written from DeepSpeed's source: the totals are
+    reduced in fp32 (docs/cost-model.md cites where). Written from DeepSpeed's source: the totals are
     compared with measured peaks in benchmarks/plan_memory.py (docs/memory.md)."""
     from training.core.engine import bucket_elements
     plan = P.make_plan(args_for(*SMALL, *flags), world, device_type=device)
