@@ -13,6 +13,7 @@ load online. Saving gathers one tensor at a time and only the DP rank 0 of each 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import secrets
@@ -95,8 +96,10 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     bytes; such a checkpoint is not resumable. `trajectory`: the optimisation settings a resumed run takes
     (training.run.start_point.trajectory), meta.json's "optimization". `background` (training.checkpoint.background,
     with no save in flight): gather into a host snapshot here, write, hash and commit on its thread — the files are
-    the same bytes as a synchronous save's."""
-    ctx, rank = engine.ctx, dist.get_rank()
+    the same bytes as a synchronous save's.
+
+    Every rank: refuse weights that must not be saved → a fresh .tmp folder → what this rank writes → write it now
+    (or snapshot it and write on the background thread) → rank 0 commits (meta.json, move into place, `latest`)."""
     state = optimizer_state.for_engine(engine)        # an optimizer it does not know: refused before any file
     run_id, checkpoint_id = _ids(engine)
     root = checkpoints_dir(output_dir)
@@ -104,61 +107,95 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     refuse_non_finite_weights(engine, step, latest)                  # collectives: every rank, same point
     refuse_drifted_tied_copies(engine, step, latest)
     final = os.path.join(root, name or step_dirname(step))
-    tmp = final + ".tmp"
-    if rank == 0:
-        os.makedirs(root, exist_ok=True)
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-    dist.barrier()
-
+    tmp = _fresh_tmp(root, final)
     state.prepare()
     ids = {"checkpoint_id": checkpoint_id, "run_id": run_id, "step": step}
-    # a pipeline's replica of a tied weight (shared embeddings) is saved once, by the stage that owns it
-    params = [(canonical_name(n), p) for n, p in engine.module.named_parameters()
-              if not getattr(p, "ds_pipe_replicated", False)]
-    writes = ctx.dp_rank == 0                       # one writer per (stage, TP rank)
-    keys = ("param",) if weights_only else KEYS
-    gathers = writes or state.partitioned           # under ZeRO the gathers are collectives over DP
-    shard_path = os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None
-    shard_ids = {**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank}
-    rng_path = None if weights_only else os.path.join(tmp, rng_file(rank))
-    rng_ids = {**ids, "rank": rank}
-    # what the engine holds now, read before the next step moves it
-    meta = _meta(engine, state, ids, model_cfg, parallel, data, tokenizer_path, validation, weights_only,
-                 trajectory) if rank == 0 else None
-    commit = ((lambda: _commit(meta, tmp, final, root, name, step, keep, tokenizer_path)) if rank == 0 else None)
-
+    files = _RankFiles.of(engine, state, tmp, ids, weights_only)
+    commit = None
+    if dist.get_rank() == 0:    # meta.json: what the engine holds now, read before the next step moves it
+        meta = _meta(engine, state, ids, model_cfg, parallel, data, tokenizer_path, validation, weights_only,
+                     trajectory)
+        commit = functools.partial(_commit, meta, tmp, final, root, name, step, keep, tokenizer_path)
     if background is None:
-        if gathers:
-            digest = _save_shard(shard_path, state, params, shard_ids, keys)
-            if shard_path is not None:
-                write_digest(shard_path, digest)
-        if rng_path is not None:
-            _write_rng(rng_path, rng_tensors(RNG.get_state()), rng_ids)
-        for hook in BEFORE_COMMIT:
-            hook(step)
+        files.write_now(state, step)
         dist.barrier()
         if commit is not None:
             commit()
         dist.barrier()
-        return final
+    else:
+        background.start(files.snapshot_writer(state, step, background.staging), commit)
+    return final
 
-    values = _snapshot_shard(state, params, keys, background.staging, keep=writes) if gathers else None
-    rng = {n: t.clone() for n, t in rng_tensors(RNG.get_state()).items()} if rng_path is not None else None
 
-    def write():
-        if shard_path is not None:
-            with checkpoint_file_guard(shard_path + ".part"):
-                writer = _shard_writer(shard_path, params, shard_ids, keys)
-                values.reverse()                    # each buffer dropped once written
-                _write_all(writer, ((tensor_name(k, n), values.pop()) for n, _ in params for k in keys))
-            write_digest(shard_path, writer.sha256)
-        if rng_path is not None:
-            _write_rng(rng_path, rng, rng_ids)
+def _fresh_tmp(root: str, final: str) -> str:
+    """`final`.tmp, emptied by rank 0, seen by every rank once this returns (a barrier)."""
+    tmp = final + ".tmp"
+    if dist.get_rank() == 0:
+        os.makedirs(root, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    dist.barrier()
+    return tmp
+
+
+@dataclasses.dataclass
+class _RankFiles:
+    """What this rank writes into a save's .tmp folder: its (stage, TP rank)'s shard if it is that pair's DP rank 0,
+    and its RNG states unless the save is weights-only. Under ZeRO every DP rank takes part in the shard's gathers
+    (collectives over DP) though only one writes."""
+    params: list                    # (canonical name, parameter); a pipeline's tied replica is saved by its owner
+    keys: tuple
+    gathers: bool
+    writes: bool
+    shard_path: str | None
+    shard_ids: dict
+    rng_path: str | None
+    rng_ids: dict
+
+    @classmethod
+    def of(cls, engine, state, tmp: str, ids: dict, weights_only: bool) -> _RankFiles:
+        ctx, rank = engine.ctx, dist.get_rank()
+        writes = ctx.dp_rank == 0                   # one writer per (stage, TP rank)
+        return cls(params=[(canonical_name(n), p) for n, p in engine.module.named_parameters()
+                           if not getattr(p, "ds_pipe_replicated", False)],
+                   keys=("param",) if weights_only else KEYS,
+                   gathers=writes or state.partitioned, writes=writes,
+                   shard_path=os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None,
+                   shard_ids={**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank},
+                   rng_path=None if weights_only else os.path.join(tmp, rng_file(rank)),
+                   rng_ids={**ids, "rank": rank})
+
+    def write_now(self, state, step: int) -> None:
+        """Gather and write the shard tensor by tensor, then the RNG states (a synchronous save)."""
+        if self.gathers:
+            digest = _save_shard(self.shard_path, state, self.params, self.shard_ids, self.keys)
+            if self.shard_path is not None:
+                write_digest(self.shard_path, digest)
+        if self.rng_path is not None:
+            _write_rng(self.rng_path, rng_tensors(RNG.get_state()), self.rng_ids)
         for hook in BEFORE_COMMIT:
             hook(step)
-    background.start(write, commit)
-    return final
+
+    def snapshot_writer(self, state, step: int, staging):
+        """Gather into a host snapshot now (the collectives stay on the training thread); the returned function
+        writes the same bytes as `write_now` from the snapshot, on the background thread."""
+        values = _snapshot_shard(state, self.params, self.keys, staging, keep=self.writes) if self.gathers else None
+        rng = ({n: t.clone() for n, t in rng_tensors(RNG.get_state()).items()} if self.rng_path is not None
+               else None)
+
+        def write():
+            if self.shard_path is not None:
+                with checkpoint_file_guard(self.shard_path + ".part"):
+                    writer = _shard_writer(self.shard_path, self.params, self.shard_ids, self.keys)
+                    values.reverse()                # each buffer dropped once written
+                    _write_all(writer, ((tensor_name(k, n), values.pop()) for n, _ in self.params
+                                        for k in self.keys))
+                write_digest(self.shard_path, writer.sha256)
+            if self.rng_path is not None:
+                _write_rng(self.rng_path, rng, self.rng_ids)
+            for hook in BEFORE_COMMIT:
+                hook(step)
+        return write
 
 
 def _meta(engine, state, ids: dict, model_cfg: ModelConfig, parallel: ParallelConfig, data: DataSection,
