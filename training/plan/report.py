@@ -39,6 +39,23 @@ SPLITS = {"seed": "default: block i on stage min(i // max(blocks // pp, 1), pp -
 
 
 def format_plan(plan: dict) -> str:
+    """plan.py's report: layout, advice, per-rank bytes, the memory verdict, activations, communication, the
+    DeepSpeed config and (with --predict_speed) the predicted step time."""
+    out = _layout_lines(plan) + format_advice(plan) + [""] + _rank_lines(plan) + [""] + format_memory(plan) + [""]
+    out += _activation_lines(plan) + [""] + _communication_lines(plan)
+    ds = plan["deepspeed"]
+    out.append("")
+    out.append(f"DeepSpeed config (rank 0): train_batch_size {ds['train_batch_size']}, train_micro_batch_size_per_gpu "
+               f"{ds['train_micro_batch_size_per_gpu']}, gradient_accumulation_steps "
+               f"{ds['gradient_accumulation_steps']}, zero_optimization {json.dumps(ds['zero_optimization'])}")
+    if plan.get("speed"):
+        out.append("")
+        out.extend(format_speed(plan["speed"], plan["world_size"]))
+    return "\n".join(out)
+
+
+def _layout_lines(plan: dict) -> list[str]:
+    """Where the ranks are, the layout and batch arithmetic, the model, placement and the pipeline's blocks."""
     L, M, S = plan["layout"], plan["model"], plan["stages"]
     out = []
     world = plan["world_size"]
@@ -89,8 +106,13 @@ def format_plan(plan: dict) -> str:
     out.append(f"    {'block':<12} {'stage':>5}  {'recompute':<9}  comm_fusion (reported, not used: model/pipeline.py)")
     for b in plan["blocks"]:
         out.append(f"    {b['block']:<12} {b['stage']:>5}  {'yes' if b['recompute'] else 'no':<9}  {b['comm_fusion']}")
-    out.extend(format_advice(plan))
-    out.append("")
+    return out
+
+
+def _rank_lines(plan: dict) -> list[str]:
+    """A row of bytes per rank (the ends of a very large world), and what a parameter costs."""
+    L, M = plan["layout"], plan["model"]
+    out = []
     out.append("ranks (rank = pp·dp·mp + dp·mp + tp: TP fastest, then DP, then PP); bytes per rank, peak = "
                "params + grads + optimizer + activations + DeepSpeed's buffers")
     hdr = (f"{'rank':>5} {'node':>4} {'host':<14} {'local':>5} {'pp':>3} {'dp':>3} {'tp':>3} {'params':>12} "
@@ -122,16 +144,37 @@ def format_plan(plan: dict) -> str:
     out.append("  DS buffers: DeepSpeed's own (gradients flattened for the all-reduce, ZeRO's reduce buckets and fp32 "
                "gradient partition, fp32 gradient accumulation in half precision; gradients are reduced in fp32): "
                "model/costs.py")
-    out.append("")
-    out.extend(format_memory(plan))
-    out.append("")
+    return out
+
+
+def _activation_lines(plan: dict) -> list[str]:
+    """Activation memory per stage."""
+    S = plan["stages"]
+    out = []
     out.append("activations per rank (estimate, formula in model/costs.py)")
     out.append(f"{'stage':>5}  {'params/rank':>12}  {'per micro-batch':>15}  {'in flight':>9}  {'peak':>10}")
     for st in S:
         a = st["activations"]
         out.append(f"{st['stage']:>5}  {st['params_per_rank']:>12,}  {human(a['per_micro_batch']):>15}  "
                    f"{a['in_flight']:>9}  {human(a['peak']):>10}")
-    out.append("")
+    return out
+
+
+def _split_note(nx, mp) -> str:
+    """How a stage boundary's tensors are divided among the TP ranks."""
+    if mp == 1:
+        return "one TP rank"
+    if nx["pipe_partitioned"] and nx["grad_partitioned"]:
+        return f"the float tensor and its gradient split over the {mp} TP ranks: 1/{mp} each"
+    if nx["pipe_partitioned"]:
+        return f"the float tensor split over the {mp} TP ranks, its gradient sent whole by each"
+    return "each TP rank sends its own copy"
+
+
+def _communication_lines(plan: dict) -> list[str]:
+    """Tensor-parallel, pipeline and data-parallel bytes per rank per optimizer step."""
+    L, S = plan["layout"], plan["stages"]
+    out = []
     mb = L["micro_batch_num"]
     out.append(f"communication per optimizer step ({mb} micro-batch{'es' if mb > 1 else ''} of {L['micro_batch']}), "
                f"per rank")
@@ -145,14 +188,6 @@ def format_plan(plan: dict) -> str:
                    f"{len(t['backward_elements'])} backward{loss} all-reduces per micro-batch = "
                    f"{human(t['bytes_per_micro_batch'])}; per step {human(t['bytes_per_step'])} payload, "
                    f"ring sends {human(t['sent_per_rank_per_step'])} (2·(mp-1)/mp × payload)")
-    def split_note(nx, mp):
-        if mp == 1:
-            return "one TP rank"
-        if nx["pipe_partitioned"] and nx["grad_partitioned"]:
-            return f"the float tensor and its gradient split over the {mp} TP ranks: 1/{mp} each"
-        if nx["pipe_partitioned"]:
-            return f"the float tensor split over the {mp} TP ranks, its gradient sent whole by each"
-        return "each TP rank sends its own copy"
     for st in S:
         if "send_next" not in st:
             continue
@@ -161,7 +196,7 @@ def format_plan(plan: dict) -> str:
         out.append(f"  pipeline, stage {st['stage']} → {st['stage'] + 1}: forward {desc} = "
                    f"{human(nx['forward_bytes_per_micro_batch'])}, backward gradients "
                    f"{human(nx['backward_bytes_per_micro_batch'])} per micro-batch; per step "
-                   f"{human(nx['bytes_per_step'])} per TP rank ({split_note(nx, L['model_parallel'])})")
+                   f"{human(nx['bytes_per_step'])} per TP rank ({_split_note(nx, L['model_parallel'])})")
     if L["pipeline_stage"] == 1:
         out.append("  pipeline: pp = 1, none")
     for st in S:
@@ -171,15 +206,7 @@ def format_plan(plan: dict) -> str:
             break
         out.append(f"  data parallel, stage {st['stage']}: {human(d['bytes_per_step'])} sent per rank per step "
                    f"({d['how']})")
-    ds = plan["deepspeed"]
-    out.append("")
-    out.append(f"DeepSpeed config (rank 0): train_batch_size {ds['train_batch_size']}, train_micro_batch_size_per_gpu "
-               f"{ds['train_micro_batch_size_per_gpu']}, gradient_accumulation_steps "
-               f"{ds['gradient_accumulation_steps']}, zero_optimization {json.dumps(ds['zero_optimization'])}")
-    if plan.get("speed"):
-        out.append("")
-        out.extend(format_speed(plan["speed"], world))
-    return "\n".join(out)
+    return out
 
 
 def format_memory(plan: dict) -> list[str]:
