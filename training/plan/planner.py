@@ -228,6 +228,42 @@ def as_json(plan: dict) -> str:
     return json.dumps(plan, indent=1, default=rows)
 
 
+def _stage_entry(k: int, layer_list: list[str], model, parallel, prec: str, micro: int, recomputed: list[str],
+                 counts: dict, acts: dict, memory_by: dict, ds_cfg: dict) -> dict:
+    """Stage k of the plan: its layers and ranks, parameters, activations, peak bytes, tensor-parallel all-reduces,
+    data-parallel traffic and (all but the last stage) what it sends to the next stage."""
+    tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
+    el = 2 if prec in ("fp16", "bf16") else 4
+    ar = tp_allreduces(model, parallel, layer_list, micro, recomputed)
+    bytes_per_micro = (sum(ar["forward"]) + sum(ar["backward"])) * el + sum(ar["loss"]) * 4
+    n0 = sum(counts[(k, 0)].values())
+    stage = {
+        "stage": k, "layers": layer_list, "ranks": [k * dp * tp, (k + 1) * dp * tp - 1],   # TP fastest, then DP
+        "params_per_rank": n0, "params_by_layer": counts[(k, 0)],
+        "activations": {key: acts[key] for key in ("per_micro_batch", "recompute_transient", "in_flight", "peak")},
+        "peak_bytes": max(memory_by[(k, r)]["total_bytes"] for r in range(tp)),
+        "tp_allreduce": {"forward_elements": ar["forward"], "backward_elements": ar["backward"],
+                         "loss_elements": ar["loss"],
+                         "calls_per_micro_batch": sum(len(v) for v in ar.values()),
+                         "bytes_per_micro_batch": bytes_per_micro,
+                         "bytes_per_step": bytes_per_micro * parallel.micro_batch_num,
+                         "sent_per_rank_per_step": int(round(2 * (tp - 1) / tp * bytes_per_micro
+                                                             * parallel.micro_batch_num))},
+        "dp": dp_bytes(n0, prec, ds_cfg["zero_optimization"]["stage"], parallel,
+                       bool(ds_cfg["zero_optimization"].get("use_multi_rank_bucket_allreduce", True))),
+    }
+    if k < pp - 1:
+        tensors = boundary_tensors(model, layer_list[-1], micro)
+        for tsr in tensors:
+            tsr["bytes"] = tensor_bytes(tsr, el)
+        split = {key: bool(ds_cfg["pipeline"].get(key)) and tp > 1 for key in ("pipe_partitioned", "grad_partitioned")}
+        fwd, bwd = boundary_bytes(tensors, el, tp, split["pipe_partitioned"], split["grad_partitioned"])
+        stage["send_next"] = {"tensors": tensors, "forward_bytes_per_micro_batch": fwd,
+                              "backward_bytes_per_micro_batch": bwd,
+                              "bytes_per_step": (fwd + bwd) * parallel.micro_batch_num, **split}
+    return stage
+
+
 def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None, ranks_per_node: int = 8,
               device: str | None = None, device_memory: float | None = None,
               device_type: str = "cuda") -> dict:
@@ -244,7 +280,6 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
     micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
     prec = cfg.parallel.precision
     tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
-    el = 2 if prec in ("fp16", "bf16") else 4
 
     # every distinct (stage, tp rank) builds its own blocks and counts their parameters
     built = _layout_memory(cfg, model, parallel, func, device_type)
@@ -267,40 +302,9 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
 
     tp_firsts = range(0, world_size, tp)                                      # (pp, dp): tp consecutive ranks
     dp_firsts = [k * dp * tp + r for k in range(pp) for r in range(tp)]        # (pp, tp): ranks tp apart
-    stages = []
-    for k, idx in enumerate(per_stage):
-        layer_list = [names[i] for i in idx]
-        ar = tp_allreduces(model, parallel, layer_list, micro, recomputed)
-        bytes_per_micro = (sum(ar["forward"]) + sum(ar["backward"])) * el + sum(ar["loss"]) * 4
-        acts = acts_by_stage[k]
-        n0 = sum(counts[(k, 0)].values())
-        stage = {
-            "stage": k, "layers": layer_list, "ranks": [k * dp * tp, (k + 1) * dp * tp - 1],   # TP fastest, then DP
-            "params_per_rank": n0, "params_by_layer": counts[(k, 0)],
-            "activations": {key: acts[key] for key in ("per_micro_batch", "recompute_transient", "in_flight",
-                                                        "peak")},
-            "peak_bytes": max(memory_by[(k, r)]["total_bytes"] for r in range(tp)),
-            "tp_allreduce": {"forward_elements": ar["forward"], "backward_elements": ar["backward"],
-                             "loss_elements": ar["loss"],
-                             "calls_per_micro_batch": sum(len(v) for v in ar.values()),
-                             "bytes_per_micro_batch": bytes_per_micro,
-                             "bytes_per_step": bytes_per_micro * parallel.micro_batch_num,
-                             "sent_per_rank_per_step": int(round(2 * (tp - 1) / tp * bytes_per_micro
-                                                                 * parallel.micro_batch_num))},
-            "dp": dp_bytes(n0, prec, ds_cfg["zero_optimization"]["stage"], parallel,
-                           bool(ds_cfg["zero_optimization"].get("use_multi_rank_bucket_allreduce", True))),
-        }
-        if k < pp - 1:
-            tensors = boundary_tensors(model, layer_list[-1], micro)
-            for tsr in tensors:
-                tsr["bytes"] = tensor_bytes(tsr, el)
-            split = {key: bool(ds_cfg["pipeline"].get(key)) and tp > 1
-                     for key in ("pipe_partitioned", "grad_partitioned")}
-            fwd, bwd = boundary_bytes(tensors, el, tp, split["pipe_partitioned"], split["grad_partitioned"])
-            stage["send_next"] = {"tensors": tensors, "forward_bytes_per_micro_batch": fwd,
-                                  "backward_bytes_per_micro_batch": bwd,
-                                  "bytes_per_step": (fwd + bwd) * parallel.micro_batch_num, **split}
-        stages.append(stage)
+    stages = [_stage_entry(k, [names[i] for i in idx], model, parallel, prec, micro, recomputed, counts,
+                           acts_by_stage[k], memory_by, ds_cfg)
+              for k, idx in enumerate(per_stage)]
 
     verdict = mem.verdict([st["peak_bytes"] for st in stages], memory)
     fixes = [] if all(v["fits"] for v in verdict) else mem.remedies(
