@@ -17,11 +17,15 @@ after --warmup steps. --hf also trains `transformers`' Blenderbot of the same di
 run_scripts/export_hf.py exports to) on the very same batches — a plain torch loop: fused AdamW, autocast for bf16,
 gradient checkpointing for recompute, the same label-smoothed cross-entropy over the non-PAD targets — as the
 reference. --compile MODE compiles every block of our model with torch.compile (dynamic shapes: token batches
-change shape) — `reduce-overhead` is the CUDA-graph variant (inductor records a graph per batch shape), `default`
-fuses the element-wise work without graphs; the losses say whether a variant computes the same thing. A variant that
-fails (out of memory, a compiler error) is reported in its row and the others go on. --profile DIR profiles the
-fastest configuration (benchmarks/step_profile.py: device kernels by kind, idle share, launches, host syncs; the
-Chrome trace is DIR/trace.json).
+change shape) and with inductor's random numbers drawn as eager's are (`fallback_random`: recompute's replay and the
+comparison with eager need the same dropout masks), so a compiled row's loss equals the eager row's to rounding.
+`reduce-overhead` is the CUDA-graph variant, but inductor records a graph per input shape and replays it only when
+the shape comes again — packed token batches almost never repeat one; --repeat_batches K cycles K batches, so its
+rows show what replayed graphs would give (an upper bound). A variant that fails (out of memory, a compiler error) is
+reported in its row and the others go on; a CUDA error that leaves the device unusable ends the run with what it
+has. --json is rewritten after every row. --profile DIR profiles the fastest configuration
+(benchmarks/step_profile.py: device kernels by kind, idle share, launches, host syncs; the Chrome trace is
+DIR/trace.json).
 """
 from __future__ import annotations
 
@@ -61,6 +65,9 @@ def parse(argv):
     p.add_argument("--compile", nargs="+", default=["none"], choices=list(COMPILE_MODES),
                    help="torch.compile every block: none (eager), default, reduce-overhead (CUDA graphs), "
                         "max-autotune (default: none)")
+    p.add_argument("--repeat_batches", type=int, default=0, metavar="K",
+                   help="cycle the first K batches (0: every step a new batch): repeated shapes let CUDA graphs "
+                        "replay; use a --warmup of at least 2K")
     p.add_argument("--steps", type=int, default=10, help="measured steps per configuration (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="steps before measuring (default 3)")
     p.add_argument("--device_peak", default=None, metavar="NAME",
@@ -104,7 +111,8 @@ def _timed(step_fn, cuda: bool) -> float:
     return time.perf_counter() - start
 
 
-def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool, steps: int, warmup: int) -> dict:
+def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool, steps: int, warmup: int,
+               repeat: int = 0) -> dict:
     """`transformers`' Blenderbot with our dimensions, trained on the batches `feeder` gave ours."""
     import torch
     import torch.nn.functional as F
@@ -137,7 +145,7 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
     for step in range(warmup + steps):
-        batches = feeder.step(step)
+        batches = _batch(feeder, step, repeat)
         seconds = _timed(lambda batches=batches: train(batches), cuda)
         if step >= warmup:
             times.append(seconds)
@@ -149,7 +157,12 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
 
 def build(flags: list, compile_mode: str):
     """train.py's engine for these flags, every block compiled with torch.compile unless `compile_mode` is none."""
+    import torch
+
     from benchmarks.common import build_ours
+    if COMPILE_MODES[compile_mode]:
+        torch._dynamo.reset()       # a fresh cache per variant: no recompile limit carried over, graph pools freed
+        torch._inductor.config.fallback_random = True       # eager's dropout masks: recompute replays them exactly
     runner = build_ours([str(f) for f in flags])
     if COMPILE_MODES[compile_mode]:
         for block in runner.engine.module.blocks:
@@ -157,7 +170,12 @@ def build(flags: list, compile_mode: str):
     return runner
 
 
-def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, hf: bool = False) -> dict:
+def _batch(feeder, step: int, repeat: int):
+    return feeder.step(step % repeat if repeat else step)
+
+
+def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, hf: bool = False,
+            repeat: int = 0) -> dict:
     import torch
 
     from model.costs import model_flops, peak_flops
@@ -169,7 +187,7 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
         torch.cuda.reset_peak_memory_stats(engine.device)
     times, work, loss = [], [], None
     for step in range(warmup + steps):
-        batches = runner.feeder.step(step)
+        batches = _batch(runner.feeder, step, repeat)
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -186,9 +204,6 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
     rate = sum(f for _, _, f in work) / total
     name = peak_name or (device_name(engine.device) if cuda else None)
     peak = peak_flops(name, engine.precision) if name else None
-    if peak_name and peak is None:
-        raise UserError(f"--device_peak {peak_name}: no {engine.precision} peak known for it (model/costs.py "
-                        f"PEAK_FLOPS lists H100, H100 PCIe, H200, A100)")
     mem = SpeedMeter(engine.model_cfg, 1, engine.precision, engine.device).peak_memory_mib()
     out = {"median_step_s": per_step, "tokens_per_s": tokens / total, "target_tokens_per_s":
            sum(t for _, t, _ in work) / total, "tflops": rate / 1e12,
@@ -199,7 +214,8 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
     del runner, engine
     _free(cuda)
     if hf:
-        out.update(measure_hf(feeder, data, model_cfg, device, out_precision(flags), recompute, steps, warmup))
+        out.update(measure_hf(feeder, data, model_cfg, device, out_precision(flags), recompute, steps, warmup,
+                              repeat))
         out["speedup_vs_hf"] = out["tokens_per_s"] / out["hf_tokens_per_s"]
     return out
 
@@ -210,10 +226,13 @@ def _free(cuda: bool) -> None:
     import torch
     gc.collect()
     if cuda:
-        torch.cuda.empty_cache()
+        try:
+            torch.cuda.empty_cache()
+        except Exception:           # a CUDA context already lost: main() stops at the error
+            pass
 
 
-def profile_best(rows: list, warmup: int, steps: int, out_dir: str) -> dict:
+def profile_best(rows: list, warmup: int, steps: int, out_dir: str, repeat: int = 0) -> dict:
     """Profile the configuration with the most tokens/s (benchmarks/step_profile.py); write DIR/trace.json and
     DIR/profile.json, print where the step's time goes."""
     from benchmarks.step_profile import describe, profile_steps
@@ -223,8 +242,8 @@ def profile_best(rows: list, warmup: int, steps: int, out_dir: str) -> dict:
     runner = build(best["flags"], best["compile"])
     engine = runner.engine
     for step in range(warmup):
-        train_step(engine, runner.feeder.step(step))
-    summary = profile_steps(lambda i: train_step(engine, runner.feeder.step(warmup + i)), steps,
+        train_step(engine, _batch(runner.feeder, step, repeat))
+    summary = profile_steps(lambda i: train_step(engine, _batch(runner.feeder, warmup + i, repeat)), steps,
                             os.path.join(out_dir, "trace.json"), engine.device.type == "cuda")
     summary["configuration"] = {k: best[k] for k in ("size", "precision", "recompute", "max_tokens", "compile")}
     with open(os.path.join(out_dir, "profile.json"), "w", encoding="utf-8") as f:
@@ -254,16 +273,44 @@ def _print_row(row: dict, hf: bool) -> None:
               f"{row['hf_tokens_per_s']:,.0f} tokens/s; ours {row['speedup_vs_hf']:.2f}×", flush=True)
 
 
+def _device_lost(error: Exception) -> bool:
+    """A CUDA error after which the process cannot use the device again (an illegal memory access, say)."""
+    import torch
+    accelerator_error = getattr(torch, "AcceleratorError", ())
+    return isinstance(error, accelerator_error) or "CUDA error" in str(error)
+
+
+def _write_rows(path: str | None, rows: list) -> None:
+    if path:
+        from preprocess.textio import atomic_write
+        with atomic_write(path) as f:
+            json.dump(rows, f, indent=1)
+
+
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     import torch
+
+    from model.costs import peak_flops
     cuda = torch.cuda.is_available()
     size = args.size or ("big" if cuda else "tiny")
     precisions = args.precision or (["bf16", "fp32"] if cuda else ["fp32"])
     recomputes = args.recompute if args.recompute is not None else ([0, 1] if cuda else [0])
     max_tokens = args.max_tokens or ([8192, 16384, 25000] if size == "big" else [512, 1024])
+    for precision in precisions if args.device_peak else []:
+        if peak_flops(args.device_peak, precision) is None:
+            raise UserError(f"--device_peak {args.device_peak}: no {precision} peak known for it (model/costs.py "
+                            f"PEAK_FLOPS lists H100, H100 PCIe, H200, A100)")
+    if args.repeat_batches and args.warmup < 2 * args.repeat_batches:
+        print(f"note: --warmup {args.warmup} < 2 × --repeat_batches {args.repeat_batches}: a CUDA graph is "
+              f"recorded at a shape's second call, so some measured steps record instead of replaying", flush=True)
+    graphs = any(m in ("reduce-overhead", "max-autotune") for m in args.compile)
+    if args.profile and cuda and graphs:
+        # CUPTI must be set up before the first graph is captured, or a later profile misses the graphs' kernels
+        from torch.profiler._utils import _init_for_cuda_graphs
+        _init_for_cuda_graphs()
     tsv, tok = default_data(args)
-    rows = []
+    rows, lost = [], None
     for precision in precisions:
         for recompute in recomputes:
             for tokens in max_tokens:
@@ -273,20 +320,26 @@ def main(argv=None) -> int:
                              "--recompute", bool(recompute), "--max_tokens", tokens,
                              "--output_dir", os.path.join(args.workdir, "run")]
                     row = {"size": size, "precision": precision, "recompute": bool(recompute),
-                           "max_tokens": tokens, "compile": mode}
-                    try:
-                        row.update(measure(flags, mode, args.steps, args.warmup, args.device_peak, args.hf))
-                    except RuntimeError as e:     # out of memory, a compiler failure: this variant's answer
-                        row["error"] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:300]}"
-                        _free(cuda)
+                           "max_tokens": tokens, "compile": mode, "repeat_batches": args.repeat_batches}
+                    if lost:
+                        row["error"] = f"not run: the device was lost earlier ({lost})"
+                    else:
+                        try:
+                            row.update(measure(flags, mode, args.steps, args.warmup, args.device_peak, args.hf,
+                                               args.repeat_batches))
+                        except UserError:
+                            raise
+                        except Exception as e:   # out of memory, a compiler failure: this variant's answer
+                            row["error"] = f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}"
+                            lost = row["error"] if _device_lost(e) else None
+                        _free(cuda)              # after the except block: its traceback held the failed engine
                     _print_row(row, args.hf)
                     rows.append({**row, "flags": [str(f) for f in flags]})
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=1)
-    if args.profile and any("error" not in r for r in rows):
-        profile_best(rows, args.warmup, args.profile_steps, args.profile)
-    return 0 if any("error" not in r for r in rows) else 1
+                    _write_rows(args.json, rows)
+    done = [r for r in rows if "error" not in r]
+    if args.profile and done and not lost:
+        profile_best(rows, args.warmup, args.profile_steps, args.profile, args.repeat_batches)
+    return 0 if done and not lost else 1
 
 
 if __name__ == "__main__":

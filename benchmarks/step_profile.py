@@ -94,9 +94,11 @@ def summarize_trace(events: list[dict], top: int = 8) -> dict:
     out["host_syncs"] = {name: count / n for name, count in sorted(syncs.items())}
     ops = [e for e in inside if e.get("cat") == "cpu_op"]
     own = _self_times(ops)
-    main = {(e["pid"], e["tid"]) for e in steps}         # the thread that ran the steps: what it did outside ops
-    in_main = sum(v for v in _self_times([e for e in ops if (e["pid"], e["tid"]) in main]).values())
+    # the thread that ran the steps, and the others: on CUDA, autograd runs backward on a device thread of its own
+    main = {(e["pid"], e["tid"]) for e in steps}
+    in_main = sum(_self_times([e for e in ops if (e["pid"], e["tid"]) in main]).values())
     out["host_outside_ops_ms"] = max(0.0, wall_us - in_main) / n / 1e3
+    out["host_other_threads_ops_ms"] = (sum(own.values()) - in_main) / n / 1e3
     host_kind: dict[str, float] = defaultdict(float)
     for name, us in own.items():
         host_kind[kind_of(name)] += us
@@ -106,7 +108,9 @@ def summarize_trace(events: list[dict], top: int = 8) -> dict:
 
 
 def profile_steps(step_fn, steps: int, trace_path: str, cuda: bool) -> dict:
-    """Run `step_fn(i)` for i in range(steps) under torch.profiler; write the Chrome trace; its summary."""
+    """Run `step_fn(i)` for i in range(steps) under torch.profiler; write the Chrome trace; its summary. On CUDA
+    each step ends in a torch.cuda.synchronize() of this function's (so the step's kernels fall inside its mark):
+    that one cudaDeviceSynchronize a step is taken out of the host syncs counted."""
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -117,7 +121,14 @@ def profile_steps(step_fn, steps: int, trace_path: str, cuda: bool) -> dict:
                 if cuda:
                     torch.cuda.synchronize()
     prof.export_chrome_trace(trace_path)
-    return summarize_trace(_load(trace_path))
+    summary = summarize_trace(_load(trace_path))
+    summary["cuda"] = cuda
+    if cuda:
+        syncs = summary["host_syncs"]
+        syncs["cudaDeviceSynchronize"] = syncs.get("cudaDeviceSynchronize", 1) - 1
+        if syncs["cudaDeviceSynchronize"] <= 0:
+            del syncs["cudaDeviceSynchronize"]
+    return summary
 
 
 def describe(summary: dict) -> list[str]:
@@ -134,9 +145,15 @@ def describe(summary: dict) -> list[str]:
     if dev:
         lines.append(f"  host: {summary['launches']:.0f} kernel launches a step; synchronizing calls a step: "
                      f"{syncs}; device→host copies {dev['device_to_host_copies']:g}")
+    elif summary.get("cuda"):
+        lines.append("  a CUDA run with no kernel events recorded: the trace is incomplete (CUPTI lost them; CUDA "
+                     "graphs captured before profiling do this) — do not read it as an idle device")
     else:
         lines.append("  no device activity in this profile (a CPU run): the host's operators are the step")
-    lines.append(f"  host operators' own time: {kinds(summary['host_ops_ms_by_kind'])} ms; outside operators "
-                 f"(Python, DeepSpeed, data) {summary['host_outside_ops_ms']:.1f} ms a step")
+    lines.append(f"  host operators' own time: {kinds(summary['host_ops_ms_by_kind'])} ms; the stepping thread "
+                 f"outside operators {summary['host_outside_ops_ms']:.1f} ms a step (Python, DeepSpeed, data"
+                 + (", waiting for backward" if summary["host_other_threads_ops_ms"] > 0 else "") + "); "
+                 f"other threads' operators {summary['host_other_threads_ops_ms']:.1f} ms (autograd's device thread "
+                 "runs backward on CUDA)")
     lines += [f"    {ms:8.2f} ms  {name}" for name, ms in summary["top_host_ops_ms"]]
     return lines
