@@ -29,8 +29,8 @@ def test_the_headline_stage_runs_ours_and_transformers_on_the_cpu(tmp_path):
     assert sorted(os.listdir(tmp_path / "out")) == ["headline.json", "session.log"]    # the data went to WORK
 
 
-def test_a_stage_with_no_time_left_is_skipped_and_an_unknown_one_refused(tmp_path):
+def test_a_stage_with_no_time_left_is_skipped_and_an_unknown_one_refused_before_any_runs(tmp_path):
     proc = _run(tmp_path, "headline", BUDGET_S="5")
     assert proc.returncode == 0 and "== headline: skipped" in proc.stdout
-    proc = _run(tmp_path, "headlines")
-    assert proc.returncode == 2 and "unknown stage headlines" in proc.stderr
+    proc = _run(tmp_path, "headline", "compiel")
+    assert proc.returncode == 2 and "unknown stage compiel" in proc.stderr and "== headline" not in proc.stdout
