@@ -11,12 +11,13 @@ The data is the bundled Multi30k (French → English; a TSV and a BPE tokenizer 
 --file_path/--tokenizer are given). The model is the transformer-big recipe's (recipes/transformer-big-wmt14-en-fr:
 d_model 1024, 16 heads, FFN 4096, 6+6 layers, shared embeddings, dropout 0.3, label smoothing 0.1) or, with --size
 tiny (the default without CUDA), d_model 32, 4 heads, FFN 64, 2+2 layers, so CI keeps the script working. FLOPs are
-model.costs's count (the one plan.py and metrics.jsonl use); MFU only against a device in model.costs.PEAK_FLOPS
-(the CUDA device's own name by default, or --device_peak NAME), never a guessed peak. Figures: the median step
-after --warmup steps. --hf also trains `transformers`' Blenderbot of the same dimensions (the architecture
-run_scripts/export_hf.py exports to) on the very same batches — a plain torch loop: fused AdamW, autocast for bf16,
-gradient checkpointing for recompute, the same label-smoothed cross-entropy over the non-PAD targets — as the
-reference. --compile MODE compiles every block of our model with torch.compile (dynamic shapes: token batches
+model.costs's count (the one plan.py and metrics.jsonl use); MFU only against a device in model.costs.PEAK_FLOPS (the
+CUDA device's own name by default, or --device_peak NAME), never a guessed peak. Figures: medians over the steps after
+--warmup (of step time, and of each step's tokens / time and FLOPs / time), so one slow step — a recompile — does not
+move them; slowest_step_s shows it. --hf also trains `transformers`' Blenderbot of the same dimensions (the
+architecture run_scripts/export_hf.py exports to) on the very same batches — a plain torch loop: fused AdamW, autocast
+for bf16, gradient checkpointing for recompute, the same label-smoothed cross-entropy over the non-PAD targets — as
+the reference. --compile MODE compiles every block of our model with torch.compile (dynamic shapes: token batches
 change shape) and with inductor's random numbers drawn as eager's are (`fallback_random`: recompute's replay and the
 comparison with eager need the same dropout masks), so a compiled row's loss equals the eager row's to rounding.
 `reduce-overhead` is the CUDA-graph variant, but inductor records a graph per input shape and replays it only when
@@ -132,7 +133,7 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
     pad = data.pad_id
     if cuda:
         torch.cuda.reset_peak_memory_stats(device)
-    times, tokens = [], 0
+    times, tokens = [], []
 
     def train(batches):
         for (src, tgt), labels in batches:
@@ -149,10 +150,16 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
         seconds = _timed(lambda batches=batches: train(batches), cuda)
         if step >= warmup:
             times.append(seconds)
-            tokens += batches.src_tokens + batches.global_tokens
+            tokens.append(batches.src_tokens + batches.global_tokens)
     mem = (torch.cuda.max_memory_allocated(device) / 2 ** 20) if cuda else None
-    return {"hf_median_step_s": statistics.median(times), "hf_tokens_per_s": tokens / sum(times),
+    return {"hf_median_step_s": statistics.median(times), "hf_tokens_per_s": _median_rate(tokens, times),
             "hf_peak_mem_mib": round(mem, 1) if mem is not None else None}
+
+
+def _median_rate(amounts: list, seconds: list) -> float:
+    """The median over steps of amount / time: a step that recompiled (or waited on anything else once) does not
+    move it, as it would move total amount / total time."""
+    return statistics.median(a / t for a, t in zip(amounts, seconds))
 
 
 def build(flags: list, compile_mode: str):
@@ -199,14 +206,13 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
                          model_flops(engine.model_cfg, batches.src_tokens, batches.global_tokens, batches.pairs,
                                      *batches.lengths)))
     per_step = statistics.median(times)
-    total = sum(times)
-    tokens = sum(s + t for s, t, _ in work)
-    rate = sum(f for _, _, f in work) / total
+    rate = _median_rate([f for _, _, f in work], times)
     name = peak_name or (device_name(engine.device) if cuda else None)
     peak = peak_flops(name, engine.precision) if name else None
     mem = SpeedMeter(engine.model_cfg, 1, engine.precision, engine.device).peak_memory_mib()
-    out = {"median_step_s": per_step, "tokens_per_s": tokens / total, "target_tokens_per_s":
-           sum(t for _, t, _ in work) / total, "tflops": rate / 1e12,
+    out = {"median_step_s": per_step, "slowest_step_s": max(times),
+           "tokens_per_s": _median_rate([s + t for s, t, _ in work], times),
+           "target_tokens_per_s": _median_rate([t for _, t, _ in work], times), "tflops": rate / 1e12,
            "mfu": rate / peak if peak else None, "peak_device": name if peak else None, "peak_mem_mib": round(mem, 1),
            "device": device_name(engine.device), "loss": loss}
     feeder, data, model_cfg, device = runner.feeder, runner.data, engine.model_cfg, engine.device
