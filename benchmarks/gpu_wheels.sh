@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The Python packages train.py needs that the lent GPU machines' image lacks (its list: the device library's
 # KINDS.md), as wheels for its Python 3.12, in .whl/ (git-ignored, about 6 MB) — the versions installed here, so the
-# GPU runs the code CI tests. Run here, where pip reaches an index; then carry .whl to the device
-# (benchmarks/gpu_session.sh installs them there).
+# GPU runs the code CI tests; typing-extensions too, since pydantic-core needs a recent one (its Sentinel) and the
+# image's version is not known. Run here, where pip reaches an index; then carry .whl to the device
+# (benchmarks/gpu_session.sh installs them there). Checked with Python 3.12.1's pip: they install with --target
+# and pydantic imports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=.whl
@@ -11,7 +13,7 @@ version() { python3 -c "import importlib.metadata as m; print(m.version('$1'))";
 # DeepSpeed is published as a source archive only: build its (pure-Python) wheel, no ops compiled ahead
 DS_BUILD_OPS=0 python3 -m pip wheel -q --no-deps --no-build-isolation "deepspeed==$(version deepspeed)" -w "$DEST"
 PACKAGES=()
-for name in hjson datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection; do
+for name in hjson datasets dill multiprocess pydantic pydantic-core annotated-types typing-inspection typing-extensions; do
     PACKAGES+=("$name==$(version "$name")")
 done
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
