@@ -90,6 +90,11 @@ def summarize_trace(events: list[dict], top: int = 8) -> dict:
             "top_kernels_ms": [(name, us / n / 1e3) for name, us in by_name.most_common(top)],
             "device_to_host_copies": sum("DtoH" in e["name"] for e in kernels) / n}
     out["launches"] = sum(bool(LAUNCH.match(e["name"])) for e in runtime) / n
+    # the same count without names: host calls whose correlation id a kernel carries (a runtime call that a CUPTI
+    # older than the CUDA release names "INVALID" still counts here)
+    launched = {e.get("args", {}).get("correlation") for e in kernels if e["cat"] == "kernel"} - {None}
+    if launched:
+        out["launches_by_correlation"] = sum(e.get("args", {}).get("correlation") in launched for e in runtime) / n
     syncs = Counter(e["name"] for e in runtime if SYNC.match(e["name"]))
     out["host_syncs"] = {name: count / n for name, count in sorted(syncs.items())}
     ops = [e for e in inside if e.get("cat") == "cpu_op"]
@@ -143,7 +148,9 @@ def describe(summary: dict) -> list[str]:
         lines += [f"    {ms:8.2f} ms  {name}" for name, ms in dev["top_kernels_ms"]]
     syncs = ", ".join(f"{name} {count:g}" for name, count in summary["host_syncs"].items()) or "none"
     if dev:
-        lines.append(f"  host: {summary['launches']:.0f} kernel launches a step; synchronizing calls a step: "
+        by_id = summary.get("launches_by_correlation")
+        other = f" ({by_id:.0f} by correlation id)" if by_id is not None and by_id != summary["launches"] else ""
+        lines.append(f"  host: {summary['launches']:.0f} kernel launches a step{other}; synchronizing calls a step: "
                      f"{syncs}; device→host copies {dev['device_to_host_copies']:g}")
     elif summary.get("cuda"):
         lines.append("  a CUDA run with no kernel events recorded: the trace is incomplete (CUPTI lost them; CUDA "

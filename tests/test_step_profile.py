@@ -6,8 +6,11 @@ import pytest
 from benchmarks.step_profile import STEP_MARK, describe, kind_of, profile_steps, summarize_trace
 
 
-def _x(cat, name, ts, dur, tid=1):
-    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+def _x(cat, name, ts, dur, tid=1, correlation=None):
+    event = {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 7, "tid": tid}
+    if correlation is not None:
+        event["args"] = {"correlation": correlation}
+    return event
 
 
 def _gpu_shaped_trace():
@@ -16,21 +19,22 @@ def _gpu_shaped_trace():
         events += [
             _x("cpu_op", "aten::linear", base + 1, 10), _x("cpu_op", "aten::addmm", base + 2, 6),   # own 4 and 6
             _x("cpu_op", "aten::_fused_adamw_", base + 60, 5),
-            _x("cuda_runtime", "cudaLaunchKernel", base + 3, 1), _x("cuda_runtime", "cuLaunchKernelEx", base + 4, 1),
-            _x("cuda_runtime", "cudaLaunchKernelExC", base + 61, 1),
+            _x("cuda_runtime", "cudaLaunchKernel", base + 3, 1, correlation=base + 1),
+            _x("cuda_runtime", "cuLaunchKernelEx", base + 4, 1, correlation=base + 2),
+            _x("cuda_runtime", "cudaLaunchKernelExC", base + 61, 1, correlation=base + 4),
             _x("cuda_runtime", "cudaStreamSynchronize", base + 90, 5),
             _x("cuda_runtime", "cudaMemcpyAsync", base + 89, 1),
-            _x("kernel", "nvjet_tst_192x192_64x4_1x2_h_bz_coopB_TNT", base + 10, 30, tid=9),
-            _x("kernel", "pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<64>>", base + 35, 10, tid=9),
-            _x("kernel", "void at::native::vectorized_elementwise_kernel<4, GeluCUDAKernelImpl>", base + 50, 10, tid=9),
-            _x("kernel", "void at::native::multi_tensor_apply_kernel<FusedAdamMathFunctor>", base + 70, 5, tid=9),
+            _x("kernel", "nvjet_tst_192x192_64x4_1x2_h_bz_coopB_TNT", base + 10, 30, tid=9, correlation=base + 1),
+            _x("kernel", "pytorch_flash::flash_fwd_kernel<Traits>", base + 35, 10, tid=9, correlation=base + 2),
+            _x("kernel", "vectorized_elementwise_kernel<4, Gelu>", base + 50, 10, tid=9, correlation=base + 3),
+            _x("kernel", "multi_tensor_apply_kernel<FusedAdam>", base + 70, 5, tid=9, correlation=base + 4),
             _x("gpu_memcpy", "Memcpy DtoH (Device -> Pageable)", base + 89, 1, tid=9),
             # backward's operators on autograd's device thread; a graph launch; what is not to be counted: the GPU
             # copy of the step mark, an unnamed runtime call, a flow arrow
             _x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", base + 20, 8, tid=2),
             _x("cuda_runtime", "cudaGraphLaunch", base + 62, 1),
             {**_x("gpu_user_annotation", STEP_MARK, base + 10, 80, tid=9), "pid": 0},
-            _x("cuda_runtime", "INVALID", base + 5, 1),
+            _x("cuda_runtime", "INVALID", base + 5, 1, correlation=base + 3),   # launched the GELU
             {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": base, "ts": base + 3, "pid": 7, "tid": 1},
         ]
     return events
@@ -47,6 +51,7 @@ def test_a_gpu_shaped_trace_is_read_as_worked_out_by_hand():
                                                "optimizer": 0.005, "memory copy/set": 0.001})
     assert dev["kernels"] == 4 and dev["device_to_host_copies"] == 1
     assert s["launches"] == 4 and s["host_syncs"] == {"cudaStreamSynchronize": 1}
+    assert s["launches_by_correlation"] == 4          # the graph launch has no kernel here; the INVALID call has
     assert s["host_ops_ms_by_kind"] == pytest.approx({"matmul": 0.006, "optimizer": 0.005, "other": 0.012})
     assert s["host_outside_ops_ms"] == pytest.approx(0.1 - 0.015)        # the stepping thread's own
     assert s["host_other_threads_ops_ms"] == pytest.approx(0.008)
