@@ -166,6 +166,8 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, 
     import tempfile
 
     import psutil
+
+    from training.core.distributed import free_port  # not a port near 29500 that another job may hold
     out_dir = work / f"train-{tsv.stem}-{ranks}{'-tokens' if extra else ''}"
     if out_dir.exists():
         shutil.rmtree(out_dir)
@@ -174,7 +176,7 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, 
             str(out_dir), *TRAIN_FLAGS, *extra]
     cmd = ([sys.executable, script] if ranks == 1 else
            [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
-            str(29500 + os.getpid() % 1000), script])
+            str(free_port()), script])
     with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
         start = time.perf_counter()
         proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", timing.name, *cmd, *args], cwd=ROOT, env=env(),
