@@ -48,8 +48,7 @@ SIZES = {
     "tiny": ["--d_model", 32, "--num_heads", 4, "--ffn_size", 64, "--encoder_layer", 2, "--decoder_layer", 2,
              "--src_len", 32, "--tgt_len", 32, "--dropout", 0.1],
 }
-COMPILE_MODES = {"none": None, "default": "default", "reduce-overhead": "reduce-overhead",
-                 "max-autotune": "max-autotune"}
+COMPILE_MODES = ("none", "default", "reduce-overhead", "max-autotune")     # none: eager; the others torch.compile's
 COMMON = ["--share_embeddings", "true", "--label_smoothing", 0.1, "--lr", 5e-4, "--tensorboard", 0,
           "--log_interval", 10 ** 6]
 
@@ -101,15 +100,16 @@ def default_data(args) -> tuple[str, str]:
     return tsv, tok
 
 
-def _timed(step_fn, cuda: bool) -> float:
+def _timed(step_fn, cuda: bool):
+    """(what step_fn returned, its seconds), the device's queue empty before and after."""
     import torch
     if cuda:
         torch.cuda.synchronize()
     start = time.perf_counter()
-    step_fn()
+    result = step_fn()
     if cuda:
         torch.cuda.synchronize()
-    return time.perf_counter() - start
+    return result, time.perf_counter() - start
 
 
 def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool, steps: int, warmup: int,
@@ -147,7 +147,7 @@ def measure_hf(feeder, data, model_cfg, device, precision: str, recompute: bool,
         optimizer.zero_grad(set_to_none=True)
     for step in range(warmup + steps):
         batches = _batch(feeder, step, repeat)
-        seconds = _timed(lambda batches=batches: train(batches), cuda)
+        _, seconds = _timed(lambda batches=batches: train(batches), cuda)
         if step >= warmup:
             times.append(seconds)
             tokens.append(batches.src_tokens + batches.global_tokens)
@@ -167,13 +167,13 @@ def build(flags: list, compile_mode: str):
     import torch
 
     from benchmarks.common import build_ours
-    if COMPILE_MODES[compile_mode]:
+    if compile_mode != "none":
         torch._dynamo.reset()       # a fresh cache per variant: no recompile limit carried over, graph pools freed
         torch._inductor.config.fallback_random = True       # eager's dropout masks: recompute replays them exactly
     runner = build_ours([str(f) for f in flags])
-    if COMPILE_MODES[compile_mode]:
+    if compile_mode != "none":
         for block in runner.engine.module.blocks:
-            block.compile(dynamic=True, mode=COMPILE_MODES[compile_mode])
+            block.compile(dynamic=True, mode=compile_mode)
     return runner
 
 
@@ -195,11 +195,7 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
     times, work, loss = [], [], None
     for step in range(warmup + steps):
         batches = _batch(runner.feeder, step, repeat)
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss = train_step(engine, batches)        # ends in a read of the loss: the step's work is done
-        seconds = time.perf_counter() - start
+        loss, seconds = _timed(lambda b=batches, e=engine: train_step(e, b), cuda)  # ends reading the loss
         if step >= warmup:
             times.append(seconds)
             work.append((batches.src_tokens, batches.global_tokens,
@@ -216,12 +212,11 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
            "mfu": rate / peak if peak else None, "peak_device": name if peak else None, "peak_mem_mib": round(mem, 1),
            "device": device_name(engine.device), "loss": loss}
     feeder, data, model_cfg, device = runner.feeder, runner.data, engine.model_cfg, engine.device
-    recompute = engine.parallel.recompute
+    precision, recompute = engine.precision, engine.parallel.recompute
     del runner, engine
     _free(cuda)
     if hf:
-        out.update(measure_hf(feeder, data, model_cfg, device, out_precision(flags), recompute, steps, warmup,
-                              repeat))
+        out.update(measure_hf(feeder, data, model_cfg, device, precision, recompute, steps, warmup, repeat))
         out["speedup_vs_hf"] = out["tokens_per_s"] / out["hf_tokens_per_s"]
     return out
 
@@ -252,16 +247,11 @@ def profile_best(rows: list, warmup: int, steps: int, out_dir: str, repeat: int 
     summary = profile_steps(lambda i: train_step(engine, _batch(runner.feeder, warmup + i, repeat)), steps,
                             os.path.join(out_dir, "trace.json"), engine.device.type == "cuda")
     summary["configuration"] = {k: best[k] for k in ("size", "precision", "recompute", "max_tokens", "compile")}
-    with open(os.path.join(out_dir, "profile.json"), "w", encoding="utf-8") as f:
-        json.dump(summary, f, indent=1)
+    _write_json(os.path.join(out_dir, "profile.json"), summary)
     print(f"profile of the fastest configuration {summary['configuration']} → {out_dir}/trace.json")
     for line in describe(summary):
         print(line)
     return summary
-
-
-def out_precision(flags: list) -> str:
-    return str(flags[flags.index("--precision") + 1])
 
 
 def _print_row(row: dict, hf: bool) -> None:
@@ -286,11 +276,11 @@ def _device_lost(error: Exception) -> bool:
     return isinstance(error, accelerator_error) or "CUDA error" in str(error)
 
 
-def _write_rows(path: str | None, rows: list) -> None:
+def _write_json(path: str | None, value) -> None:
     if path:
         from preprocess.textio import atomic_write
         with atomic_write(path) as f:
-            json.dump(rows, f, indent=1)
+            json.dump(value, f, indent=1)
 
 
 def main(argv=None) -> int:
@@ -341,7 +331,7 @@ def main(argv=None) -> int:
                         _free(cuda)              # after the except block: its traceback held the failed engine
                     _print_row(row, args.hf)
                     rows.append({**row, "flags": [str(f) for f in flags]})
-                    _write_rows(args.json, rows)
+                    _write_json(args.json, rows)
     done = [r for r in rows if "error" not in r]
     if args.profile and done and not lost:
         profile_best(rows, args.warmup, args.profile_steps, args.profile, args.repeat_batches)
