@@ -146,8 +146,7 @@ class _RankFiles:
     params: list                    # (canonical name, parameter); a pipeline's tied replica is saved by its owner
     keys: tuple
     gathers: bool
-    writes: bool
-    shard_path: str | None
+    shard_path: str | None         # None: not this rank's shard to write
     shard_ids: dict
     rng_path: str | None
     rng_ids: dict
@@ -159,7 +158,7 @@ class _RankFiles:
         return cls(params=[(canonical_name(n), p) for n, p in engine.module.named_parameters()
                            if not getattr(p, "ds_pipe_replicated", False)],
                    keys=("param",) if weights_only else KEYS,
-                   gathers=writes or state.partitioned, writes=writes,
+                   gathers=writes or state.partitioned,
                    shard_path=os.path.join(tmp, shard_file(ctx.pp_rank, ctx.tp_rank)) if writes else None,
                    shard_ids={**ids, "pp_rank": ctx.pp_rank, "tp_rank": ctx.tp_rank},
                    rng_path=None if weights_only else os.path.join(tmp, rng_file(rank)),
@@ -179,7 +178,8 @@ class _RankFiles:
     def snapshot_writer(self, state, step: int, staging):
         """Gather into a host snapshot now (the collectives stay on the training thread); the returned function
         writes the same bytes as `write_now` from the snapshot, on the background thread."""
-        values = _snapshot_shard(state, self.params, self.keys, staging, keep=self.writes) if self.gathers else None
+        writes = self.shard_path is not None
+        values = _snapshot_shard(state, self.params, self.keys, staging, keep=writes) if self.gathers else None
         rng = ({n: t.clone() for n, t in rng_tensors(RNG.get_state()).items()} if self.rng_path is not None
                else None)
 
