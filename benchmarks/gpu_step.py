@@ -9,7 +9,8 @@ model TFLOP/s, MFU against a named device's dense peak, peak memory — per prec
 
 The data is the bundled Multi30k (French → English; a TSV and a BPE tokenizer are made in --workdir unless
 --file_path/--tokenizer are given). The model is the transformer-big recipe's (recipes/transformer-big-wmt14-en-fr:
-d_model 1024, 16 heads, FFN 4096, 6+6 layers, shared embeddings, dropout 0.3, label smoothing 0.1) or, with --size
+d_model 1024, 16 heads, FFN 4096, 6+6 layers, the recipe's 32k vocabulary (its softmax and embedding table; the ids
+come from the smaller Multi30k tokenizer), shared embeddings, dropout 0.3, label smoothing 0.1) or, with --size
 tiny (the default without CUDA), d_model 32, 4 heads, FFN 64, 2+2 layers, so CI keeps the script working. FLOPs are
 model.costs's count (the one plan.py and metrics.jsonl use); MFU only against a device in model.costs.PEAK_FLOPS (the
 CUDA device's own name by default, or --device_peak NAME), never a guessed peak. Figures: medians over the steps after
@@ -24,9 +25,10 @@ comparison with eager need the same dropout masks), so a compiled row's loss equ
 the shape comes again — packed token batches almost never repeat one; --repeat_batches K cycles K batches, so its
 rows show what replayed graphs would give (an upper bound). A variant that fails (out of memory, a compiler error) is
 reported in its row and the others go on; a CUDA error that leaves the device unusable ends the run with what it
-has. --json is rewritten after every row. --profile DIR profiles the fastest configuration
-(benchmarks/step_profile.py: device kernels by kind, idle share, launches, host syncs; the Chrome trace is
-DIR/trace.json).
+has. Each row is printed and --json rewritten as soon as our figures are in, before the profile and before
+`transformers` runs (whose failure is the row's `hf_error`, ours kept). --profile DIR profiles the first
+configuration that ran, on its warm engine right after its measured steps (benchmarks/step_profile.py: device kernels
+by kind, idle share, launches, host syncs; the Chrome trace is DIR/trace.json).
 """
 from __future__ import annotations
 
@@ -43,8 +45,8 @@ sys.path.insert(0, ROOT)           # first: this folder's common.py would otherw
 from common.errors import UserError, run_cli
 
 SIZES = {
-    "big": ["--d_model", 1024, "--num_heads", 16, "--ffn_size", 4096, "--encoder_layer", 6, "--decoder_layer", 6,
-            "--src_len", 256, "--tgt_len", 256, "--dropout", 0.3, "--attention_dropout", 0.0],
+    "big": ["--vocab_size", 32000, "--d_model", 1024, "--num_heads", 16, "--ffn_size", 4096, "--encoder_layer", 6,
+            "--decoder_layer", 6, "--src_len", 256, "--tgt_len", 256, "--dropout", 0.3, "--attention_dropout", 0.0],
     "tiny": ["--d_model", 32, "--num_heads", 4, "--ffn_size", 64, "--encoder_layer", 2, "--decoder_layer", 2,
              "--src_len", 32, "--tgt_len", 32, "--dropout", 0.1],
 }
@@ -79,7 +81,8 @@ def parse(argv):
     p.add_argument("--hf", action="store_true", help="also train transformers' equivalent model on the same batches")
     p.add_argument("--json", default=None, metavar="OUT", help="write the figures here as JSON")
     p.add_argument("--profile", default=None, metavar="DIR",
-                   help="profile the fastest configuration: DIR/trace.json (Chrome trace) and DIR/profile.json")
+                   help="profile the first configuration that ran (its warm engine, after its measured steps): "
+                        "DIR/trace.json (Chrome trace) and DIR/profile.json")
     p.add_argument("--profile_steps", type=int, default=3, help="steps the profile records (default 3)")
     return p.parse_args(argv)
 
@@ -181,14 +184,13 @@ def _batch(feeder, step: int, repeat: int):
     return feeder.step(step % repeat if repeat else step)
 
 
-def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, hf: bool = False,
-            repeat: int = 0) -> dict:
+def measure(runner, steps: int, warmup: int, peak_name, repeat: int = 0) -> dict:
+    """Our step's figures: `warmup` steps, then `steps` timed ones on the runner's engine."""
     import torch
 
     from model.costs import model_flops, peak_flops
     from training.core.speed import SpeedMeter, device_name
     from training.core.step import train_step
-    runner = build(flags, compile_mode)
     engine, cuda = runner.engine, runner.engine.device.type == "cuda"
     if cuda:
         torch.cuda.reset_peak_memory_stats(engine.device)
@@ -206,19 +208,18 @@ def measure(flags: list, compile_mode: str, steps: int, warmup: int, peak_name, 
     name = peak_name or (device_name(engine.device) if cuda else None)
     peak = peak_flops(name, engine.precision) if name else None
     mem = SpeedMeter(engine.model_cfg, 1, engine.precision, engine.device).peak_memory_mib()
-    out = {"median_step_s": per_step, "slowest_step_s": max(times),
-           "tokens_per_s": _median_rate([s + t for s, t, _ in work], times),
-           "target_tokens_per_s": _median_rate([t for _, t, _ in work], times), "tflops": rate / 1e12,
-           "mfu": rate / peak if peak else None, "peak_device": name if peak else None, "peak_mem_mib": round(mem, 1),
-           "device": device_name(engine.device), "loss": loss}
-    feeder, data, model_cfg, device = runner.feeder, runner.data, engine.model_cfg, engine.device
-    precision, recompute = engine.precision, engine.parallel.recompute
-    del runner, engine
-    _free(cuda)
-    if hf:
-        out.update(measure_hf(feeder, data, model_cfg, device, precision, recompute, steps, warmup, repeat))
-        out["speedup_vs_hf"] = out["tokens_per_s"] / out["hf_tokens_per_s"]
-    return out
+    return {"median_step_s": per_step, "slowest_step_s": max(times),
+            "tokens_per_s": _median_rate([s + t for s, t, _ in work], times),
+            "target_tokens_per_s": _median_rate([t for _, t, _ in work], times), "tflops": rate / 1e12,
+            "mfu": rate / peak if peak else None, "peak_device": name if peak else None,
+            "peak_mem_mib": round(mem, 1), "device": device_name(engine.device), "loss": loss}
+
+
+def hf_inputs(runner) -> tuple:
+    """What measure_hf needs of our runner (so the runner, and its device memory, can go first)."""
+    engine = runner.engine
+    return (runner.feeder, runner.data, engine.model_cfg, engine.device, engine.precision,
+            engine.parallel.recompute)
 
 
 def _free(cuda: bool) -> None:
@@ -233,28 +234,25 @@ def _free(cuda: bool) -> None:
             pass
 
 
-def profile_best(rows: list, warmup: int, steps: int, out_dir: str, repeat: int = 0) -> dict:
-    """Profile the configuration with the most tokens/s (benchmarks/step_profile.py); write DIR/trace.json and
+def profile_runner(runner, first_step: int, steps: int, out_dir: str, configuration: dict,
+                   repeat: int = 0) -> dict:
+    """Profile `steps` more steps of an engine already warm (benchmarks/step_profile.py); write DIR/trace.json and
     DIR/profile.json, print where the step's time goes."""
     from benchmarks.step_profile import describe, profile_steps
     from training.core.step import train_step
-    best = max((r for r in rows if "error" not in r), key=lambda r: r["tokens_per_s"])
     os.makedirs(out_dir, exist_ok=True)
-    runner = build(best["flags"], best["compile"])
     engine = runner.engine
-    for step in range(warmup):
-        train_step(engine, _batch(runner.feeder, step, repeat))
-    summary = profile_steps(lambda i: train_step(engine, _batch(runner.feeder, warmup + i, repeat)), steps,
+    summary = profile_steps(lambda i: train_step(engine, _batch(runner.feeder, first_step + i, repeat)), steps,
                             os.path.join(out_dir, "trace.json"), engine.device.type == "cuda")
-    summary["configuration"] = {k: best[k] for k in ("size", "precision", "recompute", "max_tokens", "compile")}
+    summary["configuration"] = configuration
     _write_json(os.path.join(out_dir, "profile.json"), summary)
-    print(f"profile of the fastest configuration {summary['configuration']} → {out_dir}/trace.json")
+    print(f"profile of {configuration} → {out_dir}/trace.json", flush=True)
     for line in describe(summary):
-        print(line)
+        print(line, flush=True)
     return summary
 
 
-def _print_row(row: dict, hf: bool) -> None:
+def _print_row(row: dict) -> None:
     head = (f"{row['size']} {row['precision']} recompute={int(row['recompute'])} max_tokens={row['max_tokens']} "
             f"compile={row['compile']}")
     if "error" in row:
@@ -264,16 +262,33 @@ def _print_row(row: dict, hf: bool) -> None:
     print(f"{head}: {row['median_step_s'] * 1000:.1f} ms/step, {row['tokens_per_s']:,.0f} tokens/s, "
           f"{row['tflops']:.3f} TFLOP/s, MFU {mfu}, peak {row['peak_mem_mib']:,.0f} MiB, loss {row['loss']:.4f} "
           f"({row['device']})", flush=True)
-    if hf:
+
+
+def _print_hf(row: dict) -> None:
+    if "hf_error" in row:
+        print(f"  transformers on the same batches: failed — {row['hf_error']}", flush=True)
+    else:
         print(f"  transformers on the same batches: {row['hf_median_step_s'] * 1000:.1f} ms/step, "
               f"{row['hf_tokens_per_s']:,.0f} tokens/s; ours {row['speedup_vs_hf']:.2f}×", flush=True)
+
+
+# CUDA errors that are a shortage of memory, not a broken device: the next variant may still fit
+_OUT_OF_MEMORY = ("out of memory", "CUBLAS_STATUS_ALLOC_FAILED", "CUDNN_STATUS_ALLOC_FAILED",
+                  "CUBLAS_STATUS_NOT_INITIALIZED")
 
 
 def _device_lost(error: Exception) -> bool:
     """A CUDA error after which the process cannot use the device again (an illegal memory access, say)."""
     import torch
+    message = str(error)
+    if isinstance(error, torch.cuda.OutOfMemoryError) or any(m in message for m in _OUT_OF_MEMORY):
+        return False
     accelerator_error = getattr(torch, "AcceleratorError", ())
-    return isinstance(error, accelerator_error) or "CUDA error" in str(error)
+    return isinstance(error, accelerator_error) or "CUDA error" in message
+
+
+def _error(e: Exception) -> str:
+    return f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}"
 
 
 def _write_json(path: str | None, value) -> None:
@@ -306,7 +321,7 @@ def main(argv=None) -> int:
         from torch.profiler._utils import _init_for_cuda_graphs
         _init_for_cuda_graphs()
     tsv, tok = default_data(args)
-    rows, lost = [], None
+    rows, lost, profiled = [], None, False
     for precision in precisions:
         for recompute in recomputes:
             for tokens in max_tokens:
@@ -316,27 +331,69 @@ def main(argv=None) -> int:
                              "--recompute", bool(recompute), "--max_tokens", tokens,
                              "--output_dir", os.path.join(args.workdir, "run")]
                     row = {"size": size, "precision": precision, "recompute": bool(recompute),
-                           "max_tokens": tokens, "compile": mode, "repeat_batches": args.repeat_batches}
+                           "max_tokens": tokens, "compile": mode, "repeat_batches": args.repeat_batches,
+                           "flags": [str(f) for f in flags]}
+                    rows.append(row)
                     if lost:
                         row["error"] = f"not run: the device was lost earlier ({lost})"
-                    else:
-                        try:
-                            row.update(measure(flags, mode, args.steps, args.warmup, args.device_peak, args.hf,
-                                               args.repeat_batches))
-                        except UserError:
-                            raise
-                        except Exception as e:   # out of memory, a compiler failure: this variant's answer
-                            row["error"] = f"{type(e).__name__}: {(str(e).strip() or '-').splitlines()[0][:300]}"
-                            lost = row["error"] if _device_lost(e) else None
-                        _free(cuda)              # after the except block: its traceback held the failed engine
-                    _print_row(row, args.hf)
-                    rows.append({**row, "flags": [str(f) for f in flags]})
-                    _write_json(args.json, rows)
+                        _print_row(row)
+                        _write_json(args.json, rows)
+                        continue
+                    wants_profile = bool(args.profile) and not profiled
+                    lost = one_configuration(args, row, rows, cuda, wants_profile)
+                    profiled = profiled or (wants_profile and "error" not in row)
     done = [r for r in rows if "error" not in r]
-    if args.profile and done and not lost:
-        profile_best(rows, args.warmup, args.profile_steps, args.profile, args.repeat_batches)
     return 0 if done and not lost else 1
 
+
+def one_configuration(args, row: dict, rows: list, cuda: bool, profile: bool) -> str | None:
+    """Measure one row: ours first (printed and written at once, so a cut or a failing reference keeps it), then
+    the profile of the same warm engine, then `transformers` on the same batches (its failure is `hf_error`).
+    Returns the error that lost the device, if one did."""
+    runner, lost = None, None
+    try:
+        runner = build(row["flags"], row["compile"])
+        row.update(measure(runner, args.steps, args.warmup, args.device_peak, args.repeat_batches))
+    except UserError:
+        raise
+    except Exception as e:              # out of memory, a compiler failure: this variant's answer
+        row["error"] = _error(e)
+        lost = row["error"] if _device_lost(e) else None
+    _print_row(row)
+    _write_json(args.json, rows)
+    if "error" in row:
+        del runner
+        _free(cuda)                     # after the except block: its traceback held the failed engine
+        return lost
+    if profile:
+        configuration = {k: row[k] for k in ("size", "precision", "recompute", "max_tokens", "compile")}
+        try:
+            profile_runner(runner, args.warmup + args.steps, args.profile_steps, args.profile, configuration,
+                           args.repeat_batches)
+        except Exception as e:
+            row["profile_error"] = _error(e)
+            print(f"profile failed — {row['profile_error']}", flush=True)
+            _write_json(args.json, rows)
+            if _device_lost(e):
+                return row["profile_error"]
+    inputs = hf_inputs(runner)
+    del runner
+    _free(cuda)
+    if not args.hf:
+        return None
+    try:
+        row.update(measure_hf(*inputs, args.steps, args.warmup, args.repeat_batches))
+        row["speedup_vs_hf"] = row["tokens_per_s"] / row["hf_tokens_per_s"]
+    except Exception as e:              # the reference failed (not installed, out of memory): ours stays
+        row["hf_error"] = _error(e)
+        lost = row["hf_error"] if _device_lost(e) else None
+    else:
+        lost = None
+    del inputs
+    _free(cuda)
+    _print_hf(row)
+    _write_json(args.json, rows)
+    return lost
 
 if __name__ == "__main__":
     run_cli(main)
