@@ -376,7 +376,7 @@ def one_configuration(args, row: dict, rows: list, cuda: bool, profile: bool) ->
             _write_json(args.json, rows)
             if _device_lost(e):
                 return row["profile_error"]
-    inputs = hf_inputs(runner)
+    inputs = hf_inputs(runner) if args.hf else None
     del runner
     _free(cuda)
     if not args.hf:

@@ -52,6 +52,15 @@ def _causal(length: int, device, past: int = 0) -> torch.Tensor:
     return torch.ones(length, past + length, dtype=torch.bool, device=device).tril(past)
 
 
+def shape_agnostic_attention() -> None:
+    """Take cuDNN's attention out of torch's choice, for the process (it matters on CUDA only). On Hopper torch
+    tries cuDNN's kernel first, and cuDNN builds an execution plan for each new input shape — token batches bring a
+    new shape almost every step. On an H200 (GPU_RESULTS.md, 2026-11-28) transformer-big bf16 at 25k tokens took
+    238 ms a step with it and 114 ms without (slowest step 541 → 134 ms); flash and memory-efficient kernels take
+    any shape. Every attention layer built calls this, so training, decoding and the benchmarks all get it."""
+    torch.backends.cuda.enable_cudnn_sdp(False)
+
+
 class ParallelAttention(nn.Module):
     """Multi-head attention with this rank's heads. Self-attention fuses QKV (serial row layout: head, {q,k,v},
     head_dim, so a contiguous shard is whole heads); cross-attention has Q on the decoder and fused KV on memory.
@@ -65,6 +74,7 @@ class ParallelAttention(nn.Module):
 
     def __init__(self, cfg: ModelConfig, ctx: ParallelContext, gen: torch.Generator, cross: bool):
         super().__init__()
+        shape_agnostic_attention()
         d, self.ctx, self.cross = cfg.d_model, ctx, cross
         self.heads = cfg.num_heads // ctx.tp_size
         self.head_dim, self.p = cfg.head_dim, cfg.attention_dropout

@@ -1,6 +1,7 @@
 """Which attention form the training step gives torch: the decoder's packed self-attention is `is_causal` with no
 mask tensor (a mask rules out CUDA's flash kernel), and that form is bit-identical on CPU in fp32 to the causal &
-key-padding mask it replaced, dropout included."""
+key-padding mask it replaced, dropout included; and which kernels torch may choose (not cuDNN's, which plans per
+shape)."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,18 @@ def test_training_decoder_self_attention_passes_no_mask(monkeypatch):
     model.loss_sum(src, tgt, labels).backward()
     # per layer: encoder self (mask) ×2, then per decoder layer self (no mask, causal) and cross (mask)
     assert calls == [(False, False)] * 2 + [(True, True), (False, False)] * 2
+
+
+def test_building_the_model_takes_cudnn_attention_out_of_torchs_choice():
+    """cuDNN's attention builds a plan per input shape (token batches: a new shape nearly every step; 2.1× slower
+    steps on an H200, GPU_RESULTS.md 2026-11-28). The flag is process-wide and read on CUDA only; set on any device."""
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        Seq2SeqTransformer(ModelConfig(vocab_size=50, d_model=32, num_heads=4, ffn_size=64, encoder_layers=1,
+                                       decoder_layers=1, src_len=12, tgt_len=12), seed=3)
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_cudnn_sdp(False)
 
 
 @pytest.mark.parametrize("dropout", [0.0, 0.1])

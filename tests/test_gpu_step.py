@@ -42,10 +42,11 @@ def test_an_unknown_device_peak_is_one_line(multi30k_tsv, bpe_tokenizer, tmp_pat
 
 
 @pytest.mark.slow
-def test_compiled_variant_and_profile_of_the_fastest(multi30k_tsv, bpe_tokenizer, tmp_path):
+def test_compiled_variant_and_profile_of_the_first(multi30k_tsv, bpe_tokenizer, tmp_path):
     """--compile default trains the same model on the same batches as eager — with recompute and dropout, where the
     recomputation must draw the forward's dropout masks again (inductor's own random numbers would not): the losses
-    agree to rounding — and --profile writes the fastest configuration's trace and where its step's time went."""
+    agree to rounding — and --profile writes the first configuration's trace (eager: the headline a GPU session
+    profiles before anything else can fail) and where its step's time went."""
     out, prof = tmp_path / "step.json", tmp_path / "profile"
     proc = run_python([sys.executable, SCRIPT, "--file_path", str(multi30k_tsv), "--tokenizer", str(bpe_tokenizer),
                        "--workdir", str(tmp_path / "work"), "--steps", "2", "--warmup", "1", "--max_tokens", "512",
@@ -58,10 +59,9 @@ def test_compiled_variant_and_profile_of_the_fastest(multi30k_tsv, bpe_tokenizer
     assert "error" not in compiled and compiled["tokens_per_s"] > 0
     assert abs(compiled["loss"] - eager["loss"]) <= 1e-5 * eager["loss"], (eager["loss"], compiled["loss"])
     summary = json.loads((prof / "profile.json").read_text())
-    fastest = max((eager, compiled), key=lambda r: r["tokens_per_s"])
-    assert summary["configuration"]["compile"] == fastest["compile"] and summary["steps"] == 2
+    assert summary["configuration"]["compile"] == "none" and summary["steps"] == 2
     assert summary["host_ops_ms_by_kind"]["matmul"] > 0 and (prof / "trace.json").stat().st_size > 0
-    assert "profile of the fastest configuration" in proc.stdout and "host operators' own time" in proc.stdout
+    assert "profile of {'size': 'tiny'" in proc.stdout and "host operators' own time" in proc.stdout
 
 
 def _fake_row(loss=1.0):
@@ -78,11 +78,12 @@ def test_a_failing_variant_is_a_row(failure, lost, monkeypatch, multi30k_tsv, bp
     import benchmarks.gpu_step as gpu_step
     ran = []
 
-    def fake_measure(flags, mode, *args, **kwargs):
-        ran.append(mode)
-        if mode == "reduce-overhead":
+    def fake_measure(runner, *args, **kwargs):          # build (faked too) hands the mode on as the runner
+        ran.append(runner)
+        if runner == "reduce-overhead":
             raise failure
         return _fake_row()
+    monkeypatch.setattr(gpu_step, "build", lambda flags, mode: mode)
     monkeypatch.setattr(gpu_step, "measure", fake_measure)
     out = tmp_path / "rows.json"
     rc = gpu_step.main(["--file_path", str(multi30k_tsv), "--tokenizer", str(bpe_tokenizer), "--workdir",
