@@ -76,3 +76,25 @@ def launch_id_from_env() -> str:
         if value and value != "none":
             return f"{key}={value}"
     return ""
+
+
+# Every rank's host name, once the job has gathered them (training.checkpoint.shared_folder, before the first step):
+# a survivor whose peer vanished names that peer's node and ranks, not just its address (rank_supervisor).
+_RANK_HOSTS: list[str] = []
+
+
+def note_rank_hosts(hosts: list[str]) -> None:
+    _RANK_HOSTS[:] = list(hosts)
+
+
+def ranks_at(address: str) -> tuple[str, list[int]]:
+    """(host name, its ranks) of the peer at `address` (an IP a collective's error names): the name this node
+    resolves it to; the ranks whose gathered host name is that name or the address itself (none when unknown)."""
+    import socket
+    try:
+        name = socket.gethostbyaddr(address)[0]
+    except OSError:
+        name = address
+    short = name if name == address else name.split(".")[0]
+    ranks = [r for r, host in enumerate(_RANK_HOSTS) if host in (name, short, address) or host.split(".")[0] == short]
+    return short, ranks

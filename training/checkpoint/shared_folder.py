@@ -15,6 +15,7 @@ import socket
 import uuid
 
 from common.errors import UserError
+from common.ranks import note_rank_hosts
 
 PROBE = ".shared-folder-check"
 
@@ -63,6 +64,7 @@ def check_output_folder(output_dir: str) -> None:
     dist.broadcast_object_list(token, src=0)
     seen = _read(probe)
     answers = _gather((socket.gethostname(), seen is not None and seen.decode("ascii", "replace") == token[0]))
+    note_rank_hosts([host for host, _ in answers])       # a survivor of a lost node names it (rank_supervisor)
     if rank == 0:
         try:
             os.remove(probe)

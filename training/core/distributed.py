@@ -10,6 +10,7 @@ import socket
 
 import torch
 
+from common import slurm
 from common.errors import UserError
 from common.ranks import world_and_rank_from_env
 from model.parallel.topology import init_deepspeed_comm
@@ -48,7 +49,8 @@ def init_distributed(distribute: str, comm_timeout: float | None = None, before_
     (job_store.joined_job(); the job watch: training.run.job.join_job)."""
     import deepspeed.comm as ds_dist
     if distribute != "false":
-        adopt_mpi_env()
+        adopt_mpi_env()                      # (first: mpirun started inside an allocation is a launcher of its own)
+        slurm.adopt()                        # srun's tasks (train.py adopts earlier, before its rank supervisor)
     launched = "WORLD_SIZE" in os.environ
     if distribute == "true" and not launched:
         raise UserError("--distribute true needs a launcher: run it under `deepspeed --num_gpus N`, "

@@ -11,7 +11,9 @@ environment variable is set.
 - DSR_UNTIE_AT=4 nudges the last pipeline stage's replica of the shared embedding table after step 4 (as an
   optimizer that skipped the tied-gradient sum would), so the save that follows meets copies that differ;
 - DSR_TRACKER_DOWN_AT=5 SIGKILLs global rank 0's experiment-tracker service (W&B's wandb-core, a child process)
-  after step 5, as a crash or an out-of-memory kill of it would: the tracker's next call fails for real.
+  after step 5, as a crash or an out-of-memory kill of it would: the tracker's next call fails for real;
+- DSR_STEP_DELAY=0.2 makes every step 0.2 s longer (a sleep: no CPU), as a big model's step on a GPU is: a job with
+  a time limit then needs its requeue after a few hundred steps (tests/test_slurm.py), losses unchanged.
 """
 from __future__ import annotations
 
@@ -80,6 +82,8 @@ def after_step(engine, step: int) -> None:
         for p in engine.module.parameters():
             if getattr(p, "tied_to", None):            # the replica (the owner has no tied_to)
                 p.data.view(-1)[0] += 1e-3
+    if os.environ.get("DSR_STEP_DELAY"):
+        time.sleep(float(os.environ["DSR_STEP_DELAY"]))
 
 
 def _kill_tracker_service() -> None:

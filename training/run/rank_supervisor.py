@@ -278,6 +278,19 @@ def _collective_failure(exc: BaseException) -> str | None:
     return None
 
 
+def _lost_peer(error: str) -> str:
+    """Who an error's `peer [ADDRESS]:PORT` is: 'node vnode1 (ranks 2, 3)' when the job gathered its hosts (a whole
+    node lost says nothing itself: this line is the only one naming it), else 'another rank'."""
+    from common.ranks import ranks_at
+    found = re.search(r"peer \[([^\]]+)\]:\d+", error)
+    if not found:
+        return "another rank"
+    host, ranks = ranks_at(found.group(1))
+    if not ranks:
+        return f"another rank (at {found.group(1)})"
+    return f"node {host} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+
+
 @contextlib.contextmanager
 def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
     try:
@@ -291,9 +304,9 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if kind == "lost":
             delay = PEER_LOST_WAIT_FOR_NEWS if job_watch.JobWatch.current is not None else PEER_LOST_DELAY
-            raise UserError(f"rank {rank}: another rank closed its connection ({first[:160]}); it ended first, "
-                            f"and its own line or log says why", report_delay=delay,
-                            exit_status=job_watch.ABORTED) from None
+            raise UserError(f"rank {rank}: {_lost_peer(first)} closed its connection ({first[:160]}); it ended "
+                            f"first, and its own line or log says why (no line at all: its node is lost)",
+                            report_delay=delay, exit_status=job_watch.ABORTED) from None
         watch = job_watch.JobWatch.current
         paused = watch.stopped_ranks() if watch is not None else []
         who = "; ".join(paused) if paused else "a rank stopped responding (paused, hung, or its node is down)"
