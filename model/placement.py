@@ -29,13 +29,18 @@ Built-in functions, by name (`--pipeline_func seed|even`, or "package.module:fun
                     (i + offset) // max(layers // gradient_aggregation_group, 1) + 1; recompute() when
                     parallel_config.recompute. Uneven splits put the remainder on the last stage.
     even            the same, with stage ⌊(i + offset) · pipeline_stage / layers⌋ (remainder spread out).
+    blocks:N0,N1,…  N0 blocks (encoder then decoder order) on stage 0, N1 on stage 1, …: any split as a recipe
+                    value, no code of one's own (what `plan.py --search` writes for the splits it finds); fusion
+                    ids and recompute as the seed's.
 With pipeline_stage 1 there is no pipeline and the stage a function sets is not used (the tutorial's own lambda
 puts every block on stage ≥ 1); recompute and fusion ids still apply.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import importlib
+import itertools
 import numbers
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -87,17 +92,47 @@ def even_pipeline_func(network, layer_id, offset, parallel_config, layers):
 
 BUILTIN_PIPELINE_FUNCS = {"seed": seed_pipeline_func, "even": even_pipeline_func}
 DEFAULT_PIPELINE_FUNC = "seed"
+BLOCKS_PREFIX = "blocks:"           # blocks:N0,N1,...: N_k blocks on stage k
+
+
+def blocks_pipeline_func(counts: list[int]) -> Callable:
+    """The split `blocks:N0,N1,...` names: the first N0 blocks on stage 0, the next N1 on stage 1, and so on. The
+    function carries its spec (`pipeline_func_name`), so a plan or a written recipe names it the same way."""
+    spec = BLOCKS_PREFIX + ",".join(str(c) for c in counts)
+    bounds = list(itertools.accumulate(counts))
+
+    def blocks_per_stage(network, layer_id, offset, parallel_config, layers):
+        pp = parallel_config.pipeline_stage
+        if pp > 1 and (len(counts) != pp or bounds[-1] != layers):
+            raise ValueError(f"{spec} places {bounds[-1]} blocks on {len(counts)} stages, but the model has {layers} "
+                             f"blocks on pipeline_stage={pp}: give {pp} counts that add up to {layers}")
+        network.pipeline_stage = bisect.bisect_right(bounds, layer_id + offset) if pp > 1 else 0
+        _seed_fusion_and_recompute(network, layer_id, offset, parallel_config, layers)
+
+    blocks_per_stage.spec = spec
+    return blocks_per_stage
+
+
+def _parse_blocks(spec: str) -> Callable:
+    counts = spec[len(BLOCKS_PREFIX):].split(",")
+    if not all(c.strip().isdigit() for c in counts) or any(int(c) < 0 for c in counts):
+        raise ConfigError(f"pipeline_func={spec!r}: give the blocks on each stage as non-negative integers, e.g. "
+                          f"{BLOCKS_PREFIX}3,5,4 for 12 blocks on 3 stages")
+    return blocks_pipeline_func([int(c) for c in counts])
 
 
 def load_pipeline_func(spec: str | None) -> Callable:
-    """'seed' | 'even' | 'module.path:function' → the function; None → the seed's default split."""
+    """'seed' | 'even' | 'blocks:N0,N1,...' | 'module.path:function' → the function; None → the seed's default
+    split."""
     spec = spec or DEFAULT_PIPELINE_FUNC
     if spec in BUILTIN_PIPELINE_FUNCS:
         return BUILTIN_PIPELINE_FUNCS[spec]
+    if spec.startswith(BLOCKS_PREFIX):
+        return _parse_blocks(spec)
     module, colon, name = spec.partition(":")
     if not colon:
-        raise ConfigError(f"pipeline_func={spec!r} is neither a built-in ({', '.join(BUILTIN_PIPELINE_FUNCS)}) nor "
-                          f"'package.module:function'")
+        raise ConfigError(f"pipeline_func={spec!r} is neither a built-in ({', '.join(BUILTIN_PIPELINE_FUNCS)}), "
+                          f"nor {BLOCKS_PREFIX}N0,N1,... nor 'package.module:function'")
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -106,8 +141,11 @@ def load_pipeline_func(spec: str | None) -> Callable:
 
 
 def pipeline_func_name(func: Callable | None) -> str:
-    """'seed' / 'even' for the built-ins, else 'module:function' (how a recipe names it)."""
+    """'seed' / 'even' for the built-ins, 'blocks:N0,...' for a split, else 'module:function' (how a recipe names
+    it)."""
     func = func or BUILTIN_PIPELINE_FUNCS[DEFAULT_PIPELINE_FUNC]
+    if isinstance(getattr(func, "spec", None), str):
+        return func.spec
     for name, builtin in BUILTIN_PIPELINE_FUNCS.items():
         if func is builtin:
             return name
@@ -148,7 +186,8 @@ def place_blocks(model: ModelConfig, parallel: ParallelConfig,
         raise ConfigError(f"{desc}: stages must not decrease from one block to the next ({b.name} on "
                           f"{b.pipeline_stage} after {a.name} on {a.pipeline_stage})")
     # Embeddings are on stage 0 and the head on the last: those stages are never empty.
-    empty = [s for s in range(1, pp - 1) if s not in stages]
+    used = set(stages)                  # a set: `in` on the list was a scan of every block per stage
+    empty = [s for s in range(1, pp - 1) if s not in used]
     if empty:
         raise ConfigError(f"{desc}: stage(s) {empty} hold no block")
     return placements

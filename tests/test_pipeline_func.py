@@ -99,7 +99,7 @@ def test_recompute_only_the_blocks_it_is_called_on_and_exactly():
 
 def test_pipelined_stage_modules_carry_the_functions_recompute():
     """The blocks a pipeline rank builds (block_specs, as build_pipeline_module) recompute as the function said."""
-    from training.plan.planner import build_stage_modules
+    from training.plan.stage_build import build_stage_modules
     m = tiny(enc=2, dec=2)
     par = ParallelConfig(pipeline_stage=2, recompute=True)
     mods = [mod for stage in (0, 1) for _, mod in build_stage_modules(m, par, stage, 0, pipeline_funcs.seed_tutorial)]

@@ -5,6 +5,7 @@ import json
 from collections.abc import Sequence
 
 from common.units import human_bytes as human
+from training.plan import token_budget
 from training.plan.speed_prediction import format_speed
 
 RANK_ROWS = 256                  # rank rows the text report prints before it shows only the ends
@@ -76,13 +77,18 @@ def _layout_lines(plan: dict) -> list[str]:
                f"embeddings {'replicated (vocab_emb_dp)' if L['vocab_emb_dp'] else 'split over mp'}")
     out.append(f"  batch      global {L['global_batch']} = micro {L['micro_batch']} per GPU × micro_batch_num "
                f"{L['micro_batch_num']} × dp {L['data_parallel']}")
+    budget = plan.get("token_budget")
+    if budget:                                  # token batches: the batch planned and where it comes from
+        out.append(f"             {token_budget.describe(budget)}")
     if L["data_parallel"] > 1:
         keep = L["global_batch"] * L["data_parallel"]
+        more = (f"--max_tokens {token_budget.tokens_for(keep, budget):,}" if budget else f"--batch_size {keep}")
         out.append(f"             the global batch stays {L['global_batch']} at any world size, so each GPU's "
                    f"micro-batch shrinks as dp grows: {L['micro_batch_at_dp1']} at dp 1 ({L['world_at_dp1']} ranks), "
-                   f"{L['micro_batch']} here; --batch_size {keep} keeps {L['micro_batch_at_dp1']} per GPU")
+                   f"{L['micro_batch']} here; {more} keeps {L['micro_batch_at_dp1']} per GPU")
+    source = f"; {M['vocab_source']}" if M.get("vocab_source") else ""      # planner.planned_vocab
     out.append(f"  model      vocab {M['vocab_size']} (head rows {M['padded_vocab']} = {L['model_parallel']} × "
-               f"{M['padded_vocab'] // L['model_parallel']}), d_model {M['d_model']}, {M['num_heads']} heads "
+               f"{M['padded_vocab'] // L['model_parallel']}{source}), d_model {M['d_model']}, {M['num_heads']} heads "
                f"({M['num_heads'] // L['model_parallel']} per TP rank), ffn {M['ffn_size']}, "
                f"{M['encoder_layers']} encoder + {M['decoder_layers']} decoder layer(s), src_len {M['src_len']}, "
                f"tgt_len {M['tgt_len']}, {M['precision']}")
@@ -264,6 +270,12 @@ def format_advice(plan: dict) -> list[str]:
                    f"{sb['pairs_per_dp_rank']} pairs per data-parallel rank): below {sb['threshold_tokens']:,} = "
                    f"{sb['sms']} SMs × 128 × 128 / d_model {plan['model']['d_model']}, the rows a d_model-wide matrix "
                    f"product needs to give every SM of the {sb['device']} one 128×128 output tile — so the step is "
-                   f"bound by kernel launches and latency, not compute; --batch_size {sb['batch_size_at_threshold']} "
-                   f"reaches it, or use fewer GPUs")
+                   f"bound by kernel launches and latency, not compute; "
+                   f"{_more_pairs(plan, sb['batch_size_at_threshold'])} reaches it, or use fewer GPUs")
     return out
+
+
+def _more_pairs(plan: dict, pairs: int) -> str:
+    """The flag that gives a global batch of `pairs`: --batch_size, or with token batches --max_tokens."""
+    budget = plan.get("token_budget")
+    return f"--max_tokens {token_budget.tokens_for(pairs, budget):,}" if budget else f"--batch_size {pairs}"
