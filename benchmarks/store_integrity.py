@@ -10,7 +10,14 @@ on average: the 57 real tokens a pair of the data_scale.py corpora, whose 4.5 M-
 - an open that verifies every file (no verdict yet: what the first open of a copied store costs);
 - an open whose verdict vouches for every file: the structural checks alone (every later open on the verifying
   process of each node);
-- an open without verification (a node's other ranks): the structural checks too.
+- an open without verification (a node's other ranks): the structural checks too;
+- the full hash of every file the trusted open took on its verdict (what train.py's check beside the first steps,
+  training.core.data_recheck, costs: on a thread, once per job).
+
+`--corpus TSV` also times the corpus's identity at a start (preprocess.tsv_digest.tsv_sha256): the first start,
+which hashes the file and records it, and a later one, which reads the record and checks a 1 MiB sample of the
+file; and the full hash the check beside the first steps makes of it. Make a corpus with benchmarks/data_scale.py
+(`make_corpus`: 4.5 M pairs, 1.2 GB).
 
 The page cache is warm (the store was just written or read): a cold open also reads the files from disk once. Prints
 one JSON object per size; the stores stay under --work (delete it afterwards).
@@ -90,7 +97,38 @@ def measure(work: Path, pairs: int) -> dict:
     return {"pairs": pairs, "store_bytes": size, "write_s": round(write_s, 2),
             "sha256_in_write_s": round(hash_alone(folder), 2), "open_verify_all_s": round(verify_s, 2),
             "open_verdict_trusted_s": round(min(t for t, _ in trusted), 3),
-            "open_no_verify_s": round(min(other), 3)}
+            "open_no_verify_s": round(min(other), 3), "full_check_s": full_check()}
+
+
+def full_check() -> float | None:
+    """Seconds to hash in full the files the opens so far took on trust (None where this code trusts nothing)."""
+    try:
+        from preprocess.trusted_files import first_mismatch, take
+    except ImportError:                                   # the code before the check beside the first steps
+        return None
+    files = take()
+    start = time.perf_counter()
+    assert first_mismatch(files) is None
+    return round(time.perf_counter() - start, 2)
+
+
+def corpus_identity(tsv: Path, work: Path) -> dict:
+    """The corpus's identity at a first start (hashed and recorded) and at later ones (the record, and this code's
+    sample), then the full check of a trusted one."""
+    from preprocess.tsv_digest import tsv_sha256
+    cache = work / "corpus-cache"
+    shutil.rmtree(cache, ignore_errors=True)
+    start = time.perf_counter()
+    tsv_sha256(tsv, cache)
+    first = time.perf_counter() - start
+    later = []
+    for _ in range(5):
+        start = time.perf_counter()
+        tsv_sha256(tsv, cache)
+        later.append(time.perf_counter() - start)
+    return {"corpus_bytes": tsv.stat().st_size, "first_start_s": round(first, 2),
+            "later_start_s": round(min(later), 4), "later_start_max_s": round(max(later), 4),
+            "full_check_s": full_check()}
 
 
 def main() -> int:
@@ -98,9 +136,12 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default=str(ROOT / "out" / "store_integrity"), help="where the stores go")
     p.add_argument("--sizes", nargs="+", default=["1M", "4.5M"], help="pairs per store (1M, 4.5M, ...)")
+    p.add_argument("--corpus", default=None, help="a TSV: also time its identity at a start (see above)")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    if args.corpus:
+        print(json.dumps(corpus_identity(Path(args.corpus), work)), flush=True)
     for size in args.sizes:
         print(json.dumps(measure(work, parse_size(size))), flush=True)
     return 0

@@ -61,6 +61,16 @@ def no_room_error(exc: BaseException) -> OSError | None:
 ABORTED = 3        # exit status of a rank that stops because another rank of its job failed (no news itself)
 
 
+class Stopped(BaseException):
+    """A stop request (SIGTERM and the like) that ends a command where it has nothing to save: its line (printed by
+    rank 0 alone, with no `error:`: nothing is wrong) and its exit status (128 + the signal). A BaseException, as
+    KeyboardInterrupt is: a handler of ordinary errors on the way up must not take it for one."""
+
+    def __init__(self, message: str, exit_status: int):
+        super().__init__(message)
+        self.exit_status = exit_status
+
+
 def fail(message: str) -> NoReturn:
     raise UserError(message)
 
@@ -100,6 +110,10 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         leave(130)
+    except Stopped as stop:
+        if _launched_rank() in (None, 0):                  # every rank got the signal: one line for the job
+            print(stop, file=sys.stderr, flush=True)
+        leave(stop.exit_status)
     leave(int(result or 0))
 
 

@@ -15,7 +15,7 @@ import itertools
 from pathlib import Path
 
 from common.errors import fail, run_cli
-from preprocess.textio import atomic_write, check_readable, iter_lines
+from preprocess.textio import atomic_write, check_readable, iter_lines, refuse_output_over_inputs
 
 
 def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: bool = False) -> tuple[int, int]:
@@ -24,6 +24,7 @@ def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: b
     # Check both inputs before creating anything, so a typo in --tgt leaves no empty output folder behind.
     check_readable(src)
     check_readable(tgt)
+    refuse_output_over_inputs(output, "--output", [(f"--src {src}", src), (f"--tgt {tgt}", tgt)])
     output.parent.mkdir(parents=True, exist_ok=True)
     written = dropped = 0
     src_count = tgt_count = 0

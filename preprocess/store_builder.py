@@ -262,9 +262,10 @@ class _Progress:
         self.bar.total = total
         self.bar.update(pairs)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
         if self.bar is not None:
-            self.bar.total = self.bar.n
+            if finished:                      # (a build that stopped keeps its bar short of 100%)
+                self.bar.total = self.bar.n
             self.bar.close()
 
 
@@ -310,6 +311,7 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
         workers = max(1, len(ahead))                     # fewer blocks than workers: one worker each
     encoder_args = (str(tokenizer_path), src_len, tgt_len, dtype.name, str(tsv_path))
     bar = _Progress(progress, tsv_path.name)
+    finished = False
     try:
         with StoreWriter(final, dtype, str(tsv_path)) as writer, \
                 contextlib.closing(_encoded_chunks(chain(ahead, read), encoder_args, workers)) as chunks:
@@ -325,6 +327,7 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
                      f"from when this run started); let whatever writes it finish, then run again")
             writer.commit({"src_len": src_len, "tgt_len": tgt_len, "vocab_size": vocab_size,
                            "source": str(tsv_path), "source_sha256": expected_sha256})
+        finished = True
     finally:
-        bar.close()
+        bar.close(finished)
     return {"workers": workers, "chunks": count}

@@ -4,6 +4,8 @@
   an empty file and a line that is not valid UTF-8 each raise `UserError` naming the file (and the 1-based line).
 - `decode_lines(data, name)`: the same rules for bytes already in memory (a member of a tar archive).
 - `atomic_write(path)`: a file that appears complete under its final name or not at all.
+- `check_output_file(path, what)`, `refuse_output_over_inputs(output, what, inputs)`: before any work, an output
+  that can be written and is none of the command's inputs (not even through a link or another spelling).
 - `iter_tsv_pairs(path)` / `read_tsv_pairs(path)`: `source<TAB>target` lines; a malformed line raises
   `UserError("FILE:LINE: ...")`.
 - `LineBlocks(path, block_bytes)`: a file in blocks of whole lines (bytes), hashing the file as it is read, and
@@ -275,3 +277,24 @@ def check_output_file(path: PathLike, what: str) -> Path:
     if not parent.is_dir():
         fail(f"{what} {path} cannot be written: {parent} is a file, not a folder")
     return path
+
+
+def same_file(a: PathLike, b: PathLike) -> bool:
+    """Whether `a` and `b` are one file on disk: the same path spelled otherwise (./x, d/../x), a symbolic link to
+    it, a hard link (same device and inode). False when either does not exist."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):
+        return False
+
+
+def refuse_output_over_inputs(output: PathLike, what: str, inputs: Iterable[tuple[str, PathLike | None]]) -> None:
+    """Before any work: `output` is none of the files the command reads, each given as (how to name it to the user,
+    e.g. "--src a.txt"; its path, None when not given). A command writes its output once the work is done
+    (atomic_write), so an output that is an input would silently replace it (evaluate.py --src F --output F left
+    the hypotheses in F, exit 0)."""
+    for label, path in inputs:
+        if path is not None and same_file(output, path):
+            other = str(path) in label and os.path.abspath(output) != os.path.abspath(path)
+            fail(f"{what} {output} is {label}{' (the same file under another name)' if other else ''}: writing "
+                 f"there would replace what the command reads; give another output file")

@@ -31,10 +31,13 @@ file's size, offsets that start at 0, never decrease and end at the token count,
 keeps a damaged store from being trained on as garbled pairs or failing hundreds of steps later; 0.05 s for 4.5 M
 pairs (docs/data.md). An open with `verify` (one process per node: the one that would build the store)
 also compares each file's sha256 with the one its writer recorded, unless verified.json already holds that file at
-its current size and modification time (the verdict of an earlier check, or of the writer); it then records its
-own verdict, so later opens of an unchanged store hash nothing. A timestamp no later than the verdict's own is not
-trusted (a change within the file system's clock tick would keep it), as git treats "racily clean" files. A damaged
-file raises `DamagedStore` naming it; preprocess.dataset.TranslationDataset, which has the TSV, rebuilds the store.
+its current size, modification time and sample of its bytes (common.hashing.sample_sha256, 1 MiB; the verdict of an
+earlier check, or of the writer); it then records its own verdict, so later opens of an unchanged store hash
+nothing. A timestamp no later than the verdict's own is not trusted (a change within the file system's clock tick
+would keep it), as git treats "racily clean" files. A file the verdict vouches for is `trust`ed
+(preprocess.trusted_files): train.py hashes it in full once per job beside its first steps, which finds ids changed
+between the sampled places with the size and time kept. A damaged file raises `DamagedStore` naming it;
+preprocess.dataset.TranslationDataset, which has the TSV, rebuilds the store.
 """
 from __future__ import annotations
 
@@ -50,8 +53,9 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import NO_ROOM, UserError, fail
-from common.hashing import file_sha256
+from common.hashing import file_sha256, sample_sha256
 from common.units import human_bytes
+from preprocess.trusted_files import trust
 
 FORMAT_VERSION = 3                      # 2 had no checksums; 1 was three padded int64 Arrow columns
 META_FILE = "meta.json"
@@ -221,7 +225,7 @@ class StoreWriter:
                 self._no_room(exc)
             raise
         # the writer's hashes are the first verdict: a store just written is not read back to be hashed again
-        record_verified(self.tmp, full["sha256"], _stats(self.tmp))
+        record_verified(self.tmp, full["sha256"], _stats(self.tmp), _samples(self.tmp))
         try:
             os.rename(self.tmp, self.final)
         except OSError:
@@ -310,20 +314,33 @@ class TokenStore:
 
     def verify(self) -> list[str]:
         """Compare each file with the sha256 its writer recorded, skipping those verified.json vouches for at their
-        current size and modification time; record the verdict. Returns the files hashed."""
+        current size, modification time and sample (trusted instead: hashed in full later, once per job, by
+        train.py); record the verdict. Returns the files hashed."""
         recorded = self.meta["sha256"]
         stats = _stats(self.folder)                   # before hashing: a file that changes meanwhile is hashed again
-        trusted = _trusted(self.folder, recorded, stats)
+        samples = _samples(self.folder)
+        trusted = _trusted(self.folder, recorded, stats, samples)
         hashed = []
         for name in DATA_FILES:
             if name in trusted:
+                trust(self.folder / name, recorded[name], lambda found, name=name: self._changed(name))
                 continue
             if file_sha256(self.folder / name) != recorded[name]:
                 raise self._damaged(name, "does not match the sha256 recorded when the store was built")
             hashed.append(name)
         if hashed:
-            record_verified(self.folder, recorded, stats)
+            record_verified(self.folder, recorded, stats, samples)
         return hashed
+
+    def _changed(self, name: str) -> str:
+        """The full check found `name` changed under a verdict that vouched for it: drop the verdict, so that the next
+        open hashes every file and rebuilds the store; the line that stops the run."""
+        with contextlib.suppress(OSError):
+            (self.folder / VERIFIED_FILE).unlink()
+        source = self.meta.get("source") or "the TSV it was built from"
+        return (f"token store {self.folder}: {name} does not match the sha256 recorded when the store was built, "
+                f"though its size and modification time are the ones its last check saw (ids changed in place); its "
+                f"verdict is dropped: run the same command again and train.py rebuilds the store from {source}")
 
     def lengths(self, side: str, idx: np.ndarray | None = None) -> np.ndarray:
         """Stored (kept) tokens per pair, int64: all pairs, or those of `idx`."""
@@ -365,9 +382,19 @@ def _stats(folder: Path) -> dict:
     return out
 
 
-def _trusted(folder: Path, recorded: dict, stats: dict) -> set:
-    """The files verified.json vouches for: same sha256 as meta.json, same size and mtime as now, and an mtime
-    before the verdict's own (one within the same clock tick may hide a later change)."""
+def _samples(folder: Path) -> dict:
+    """{file: sample_sha256} of the data files there are (what a verdict also vouches for)."""
+    out = {}
+    for name in DATA_FILES:
+        with contextlib.suppress(OSError):
+            out[name] = sample_sha256(folder / name)
+    return out
+
+
+def _trusted(folder: Path, recorded: dict, stats: dict, samples: dict) -> set:
+    """The files verified.json vouches for: same sha256 as meta.json, same size, mtime and sample as now, and an
+    mtime before the verdict's own (one within the same clock tick may hide a later change). A verdict without
+    samples (from before they were kept) vouches for nothing: the store is hashed once more."""
     path = folder / VERIFIED_FILE
     try:
         when = path.stat().st_mtime_ns
@@ -375,18 +402,18 @@ def _trusted(folder: Path, recorded: dict, stats: dict) -> set:
             verdict = json.load(f)
         return {name for name in DATA_FILES
                 if verdict["sha256"].get(name) == recorded[name] and verdict["files"].get(name) == stats.get(name)
-                and stats[name][1] < when}
+                and stats[name][1] < when and verdict["samples"].get(name) == samples.get(name)}
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return set()                              # no verdict (or an unreadable one): hash
 
 
-def record_verified(folder: Path, recorded: dict, stats: dict) -> None:
+def record_verified(folder: Path, recorded: dict, stats: dict, samples: dict) -> None:
     """Write verified.json (atomically). A folder this process cannot write keeps no verdict: its next open hashes
     again, which costs time but is still safe."""
     tmp = folder / f".{VERIFIED_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"sha256": recorded, "files": stats}, f, indent=1)
+            json.dump({"sha256": recorded, "files": stats, "samples": samples}, f, indent=1)
             f.write("\n")
         os.replace(tmp, folder / VERIFIED_FILE)
     except OSError:

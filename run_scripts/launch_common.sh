@@ -1,6 +1,8 @@
 # Shared by run_scripts/run.sh and run_scripts/run_cluster.sh (sourced, not run).
 #
 # A launch script sets USAGE, then calls, in order:
+#   check_data_path          → DATA_PATH as train.py takes it (absolute; a Hub dataset's name as it is), or train.py's
+#                              own error line for it: a TSV, a .jsonl/.json/.csv/.parquet file, a save_to_disk folder
 #   parse_extras "$@"        → EXTRA (flags for train.py), LAUNCHER (deepspeed|pdsh|openmpi), USER_OUTPUT_DIR,
 #                              RESUME (train.py's --resume value: latest, auto, a path; empty without it),
 #                              FLAG_WORLD_SIZE (a --world_size among the flags)
@@ -145,6 +147,13 @@ parse_extras() {
 
 _repo_python() {  # MODULE ARGS...: a module of this repository, whatever the current folder
     PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" -m "$@"
+}
+
+check_data_path() {  # DATA_PATH as train.py's --file_path takes it, decided by the code train.py reads it with (a
+    # datasets save_to_disk folder was refused here as "not a file"); exit 2 with its error line and the usage
+    local checked
+    checked=$(_repo_python training.plan.launch_check data_path "$DATA_PATH" 2>&1) || die "${checked#error: }"
+    DATA_PATH="$checked"
 }
 
 recipe_world_size() {  # RECIPE [FLAGS...]: the processes the layout is written for, as train.py reads the recipe

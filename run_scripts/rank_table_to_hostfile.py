@@ -19,6 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
 from common.errors import UserError, run_cli
+from preprocess.textio import refuse_output_over_inputs
 from training.plan.cluster import format_hostfile, read_rank_table
 
 
@@ -36,6 +37,7 @@ def main(argv=None) -> int:
     out_dir = os.path.dirname(os.path.abspath(args.output))
     if not os.path.isdir(out_dir):
         raise UserError(f"-o {args.output}: folder {out_dir} does not exist")
+    refuse_output_over_inputs(args.output, "-o", [(f"the rank table {args.rank_table}", args.rank_table)])
     with open(args.output, "w", encoding="utf-8") as f:
         f.write(text)
     print(f"wrote {args.output}: " + ", ".join(f"{h.name} slots={h.slots}" for h in hosts), file=sys.stderr)

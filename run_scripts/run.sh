@@ -32,7 +32,9 @@ set -uo pipefail
 
 USAGE="usage: bash run_scripts/run.sh DATA_PATH RANK_SIZE [RECIPE.json] [extra train.py flags...]
        bash run_scripts/run.sh DATA_PATH RECIPE.json [extra train.py flags...]
-  DATA_PATH   the training TSV (source<TAB>target per line), e.g. from python -m preprocess.parallel
+  DATA_PATH   the training TSV (source<TAB>target per line), e.g. from python -m preprocess.parallel; or a
+              .jsonl/.json/.csv/.parquet file or a datasets save_to_disk folder (with --src_field/--tgt_field or
+              --src_lang/--tgt_lang: docs/data.md, Input formats)
   RANK_SIZE   processes on this node (one per GPU), a positive integer; without it, the recipe's world_size
   RECIPE      default recipes/<RANK_SIZE>pcs/<RANK_SIZE>pcs.json if it exists, else the seed's --mp RANK_SIZE
   extra flags go to train.py and override the recipe (e.g. --steps 20 --d_model 64; --resume continues the run in
@@ -47,8 +49,7 @@ case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
 [ $# -ge 2 ] || die "missing arguments: DATA_PATH and RANK_SIZE (or RECIPE.json) are required"
 DATA_PATH="$1"
 shift
-[ -f "$DATA_PATH" ] || die "DATA_PATH '$DATA_PATH' is not a file (make the TSV with python -m preprocess.parallel)"
-DATA_PATH=$(abspath "$DATA_PATH")
+check_data_path                              # a TSV, a table file or a save_to_disk folder, as train.py reads them
 
 RANK_SIZE=""
 RECIPE=""

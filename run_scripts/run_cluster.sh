@@ -36,7 +36,8 @@
 set -uo pipefail
 
 USAGE="usage: bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE [RECIPE.json] [extra train.py flags...]
-  DATA_PATH   the training TSV, at the same path on every node
+  DATA_PATH   the training TSV, at the same path on every node (or a table file or datasets save_to_disk folder:
+              docs/data.md, Input formats)
   HOSTFILE    DeepSpeed hostfile, one 'HOST slots=N' line per node (see run_scripts/hostfiles/, or convert the
               seed's rank table: python run_scripts/rank_table_to_hostfile.py rank_table_16pcs.json -o hostfile)
   RECIPE      default recipes/16pcs/16pcs.json
@@ -74,9 +75,8 @@ case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
 DATA_PATH="$1"
 HOSTFILE="$2"
 shift 2
-[ -f "$DATA_PATH" ] || die "DATA_PATH '$DATA_PATH' is not a file"
+check_data_path                              # a TSV, a table file or a save_to_disk folder, as train.py reads them
 [ -f "$HOSTFILE" ] || die "HOSTFILE '$HOSTFILE' not found (one 'HOST slots=N' line per node, see run_scripts/hostfiles/)"
-DATA_PATH=$(abspath "$DATA_PATH")
 HOSTFILE=$(abspath "$HOSTFILE")
 
 RECIPE="$REPO_ROOT/recipes/16pcs/16pcs.json"

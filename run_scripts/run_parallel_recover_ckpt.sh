@@ -12,11 +12,11 @@ usage() { echo "$USAGE" >&2; exit 2; }
 case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac
 [ $# -ge 4 ] || usage
 DATA_PATH=$1; RANK_SIZE=$2; CKPT=$3; OUTPUT_DIR=$4; shift 4
-[ -f "$DATA_PATH" ] || { echo "error: DATA_PATH $DATA_PATH is not a file" >&2; usage; }
 [[ "$RANK_SIZE" =~ ^[1-9][0-9]*$ ]] || { echo "error: RANK_SIZE must be a positive integer, got '$RANK_SIZE'" >&2; usage; }
 [ -e "$CKPT" ] || { echo "error: checkpoint $CKPT not found" >&2; usage; }
 HERE=$(cd "$(dirname "$0")" && pwd)
 source "$HERE/launch_common.sh"      # the master port: a free one unless MASTER_PORT is given
+check_data_path                      # a TSV, a table file or a save_to_disk folder, as train.py reads them
 check_master_port
 exec "${DS_LAUNCHER[@]}" --num_gpus "$RANK_SIZE" --master_port "$MASTER_PORT" "$HERE/parallel_recover_train.py" \
     --distribute true --file_path "$DATA_PATH" --ckpt_file "$CKPT" --output_dir "$OUTPUT_DIR" "$@"

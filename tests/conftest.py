@@ -18,7 +18,12 @@ from pathlib import Path
 
 import pytest
 
+from common.omp_wait import choose_omp_wait_policy
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# The suite's own processes (xdist workers, the fork server, every command a test starts) wait as train.py's do:
+# OpenMP threads that spin would take the cores the suite's other processes — and a shared machine's jobs — need.
+choose_omp_wait_policy()
 
 # A suite started under nohup (SIGHUP ignored) or as a background job of a script (SIGINT ignored) would pass the
 # ignore on to every run it starts (an ignored signal stays ignored across exec), and the stop-signal tests would
@@ -89,8 +94,9 @@ def assert_user_error():
 
 # The files that take longest (minutes each, measured with --durations), started first: with two workers a file runs
 # whole on one worker (--dist loadfile), and a long file drawn last leaves the other worker idle at the end.
-SLOW_FILES_FIRST = ("test_faults.py", "test_multinode.py", "test_parity.py", "test_recipes.py", "test_readme_chain.py",
-                    "test_checkpoint.py", "test_background_save.py", "test_sharded_mlp.py", "test_shared_machine.py")
+SLOW_FILES_FIRST = ("test_slurm.py", "test_faults.py", "test_multinode.py", "test_parity.py", "test_recipes.py",
+                    "test_readme_chain.py", "test_checkpoint.py", "test_background_save.py", "test_sharded_mlp.py",
+                    "test_shared_machine.py")
 
 
 def pytest_collection_modifyitems(items):

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from common.hashing import file_sha256
-from tests.launch import REPO_ROOT, TINY, env, launch_cmd, run_python, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, launch_cmd, run_python, run_train
 
 STEPS = ["--steps", "4", "--save_checkpoint_steps", "2"]
 
@@ -218,6 +218,107 @@ def test_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(run_copy, 
     assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
         auto.stderr[-3000:]
     assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout
+
+
+def tool(script: str, *args) -> subprocess.CompletedProcess:
+    return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / script), *map(str, args)], env=env())
+
+
+def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(run_copy, multi30k_tsv, bpe_tokenizer,
+                                                                            tmp_path):
+    """meta.json says step 5 in step_00000004 (a valid integer, another step): --resume resumed "at step 5" on step-4
+    weights. Refused in one line by --resume, --ckpt_file, merging and decoding; --resume auto skips it, saying why.
+    The folder renamed to match (step_00000005, `latest` too): the shards' headers still say step 4."""
+    ckpt = step_dir(run_copy, 4)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, "step": 5}))
+    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    want = f"{ckpt / 'meta.json'}: step is 5 but the folder's name step_00000004 says 4"
+    src = tmp_path / "in.fr"
+    src.write_text("un chien .\n")
+    resume, fresh, merged, decoded = concurrently(
+        lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
+        lambda: run_train(1, flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
+                                   ckpt), check=False),
+        lambda: tool("merge_checkpoint.py", ckpt, "--output", tmp_path / "m.pt"),
+        lambda: tool("evaluate.py", "--ckpt_file", run_copy, "--src", src))
+    for proc in (resume, fresh, merged, decoded):
+        one_error(proc, want, "put the value back, or use another checkpoint")
+    auto = run_train(1, base + ["--resume", "auto"], check=False)
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
+        auto.stderr[-3000:]
+    assert f"--resume auto: skipping step_00000004: {want}" in auto.stdout
+
+    renamed = step_dir(run_copy, 5)
+    os.rename(ckpt, renamed)                               # the step 4 auto saved again, whole
+    meta = json.loads((renamed / "meta.json").read_text())
+    (renamed / "meta.json").write_text(json.dumps({**meta, "step": 5}))
+    (run_copy / "checkpoints" / "latest").write_text(renamed.name)
+    headers = (f"checkpoint {renamed}: meta.json says step 5, but shard_pp0_tp0.safetensors was saved at step 4 (its "
+               f"header)")
+    resume, merged = concurrently(lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
+                                  lambda: tool("merge_checkpoint.py", renamed, "--output", tmp_path / "m.pt"))
+    one_error(resume, headers, 'Put back "step": 4')
+    one_error(merged, headers)
+    assert not (tmp_path / "m.pt").exists()
+
+
+@pytest.mark.parametrize("field,value,needle", [
+    ("parallel", {"pipeline_stage": "1"}, "field 'parallel.pipeline_stage' is \"1\", not an integer >= 1"),
+    ("world_size", 2, "world_size is 2 but parallel's data_parallel × model_parallel × pipeline_stage say 1"),
+    ("sha256", {}, "sha256 is [\"shard_pp0_tp0.safetensors\"] but shards and rng list"),
+    ("lr_scheduler", {"last_epoch": 4}, "field 'lr_scheduler' is {\"last_epoch\": 4}, not"),
+    ("seed", 8, "seed is 8 but data_order says 7"),
+], ids=["stage-as-text", "world", "a-digest-dropped", "no-last-lr", "seed"])
+def test_a_layout_or_a_value_stated_twice_that_disagrees_is_one_line(field, value, needle, run_copy, tmp_path):
+    """Read as the loaders read meta.json: "pipeline_stage": "1" traced back in range(); a world_size, a sha256 list
+    missing a file (that file then went unchecked) or a seed that the rest of meta.json contradicts were loaded."""
+    path = step_dir(run_copy, 4) / "meta.json"
+    meta = json.loads(path.read_text())
+    if field == "parallel":
+        value = {**meta["parallel"], **value}
+    elif field == "sha256":
+        value = {"shard_pp0_tp0.safetensors": meta["sha256"]["shard_pp0_tp0.safetensors"]}
+    path.write_text(json.dumps({**meta, field: value}))
+    one_error(tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"), f"{path}: {needle}")
+
+
+@pytest.mark.parametrize("kind", ["relative", "absolute", "link"])
+def test_latest_naming_a_folder_outside_the_run_is_refused(kind, saved_run, run_copy, multi30k_tsv, bpe_tokenizer,
+                                                           tmp_path):
+    """checkpoints/latest naming another run's step folder — a path up and out, an absolute path, or a step folder
+    of its own name that links out — was followed by --resume (which then continued the other run's weights in this
+    folder) and by --ckpt_file RUN. Every reader of `latest` refuses it; the advice (--resume auto) works."""
+    other = tmp_path / "other"
+    shutil.copytree(saved_run, other)
+    root = run_copy / "checkpoints"
+    pointer = {"relative": "../../other/checkpoints/step_00000004",
+               "absolute": str(step_dir(other, 4)), "link": "step_00000006"}[kind]
+    if kind == "link":
+        (root / "step_00000006").symlink_to(step_dir(other, 4))
+    (root / "latest").write_text(pointer)
+    want = f"{root / 'latest'} names "
+    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    src = tmp_path / "in.fr"
+    src.write_text("un chien .\n")
+    results = concurrently(
+        lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
+        lambda: run_train(1, flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
+                                   run_copy), check=False),
+        lambda: tool("evaluate.py", "--ckpt_file", run_copy / "latest", "--src", src),
+        lambda: tool("translate.py", "--ckpt_file", root / "latest", "--input", src),
+        lambda: tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"))
+    for proc in results:
+        one_error(proc, want, "`latest` must name a checkpoint of this run (a step_N folder of", "--resume auto")
+    assert not (tmp_path / "new" / "checkpoints").exists() and not (tmp_path / "m.pt").exists()
+    if kind == "link":
+        return                        # --resume auto would take step_00000006, whose meta.json says step 4: refused
+    auto = run_train(1, base + ["--resume", "auto", "--steps", "6"], check=False)
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in auto.stdout, \
+        auto.stderr[-3000:]
+    assert (root / "latest").read_text() == "step_00000006"                 # its own, once more
+    named = tool("translate.py", "--ckpt_file", root / "latest", "--input", src)       # the pointer file itself
+    assert named.returncode == 0 and "step_00000006 (step 6; latest" in named.stderr, named.stderr[-2000:]
 
 
 def test_a_fresh_run_keeps_the_records_of_an_earlier_one_without_checkpoints(multi30k_tsv, bpe_tokenizer, tmp_path):

@@ -18,6 +18,7 @@ from preprocess.dataset import TranslationDataset
 from preprocess.textio import read_lines
 from preprocess.tsv_digest import RECORDS as TSV_RECORDS
 from tests.launch import REPO_ROOT, TINY, env, launch_cmd, read_metrics, run_train
+from tests.progress import load_factor, scaled
 from tests.test_data_store import Tmpfs, leftovers
 from tests.test_faults import Job, _processes_naming, command_line, error_lines, one_error
 
@@ -159,7 +160,7 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
         job = Job(launch_cmd(2) + train_flags(tsv, bpe_tokenizer, cache, out, "--mp", 2, "--steps", 2), tmp_path,
                   env())
         # from the moment the workers run (the build has started) to the end of the job
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + scaled(120)
         while not _workers_of_rank_0(job) and job.popen.poll() is None and time.monotonic() < deadline:
             time.sleep(0.1)
         started = time.monotonic()
@@ -172,8 +173,8 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
         one_error(proc, needle)
         print(f"{case}: train.py ended {took:.1f} s after the build started")
         # the hang this replaced lasted forever; alone a few seconds, 15.3 s once with two training jobs beside the
-        # suite (and more tests beside it) on 2 cores
-        assert took < 45, took
+        # suite (and more tests beside it) on 2 cores: 45 s, grown with the machine's load
+        assert took < scaled(45), f"{took:.0f} s at load factor {load_factor():.1f}"
         assert not _processes_naming(tmp_path), "processes left behind"
         if case == "killed worker":
             assert "killed by SIGKILL" in error_lines(proc)[0]

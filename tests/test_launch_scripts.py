@@ -56,6 +56,7 @@ def assert_usage_error(proc, *needles):
     ([], "missing arguments"),
     (["{tsv}"], "missing arguments"),
     (["{tmp}/nope.tsv", "2"], "is not a file"),
+    (["{tmp}", "2"], "is a folder but not one written by datasets' save_to_disk"),
     (["{tsv}", "0"], "RANK_SIZE '0' is not a positive integer"),
     (["{tsv}", "two"], "RANK_SIZE 'two' is not a positive integer"),
     (["{tsv}", "-2"], "is not a positive integer"),
@@ -64,7 +65,7 @@ def assert_usage_error(proc, *needles):
     (["{tsv}", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
     (["{tsv}", "2", "--launcher", "slurm"], "unknown launcher 'slurm'"),
     (["{tsv}", "2", "--launcher"], "--launcher needs a value"),
-], ids=["none", "one", "data-missing", "zero", "word", "negative", "fraction", "recipe-missing",
+], ids=["none", "one", "data-missing", "data-folder", "zero", "word", "negative", "fraction", "recipe-missing",
         "recipe-only-missing", "launcher", "launcher-empty"])
 def test_run_sh_usage(args, needle, tsv, tmp_path):
     fill = {"tsv": tsv, "tmp": tmp_path}
@@ -78,13 +79,48 @@ def test_run_sh_usage(args, needle, tsv, tmp_path):
     (["{tsv}"], "missing arguments"),
     (["{tsv}", "{tmp}/nohosts"], "HOSTFILE '{tmp}/nohosts' not found"),
     (["{tmp}/nope.tsv", "{hf}"], "DATA_PATH '{tmp}/nope.tsv' is not a file"),
+    (["{tmp}", "{hf}"], "DATA_PATH {tmp} is a folder but not one written by datasets' save_to_disk"),
     (["{tsv}", "{hf}", "{tmp}/nope.json"], "is not a file"),
     (["{tsv}", "{hf}", "--launcher=mvapich"], "unknown launcher 'mvapich'"),
-], ids=["none", "one", "hostfile-missing", "data-missing", "recipe-missing", "launcher"])
+], ids=["none", "one", "hostfile-missing", "data-missing", "data-folder", "recipe-missing", "launcher"])
 def test_run_cluster_usage(args, needle, tsv, tmp_path):
     fill = {"tsv": tsv, "tmp": tmp_path, "hf": HOSTFILES / "hostfile_2nodes"}
     proc = run_script(CLUSTER, [a.format(**fill) for a in args], script_env(tmp_path / "runs"))
     assert_usage_error(proc, needle.format(**fill))
+
+
+@pytest.fixture(scope="module")
+def saved_to_disk(multi30k_dir, tmp_path_factory) -> Path:
+    """Multi30k val (1,014 pairs) as a `datasets` save_to_disk folder with the columns fr and en."""
+    import datasets
+
+    from preprocess.textio import read_lines
+    sides = {lang: [line.strip() for line in read_lines(multi30k_dir / f"val.{lang}.gz")] for lang in ("fr", "en")}
+    folder = tmp_path_factory.mktemp("saved") / "val"
+    datasets.Dataset.from_dict(sides).save_to_disk(str(folder))
+    return folder
+
+
+def test_a_recipe_launches_on_a_datasets_save_to_disk_folder(saved_to_disk, tmp_path):
+    """train.py reads a save_to_disk folder (preprocess.corpus_source), but the launch scripts refused one ("is not
+    a file"): recipes/cpu-tiny/run.sh on such a folder trains 2 steps on 2 processes, given it as an absolute path;
+    run_cluster.sh takes it too (its launcher stood in for)."""
+    runs = tmp_path / "runs"
+    env = script_env(runs)
+    env.pop("OMP_NUM_THREADS", None)                     # the recipe's launcher sets it
+    proc = run_script("recipes/cpu-tiny/run.sh", [saved_to_disk, "--src_field", "fr", "--tgt_field", "en",
+                                                  "--steps", 2], env, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run_dir = only_run_dir(runs)
+    assert [r["step"] for r in read_metrics(run_dir / "output")] == [1, 2]
+    assert f"--file_path {saved_to_disk} " in (only_launch(run_dir) / "command.sh").read_text()
+    echo = tmp_path / "ds.py"                            # stands in for the deepspeed command
+    echo.write_text("import sys\nprint(sys.argv[1:])\n")
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("127.0.0.1 slots=2\n")
+    proc = run_script(CLUSTER, [saved_to_disk, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"],
+                      script_env(tmp_path / "cluster", DEEPSPEED=f"{sys.executable} {echo}"))
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize("script", [RUN, CLUSTER, "recipes/2pcs/run.sh", "recipes/16pcs/run.sh",
@@ -122,6 +158,8 @@ def test_every_launcher_answers_help_and_starts_nothing(script, tmp_path):
                           timeout=60)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert proc.stdout.startswith("usage: ") and proc.stderr == "", (proc.stdout, proc.stderr)
+    if script.startswith("recipes/"):       # a copy's usage names the copy, not the folder it was copied from
+        assert f"bash {path} " in proc.stdout.splitlines()[0] and "recipes/" not in proc.stdout.splitlines()[0]
     assert not any(work.iterdir()) and not (tmp_path / "runs").exists()
     assert (sorted(REPO_ROOT.joinpath("out").rglob("*")) if (REPO_ROOT / "out").exists() else []) == before
 

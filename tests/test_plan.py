@@ -15,6 +15,7 @@ from model.parallel.topology import ParallelContext, rank_map
 from model.placement import layer_stages, place_blocks
 from model.transformer import DecoderLayer, Embeddings, EncoderLayer, Head, block_specs
 from tests.launch import run_python
+from tests.progress import load_factor, scaled
 from training.config.flags import parse_args
 from training.config.sections import TrainConfig
 from training.plan import planner as P
@@ -299,7 +300,7 @@ def test_plan_64_ranks_in_seconds():
     text = format_plan(plan)
     seconds = time.perf_counter() - t
     print(f"plan for 64 ranks: {seconds:.2f} s")
-    assert seconds < 10
+    assert seconds < scaled(10), f"{seconds:.1f} s at load factor {load_factor():.1f}"
     assert plan["layout"]["data_parallel"] == 4 and len(plan["ranks"]) == 64
     assert text.count("\n   63    7 node7") == 1
     # ZeRO 1 over dp 4: the optimizer state (master copy + 2 moments) is a quarter, params and grads are whole
@@ -326,7 +327,7 @@ def test_a_million_ranks_plan_in_seconds():
     text = format_plan(plan)
     seconds = time.perf_counter() - t
     print(f"plan for {world:,} ranks: {seconds:.2f} s")
-    assert seconds < 30
+    assert seconds < scaled(30), f"{seconds:.1f} s at load factor {load_factor():.1f}"
     assert len(plan["ranks"]) == world and plan["layout"]["data_parallel"] == world // 16
     last = plan["ranks"][-1]
     assert (last["rank"], last["pp"], last["dp"], last["tp"], last["node"]) == (world - 1, 1, world // 16 - 1, 7,
@@ -392,7 +393,9 @@ BAD = [
     ("unknown-section", {"modle": SEED_MODEL}, 2, ["unknown section 'modle'"]),
     ("wrong-type", {"model": SEED_MODEL, "parallel": {"model_parallel": 2.5}}, 2,
      ["parallel.model_parallel is 2.5; it must be an integer"]),
-    ("no-vocab", {"model": {"d_model": 32, "num_heads": 4}}, 2, ["vocab_size is needed", "--vocab_size"]),
+    # no vocab_size: the tokenizer's, as train.py takes it (tests/test_front_door.py); a --tokenizer that is not there
+    ("no-tokenizer", {"model": {"d_model": 32, "num_heads": 4, "tokenizer": "nowhere/tokenizer.json"}}, 2,
+     ["nowhere/tokenizer.json: tokenizer file not found"]),
     ("deepspeed-batch-clash", {"model": SEED_MODEL, "deepspeed": {"train_batch_size": 64}}, 1,
      ["DeepSpeed config sets train_batch_size=64 but the flags give 32"]),
 ]
@@ -501,7 +504,9 @@ def _zero1_with_an_odd_share(rank, world):
     """Real DeepSpeed ZeRO-1 (fp32) over a model whose gradient count / groups is odd (7 / 1)."""
     import deepspeed
 
+    from model.parallel.topology import skip_shm_all_reduce
     from training.core.engine import deepspeed_config
+    skip_shm_all_reduce()          # as train.py: no C++ build of DeepSpeed's CPU shm all-reduce
     torch.manual_seed(0)
     model = torch.nn.Linear(3, 1, bias=True)
     model.extra = torch.nn.Parameter(torch.zeros(3))          # 4 + 3 = 7 gradient elements

@@ -5,7 +5,8 @@ lands there, not in the checkout):
 - "Any corpus you have": the datasets folder and JSONL lines train (the user's files made here from Multi30k, in the
   shapes the lines name), the Hub line ends in one line without the network;
 - Validate, then the installed `dstr-translate` on the run's best checkpoint, answered through a pipe.
-The one liberty taken: `deepspeed` gets a free `--master_port` (never the default 29500 other jobs may hold)."""
+The one liberty taken: a `deepspeed` line that names no port gets a free `--master_port` (never the default 29500
+other jobs may hold), as the README says any may take; a line that names one (Train's) runs as written."""
 from __future__ import annotations
 
 import gzip
@@ -59,7 +60,7 @@ def _env(**extra) -> dict:
 
 
 def _run(command: str, cwd, env=None, ok=True, stdin=None) -> subprocess.CompletedProcess:
-    if command.startswith("deepspeed "):
+    if command.startswith("deepspeed ") and "--master_port" not in command:
         command = command.replace("deepspeed ", f"deepspeed --master_port {free_port()} ", 1)
     proc = subprocess.run(["bash", "-c", command], cwd=cwd, env=env or _env(), capture_output=True, text=True,
                           timeout=900, input=stdin)
@@ -91,6 +92,13 @@ def test_prepare_train_translate_chain(scratch):
     translation = results[4].stdout.splitlines()
     assert len(translation) == 1 and translation[0].strip(), results[4].stdout + results[4].stderr
     assert "step 20" in results[4].stderr, results[4].stderr
+    # the seed's 2-card run as written: its own free port ($(python run_scripts/free_port.py)), not DeepSpeed's 29500
+    (tp2,) = [c for c in train if c.startswith("deepspeed")]
+    assert "--master_port $(python run_scripts/free_port.py)" in tp2, tp2
+    launched = _run(tp2, scratch)
+    port = re.search(r"--master_port=(\d+)", launched.stdout + launched.stderr)      # DeepSpeed's runner logs its cmd
+    assert port and int(port.group(1)) != 29500, launched.stdout[-2000:]
+    assert [json.loads(line)["step"] for line in (scratch / "out/tp2/metrics.jsonl").read_text().splitlines()][-1] == 20
 
 
 def _multi30k_pairs(n: int) -> list[tuple[str, str]]:

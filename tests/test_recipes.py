@@ -10,6 +10,7 @@ import time
 import pytest
 
 from tests.launch import REPO_ROOT, launches, losses, only_launch, only_run_dir, read_metrics, run_script, script_env
+from tests.progress import load_factor, scaled
 from training.config.flags import load_recipe, parse_args
 from training.config.sections import TrainConfig
 from training.plan.planner import build_plan_parser, configs
@@ -152,7 +153,7 @@ def test_cpu_tiny_recipe_as_a_user_runs_it(multi30k_tsv, tmp_path):
     assert got[-1] < got[0] - 1.0, got
     assert "epoch: 1 step: 60, loss is" in proc.stdout                 # rank 0 followed on the console
     assert "OMP_NUM_THREADS=1" in (only_launch(run_dir) / "env.log").read_text()
-    assert seconds < 90
+    assert seconds < scaled(90), f"{seconds:.0f} s at load factor {load_factor():.1f}"
 
 
 @pytest.mark.slow

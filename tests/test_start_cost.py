@@ -31,11 +31,13 @@ def test_the_benchmark_runs_at_tiny_size_and_prints_its_table(tiny_resume):
     assert [r["rank"] for r in run["ranks"]] == [0, 1] and run["first_step_s"] > 0
 
 
-def test_each_checkpoint_byte_is_hashed_once_per_job_and_the_tsv_not_at_all_on_a_restart(tiny_resume):
+def test_each_checkpoint_byte_is_hashed_once_per_job_and_the_tsv_once_by_rank_0_on_a_restart(tiny_resume,
+                                                                                               multi30k_tsv):
     """The code before hashed the whole checkpoint on rank 0 (--resume auto's choice), then on rank 1 both tp2
     shards it read from (replicated weights come from TP rank 0's file): 2× the checkpoint; and the TSV on every
     rank. Now each file of the checkpoint is hashed by exactly one rank, none more than its fair share, and the TSV
-    by none (the save run recorded its digest)."""
+    once, by rank 0: the start takes its recorded digest (the save run recorded it), and the full check of what a
+    start trusted hashes it beside the steps (training.core.data_recheck)."""
     _, figures = tiny_resume
     layout = figures["layouts"]["tp2"]
     files, ranks = layout["checkpoint_files"], layout["runs"]["after"][0]["ranks"]
@@ -45,7 +47,8 @@ def test_each_checkpoint_byte_is_hashed_once_per_job_and_the_tsv_not_at_all_on_a
     for r in ranks:
         mine = sum(n for path, n in r["files"].items() if path in files)
         assert mine <= layout["checkpoint_bytes"] / len(ranks) + largest / 2, (r["rank"], mine)
-        assert r["bytes"]["tsv"] == 0, r
+    tsv = [r["bytes"]["tsv"] for r in ranks]
+    assert tsv == [os.path.getsize(multi30k_tsv)] + [0] * (len(ranks) - 1), tsv
 
 
 def test_files_are_dealt_largest_first_to_the_least_loaded_rank(tmp_path):

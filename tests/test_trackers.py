@@ -13,10 +13,10 @@ import pytest
 
 from tests.launch import REPO_ROOT, TINY, env, read_metrics, run_train
 
-# pip install '.[test]' installs both (setup.cfg); the missing-package case needs neither
-needs_wandb = pytest.mark.skipif(find_spec("wandb") is None, reason="wandb is not installed: pip install '.[wandb]'")
+# pip install -e '.[test]' installs both (setup.cfg); the missing-package case needs neither
+needs_wandb = pytest.mark.skipif(find_spec("wandb") is None, reason="wandb is not installed: pip install -e '.[wandb]'")
 needs_mlflow = pytest.mark.skipif(find_spec("mlflow") is None or find_spec("sqlalchemy") is None,
-                                  reason="mlflow is not installed: pip install '.[mlflow]'")
+                                  reason="mlflow is not installed: pip install -e '.[mlflow]'")
 
 
 def read_wandb_run(run_dir: Path) -> dict:
@@ -286,7 +286,8 @@ def test_missing_wandb_is_one_line_naming_the_extra(multi30k_tsv, tmp_path, asse
     proc = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "train.py"), "--file_path",
                            str(multi30k_tsv), "--output_dir", str(out), "--wandb", "proj"], env=e,
                           capture_output=True, text=True, timeout=300)
-    assert_user_error(proc, "--wandb needs the wandb package: pip install 'ds-transformer-recipes[wandb]'")
+    # -e and the checkout: `pip install '.[wandb]'` would replace the editable install (copied recipes need it)
+    assert_user_error(proc, f"--wandb needs the wandb package: pip install -e '{REPO_ROOT}[wandb]'")
     assert not out.exists()
 
 

@@ -15,13 +15,14 @@ import sys
 
 import torch.distributed as dist
 
-from common.errors import UserError
+from common.errors import Stopped, UserError
 from training.checkpoint.folder import step_dirname
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.shared_folder import check_output_folder
 from training.config.preflight import check_run
 from training.config.sections import TrainConfig
 from training.core.data import BatchFeeder, batch_schedule, prepare_data
+from training.core.data_recheck import DataRecheck
 from training.core.distributed import device
 from training.core.engine import build_engine, check_precision
 from training.core.metrics import MetricsWriter
@@ -30,8 +31,9 @@ from training.core.speed import SpeedMeter
 from training.core.step import StepTimer, current_lr, eval_step, train_step
 from training.core.trackers import Trackers
 from training.evaluation.validation import BEST, BestTracker, Validator
-from training.run import injection
+from training.run import injection, launch_record
 from training.run.job import join_job
+from training.run.job_watch import publish_stopping
 from training.run.nonfinite_steps import NonFiniteSteps
 from training.run.output_lock import claim_output_dir
 from training.run.start_point import agree, take_settings, trajectory
@@ -44,9 +46,11 @@ class Trainer:
     def __init__(self, config: TrainConfig):
         self.cfg = config
         self._provenance: dict = {}
+        self.launches: list[dict] = []       # run.json's "launches" (rank 0): this run's launches, this one last
         self.lock = None
         self.validator: Validator | None = None
         self.tracker: BestTracker | None = None
+        self.request = StopRequest()          # installed by train(): a bare setup() (tests' drivers) is not stopped
 
     # ------------------------------------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -69,9 +73,10 @@ class Trainer:
         batch_unit = cfg.data.batch_unit[0]
         check_precision(cfg.parallel.precision)
 
-        self.data = prepare_data(cfg.data.file_path, cfg.model.tokenizer, cfg.model.src_len, cfg.model.tgt_len,
-                                 cfg.model.tokenizer_vocab_size, progress=self.rank == 0, cache_dir=cfg.data.cache_dir,
-                                 corpus=cfg.data.corpus())
+        with self.request.preparing():        # a stop request ends a long first build at once, leaving nothing of it
+            self.data = prepare_data(cfg.data.file_path, cfg.model.tokenizer, cfg.model.src_len, cfg.model.tgt_len,
+                                     cfg.model.tokenizer_vocab_size, progress=self.rank == 0,
+                                     cache_dir=cfg.data.cache_dir, corpus=cfg.data.corpus())
         self.vocab = cfg.model.vocab_size or self.data.vocab_size
         if self.vocab < self.data.vocab_size:
             raise UserError(f"--vocab_size {self.vocab} is smaller than the tokenizer's vocabulary "
@@ -114,11 +119,12 @@ class Trainer:
             # the weights alone (no moments, no RNG): what decoding needs, a third of a checkpoint's bytes
             bleu_model = ((lambda step: self.checkpoints.save(step, name=".valid_bleu", weights_only=True))
                           if val.valid_bleu else None)
-            self.validator = Validator(val.valid_file, str(self.data.tokenizer_path), self.cfg.model.src_len,
-                                       self.cfg.model.tgt_len, self.cfg.data.valid_batch_size, self.engine.ctx,
-                                       self.parallel.micro_batch_num, device(), progress=self.rank == 0,
-                                       bleu=bleu_model, cache_dir=self.cfg.data.cache_dir,
-                                       corpus=self.cfg.data.corpus(valid=True))
+            with self.request.preparing():    # the validation set's store: as the training set's
+                self.validator = Validator(val.valid_file, str(self.data.tokenizer_path), self.cfg.model.src_len,
+                                           self.cfg.model.tgt_len, self.cfg.data.valid_batch_size, self.engine.ctx,
+                                           self.parallel.micro_batch_num, device(), progress=self.rank == 0,
+                                           bleu=bleu_model, cache_dir=self.cfg.data.cache_dir,
+                                           corpus=self.cfg.data.corpus(valid=True))
             self.valid_every = val.valid_interval or self.feeder.schedule.batches_per_epoch
             self.tracker = BestTracker(self.checkpoints.root, val.early_stop_patience, self.start_step,
                                        self.valid_every)
@@ -129,7 +135,7 @@ class Trainer:
         return {**self.engine.describe(), "vocab": self.vocab, "params_rank0": n_params,
                 "start_step": self.start_step, "total_steps": self.total_steps,
                 "started_from": {"how": self.start.how, "checkpoint": self.start.path}, **self._provenance,
-                "config": self.cfg.to_dict()}
+                "launches": self.launches, "config": self.cfg.to_dict()}
 
     def _where_from(self) -> dict:
         """How to run this again (run.json): the command line, the code's commit, and the files as resolved — the
@@ -155,6 +161,8 @@ class Trainer:
                                     trackers=Trackers.chosen(self.cfg.checkpoint.output_dir, log.wandb,
                                                              log.wandb_entity, log.wandb_run_name, log.mlflow))
         self._provenance = self._where_from() if self.rank == 0 else {}      # one git call, on the writing rank
+        if self.rank == 0:                    # each launch's SLURM job and restart, and how it ended (requeue reads it)
+            self.launches = launch_record.launches(self.cfg.checkpoint.output_dir, self.start_step)
         info = self.info = self._describe()
         self.writer.run_info(info)
         self.writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in LAYOUT_KEYS]
@@ -170,9 +178,17 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------------ the loop
     def train(self) -> int:
-        request = StopRequest().install()     # SIGTERM / SIGUSR1 / SIGHUP / the launcher's end: save the step, stop
-        self.setup()
-        self.load()
+        request = self.request.install()      # SIGTERM / SIGUSR1 / SIGHUP / the launcher's end: save the step, stop
+        try:
+            self.setup()
+            self.load()
+        except BaseException as exc:
+            if isinstance(exc, Stopped):      # a stop request while the data was prepared: every rank stops so
+                publish_stopping(exc.exit_status - 128)
+            if self.lock is not None:         # nothing written yet: the lock file and folders this run made go
+                self.lock.undo()
+            raise
+        self.recheck = DataRecheck.start()    # the data files taken on trust (their record, a sample), hashed in full
         self.start_logging()
         try:
             return self.loop(request)
@@ -202,6 +218,8 @@ class Trainer:
             improved = self.validate(done, record)
             self.writer.log(record)
             early_stop = self.tracker is not None and self.tracker.should_stop
+            # the data files the start trusted, hashed in full beside these steps: a changed one stops the run here
+            self.recheck.after_step(done, last=done == self.total_steps or early_stop)
             self.save(done, improved, last=done == self.total_steps or early_stop)
             # every rank, every step: the same answer (the vote of the step before; the last step's at once)
             code = request.agreed(device(), self.world, final=done == self.total_steps or early_stop)
@@ -255,6 +273,7 @@ class Trainer:
         """A stop request agreed after `step`: save that step (--save_on_signal), say so, exit non-zero."""
         stop.close()
         why = stop.describe_agreed(code)
+        saved = None
         if not self.cfg.optimization.train:
             outcome = "an evaluation run: nothing to save"
         elif self.cfg.faults.save_on_signal:
@@ -262,10 +281,13 @@ class Trainer:
             if latest is None or os.path.basename(latest) != step_dirname(step):
                 self.checkpoints.save(step)
             outcome = f"checkpoint {step_dirname(step)} saved; resume with --resume"
+            saved = step_dirname(step)
         else:
             latest = self.checkpoints.latest()
             outcome = ("no checkpoint saved (--save_on_signal 0); " +
                        (f"resume with --resume from {os.path.basename(latest)}" if latest else "nothing to resume"))
+        if self.launches:                     # (run.json is written by finish, once the checkpoint is committed)
+            launch_record.ended(self.launches[-1], "stopped", step, by=why, checkpoint=saved)
         self.finish(losses, stopped=f"stopped by {why} at step {step}")
         if self.rank == 0:
             print(f"stopped by {why} at step {step}; {outcome}", file=sys.stderr, flush=True)
@@ -279,6 +301,8 @@ class Trainer:
             summary["stopped"] = stopped
         if self.tracker is not None:
             summary["best_validation"] = self.tracker.best
+        if self.launches and "end" not in self.launches[-1]:
+            launch_record.ended(self.launches[-1], "finished", summary["steps"])
         # what this rank's optimizer holds now, next to the run's description (plan.py predicts it:
         # tests/test_parity.py)
         self.writer.run_info({**self._describe(), "optimizer_state_bytes_rank0": self.engine.optimizer_state_bytes()})

@@ -65,6 +65,15 @@ class ParallelContext:
                    pp_size=grid.get_pipe_parallel_world_size(), pp_rank=grid.get_stage_id(), grid=grid)
 
 
+def skip_shm_all_reduce() -> None:
+    """DeepSpeed's comm backend, whenever it is created (init_distributed, or deepspeed.initialize on a process group
+    made by torch), JIT-builds its CPU shared-memory all-reduce with a C++ compiler (minutes, once per machine, and a
+    lock file that a killed build leaves makes the next one wait forever) — for a buffer training never uses."""
+    import importlib
+    # by module path: the package attribute `deepspeed.comm.torch` is the torch library itself
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+
+
 def init_deepspeed_comm(backend: str = "gloo", timeout_s: float | None = None) -> None:
     """deepspeed.init_distributed without DeepSpeed's CPU shared-memory all-reduce.
 
@@ -84,8 +93,7 @@ def init_deepspeed_comm(backend: str = "gloo", timeout_s: float | None = None) -
     import deepspeed.comm as ds_dist
     if ds_dist.is_initialized():
         return
-    # by module path: the package attribute `deepspeed.comm.torch` is the torch library itself
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    skip_shm_all_reduce()
     kwargs = {}
     if timeout_s is not None:
         kwargs["timeout"] = timedelta(seconds=timeout_s)

@@ -4,7 +4,7 @@
 # = bash run_scripts/run_cluster.sh DATA_PATH HOSTFILE recipes/16pcs/16pcs.json [extra...]
 # HOSTFILE: run_scripts/hostfiles/hostfile_2nodes (edit the hosts), or from the seed's rank table:
 #   python run_scripts/rank_table_to_hostfile.py run_scripts/rank_tables/rank_table_16pcs.json -o hostfile
-USAGE="usage: bash recipes/16pcs/run.sh DATA_PATH HOSTFILE [extra train.py flags...]
+USAGE="usage: bash $0 DATA_PATH HOSTFILE [extra train.py flags...]
   DATA_PATH   the training TSV, at the same path on every node
   HOSTFILE    DeepSpeed hostfile, one 'HOST slots=N' line per node (run_scripts/hostfiles/hostfile_2nodes)
   extra flags go to train.py and override 16pcs.json; --launcher openmpi starts the ranks with mpirun;

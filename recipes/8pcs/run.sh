@@ -3,7 +3,7 @@
 #   bash recipes/8pcs/run.sh DATA_PATH [extra train.py flags...]     e.g. --steps 100, --launcher openmpi
 # = bash run_scripts/run.sh DATA_PATH recipes/8pcs/8pcs.json [extra...] (its world_size: 8); the run lives in
 # runs/8pcs[-$RUN_NAME]/, and the same command plus --resume continues it; see recipes/README.md.
-USAGE="usage: bash recipes/8pcs/run.sh DATA_PATH [extra train.py flags...]
+USAGE="usage: bash $0 DATA_PATH [extra train.py flags...]
   DATA_PATH   the training TSV (source<TAB>target per line), e.g. from python -m preprocess.parallel
   extra flags go to train.py and override 8pcs.json (e.g. --steps 100); --launcher openmpi starts the ranks
   with mpirun; environment as run_scripts/run.sh (MASTER_PORT, RUNS_DIR, DRY_RUN=1, ...), DSR_ROOT (the repository)"

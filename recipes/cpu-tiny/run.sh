@@ -3,7 +3,7 @@
 #   bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]
 # = OMP_NUM_THREADS=1 bash run_scripts/run.sh DATA_PATH recipes/cpu-tiny/cpu-tiny.json [extra...]: the run lives
 # in runs/cpu-tiny[-$RUN_NAME]/; add --resume to the same command to continue it
-USAGE="usage: bash recipes/cpu-tiny/run.sh DATA_PATH [extra train.py flags...]
+USAGE="usage: bash $0 DATA_PATH [extra train.py flags...]
   DATA_PATH   the training TSV; make it with: python -m preprocess.parallel --src data/multi30k/train.fr.gz \\
               --tgt data/multi30k/train.en.gz --output out/data/train.fr_en.tsv
   extra flags go to train.py and override cpu-tiny.json (e.g. --steps 20); environment as run_scripts/run.sh

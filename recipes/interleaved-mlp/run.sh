@@ -6,7 +6,7 @@
 # Environment: NPROC (default 2 = mp 2), MASTER_PORT (default: a free one), PYTHON, DEEPSPEED (the launcher command),
 # OUTPUT_DIR (default out/interleaved-mlp). Loss lines: "epoch: E step: S, loss is L" every 100 steps.
 set -uo pipefail
-USAGE="usage: bash recipes/interleaved-mlp/run.sh [extra train_mlp.py flags...]
+USAGE="usage: bash $0 [extra train_mlp.py flags...]
   flags: --interleave_num 1 (to compare), --epochs, --lr, ... (python run_scripts/train_mlp.py --help)
   environment: NPROC (2), MASTER_PORT (default: a free one), PYTHON, DEEPSPEED, OUTPUT_DIR, DSR_ROOT (the repository)"
 case "${1:-}" in -h|--help) echo "$USAGE"; exit 0 ;; esac

@@ -5,7 +5,7 @@
 #   bash recipes/multi30k-fr-en/run.sh [OUT_DIR] [extra train.py flags...]      (default OUT_DIR: out/multi30k-fr-en)
 # = VOCAB=6000 SPLIT_PUNCTUATION=1 bash run_scripts/translation_recipe.sh fr en recipes/multi30k-fr-en/multi30k-fr-en.json OUT_DIR
 # A stopped run continues where it stopped when started again. NPROC=N trains on N processes (deepspeed launcher).
-USAGE="usage: bash recipes/multi30k-fr-en/run.sh [OUT_DIR] [extra train.py flags...]
+USAGE="usage: bash $0 [OUT_DIR] [extra train.py flags...]
   OUT_DIR     where data, tokenizer, checkpoints and results go (default out/multi30k-fr-en, relative to where you are)
   extra flags go to train.py and override multi30k-fr-en.json; environment: NPROC (processes), VOCAB, BEAM, LIMIT, SETS,
   ... (see run_scripts/translation_recipe.sh), DSR_ROOT (the repository, for a copy of this folder elsewhere)"

@@ -17,7 +17,7 @@
 # QUIET=1); as root, mpirun gets --allow-run-as-root.
 set -uo pipefail
 
-USAGE="usage: bash recipes/sharded-mlp/run.sh [--launcher openmpi] [extra sharded_mlp.py flags...]
+USAGE="usage: bash $0 [--launcher openmpi] [extra sharded_mlp.py flags...]
   flags: --mesh 2,4 --strategy \"((2, 4), (4, 1))\" --epochs 5 --steps_per_epoch 4 --batch_size 2 --lr 0.2
          --momentum 0.1 (python run_scripts/sharded_mlp.py --help)"
 

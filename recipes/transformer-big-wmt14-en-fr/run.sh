@@ -10,7 +10,7 @@
 # The paper's 36 M pairs: any aligned English and French files → python -m preprocess.parallel --src X.en --tgt
 # X.fr --output out/wmt14/train.en_fr.tsv. train.py builds the shared 32k joint BPE from DATA_PATH (--tokenizer to
 # bring one: python -m preprocess.tokenizer --vocab_size 32000 --sample_size 1000000).
-USAGE="usage: [LAYOUT=1|8|16] bash recipes/transformer-big-wmt14-en-fr/run.sh DATA_PATH [HOSTFILE] [extra flags...]
+USAGE="usage: [LAYOUT=1|8|16] bash $0 DATA_PATH [HOSTFILE] [extra flags...]
   DATA_PATH   the training TSV (english<TAB>french per line): see this script's header for the data step
   HOSTFILE    (LAYOUT=16 only) DeepSpeed hostfile of 2 nodes × 8 slots
   LAYOUT      1 (default): transformer-big-wmt14-en-fr.json; 8: -8gpu.json; 16: -16gpu.json

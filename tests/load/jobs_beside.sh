@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Run a command while two other 2-rank training jobs train beside it on this machine, as on a shared node:
+# Run a command while other 2-rank training jobs train beside it on this machine, as on a shared node:
 #
 #   bash tests/load/jobs_beside.sh bash .ci/run            # the suite, with two jobs beside it
-#   ROUNDS=3 bash tests/load/jobs_beside.sh bash .ci/run   # three times in a row; stops at the first failure
+#   JOBS=4 ROUNDS=2 bash tests/load/jobs_beside.sh bash .ci/run   # four jobs, twice in a row; stops at a failure
 #
-# The jobs: recipes/cpu-tiny (tp 2, 2 ranks each) on the bundled Multi30k data through run_scripts/run.sh and the
-# `deepspeed` launcher, one on DeepSpeed's default master port 29500 and one on 29501, each restarted (with
+# The jobs (JOBS, default 2): recipes/cpu-tiny (tp 2, 2 ranks each) on the bundled Multi30k data through
+# run_scripts/run.sh and the `deepspeed` launcher, the first on DeepSpeed's default master port 29500 and the
+# others on 29501, 29502, ..., each restarted (with
 # --resume) whenever it ends, at normal priority, so they take their share of the cores for the whole command.
 # Everything they write goes to a temporary folder, removed with the jobs when the command ends (or is
 # interrupted). Exit status: the command's (of the first failed round).
@@ -34,7 +35,10 @@ trap '[ -n "$COMMAND" ] && kill -TERM -- "-$COMMAND" 2>/dev/null; wait "$COMMAND
 "$PYTHON" -c "import sys; sys.path.insert(0, '$ROOT'); from preprocess.parallel import make_tsv; \
 make_tsv('$ROOT/data/multi30k/train.fr.gz', '$ROOT/data/multi30k/train.en.gz', '$WORK/train.fr_en.tsv')" || exit 1
 
-for port in 29500 29501; do
+JOBS=${JOBS:-2}
+PORTS=()
+for ((j = 0; j < JOBS; j++)); do PORTS+=($((29500 + j))); done
+for port in "${PORTS[@]}"; do
     # each job in a process group of its own (setsid), so stop_jobs ends the launcher and its ranks together
     setsid bash -c "
         cd '$ROOT'
@@ -46,7 +50,7 @@ for port in 29500 29501; do
         done" &
     PIDS+=($!)
 done
-echo "jobs beside: two 2-rank runs of recipes/cpu-tiny on ports 29500 and 29501 (logs in $WORK)" >&2
+echo "jobs beside: $JOBS 2-rank runs of recipes/cpu-tiny on ports ${PORTS[*]} (logs in $WORK)" >&2
 
 rounds="${ROUNDS:-1}"
 for ((round = 1; round <= rounds; round++)); do

@@ -18,9 +18,10 @@ from collections.abc import Sequence
 import torch
 
 from common.errors import UserError
+from common.staging import staged_file
 from model.config import ModelConfig
 from training.checkpoint import safetensors_io
-from training.checkpoint.folder import resolve
+from training.checkpoint.folder import checkpoint_files, resolve
 from training.checkpoint.format import (
     check_compatible,
     load_full_state,
@@ -87,6 +88,23 @@ def load(path: str, verify: bool = True) -> dict:
     return obj
 
 
+def source_files(paths: Sequence[str]) -> list[tuple[str, str]]:
+    """(how to name it to the user, path) of every file merging or averaging `paths` reads — a consolidated file
+    itself, a checkpoint folder's meta.json and the files it lists — for refuse_output_over_inputs. A path that
+    leads nowhere gives none: the load says why, in its turn."""
+    found = []
+    for given in paths:
+        if os.path.isfile(given):
+            found.append((f"the input {given}", given))
+            continue
+        try:
+            folder = resolve(given)
+        except UserError:
+            continue
+        found += [(f"{os.path.basename(f)} of the checkpoint {folder}", f) for f in checkpoint_files(folder)]
+    return found
+
+
 def average(paths: Sequence[str], verify: bool = True) -> dict:
     """The elementwise mean of the fp32 weights of several checkpoints (folders of any layout, or consolidated
     files) of the same model; summed in float64, stored in fp32. Step and config are the last checkpoint's."""
@@ -120,7 +138,7 @@ def average(paths: Sequence[str], verify: bool = True) -> dict:
 
 
 def save(obj: dict, path: str) -> None:
-    """obj to path atomically (a .part file renamed into place), in the form its extension names: .safetensors
+    """obj to path atomically (a staging file renamed into place), in the form its extension names: .safetensors
     (the state dict, the rest as metadata), .bin (the bare state dict, torch.save: what DeepSpeed's zero_to_fp32
     and transformers' pytorch_model.bin hold), anything else the whole dict (torch.save)."""
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -130,6 +148,5 @@ def save(obj: dict, path: str) -> None:
     if path.endswith(".bin") and "optimizer" in obj:
         raise UserError(f"{path}: a .bin output holds the state dict alone, not the AdamW moments; write a .pt file "
                         f"for --with_optimizer")
-    tmp = path + ".part"
-    torch.save(obj["model"] if path.endswith(".bin") else obj, tmp)
-    os.replace(tmp, path)
+    with staged_file(path) as tmp:          # a name of its own (a user's PATH.part stays), gone if the save fails
+        torch.save(obj["model"] if path.endswith(".bin") else obj, tmp)

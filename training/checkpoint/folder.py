@@ -31,15 +31,38 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
+STEP_NAME = re.compile(r"step_\d+")           # what the saves write into `latest`: a step folder's name, no path
+
+
+def _outside_the_run(ckpt_root: str, name: str, path: str) -> str | None:
+    """Why `latest`'s `name` is not a step folder of this run's own (None: it is one). A path in it
+    (../../other/checkpoints/step_N, an absolute one) or a link out of the folder would make --resume continue
+    another run's weights in this run's folder."""
+    if not STEP_NAME.fullmatch(name):
+        return f"names {name[:200]!r}, which is not a step_N folder beside it"
+    if os.path.dirname(os.path.realpath(path)) != os.path.realpath(ckpt_root):
+        return f"names {name}, a link to {os.path.realpath(path)}, outside this run's checkpoints"
+    return None
+
+
 def latest_checkpoint(ckpt_root: str, strict: bool = True) -> str | None:
-    """The checkpoint `latest` names, or None when there is none. A `latest` naming a missing folder is a UserError
-    (strict) or None (for messages that only mention it)."""
+    """The checkpoint `latest` names, or None when there is none. A `latest` naming a missing folder, or anything
+    but a step folder of this run (its saves write only a step_N name), is a UserError (strict) or None (for
+    messages that only mention it)."""
     pointer = os.path.join(ckpt_root, "latest")
     if not os.path.isfile(pointer):
         return None
-    with open(pointer, encoding="utf-8") as f:
-        name = f.read().strip()
+    with open(pointer, "rb") as f:
+        name = f.read().decode("utf-8", "replace").strip()
     path = os.path.join(ckpt_root, name)
+    outside = _outside_the_run(ckpt_root, name, path)
+    if outside is not None:
+        if not strict:
+            return None
+        raise UserError(f"{pointer} {outside}: `latest` must name a checkpoint of this run (a step_N folder of "
+                        f"{ckpt_root}), it was edited or copied from elsewhere. Resume from this run's newest intact "
+                        f"checkpoint with --resume auto, or name one with --resume {ckpt_root}/step_N (another run's "
+                        f"checkpoint: --ckpt_file PATH with a new --output_dir)")
     if not os.path.isdir(path):
         if not strict:
             return None
@@ -65,6 +88,21 @@ def resolve(path: str) -> str:
     if path.endswith(".tmp") or any(n.endswith(".tmp") for n in os.listdir(path)):
         raise UserError(f"{path} holds only a partial checkpoint (a save was interrupted); use an earlier one")
     raise UserError(f"{path} is not a checkpoint: no meta.json and no 'latest' pointer in it")
+
+
+def checkpoint_files(path: str) -> list[str]:
+    """The files a load of the checkpoint folder `path` reads — meta.json and those it lists (shards, RNG states, the
+    tokenizer copy) — which no command's output may be written over. A meta.json that cannot be read gives itself
+    alone (the load then says what is wrong with it)."""
+    names = ["meta.json"]
+    try:
+        with open(os.path.join(path, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        listed = [*meta.get("shards", []), *meta.get("rng", []), meta.get("tokenizer")]
+        names += [n for n in listed if isinstance(n, str) and n and os.path.basename(n) == n]
+    except (OSError, ValueError, AttributeError, TypeError):
+        pass
+    return [os.path.join(path, n) for n in names]
 
 
 def write_atomic(path: str, write) -> None:

@@ -35,12 +35,13 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 import torch
 
 from common.errors import UserError
 from common.hashing import file_sha256
-from model.config import ModelConfig
+from model.config import ModelConfig, ParallelConfig
 from model.parallel.sharding import saved_pieces, shard_rows
 from training.checkpoint.optimizer_state import KEYS
 from training.checkpoint.shard_io import read_all, read_header, read_slice, write_tensors
@@ -148,7 +149,7 @@ def read_meta(path: str) -> dict:
     if version != FORMAT_VERSION:
         raise UserError(f"{path}: checkpoint format {version} is not {FORMAT_VERSION}: it was written by another "
                         f"version of this code; load it with that version")
-    _check_meta_fields(meta, meta_path)
+    check_meta(meta, path, meta_path)
     missing = [n for n in meta["shards"] + meta["rng"] if not os.path.isfile(os.path.join(path, n))]
     if missing:
         raise UserError(f"{path} is incomplete: missing {', '.join(missing[:4])}"
@@ -162,6 +163,13 @@ META_FIELDS = {"format_version": int, "step": int, "shards": list, "rng": list, 
                "world_size": int, "optimizer_step": int, "samples_seen": int, "skipped_steps": int,
                "lr_scheduler": dict, "run_id": str, "checkpoint_id": str}
 TYPE_NAMES = {int: "an integer", list: "a list", dict: "an object", str: "a string"}
+
+
+def check_meta(meta: dict, path: str, meta_path: str) -> None:
+    """meta.json of checkpoint `path` as the code reads it: every field of its type, and what it states twice in
+    agreement (UserError naming the first problem)."""
+    _check_meta_fields(meta, meta_path)
+    _check_stated_twice(meta, path, meta_path)
 
 
 def _check_meta_fields(meta: dict, meta_path: str) -> None:
@@ -180,15 +188,76 @@ def _check_meta_fields(meta: dict, meta_path: str) -> None:
     model_kinds = {f.name: f.type for f in dataclasses.fields(ModelConfig)}
     for key, value in meta["model"].items():
         _check_kind(f"model.{key}", value, model_kinds.get(key), meta_path)
+    check_layout(meta["parallel"], meta_path)
+    schedule = meta["lr_scheduler"]
+    if not _kind_matches(schedule.get("last_epoch"), "int") or not isinstance(schedule.get("last_lr"), list) \
+            or not all(_kind_matches(lr, "float") for lr in schedule["last_lr"]):
+        raise UserError(f"{meta_path}: field 'lr_scheduler' is {json.dumps(schedule)[:60]}, not "
+                        f"{{\"last_epoch\": an integer, \"last_lr\": a list of numbers}}; the file was edited or "
+                        f"damaged — use another checkpoint")
     if isinstance(meta.get("optimization"), dict):
         for key, value in meta["optimization"].items():
             _check_kind(f"optimization.{key}", value, TRAJECTORY_KINDS.get(key, "float"), meta_path)
 
 
 TRAJECTORY_KINDS = {"lr_schedule": "str", "warmup_steps": "int", "decay_steps": "int", "steps": "int"}   # else float
+LAYOUT_SIZES = ("data_parallel", "model_parallel", "pipeline_stage")      # what the files of a checkpoint follow
+
+
+def check_layout(parallel: dict, meta_path: str) -> None:
+    """The saving layout as the code reads it: its three sizes present and >= 1, every field it knows of its type
+    ("pipeline_stage": "2" traced back in range()). Fields it does not know are a newer or older layout's, unread."""
+    kinds = {f.name: f.type for f in dataclasses.fields(ParallelConfig)}
+    for key in LAYOUT_SIZES:
+        value = parallel.get(key)
+        if not _kind_matches(value, "int") or value < 1:
+            raise UserError(f"{meta_path}: field 'parallel.{key}' is {json.dumps(value)[:40]}, not an integer >= 1; "
+                            f"the file was edited or damaged — use another checkpoint")
+    for key, value in parallel.items():
+        if key in kinds:
+            _check_kind(f"parallel.{key}", value, kinds[key], meta_path)
+
+
+def _stated_twice(meta: dict, path: str) -> list[tuple[str, object, str, object]]:
+    """(a meta.json field, its value, what else states it, that value) for each value a checkpoint states twice; a
+    save writes both alike, so a difference is an edit or a copy."""
+    parallel, world = meta["parallel"], meta["world_size"]
+    sizes = [parallel[k] for k in LAYOUT_SIZES]
+    pairs = [("world_size", world, "parallel's data_parallel × model_parallel × pipeline_stage say",
+              sizes[0] * sizes[1] * sizes[2]),
+             ("shards", meta["shards"], "the layout (parallel) says",
+              [shard_file(p, t) for p in range(sizes[2]) for t in range(sizes[1])]),
+             ("rng", meta["rng"], "world_size says",
+              [] if meta.get("weights_only") else [rng_file(r) for r in range(world)])]
+    name = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(path)))
+    if name:
+        pairs.append(("step", meta["step"], f"the folder's name {name.group(0)} says", int(name.group(1))))
+    if meta.get("sha256"):
+        pairs.append(("sha256", sorted(meta["sha256"]), "shards and rng list", sorted(meta["shards"] + meta["rng"])))
+    order = meta.get("data_order")
+    if isinstance(order, dict):
+        if "seed" in meta and "seed" in order:
+            pairs.append(("seed", meta["seed"], "data_order says", order["seed"]))
+        if order.get("batching") == "fixed" and "batch_size" in meta and "batch_size" in order:
+            pairs.append(("batch_size", meta["batch_size"], "data_order says", order["batch_size"]))
+    validation = meta.get("validation")
+    if isinstance(validation, dict) and "step" in validation:
+        pairs.append(("step", meta["step"], "its validation says", validation["step"]))
+    return pairs
+
+
+def _check_stated_twice(meta: dict, path: str, meta_path: str) -> None:
+    for field, value, other, other_value in _stated_twice(meta, path):
+        if value != other_value:
+            raise UserError(f"{meta_path}: {field} is {json.dumps(value)[:80]} but {other} "
+                            f"{json.dumps(other_value)[:80]}: meta.json was edited (or the folder renamed), and "
+                            f"loading it would go on from the wrong place — put the value back, or use another "
+                            f"checkpoint")
 
 
 def _kind_matches(value, kind: str) -> bool:
+    if kind.endswith(" | None"):                  # e.g. parallel.zero_stage: null = DeepSpeed's default
+        return value is None or _kind_matches(value, kind[:-len(" | None")])
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "str":
@@ -267,9 +336,12 @@ def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
                         + ". Use the same model flags/recipe (layouts may differ)")
 
 
-def check_identity(path: str, fname: str, got: dict, meta: dict) -> None:
-    """A file of this checkpoint carries meta.json's checkpoint id; anything else was copied in."""
+def check_identity(path: str, fname: str, got: dict, meta: dict, place: dict | None = None) -> None:
+    """A file of this checkpoint carries meta.json's checkpoint id; anything else was copied in. Its header also
+    states the step and the file's place (`place`: {"pp_rank", "tp_rank"} of a shard, {"rank"} of RNG states),
+    which must be meta.json's step and the file's name."""
     if got.get("checkpoint_id") == meta.get("checkpoint_id"):
+        _check_header_states(path, fname, got, meta, place or {})
         return
     if got.get("run_id") == meta.get("run_id"):
         origin = f"step {got.get('step')} of the same run"
@@ -278,6 +350,34 @@ def check_identity(path: str, fname: str, got: dict, meta: dict) -> None:
     raise UserError(f"checkpoint {path}: {fname} belongs to {origin}, not to this checkpoint (run "
                     f"{meta.get('run_id')}, step {meta.get('step')}): a file was copied in from another checkpoint; "
                     f"use the checkpoint's own files or an earlier complete checkpoint")
+
+
+def _check_header_states(path: str, fname: str, got: dict, meta: dict, place: dict) -> None:
+    """What a file's header states that meta.json (or the file's name) states too. Headers written before they held
+    a value lack it: nothing to compare."""
+    if "step" in got and got["step"] != str(meta["step"]):
+        raise UserError(f"checkpoint {path}: meta.json says step {meta['step']}, but {fname} was saved at step "
+                        f"{got['step']} (its header): meta.json was edited, and a resume would count steps, the "
+                        f"learning rate and the data position from the wrong step on these weights. Put back "
+                        f"\"step\": {got['step']}, or use another checkpoint")
+    for key, want in place.items():
+        if key in got and got[key] != str(want):
+            raise UserError(f"checkpoint {path}: {fname} holds {key} {got[key]} (its header), not {want} as its name "
+                            f"says: the checkpoint's files were renamed; use the checkpoint as it was saved, or "
+                            f"another one")
+
+
+def check_headers(path: str, meta: dict) -> None:
+    """Every file meta.json lists, by its header alone (no tensor read): this checkpoint's, saved at its step, in
+    the place its name says — before a run is set up on a checkpoint that will not load."""
+    parallel = meta["parallel"]
+    for pp in range(parallel["pipeline_stage"]):
+        for tp in range(parallel["model_parallel"]):
+            _, info = read_header(os.path.join(path, shard_file(pp, tp)))
+            check_identity(path, shard_file(pp, tp), info, meta, {"pp_rank": pp, "tp_rank": tp})
+    for rank, name in enumerate(meta["rng"]):
+        _, info = read_header(os.path.join(path, name))
+        check_identity(path, name, info, meta, {"rank": rank})
 
 
 class ShardIndex:
@@ -297,7 +397,7 @@ class ShardIndex:
                 if info.get("format") != SHARD_FORMAT or info.get("format_version") != str(FORMAT_VERSION):
                     raise UserError(f"checkpoint {path}: {shard_file(pp, tp)} is not a format-{FORMAT_VERSION} "
                                     f"checkpoint shard")
-                check_identity(path, shard_file(pp, tp), info, meta)
+                check_identity(path, shard_file(pp, tp), info, meta, {"pp_rank": pp, "tp_rank": tp})
                 if tp:
                     continue
                 for name, e in json.loads(info["params"]).items():

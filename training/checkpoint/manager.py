@@ -51,7 +51,7 @@ from training.checkpoint.format import (
 )
 from training.checkpoint.nonfinite import refuse_non_finite_weights
 from training.checkpoint.optimizer_state import KEYS, local_shape
-from training.checkpoint.recovery_script import ship_recovery_files
+from training.checkpoint.recovery_script import ship_folder_hint, ship_recovery_files
 from training.checkpoint.shard_io import ShardWriter, read_all, read_header, write_tensors
 from training.checkpoint.shared_folder import check_checkpoint
 from training.checkpoint.spread_verify import verify_spread
@@ -241,6 +241,7 @@ def _commit(meta: dict, tmp: str, final: str, root: str, name: str | None, step:
     if os.path.exists(final):                             # re-saving a step (a resumed run) replaces it
         shutil.rmtree(final)
     os.replace(tmp, final)
+    ship_folder_hint(root)                 # DeepSpeed's users look in checkpoints/ itself for zero_to_fp32.py
     if name is None:
         write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
         prune(root, keep)
@@ -360,7 +361,7 @@ def load(engine, path: str, model_cfg: ModelConfig, parallel: ParallelConfig, da
         if verify:
             verify_file(path, fname, meta)
         _, info = read_header(os.path.join(path, fname))
-        check_identity(path, fname, info, meta)
+        check_identity(path, fname, info, meta, {"rank": dist.get_rank()})
         RNG.set_state(rng_state(read_all(os.path.join(path, fname))))
     else:   # dropout streams cannot be carried across layouts; restart them deterministically from (seed, step)
         RNG.seed(seed + 7919 * meta["step"], tp_rank=ctx.tp_rank, pp_rank=ctx.pp_rank)

@@ -15,7 +15,7 @@ import os
 import torch
 
 from common.errors import UserError
-from common.file_modes import as_created
+from common.staging import staged_file
 
 FORMAT = "ds-transformer-recipes consolidated fp32 state dict"
 # the .pt dict's fields besides "model" that go into the metadata (JSON); others are refused rather than dropped
@@ -33,7 +33,7 @@ def tensors_sha256(tensors: dict) -> str:
 
 
 def write(obj: dict, path: str) -> None:
-    """obj (a consolidated dict) → path, atomically (a .part file renamed into place, its mode that of any new
+    """obj (a consolidated dict) → path, atomically (a staging file renamed into place, its mode that of any new
     file: 0666 less the umask)."""
     from safetensors.torch import save_file
     extra = sorted(set(obj) - set(FIELDS) - {"model"})
@@ -45,10 +45,10 @@ def write(obj: dict, path: str) -> None:
     metadata.update({k: json.dumps(obj[k]) for k in FIELDS if obj.get(k) is not None})
     if isinstance(obj.get("checkpoint"), str) and os.path.isdir(obj["checkpoint"]):   # the source, wherever it is read
         metadata["checkpoint"] = json.dumps(os.path.abspath(obj["checkpoint"]))
-    tmp = path + ".part"
-    save_file(tensors, tmp, metadata=metadata)
-    as_created(tmp)                     # save_file makes it 0600; a state dict to share is an ordinary file
-    os.replace(tmp, path)
+    # a staging name of its own (a user's PATH.part stays), removed if the write fails; renamed with the mode of an
+    # ordinary file (save_file makes it 0600; a state dict to share is not private)
+    with staged_file(path) as tmp:
+        save_file(tensors, tmp, metadata=metadata)
 
 
 def read(path: str, verify: bool = True) -> dict:

@@ -41,13 +41,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         from common.errors import run_cli
-        from training.checkpoint.consolidated import merge, save
+        from preprocess.textio import refuse_output_over_inputs
+        from training.checkpoint.consolidated import merge, save, source_files
     except ImportError:
         print(NEEDS_PACKAGE, file=sys.stderr)
         return 1
 
     def consolidate() -> int:
         out = output_path(args.output, args.safe_serialization)
+        refuse_output_over_inputs(out, "output", source_files([os.path.abspath(args.checkpoint_dir)]))
         merged = merge(os.path.abspath(args.checkpoint_dir), verify=not args.no_verify)     # "." named in full
         save(merged, out)
         print(f"wrote {out}: {len(merged['model'])} fp32 tensors, step {merged['step']}, from {merged['checkpoint']}")

@@ -25,7 +25,7 @@ import time
 
 from common.cli_args import Parser, integer
 from common.errors import UserError, console_script
-from training.evaluation.decode_cli import add_decoding_flags, load_translator, warn_truncated
+from training.evaluation.decode_cli import add_decoding_flags, checkpoint_inputs, load_translator, warn_truncated
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,9 +47,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
 
-    from preprocess.textio import atomic_write, check_output_file, read_lines
+    from preprocess.textio import atomic_write, check_output_file, read_lines, refuse_output_over_inputs
     if args.output:
         check_output_file(args.output, "--output")
+        refuse_output_over_inputs(args.output, "--output",
+                                  [(f"--src {args.src}", args.src), (f"--ref {args.ref}", args.ref),
+                                   *checkpoint_inputs(args)])
     sources = read_lines(args.src)
     references = read_lines(args.ref) if args.ref else None
     if references is not None and len(sources) != len(references):

@@ -30,6 +30,17 @@ from common.errors import UserError, console_script
 from training.evaluation.decode_cli import add_checkpoint_flags, load_translator
 
 
+def refuse_inputs_inside(output: str, args) -> None:
+    """--overwrite replaces the whole --output folder: what the export reads must not lie in it (a merged .pt or a
+    tokenizer kept in an earlier export's folder, or the folder being a run's), or the replacement deletes it."""
+    folder = os.path.realpath(output)
+    for flag, given in (("--ckpt_file", args.ckpt_file), ("--tokenizer", args.tokenizer)):
+        where = os.path.realpath(given) if given else None
+        if where is not None and (where == folder or where.startswith(folder + os.sep)):
+            raise UserError(f"--output {output} holds {flag} {given}: replacing the folder would delete it; write "
+                            f"the export to another folder")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +55,8 @@ def main(argv=None) -> int:
     output = os.path.abspath(args.output)
     if os.path.isdir(output) and os.listdir(output) and not args.overwrite:     # fail before loading anything
         raise UserError(f"--output {output} is not empty; pass --overwrite to replace it, or choose a new folder")
+    if os.path.isdir(output):
+        refuse_inputs_inside(output, args)
 
     args.device = "cpu"                        # the export is written from CPU tensors
     translator = load_translator(args)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 
 from common.errors import console_script
-from training.checkpoint.consolidated import merge, save
+from training.checkpoint.consolidated import merge, save, source_files
 
 
 def main(argv=None) -> int:
@@ -34,8 +34,9 @@ def main(argv=None) -> int:
                    help="load a checkpoint folder without checking its files against the sha256 stored at save "
                         "(default: checked; a damaged file is refused naming it)")
     args = p.parse_args(argv)
-    from preprocess.textio import check_output_file
+    from preprocess.textio import check_output_file, refuse_output_over_inputs
     check_output_file(args.output, "--output")                 # before the (long) merge
+    refuse_output_over_inputs(args.output, "--output", source_files([args.checkpoint]))
     merged = merge(args.checkpoint, args.with_optimizer, verify=not args.no_verify)
     save(merged, args.output)
     n = sum(t.numel() for t in merged["model"].values())

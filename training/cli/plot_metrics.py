@@ -18,6 +18,7 @@ import os
 import sys
 
 from common.errors import UserError, console_script
+from common.staging import staged_file
 
 # panel title → (metrics.jsonl key, y label, smoothed?)
 PANELS = [("loss", "loss", "loss (train; valid: markers)", True), ("valid BLEU", "valid_bleu", "BLEU", False),
@@ -105,9 +106,8 @@ def plot_runs(runs: list[tuple[str, list[dict]]], output: str, smooth: int = 1) 
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    tmp = output + ".part.png"
-    fig.savefig(tmp, dpi=100)
-    os.replace(tmp, output)
+    with staged_file(output, suffix=".png") as tmp:     # a name of its own, gone if the drawing fails
+        fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return drawn
 

@@ -15,14 +15,17 @@ from __future__ import annotations
 
 import sys
 
-from common import launch_payload
+from common import launch_payload, slurm
 from common.errors import console_script
+from common.omp_wait import choose_omp_wait_policy
 from training.run.rank_supervisor import reported_collective_failures, supervise_rank
 
 
 def main(argv=None) -> int:
+    choose_omp_wait_policy()    # before torch loads its OpenMP runtime, which reads the variable once
     # run_cluster.sh sends the arguments as one token, so no remote shell re-parses a path (common/launch_payload)
     argv = launch_payload.apply(sys.argv[1:] if argv is None else argv)
+    slurm.adopt()               # a task srun started: rank and world from SLURM's variables, before anything reads them
     supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
     from training.config.flags import parse_config
     config = parse_config(argv)

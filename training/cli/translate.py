@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from common.cli_args import Parser
 from common.errors import UserError, console_script
-from training.evaluation.decode_cli import add_decoding_flags, load_translator, warn_truncated
+from training.evaluation.decode_cli import add_decoding_flags, checkpoint_inputs, load_translator, warn_truncated
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,10 +92,13 @@ def translate_stream(translator, args, totals: Totals) -> list[str] | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from preprocess.textio import atomic_write, check_output_file
+    from preprocess.textio import atomic_write, check_output_file, refuse_output_over_inputs
     from training.evaluation.line_stream import is_stream
     if args.output:
         check_output_file(args.output, "--output")
+        # stdin redirected from a file is that file (/dev/stdin: the file on descriptor 0)
+        given = ("the file on stdin", "/dev/stdin") if args.input == "-" else (f"--input {args.input}", args.input)
+        refuse_output_over_inputs(args.output, "--output", [given, *checkpoint_inputs(args)])
     # a file (or stdin redirected from one) is read whole and translated in length-sorted batches; a pipe or a
     # terminal is translated as its lines arrive
     streaming = args.input == "-" and is_stream(sys.stdin.fileno())

@@ -37,6 +37,10 @@ PROBABILITY = number(0, 1, high_open=True)
 # the seed feeds numpy's generators (any integer >= 0; -1 failed at the first epoch) and torch.manual_seed (up to
 # 2**64 - 1, with room kept for the stream offsets model.parallel.random adds): [0, 2**32 - 1], numpy's classic range
 SEED = integer(0, 2 ** 32 - 1)
+# blocks per stack: DeepNet, the deepest Transformer published, has 1,000 layers in all; the bound keeps a typo
+# (100000) from building and planning 10⁵ blocks for minutes before anything is said
+MAX_LAYERS = 1000
+LAYERS = integer(1, MAX_LAYERS, why="blocks of this stack; DeepNet, the deepest published Transformer, has 1000 in all")
 TOKENIZER_VOCAB = integer(len(BPE_SPECIALS) + 1, why=f"more than the {len(BPE_SPECIALS)} special tokens")
 # torch counts a collective's deadline in 64-bit nanoseconds from now: 1e9 s (31 years) stays far inside it
 COMM_TIMEOUT = number(0, 1e9, low_open=True, why="seconds")
@@ -86,8 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--vocab_size", type=POSITIVE, default=None,
                    help="model vocabulary (default: the tokenizer's size; must be >= it)")
     g.add_argument("--d_model", type=POSITIVE, default=128, help="hidden size (default 128)")
-    g.add_argument("--encoder_layer", type=POSITIVE, default=1, help="encoder blocks (default 1)")
-    g.add_argument("--decoder_layer", type=POSITIVE, default=1, help="decoder blocks (default 1)")
+    g.add_argument("--encoder_layer", type=LAYERS, default=1, help=f"encoder blocks (default 1; at most {MAX_LAYERS})")
+    g.add_argument("--decoder_layer", type=LAYERS, default=1, help=f"decoder blocks (default 1; at most {MAX_LAYERS})")
     g.add_argument("--lr", type=number(0, why="the peak learning rate; 0 freezes the weights"), default=1e-4,
                    help="peak learning rate (default 1e-4)")
     g.add_argument("--enable_parallel_optimizer", type=_bool, default=False,
@@ -143,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "divide the per-rank micro-batch; useful with --mp > 1)")
     g.add_argument("--pipeline_func", default=None,
                    help="how blocks are placed on stages, recomputed and fusion-tagged: seed (default: MindSpore's "
-                        "split, min(i // max(blocks // pp, 1), pp - 1)), even (i · pp // blocks), or "
+                        "split, min(i // max(blocks // pp, 1), pp - 1)), even (i · pp // blocks), blocks:N0,N1,... "
+                        "(N0 blocks on stage 0, N1 on stage 1, ...: what plan.py --search writes), or "
                         "'package.module:function' with the seed's signature (model/pipeline.py)")
     g.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "bf16"],
                    help="fp32 (default), or mixed precision with fp32 master weights, moments and gradient "
@@ -198,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--output_dir", default="out/train", help="metrics.jsonl, TensorBoard, checkpoints")
     g.add_argument("--log_interval", type=POSITIVE, default=1, help="print a loss line every N steps (default 1)")
     g.add_argument("--tensorboard", type=_bool, default=True, help="0/1: write TensorBoard events")
-    # experiment trackers (training/core/trackers.py; pip install '.[wandb]' / '.[mlflow]'): rank 0 logs there too
+    # experiment trackers (training/core/trackers.py; pip install -e '.[wandb]' / -e '.[mlflow]'): rank 0 logs there
     g.add_argument("--wandb", default=None, metavar="PROJECT",
                    help="also log metrics.jsonl's numbers (and run.json as the config) to this Weights & Biases "
                         "project; WANDB_MODE=offline writes the run under OUTPUT_DIR/wandb without a network")

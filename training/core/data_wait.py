@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import socket
 import time
 from collections.abc import Iterator
 
-from common.errors import ABORTED, UserError
+from common.errors import ABORTED, Stopped, UserError
 from training.core.job_store import closed, master_address
 
 PREFIX = "dsr/data"
@@ -81,6 +82,8 @@ class DataWait:
         self.store.set(f"{self.key}/busy/{self.rank}", f"rank {self.rank} ({socket.gethostname()}) {what}")
         try:
             yield
+        except Stopped:
+            raise                  # no failure: the others hear of the stop itself (training.run.job_watch)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 self.store.compare_set(f"{self.key}/failed", "",
@@ -91,6 +94,19 @@ class DataWait:
             raise
         self.store.set(f"{self.key}/ready/{self.rank}", "1")
         self.store.delete_key(f"{self.key}/busy/{self.rank}")
+
+    def from_rank_0(self, compute):
+        """What rank 0's `compute()` returns (JSON: lists for tuples), on every rank, through the job's store: the
+        others poll for it, as for a build — the first hash of a 40 GB corpus takes a minute, which --comm_timeout
+        must not bound, and a rank that waits in Python, not in a collective, takes a stop request at once."""
+        key = f"{self.key}/from_rank_0"
+        if self.rank == 0:
+            value = compute()
+            self.store.set(key, json.dumps(value))
+            return value
+        while (text := self._get(key)) is None:
+            time.sleep(POLL)
+        return json.loads(text)
 
     def wait_for_leader(self) -> None:
         """A node's other ranks: until their local rank 0 has the store ready (built or verified)."""

@@ -22,6 +22,16 @@ DISTRIBUTION = "ds-transformer-recipes"          # setup.cfg's name: its extras 
 RECORD = "trackers.json"        # in OUTPUT_DIR: the tracker runs this folder's run logs to, continued by its resumes
 
 
+def install_hint(extra: str) -> str:
+    """How to install an extra without losing the checkout: `pip install -e '<checkout>[extra]'` (pip install
+    '.[extra]', without -e, replaces the editable install with a copy, and copied recipes no longer find the
+    checkout's launch scripts); outside a checkout, the package's own distribution."""
+    root = Path(__file__).resolve().parents[2]
+    if (root / "run_scripts" / "run.sh").is_file():
+        return f"pip install -e '{root}[{extra}]'"
+    return f"pip install '{DISTRIBUTION}[{extra}]'"
+
+
 def require(flag: str) -> None:
     """Argument-check time (before any process group): --wandb needs wandb, --mlflow mlflow (and, for the default
     store in OUTPUT_DIR, SQLAlchemy). The specs are looked up, not imported: importing them costs seconds on every
@@ -33,8 +43,7 @@ def require(flag: str) -> None:
         except (ImportError, ValueError):           # a finder that refuses it; a broken half-imported module
             found = False
         if not found:
-            raise UserError(f"--{flag} needs the {package} package: pip install '{DISTRIBUTION}[{flag}]', or "
-                            f"leave --{flag} out")
+            raise UserError(f"--{flag} needs the {package} package: {install_hint(flag)}, or leave --{flag} out")
 
 
 def scalars(record: dict) -> dict:

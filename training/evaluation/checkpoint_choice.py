@@ -35,6 +35,9 @@ def _best_reason(path: str) -> str:
 def choose(ckpt: str) -> tuple[str, str]:
     """(the path to load, why it was chosen: '' for a path that names one checkpoint itself)."""
     name = os.path.basename(os.path.normpath(ckpt))
+    if name == "latest" and os.path.isfile(ckpt):     # the pointer itself (RUN/checkpoints/latest): what it names
+        root = os.path.dirname(os.path.abspath(ckpt))
+        return latest_checkpoint(root), f"latest: the newest complete checkpoint of {os.path.dirname(ckpt) or '.'}"
     if not os.path.exists(ckpt) and name in NAMES:
         run = os.path.dirname(os.path.normpath(ckpt)) or "."
         if not os.path.isdir(run):

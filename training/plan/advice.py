@@ -4,6 +4,7 @@ Why these thresholds: docs/parallelism.md ("What plan.py advises").
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -40,13 +41,15 @@ def _worst(r: dict) -> float:
     return max(math.inf if v["ratio"] is None else v["ratio"] for v in r.values())
 
 
-def _split_score(stage_of: list[int], params: list[float], flops: list[float], pp: int) -> float:
-    """The largest params or compute ratio of a split; layer 0 (embeddings) on stage 0, the last (head) on pp-1."""
-    p, f = [0.0] * pp, [0.0] * pp
-    for layer, k in enumerate(stage_of):
-        p[k] += params[layer]
-        f[k] += flops[layer]
-    return max(max(v) / min(v) if min(v) > 0 else math.inf for v in (p, f))
+def _cut_score(cuts: tuple[int, ...], params: list[int], flops: list[int]) -> float:
+    """The largest params or compute ratio of the split whose stage k + 1 starts at block cuts[k]; `params` and
+    `flops` are prefix sums over the layers (embeddings, the blocks, the head): O(pp) a split, not O(layers)."""
+    bounds = [0, *(c + 1 for c in cuts), len(params) - 1]          # stage k holds layers bounds[k]..bounds[k+1]-1
+    ratio = 0.0
+    for pre in (params, flops):
+        sums = [pre[b] - pre[a] for a, b in zip(bounds, bounds[1:])]
+        ratio = max(ratio, max(sums) / min(sums) if min(sums) > 0 else math.inf)
+    return ratio
 
 
 def _splits(n: int, pp: int):
@@ -56,9 +59,36 @@ def _splits(n: int, pp: int):
             yield [sum(1 for c in cuts if c <= i) for i in range(n)]
 
 
+def _first_best_cut(prev: list[float], pre: list[float], j: int, lo: int, hi: int, tail: float) -> int:
+    """The first i in lo..hi minimising max(prev[i], pre[j] - pre[i] + tail): prev is non-decreasing and the
+    second term non-increasing in i, so the minimum sits where they cross, found by bisection."""
+    def weight(i: int) -> float:
+        return pre[j] - pre[i] + tail
+    a, b = lo, hi + 1
+    while a < b:                                  # the first i where prev[i] >= weight(i)
+        m = (a + b) // 2
+        if prev[m] >= weight(m):
+            b = m
+        else:
+            a = m + 1
+    if a == lo or (a <= hi and prev[a] < weight(a - 1)):
+        return a
+    # before the crossing the cost is weight(i), non-increasing: the first i where it reaches weight(a - 1)
+    target, a2, b2 = weight(a - 1), lo, a - 1
+    while a2 < b2:
+        m = (a2 + b2) // 2
+        if weight(m) <= target:
+            b2 = m
+        else:
+            a2 = m + 1
+    return a2
+
+
 def _minmax_split(weights: list[float], pp: int) -> list[int]:
     """Blocks cut into pp runs minimising the largest run's weight (first and last runs may be empty, they hold
-    the embeddings / the head, whose weights are weights[0] / weights[-1])."""
+    the embeddings / the head, whose weights are weights[0] / weights[-1]). Dynamic programming over (stage, blocks
+    placed) with each best cut found by bisection: O(pp · n log n), where trying every cut was O(pp · n²) (3 s for
+    2,000 blocks on 2 stages; 0.01 s now)."""
     blocks = weights[1:-1]
     n = len(blocks)
     pre = list(itertools.accumulate([0.0] + blocks))
@@ -70,14 +100,14 @@ def _minmax_split(weights: list[float], pp: int) -> list[int]:
         best[0][j] = weights[0] + pre[j]
     for k in range(1, pp):
         last = k == pp - 1
+        tail = weights[-1] if last else 0.0
+        lo = k - 1                                # stages 1..k-1 hold a block each: best[k-1][i] is finite from here
         for j in range(n + 1):
-            for i in range(j + 1):
-                if i == j and not last:
-                    continue                      # middle stages hold a block
-                w = pre[j] - pre[i] + (weights[-1] if last else 0.0)
-                cand = max(best[k - 1][i], w)
-                if cand < best[k][j]:
-                    best[k][j], cut[k][j] = cand, i
+            hi = j if last else j - 1             # middle stages hold a block
+            if hi < lo:
+                continue
+            i = _first_best_cut(best[k - 1], pre, j, lo, hi, tail)
+            best[k][j], cut[k][j] = max(best[k - 1][i], pre[j] - pre[i] + tail), i
     stage_of, j = [0] * n, n
     for k in range(pp - 1, 0, -1):
         i = cut[k][j]
@@ -94,7 +124,11 @@ def best_split(measures: dict, pp: int) -> list[int]:
     flops = [measures["layer_flops"][n] for n in names]
     n = len(names) - 2
     if math.comb(n + pp - 1, pp - 1) <= SEARCH_LIMIT:
-        return min(_splits(n, pp), key=lambda s: _split_score([0] + s + [pp - 1], params, flops, pp))
+        # every split as its cuts, scored from prefix sums in O(pp): one stage list per split, summed over every
+        # layer, was O(n²) on 2 stages (9 s for 2,000 blocks)
+        pre_p, pre_f = list(itertools.accumulate([0, *params])), list(itertools.accumulate([0, *flops]))
+        cuts = min(itertools.combinations(range(n + 1), pp - 1), key=lambda c: _cut_score(c, pre_p, pre_f))
+        return [bisect.bisect_right(cuts, i) for i in range(n)]
     total_p, total_f = sum(params) or 1, sum(flops) or 1
     return _minmax_split([p / total_p + f / total_f for p, f in zip(params, flops, strict=True)], pp)
 

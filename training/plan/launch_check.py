@@ -5,6 +5,11 @@
         parallel.world_size); nothing when neither says
     python -m training.plan.launch_check run_folder RUN_DIR [--resume VALUE] [--earlier RUNS_DIR/NAME]
         one `error:` line (status 2) when this launch must not start in RUN_DIR
+    python -m training.plan.launch_check data_path DATA_PATH
+        DATA_PATH as train.py's --file_path will take it (a TSV, a .jsonl/.json/.csv/.parquet file or a datasets
+        save_to_disk folder: its absolute path; a Hub dataset's name: as it is), or the one `error:` line train.py
+        would give for it (preprocess.corpus_source decides, for both: the launch scripts refused a save_to_disk
+        folder as "not a file" that train.py reads)
 
 A recipe's run folder (RUNS_DIR/<recipe>[-<RUN_NAME>]) is the same for every launch of that recipe and name, so the
 "resume with --resume" a stopped run prints works by adding --resume to the same command. Two histories must not
@@ -72,8 +77,22 @@ def check_run_folder(run_dir: str, resume: str | None, earlier: str | None) -> N
                             f"here with --resume {os.path.join(old, OUTPUT)}, or move {old} away to start afresh")
 
 
+def data_path(path: str) -> str:
+    """DATA_PATH as train.py will take it (module docstring), or UserError naming why train.py would refuse it."""
+    from preprocess.corpus_source import FORMATS, CorpusSource
+    if CorpusSource(path, flag="DATA_PATH").kind == "hub":     # a Hub dataset's name (train.py reads it online)
+        return path
+    if not os.path.exists(path):
+        raise UserError(f"DATA_PATH '{path}' is not a file or folder here; give {FORMATS} (make a TSV with python "
+                        f"-m preprocess.parallel)")
+    return os.path.abspath(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["data_path"] and len(argv) == 2:
+        print(data_path(argv[1]))
+        return 0
     if argv[:1] == ["world_size"]:
         print(world_size(argv[1:]))
         return 0
@@ -86,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         check_run_folder(args.run_dir, args.resume, args.earlier)
         return 0
     raise UserError("usage: python -m training.plan.launch_check world_size [train.py flags] | run_folder RUN_DIR "
-                    "[--resume VALUE] [--earlier RUNS_DIR/NAME]")
+                    "[--resume VALUE] [--earlier RUNS_DIR/NAME] | data_path DATA_PATH")
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ The figures come from the cost model, `model.costs` (its docstring has every for
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from collections.abc import Sequence
@@ -24,66 +25,28 @@ from model.costs import (
     activation_bytes,
     boundary_bytes,
     boundary_tensors,
-    deepspeed_buffer_bytes,
     deepspeed_zero_stage,
     dp_bytes,
     in_flight,
     layer_forward_flops,
-    rank_peak,
-    state_bytes,
     tensor_bytes,
     tp_allreduces,
 )
-from model.placement import assign_stages, layer_stages, load_pipeline_func, pipeline_func_name, place_blocks
+from model.placement import load_pipeline_func, pipeline_func_name, place_blocks
 from training.config.flags import build_parser, given_flags, parse_args
 from training.config.preflight import check_run
 from training.config.sections import TrainConfig
-from training.plan import advice
+from training.plan import advice, slurm_line, token_budget
 from training.plan import memory as mem
 from training.plan import speed_prediction as speed
 from training.plan.cluster import Host, format_hostfile, rank_nodes, read_hostfile
 from training.plan.report import compact_layers, format_plan
-
-# ---------------------------------------------------------------------------------------------------------- layout
-
-def layer_names(model: ModelConfig) -> list[str]:
-    """Names of the pipeline layers in order: embeddings, encoder.i, decoder.i, head."""
-    return (["embeddings"] + [f"encoder.{i}" for i in range(model.encoder_layers)]
-            + [f"decoder.{i}" for i in range(model.decoder_layers)] + ["head"])
-
-
-def stage_layers(model: ModelConfig, parallel: ParallelConfig, pipeline_func=None) -> list[list[int]]:
-    """Indices (into layer_names) of the layers each stage holds, from the recipe's pipeline_func."""
-    stages = layer_stages(model, parallel, assign_stages(model, parallel, pipeline_func))
-    return [[i for i, s in enumerate(stages) if s == k] for k in range(parallel.pipeline_stage)]
-
-
-def build_stage_modules(model: ModelConfig, parallel: ParallelConfig, stage: int, tp_rank: int,
-                        pipeline_func=None, seed: int = 0, device: str = "meta") -> list[tuple[str, object]]:
-    """The modules one rank of (stage, tp_rank) builds, with a ParallelContext and no process group.
-
-    `device="meta"` gives real shapes without allocating or initialising weights."""
-    import torch
-
-    from model.parallel.topology import ParallelContext
-    from model.transformer import block_specs
-    placements = place_blocks(model, parallel, pipeline_func)
-    stages = layer_stages(model, parallel, [p.pipeline_stage for p in placements])
-    ctx = ParallelContext(tp_size=parallel.model_parallel, tp_rank=tp_rank, tp_group=None,
-                          pp_size=parallel.pipeline_stage, pp_rank=stage)
-    specs = block_specs(model, parallel, ctx, seed, placements)
-    names = layer_names(model)
-    out = []
-    with torch.device(device):
-        for i, (cls, kw) in enumerate(specs):
-            if stages[i] == stage:
-                out.append((names[i], cls(**kw)))
-    return out
-
-
-def count_params(modules: Sequence[tuple[str, object]]) -> dict[str, int]:
-    return {name: sum(p.numel() for p in m.parameters()) for name, m in modules}
-
+from training.plan.stage_build import (
+    layer_names,
+    rank_memory,
+    stage_layers,
+    stage_param_counts,
+)
 
 # ------------------------------------------------------------------------------------------------------------ plan
 
@@ -103,13 +66,23 @@ def resolve_world(world_size: int | None, hostfile: str | None,
     return world_size, None
 
 
+def planned_vocab(cfg: TrainConfig) -> tuple[int, str]:
+    """(the vocabulary train.py sizes the model to, where it comes from: "" for --vocab_size / the recipe's). Without
+    one, train.py takes the tokenizer's: --tokenizer's file, else the BPE tokenizer it builds, of at most
+    --tokenizer_vocab_size tokens — which a copied recipe (cpu-tiny) plans with, instead of asking for --vocab_size."""
+    if cfg.model.vocab_size is not None:
+        return cfg.model.vocab_size, ""
+    if cfg.model.tokenizer:
+        from preprocess.tokenizer import load_tokenizer
+        return load_tokenizer(cfg.model.tokenizer).get_vocab_size(with_added_tokens=True), "--tokenizer's"
+    return cfg.model.tokenizer_vocab_size, "--tokenizer_vocab_size: at most this many in the tokenizer train.py builds"
+
+
 def configs(cfg: TrainConfig, world_size: int, need_vocab: bool = True) -> tuple[ModelConfig, ParallelConfig]:
     """The ModelConfig / ParallelConfig train.py would build, after the checks train.py makes before it starts
     (training.config.preflight.check_run: the layout rules, the pipeline_func, the recipe's DeepSpeed settings)."""
     if cfg.model.vocab_size is None and need_vocab:
-        raise UserError("vocab_size is needed to size the embeddings and the head: set \"vocab_size\" in the "
-                        "recipe's \"model\" section or pass --vocab_size N (train.py otherwise uses the tokenizer's "
-                        f"size: --tokenizer_vocab_size, {cfg.model.tokenizer_vocab_size} for the auto-built BPE one)")
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vocab_size=planned_vocab(cfg)[0]))
     return check_run(cfg, world_size)
 
 
@@ -122,7 +95,7 @@ def _layout_memory(cfg: TrainConfig, model: ModelConfig, parallel: ParallelConfi
     ds_cfgs: dict[tuple[int, int], dict] = {}
     for k in range(parallel.pipeline_stage):
         for r in range(parallel.model_parallel):
-            counts[(k, r)] = count_params(build_stage_modules(model, parallel, k, r, func, seed=cfg.optimization.seed))
+            counts[(k, r)] = stage_param_counts(model, parallel, k, r, func, seed=cfg.optimization.seed)
             ds_cfgs[(k, r)] = deepspeed_config(parallel, cfg.data.batch_size, cfg.parallel.precision,
                                                cfg.optimization.clip_grad, sum(counts[(k, r)].values()),
                                                cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config,
@@ -143,23 +116,6 @@ def stage_activations(cfg: TrainConfig, model: ModelConfig, parallel: ParallelCo
         out.append({"layers": layer_list, **acts, "in_flight": fl,
                     "peak": acts["per_micro_batch"] * fl + acts["recompute_transient"]})
     return out
-
-
-def rank_memory(n_params: int, by_layer: dict, activations: int, parallel: ParallelConfig, ds_cfg: dict,
-                precision: str) -> dict:
-    """One rank's bytes: params / grads / optimizer state (ZeRO as DeepSpeed runs it), activations, DeepSpeed's
-    buffers, and its peak (model.costs.rank_peak)."""
-    zero_cfg = ds_cfg["zero_optimization"]
-    zero = zero_cfg["stage"]                          # what DeepSpeed runs (half precision: at least 1)
-    state = state_bytes(n_params, parallel.data_parallel, zero, precision)
-    blocks = [n for name, n in by_layer.items() if name.startswith(("encoder.", "decoder."))]
-    buffers = deepspeed_buffer_bytes(n_params, parallel.data_parallel, zero, precision,
-                                     int(zero_cfg.get("reduce_bucket_size", 5e8)),
-                                     bool(zero_cfg.get("overlap_comm", False)), max(blocks, default=0),
-                                     contiguous_gradients=bool(zero_cfg.get("contiguous_gradients", False)))
-    return {**state, "state_bytes": state["total_bytes"], "activation_bytes": activations,
-            "buffer_bytes": buffers["during_backward"] + buffers["after_backward"], "buffers": buffers,
-            "total_bytes": rank_peak(state["total_bytes"], activations, buffers)}
 
 
 def stage_measures(cfg: TrainConfig, world_size: int, func=None, device_type: str = "cuda") -> dict:
@@ -328,7 +284,8 @@ def make_plan(cfg: TrainConfig, world_size: int, hosts: list[Host] | None = None
                    "micro_batch_at_dp1": batch_at_dp1, "world_at_dp1": tp * pp,
                    "tp_groups_spanning_nodes": groups_spanning_nodes(tp_firsts, lambda r: r + tp - 1),
                    "dp_groups_spanning_nodes": groups_spanning_nodes(dp_firsts, lambda r: r + (dp - 1) * tp)},
-        "model": {"vocab_size": model.vocab_size, "padded_vocab": model.padded_vocab(tp), "d_model": model.d_model,
+        "model": {"vocab_size": model.vocab_size, "vocab_source": planned_vocab(cfg)[1],
+                  "padded_vocab": model.padded_vocab(tp), "d_model": model.d_model,
                   "num_heads": model.num_heads, "ffn_size": model.ffn, "encoder_layers": model.encoder_layers,
                   "decoder_layers": model.decoder_layers, "src_len": model.src_len, "tgt_len": model.tgt_len,
                   "precision": prec},
@@ -369,13 +326,15 @@ examples:
   python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --world_size 16
   python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --hostfile run_scripts/hostfiles/hostfile_2nodes
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
-  python run_scripts/plan.py --recipe recipes/cpu-tiny/cpu-tiny.json --world_size 2 --vocab_size 2000
+  python run_scripts/plan.py --recipe recipes/cpu-tiny/cpu-tiny.json    (its world_size 2; vocab: its tokenizer's)
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 4096 --device a100-40gb
   python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 2048 --num_heads 16 \
       --ffn_size 8192 --encoder_layer 12 --decoder_layer 12 --src_len 512 --tgt_len 512 --batch_size 256
       (does not fit an h100: the verdict names --recompute 1 and --micro_batch_num 4)
   python run_scripts/plan.py --recipe recipes/transformer-big-wmt14-en-fr/transformer-big-wmt14-en-fr-16gpu.json \
       --world_size 16 --batch_size 1536 --predict_speed      (step time and scaling: docs/speed.md)
+  python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --slurm --gpus_per_node 8
+      (the sbatch line for run_scripts/slurm.sbatch, with the signal lead: docs/slurm.md)
 
 Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
 largest rank's peak (parameters, gradients, optimizer state, activations and DeepSpeed's buffers) fits 80% of the
@@ -386,12 +345,52 @@ layouts that would fit.
 """
 
 
-def build_plan_parser() -> argparse.ArgumentParser:
+# train.py's flags a plan depends on, which --help shows after plan.py's own; --help_all adds the other ~60 (data,
+# schedule, logging, validation, checkpoints, failures), which change nothing in a plan: --help was 380 lines
+PLAN_FLAGS = {"recipe", "world_size", "mp", "pipeline_stage", "micro_batch_num", "batch_size", "zero_stage",
+              "enable_parallel_optimizer", "recompute", "vocab_emb_dp", "pipeline_func", "interleave_num",
+              "precision", "max_tokens", "deepspeed_config", "vocab_size", "tokenizer", "tokenizer_vocab_size",
+              "d_model", "num_heads", "ffn_size", "encoder_layer", "decoder_layer", "src_len", "tgt_len",
+              "share_embeddings"}
+SHORT_USAGE = """plan.py --recipe R.json [--world_size N | --hostfile H] [--device NAME] [--json | --check]
+               [plan.py flags below] [any train.py flag: the ones a plan depends on below]
+       plan.py --help_all     (every flag, train.py's data, schedule, logging and checkpoint ones included)"""
+
+
+class _HelpAll(argparse.Action):
+    """--help_all: the full help, every train.py flag included."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        build_plan_parser(full=True).print_help()
+        parser.exit()
+
+
+def _common_flags_first(p: argparse.ArgumentParser) -> None:
+    """--help: plan.py's main flags first, then only the train.py flags in PLAN_FLAGS (argparse leaves out a group
+    whose flags are all hidden), then the --slurm, --predict_speed and --search groups. Parsing is unchanged: a
+    hidden flag is still taken."""
+    main = [g for g in p._action_groups if g.title == "plan.py"]
+    more = [g for g in p._action_groups if (g.title or "").startswith("plan.py ")]
+    rest = [g for g in p._action_groups if g not in main + more]
+    p._action_groups[:] = rest[:2] + main + rest[2:] + more    # argparse's own two groups (-h, --recipe) on top
+    for group in rest[2:]:
+        for action in group._group_actions:
+            if action.dest not in PLAN_FLAGS:
+                action.help = argparse.SUPPRESS
+    p.usage = SHORT_USAGE
+
+
+def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
+    """plan.py's parser: train.py's flags and its own; `full`: --help lists every flag (what --help_all prints)."""
     p = build_parser()
     p.prog = "plan.py"
     p.description = ("Check a recipe against a world size or hostfile and show its layout, rank placement, stage "
                      "contents, per-rank memory and communication — without starting training.")
     p.epilog = EPILOG
+    p.add_argument("--help_all", action=_HelpAll, help="show every flag, train.py's included, and exit")
     g = p.add_argument_group("plan.py")
     g.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: world = its slots, nodes = its hosts")
     g.add_argument("--gpus_per_node", type=integer(1), default=8,
@@ -409,6 +408,14 @@ def build_plan_parser() -> argparse.ArgumentParser:
     g.add_argument("--write_hostfile", default=None, metavar="PATH",
                    help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
                         "comments dropped; run_cluster.sh passes this copy to DeepSpeed and mpirun)")
+    sl = p.add_argument_group("plan.py --slurm (docs/slurm.md)")
+    sl.add_argument("--slurm", action="store_true",
+                    help="print the sbatch line for this layout (run_scripts/slurm.sbatch): nodes, tasks and GPUs per "
+                         "node (--gpus_per_node), the signal lead sized from the predicted save and step times, and "
+                         "a note on the time limit (text and --json)")
+    sl.add_argument("--save_GB_s", type=number(0, low_open=True, why="a bandwidth"), default=slurm_line.SAVE_GB_S,
+                    metavar="GB/s", help=f"GB/s a job writes its checkpoint to shared storage, for --slurm's signal "
+                                         f"lead (default {slurm_line.SAVE_GB_S:g})")
     s = p.add_argument_group("plan.py --predict_speed (docs/speed.md)")
     s.add_argument("--predict_speed", action="store_true",
                    help="add a prediction of the step time and scaling efficiency (text and --json)")
@@ -426,6 +433,10 @@ def build_plan_parser() -> argparse.ArgumentParser:
                    default=speed.INTER_NODE_GB_S, metavar="Gb/s",
                    help=f"Gb/s a node sends to the network, all its NICs, each way (default {speed.INTER_NODE_GB_S:g}:"
                         f" 8 × 400 Gb/s InfiniBand NDR, a DGX H100)")
+    from training.plan.search_cli import add_search_flags
+    add_search_flags(p)                     # its own group: plan.py --search (docs/layout-search.md)
+    if not full:
+        _common_flags_first(p)
     return p
 
 
@@ -437,17 +448,34 @@ def main(argv: list | None = None) -> int:
     if args.write_hostfile:
         if hosts is None:
             raise UserError("--write_hostfile needs --hostfile")
+        from preprocess.textio import refuse_output_over_inputs
+        refuse_output_over_inputs(args.write_hostfile, "--write_hostfile", [(f"--hostfile {args.hostfile}",
+                                                                             args.hostfile)])
         with open(args.write_hostfile, "w", encoding="utf-8") as f:
             f.write(format_hostfile(hosts))
     if args.check:
         print(check_line(cfg, world, hosts))
         return 0
+    # token batches are planned at their token budget, not at --batch_size (training/plan/token_budget.py)
+    cfg, budget = token_budget.planning_batch(cfg, "batch_size" in given_flags(build_plan_parser(), argv))
+    from training.plan.search_cli import check_flags, run_search
+    check_flags(args)                         # --trials, --write_recipe, ... without --search: one line
+    if args.search:                           # choose the layout instead of checking one (docs/layout-search.md)
+        return run_search(args, argv, cfg, world, hosts, budget)
     plan = make_plan(cfg, world, hosts, args.gpus_per_node, device=args.device, device_memory=args.device_memory)
-    if args.predict_speed:
+    if budget:
+        plan["token_budget"] = budget
+    if args.predict_speed or args.slurm:
         per_node = max(h.slots for h in hosts) if hosts else args.gpus_per_node
         links = speed.Links(args.intra_node_GB_s, args.inter_node_Gb_s, per_node)
         plan["speed"] = speed.speed_section(plan, configs(cfg, world)[0], args.step_time_1gpu, args.device, links,
                                             args.assumed_mfu)
+    if args.slurm:                            # the sbatch line alone (with --json: the plan holds it as "slurm")
+        per_node = max(h.slots for h in hosts) if hosts else args.gpus_per_node
+        plan["slurm"] = slurm_line.slurm_section(plan, plan["speed"]["step_time_s"], per_node, args.save_GB_s)
+        if not args.json:
+            print("\n".join(slurm_line.format_slurm(plan["slurm"], plan["layout"])))
+            return 0
     print(as_json(plan) if args.json else format_plan(plan))
     sys.stdout.flush()
     return 0

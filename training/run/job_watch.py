@@ -21,6 +21,11 @@ rendezvous. So:
   exists; after that the store's end is the news).
 - **Status** (`publish_stopped`, `stopped_ranks`): a rank paused with SIGSTOP is recorded by its supervisor, so the
   rank whose collective times out can name it.
+- **A stop before the first step** (`publish_stopping`): a rank that a stop request ends while the data is prepared
+  (training.run.stop_request, preparing) has no step's vote to carry it: it writes the signal under STOPPING, and
+  every watcher sends its own process that signal, so each rank ends its own preparation (its cleanup included) with
+  the same status. Rank 0, whose end takes the store with it, waits until the others have heard (HEAR seconds at
+  most); without that a launcher that stops its ranks one by one made the next one say "rank 0's process ended".
 - **Only the job's own store** (training.core.job_store: rank 0 names the job in the store it creates; a rank knows
   the name once it has joined): watchers and supervisors act only on the store holding their job's id, so a job
   started on another job's port never writes there. Before joining, a watcher reads only a failed rank 0's news
@@ -49,6 +54,9 @@ NEWS = "dsr/news"                # in a failed rank 0's news store: its launcher
 ABORTED = errors.ABORTED         # exit status of a rank ended because another rank failed
 POLL = 0.5                       # seconds between two looks at the store
 HOLD = 20.0                      # seconds a failed rank 0's supervisor serves the news to ranks that join late
+STOPPING = "dsr/stopping"        # the signal that stopped a rank before its first step (see publish_stopping)
+STOPPING_SEEN = "dsr/stopping_seen"
+HEAR = 5.0                       # seconds rank 0 waits for the others to hear of its stop
 
 
 def _listening(addr: tuple[str, int], timeout: float = 1.0) -> bool:
@@ -181,6 +189,25 @@ def publish_stopped(rank: int, text: str, job: str | None) -> None:
             pass
 
 
+def publish_stopping(signum: int) -> None:
+    """This rank stops on request `signum` before its first step: every rank stops so (module docstring)."""
+    watch = JobWatch.current
+    if watch is None or watch.store is None:
+        return
+    try:
+        with watch._lock:
+            watch.stopped_here = True                   # its own watcher does not count as a rank that heard
+            watch.store.compare_set(STOPPING, "", str(int(signum)))
+        deadline = time.monotonic() + HEAR
+        while watch.rank == 0 and time.monotonic() < deadline:
+            with watch._lock:
+                if watch.store.add(STOPPING_SEEN, 0) >= watch.world - 1:
+                    break
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 - the store is gone: rank 0 ended, and every watcher sees that already
+        pass
+
+
 # ------------------------------------------------------------------------------------------------ readers
 def paused_ranks(store, world: int) -> list[str]:
     """What the supervisors recorded in `store` about paused ranks (texts naming them); [] on any failure."""
@@ -211,6 +238,7 @@ class JobWatch:
         self.store = None
         self._closing = threading.Event()
         self._lock = threading.Lock()
+        self.stopped_here = False            # this rank published STOPPING (publish_stopping)
         self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)
 
     @classmethod
@@ -261,6 +289,11 @@ class JobWatch:
                     news = self.store.get(ABORT).decode() if self.store.check([ABORT]) else None
                     if news is not None:
                         self.store.add(SEEN, 1)
+                    stopping = None
+                    if not self.stopped_here and self.store.check([STOPPING]):
+                        stopping = self.store.get(STOPPING).decode()
+                        if news is None:
+                            self.store.add(STOPPING_SEEN, 1)
             except Exception:  # noqa: BLE001 - the store is gone: rank 0's process ended
                 self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); "
                           f"its log says why")
@@ -268,6 +301,15 @@ class JobWatch:
             if news is not None:
                 self._end(news)
                 return
+            if stopping is not None:
+                self._stop_here(int(stopping))
+                return
+
+    def _stop_here(self, signum: int) -> None:
+        """Another rank stopped on request `signum` before its first step: this process takes the same request
+        (its handler ends its preparation), and the store's end that follows is no news."""
+        self._closing.set()
+        os.kill(os.getpid(), signum)
 
     def _await_news_until_joined(self) -> None:
         """Before this rank has joined its job, the store at the address may be another job's: listen only to the

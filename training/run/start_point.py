@@ -28,7 +28,7 @@ import torch.distributed as dist
 from common.errors import UserError
 from common.hashing import file_sha256
 from training.checkpoint.folder import checkpoints_dir
-from training.checkpoint.format import SHAPE_FIELDS, read_meta, recorded_tokenizer
+from training.checkpoint.format import SHAPE_FIELDS, check_headers, read_meta, recorded_tokenizer
 from training.checkpoint.resume import AUTO, check_start_point, resume_source
 from training.checkpoint.spread_verify import newest_intact_spread
 from training.config.sections import CheckpointSection, TrainConfig
@@ -78,7 +78,9 @@ def decide(section: CheckpointSection, report: Callable[[str], None] = print,
     if path is None:
         return StartPoint()
     how = _how(section, path)
-    return StartPoint(path=path, how=how, verified=verify and how == "--resume auto", meta=read_meta(path))
+    meta = read_meta(path)
+    check_headers(path, meta)     # meta.json against its files' headers: an edited step refused before any setup
+    return StartPoint(path=path, how=how, verified=verify and how == "--resume auto", meta=meta)
 
 
 def agree(section: CheckpointSection, report: Callable[[str], None] = print) -> StartPoint:

@@ -18,6 +18,11 @@ current step, on every rank at the same step, with a checkpoint of that step (`-
   signal outranks the launcher's end: a closed terminal's SIGHUP also kills DeepSpeed's launch.py (it handles only
   SIGTERM and SIGINT), and the line should name the signal the job was sent, whichever a rank noticed first.
 - Ctrl-C (SIGINT) keeps its quick exit: no save, "interrupted", no traceback (common.errors.run_cli).
+- `preparing()` around the data's preparation (the corpus hashed, a tokenizer or token store built, another builder
+  waited for): before the first step there is nothing to save, and a first build of a large corpus takes minutes,
+  past any launcher's grace. A signal noted there (or before it) ends the preparation at once: it raises
+  common.errors.Stopped where the build is, whose cleanup removes what it half made (the store's .tmp folder, its
+  lock, the tokenizer workers); rank 0 says so in one line and every rank exits 128 + the signal.
 
 The launcher gives the ranks time to finish: DeepSpeed's launch.py sends SIGTERM and kills what is left after 30 s,
 run.sh / run_cluster.sh after 40 s; a step plus a save (and the rest of a background save in flight, which the
@@ -26,9 +31,13 @@ the scheduler's grace period, e.g. SLURM's KillWait, or send SIGUSR1 earlier wit
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
+from collections.abc import Iterator
+
+from common.errors import Stopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
 LAUNCHER_ENDED = 100              # the code a rank notes when its launcher ended (signals use their numbers)
@@ -114,6 +123,7 @@ class StopRequest:
         self._closing = threading.Event()
         self._chain: list[tuple[int, int, str]] = []
         self._pending: _Vote | None = None      # the vote started after the last step, read after the next
+        self._preparing = False                 # a signal now raises Stopped (see preparing)
 
     def install(self) -> StopRequest:
         for s in SIGNALS:
@@ -130,6 +140,25 @@ class StopRequest:
             leave_a_closed_terminal()
         if not self.code or self.code == LAUNCHER_ENDED:        # the signal is the cause, the launcher's end its effect
             self.code = int(signum)
+        if self._preparing:
+            raise self._stopped()
+
+    @contextlib.contextmanager
+    def preparing(self) -> Iterator[None]:
+        """While the data is prepared, a stop request ends the run at once (module docstring)."""
+        self._preparing = True
+        try:
+            if self.code:                                   # noted before: stop before starting
+                raise self._stopped()
+            yield
+        finally:
+            self._preparing = False
+
+    def _stopped(self) -> Stopped:
+        self._preparing = False                 # raised once: the cleanup on its way up is not cut short in turn
+        return Stopped(f"stopped by {self.describe(self.code, self.launcher)} while preparing the data, before the "
+                       f"first step: nothing to save, and nothing half built is left; the same command starts again",
+                       self.exit_status(self.code))
 
     def _watch(self) -> None:
         while not self._closing.wait(POLL):
