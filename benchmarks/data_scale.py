@@ -55,15 +55,15 @@ def size_name(pairs: int) -> str:
 
 def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
     """`pairs` lines of 1-3 Multi30k train pairs joined by spaces (drawn with replacement, fixed seed)."""
-    from preprocess.textio import read_lines
+    from common.staging import atomic_write
+    from common.text_lines import read_lines
     if path.is_file():
         return path
     data = ROOT / "data" / "multi30k"
     fr = [line.strip() for line in read_lines(data / "train.fr.gz")]
     en = [line.strip() for line in read_lines(data / "train.en.gz")]
     rng = np.random.default_rng(seed)
-    tmp = path.with_suffix(".part")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         for start in range(0, pairs, 100_000):
             n = min(100_000, pairs - start)
             joins = rng.integers(1, 4, size=n)
@@ -74,7 +74,6 @@ def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
                 k += j
                 lines.append(" ".join(fr[i] for i in chosen) + "\t" + " ".join(en[i] for i in chosen) + "\n")
             f.write("".join(lines))
-    tmp.rename(path)
     return path
 
 

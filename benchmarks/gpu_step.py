@@ -293,7 +293,7 @@ def _error(e: Exception) -> str:
 
 def _write_json(path: str | None, value) -> None:
     if path:
-        from preprocess.textio import atomic_write
+        from common.staging import atomic_write
         with atomic_write(path) as f:
             json.dump(value, f, indent=1)
 

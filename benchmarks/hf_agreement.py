@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from preprocess.textio import read_lines
+    from common.text_lines import read_lines
     from preprocess.tokenizer import encode_sources
     from training.evaluation.translator import Translator
     lines = read_lines(args.src)[: args.limit]

@@ -65,9 +65,9 @@ class Counter:
         return timed
 
     def write(self) -> None:
-        with open(self.report + ".tmp", "w", encoding="utf-8") as f:
+        from common.staging import atomic_write
+        with atomic_write(self.report) as f:
             json.dump({"files": self.files, "hash_seconds": self.seconds, "first_step_end": self.first_step}, f)
-        os.replace(self.report + ".tmp", self.report)
 
 
 def worker(repo: str, report_dir: str, argv: list[str]) -> int:

@@ -19,7 +19,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
 
 from common.errors import UserError, run_cli
-from preprocess.textio import refuse_output_over_inputs
+from common.user_files import refuse_output_over_inputs
 from training.plan.cluster import format_hostfile, read_rank_table
 
 

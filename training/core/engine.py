@@ -159,7 +159,7 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     extra = dict(overrides or {})
     if user_file:
-        from preprocess.textio import read_json
+        from common.user_files import read_json
         extra.update(read_json(user_file, "--deepspeed_config"))
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in extra and extra[key] != cfg[key]:

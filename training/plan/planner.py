@@ -448,7 +448,7 @@ def main(argv: list | None = None) -> int:
     if args.write_hostfile:
         if hosts is None:
             raise UserError("--write_hostfile needs --hostfile")
-        from preprocess.textio import refuse_output_over_inputs
+        from common.user_files import refuse_output_over_inputs
         refuse_output_over_inputs(args.write_hostfile, "--write_hostfile", [(f"--hostfile {args.hostfile}",
                                                                              args.hostfile)])
         with open(args.write_hostfile, "w", encoding="utf-8") as f:

@@ -62,7 +62,7 @@ def recipe_body(setting: Setting, layout: Layout, given: dict, why: str, launch:
     """The recipe as a dict. `given`: {flag dest: value} of the train.py flags on plan.py's command line."""
     source = {}
     if setting.cfg.recipe:
-        from preprocess.textio import read_json
+        from common.user_files import read_json
         source = read_json(setting.cfg.recipe, "recipe")
     body = {}                   # the source's own "_launch" / "_plan" name its folder and layout, not these
     body["_comment"] = (f"Written by plan.py --search from {setting.cfg.recipe or 'flags only'}: {why} "
