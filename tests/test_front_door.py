@@ -22,7 +22,7 @@ import pytest
 from tests.launch import REPO_ROOT, TINY, env, read_metrics, run_python, run_train, script_env
 from tests.progress import load_factor, scaled
 from tests.test_plan import R16, args_for
-from training.plan import advice
+from training.plan import advice, stage_build
 from training.plan import planner as P
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
@@ -213,8 +213,8 @@ def test_counting_one_block_per_shape_counts_what_every_block_holds(layout):
     model, parallel = P.configs(cfg, parallel_world(cfg))
     for k in range(parallel.pipeline_stage):
         for r in range(parallel.model_parallel):
-            built = P.count_params(P.build_stage_modules(model, parallel, k, r, seed=3))
-            assert P.stage_param_counts(model, parallel, k, r, seed=3) == built, (k, r)
+            built = stage_build.count_params(stage_build.build_stage_modules(model, parallel, k, r, seed=3))
+            assert stage_build.stage_param_counts(model, parallel, k, r, seed=3) == built, (k, r)
 
 
 def parallel_world(cfg) -> int:
