@@ -16,8 +16,8 @@ from model.config import MAX_POSITIONS
 from preprocess.corpus_source import add_corpus_flags
 from preprocess.textio import read_json
 from preprocess.tokenizer import BPE_SPECIALS
-from training.config.deepspeed_check import check_deepspeed_config, strip_comments
 from training.config.sections import TrainConfig
+from training.core.deepspeed_check import check_deepspeed_config, strip_comments
 from training.core.schedule import SCHEDULES
 
 # recipe "parallel" key (seed name) → flag dest
