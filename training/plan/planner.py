@@ -347,8 +347,8 @@ layouts that would fit.
 
 # train.py's flags a plan depends on, which --help shows after plan.py's own; --help_all adds the other ~60 (data,
 # schedule, logging, validation, checkpoints, failures), which change nothing in a plan: --help was 380 lines
-PLAN_FLAGS = {"recipe", "world_size", "mp", "pipeline_stage", "micro_batch_num", "batch_size", "zero_stage",
-              "enable_parallel_optimizer", "recompute", "vocab_emb_dp", "pipeline_func", "interleave_num",
+PLAN_FLAGS = {"recipe", "world_size", "model_parallel", "pipeline_stage", "micro_batch_num", "batch_size", "zero_stage",
+              "optimizer_shard", "recompute", "vocab_emb_dp", "pipeline_func", "interleave_num",
               "precision", "max_tokens", "deepspeed_config", "vocab_size", "tokenizer", "tokenizer_vocab_size",
               "d_model", "num_heads", "ffn_size", "encoder_layer", "decoder_layer", "src_len", "tgt_len",
               "share_embeddings"}

@@ -25,7 +25,7 @@ NOT_IN_RECIPE = {"recipe", "local_rank", "hostfile", "gpus_per_node", "json", "c
                  "write_hostfile", "predict_speed", "step_time_1gpu", "assumed_mfu", "intra_node_GB_s",
                  "inter_node_Gb_s", "file_path", "output_dir", "world_size", "distribute", "resume", "ckpt_file",
                  "deepspeed_overrides", "explicit"}
-LAYOUT_FLAGS = {"mp", "pipeline_stage", "micro_batch_num", "enable_parallel_optimizer", "zero_stage", "recompute",
+LAYOUT_FLAGS = {"model_parallel", "pipeline_stage", "micro_batch_num", "optimizer_shard", "zero_stage", "recompute",
                 "vocab_emb_dp", "interleave_num", "pipeline_func", "data_parallel", "precision",
                 "gradient_aggregation_group", "deepspeed_config"}
 PATH_FLAGS = {"tokenizer", "valid_file", "cache_dir", "deepspeed_config"}
