@@ -19,10 +19,9 @@ from collections.abc import Iterator
 from common.errors import fail
 from common.text_lines import PathLike, check_readable, decode_line, is_gzip, iter_lines
 
-# Still importable from here, though their home is common.user_files: the copies of zero_to_fp32.py that checkpoints
-# already saved import refuse_output_over_inputs from this module (a saved copy is never updated), and
-# training/config/flags.py imports read_json from it until the settings schema (issue 43, item 1) moves that import.
-from common.user_files import read_json, refuse_output_over_inputs  # noqa: F401 - for the importers above
+# Still importable from here, though its home is common.user_files: the copies of zero_to_fp32.py that checkpoints
+# already saved import refuse_output_over_inputs from this module (a saved copy is never updated).
+from common.user_files import refuse_output_over_inputs  # noqa: F401 - for those saved copies
 
 
 def split_tsv_line(line: str, name: str, lineno: int) -> tuple[str, str]:

@@ -10,7 +10,7 @@ import json
 
 from common.cli_args import Number, OutOfRange, Parser
 from common.errors import UserError
-from preprocess.textio import read_json
+from common.user_files import read_json
 from training.config.schema import as_bool
 from training.config.sections import SECTIONS, TrainConfig
 from training.core.deepspeed_check import check_deepspeed_config, strip_comments
