@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Peak resident memory of every rank while it saves a checkpoint and while it loads one, through the real train.py.
 
-    python benchmarks/checkpoint_memory.py --file_path out/data/train.fr_en.tsv \
+    python -m benchmarks.checkpoint_memory --file_path out/data/train.fr_en.tsv \
         --tokenizer out/data/bpe8k/tokenizer.json
-    python benchmarks/checkpoint_memory.py ... --repo /path/to/another/checkout      # the same measurement, other code
+    python -m benchmarks.checkpoint_memory ... --repo /path/to/another/checkout      # the same measurement, other code
 
 Two launches of DeepSpeed's launcher on --nproc processes (default 4: tp2 × pp2) with a model of 142 M
 parameters (d_model 1024, ffn 4096, 4 + 4 blocks, vocab 8000): the first trains --steps steps and saves, the second
@@ -55,7 +55,6 @@ def _measured(fn, phase: str, report: str):
 
 
 def worker(repo: str, report: str, argv: list[str]) -> int:
-    sys.path.insert(0, repo)
     from training.checkpoint import manager
     from training.config.flags import parse_config
     from training.trainer import run_training
@@ -67,10 +66,11 @@ def worker(repo: str, report: str, argv: list[str]) -> int:
     return rc
 
 
-def _serial_params(repo: str, run_dir: str) -> int:
-    """Parameters of the serial model the run trained (built on the meta device: no memory)."""
+def _serial_params(run_dir: str) -> int:
+    """Parameters of the serial model the run trained (built on the meta device: no memory), by this checkout's
+    model code: the measured checkouts differ in how they save and load, not in the model."""
     import torch
-    sys.path.insert(0, repo)
+
     from model.config import ModelConfig
     from model.transformer import Seq2SeqTransformer
     ckpts = os.path.join(run_dir, "checkpoints")
@@ -119,7 +119,7 @@ def main() -> int:
                args.port + 1)
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             info = json.load(f)
-        info["params"] = _serial_params(repo, out)
+        info["params"] = _serial_params(out)
         rows = [json.loads(line) for line in open(report, encoding="utf-8")]
     mib = 1024 * 1024
     print(f"\n{repo} — {args.layout} on {args.nproc} processes, a model of {info['params']:,} parameters "
@@ -138,6 +138,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     from common.errors import run_cli
     run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)

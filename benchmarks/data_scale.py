@@ -2,7 +2,7 @@
 """Corpus-scale data: preprocessing time and memory, store size, train.py's start and memory per rank, schedule
 build time — on synthetic corpora of 0.1 M to 4.5 M pairs made from the bundled Multi30k sentences.
 
-    python benchmarks/data_scale.py --work out/data_scale --sizes 0.1M 1M 4.5M --report
+    python -m benchmarks.data_scale --work out/data_scale --sizes 0.1M 1M 4.5M --report
 
 For each size: a TSV of `pairs` lines, each the concatenation of 1-3 randomly drawn Multi30k train pairs (French
 sources, English targets; ~25 source words a pair, ~270 bytes a line, as the issue's corpus), then
@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 REPORT = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- data_scale.py: begin -->", "<!-- data_scale.py: end -->"
@@ -55,15 +54,15 @@ def size_name(pairs: int) -> str:
 
 def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
     """`pairs` lines of 1-3 Multi30k train pairs joined by spaces (drawn with replacement, fixed seed)."""
-    from preprocess.textio import read_lines
+    from common.staging import atomic_write
+    from common.text_lines import read_lines
     if path.is_file():
         return path
     data = ROOT / "data" / "multi30k"
     fr = [line.strip() for line in read_lines(data / "train.fr.gz")]
     en = [line.strip() for line in read_lines(data / "train.en.gz")]
     rng = np.random.default_rng(seed)
-    tmp = path.with_suffix(".part")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with atomic_write(path) as f:
         for start in range(0, pairs, 100_000):
             n = min(100_000, pairs - start)
             joins = rng.integers(1, 4, size=n)
@@ -74,7 +73,6 @@ def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
                 k += j
                 lines.append(" ".join(fr[i] for i in chosen) + "\t" + " ".join(en[i] for i in chosen) + "\n")
             f.write("".join(lines))
-    tmp.rename(path)
     return path
 
 
@@ -210,7 +208,6 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, 
 SCHEDULE_CODE = """
 import json, resource, sys, time
 import numpy as np
-sys.path.insert(0, {root!r})
 from preprocess.dataset import GlobalBatchSchedule
 from preprocess.token_batches import TokenBatchSchedule
 if {tsv!r}:
@@ -240,7 +237,7 @@ print(json.dumps({{"pairs": n, "lengths_s": lengths_s, "fixed_s": fixed_s, "toke
 
 
 def schedules(tsv: Path | None, tok: Path | None, cache: Path | None, pairs: int = 0) -> dict:
-    code = SCHEDULE_CODE.format(root=str(ROOT), tsv=str(tsv) if tsv else "", tok=str(tok) if tok else "",
+    code = SCHEDULE_CODE.format(tsv=str(tsv) if tsv else "", tok=str(tok) if tok else "",
                                 cache=str(cache) if cache else "", length=LENGTH, pairs=pairs)
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
     if proc.returncode != 0:
@@ -251,7 +248,6 @@ def schedules(tsv: Path | None, tok: Path | None, cache: Path | None, pairs: int
 FORMATS_CODE = """
 import json, sys, time, os
 import numpy as np
-sys.path.insert(0, {root!r})
 import psutil
 def anon():
     full = psutil.Process().memory_full_info()
@@ -312,7 +308,7 @@ def formats(store_folder: str, work: Path) -> dict:
     out = {"memmap_bytes": sum(store.offsets[s].nbytes + store.tokens[s].nbytes for s in ("src", "tgt")),
            "arrow_bytes": arrow.stat().st_size}
     for kind in ("memmap", "arrow"):
-        code = FORMATS_CODE.format(root=str(ROOT), store=store_folder, arrow=str(arrow), length=LENGTH)
+        code = FORMATS_CODE.format(store=store_folder, arrow=str(arrow), length=LENGTH)
         proc = subprocess.run([sys.executable, "-c", code, kind], cwd=ROOT, env=env(), capture_output=True, text=True)
         if proc.returncode != 0:
             raise SystemExit(proc.stderr[-3000:])
@@ -321,7 +317,7 @@ def formats(store_folder: str, work: Path) -> dict:
 
 
 def machine() -> str:
-    from benchmarks.common import cpu_model
+    from benchmarks.harness import cpu_model
     cpu = cpu_model(platform.processor() or platform.machine())
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
@@ -422,7 +418,7 @@ def main() -> int:
     from preprocess.store_builder import default_num_proc
     results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "sizes": [],
                "num_proc": args.num_proc or default_num_proc(),
-               "commands": ["python benchmarks/data_scale.py " + " ".join(sys.argv[1:])]}
+               "commands": ["python -m benchmarks.data_scale " + " ".join(sys.argv[1:])]}
     tok = tokenizer(work)
     saved = work / "results.json"
     earlier = json.loads(saved.read_text()) if args.reuse and saved.is_file() else {"sizes": []}

@@ -2,10 +2,10 @@
 """One device's training step, as train.py runs it (DeepSpeed engine, token batches of real data): tokens/s,
 model TFLOP/s, MFU against a named device's dense peak, peak memory — per precision, recompute and token-batch size.
 
-    python benchmarks/gpu_step.py                                    # CUDA: transformer-big; CPU: a tiny model
-    python benchmarks/gpu_step.py --precision bf16 fp32 --recompute 0 1 --max_tokens 8192 16384 25000
-    python benchmarks/gpu_step.py --size tiny --steps 3 --warmup 1 --device_peak H100 --json out/step.json
-    python benchmarks/gpu_step.py --precision bf16 --compile none default reduce-overhead --profile out/profile
+    python -m benchmarks.gpu_step                                    # CUDA: transformer-big; CPU: a tiny model
+    python -m benchmarks.gpu_step --precision bf16 fp32 --recompute 0 1 --max_tokens 8192 16384 25000
+    python -m benchmarks.gpu_step --size tiny --steps 3 --warmup 1 --device_peak H100 --json out/step.json
+    python -m benchmarks.gpu_step --precision bf16 --compile none default reduce-overhead --profile out/profile
 
 The data is the bundled Multi30k (French → English; a TSV and a BPE tokenizer are made in --workdir unless
 --file_path/--tokenizer are given). The model is the transformer-big recipe's (recipes/transformer-big-wmt14-en-fr:
@@ -39,10 +39,9 @@ import statistics
 import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)           # first: this folder's common.py would otherwise hide the repository's common/
-
 from common.errors import UserError, run_cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SIZES = {
     "big": ["--vocab_size", 32000, "--d_model", 1024, "--num_heads", 16, "--ffn_size", 4096, "--encoder_layer", 6,
@@ -169,7 +168,7 @@ def build(flags: list, compile_mode: str):
     """train.py's engine for these flags, every block compiled with torch.compile unless `compile_mode` is none."""
     import torch
 
-    from benchmarks.common import build_ours
+    from benchmarks.harness import build_ours
     if compile_mode != "none":
         torch._dynamo.reset()       # a fresh cache per variant: no recompile limit carried over, graph pools freed
         torch._inductor.config.fallback_random = True       # eager's dropout masks: recompute replays them exactly
@@ -293,7 +292,7 @@ def _error(e: Exception) -> str:
 
 def _write_json(path: str | None, value) -> None:
     if path:
-        from preprocess.textio import atomic_write
+        from common.staging import atomic_write
         with atomic_write(path) as f:
             json.dump(value, f, indent=1)
 

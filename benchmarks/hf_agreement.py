@@ -5,7 +5,7 @@ load it with transformers' Auto classes, and compare on a source file — the en
 sentence — plus decode speed of ours with and without the KV cache. A measurement, not a test (tests/test_hf_export.py
 holds the tested claims).
 
-    python benchmarks/hf_agreement.py --ckpt_file out/quickstart --tokenizer out/data/bpe8k/tokenizer.json \\
+    python -m benchmarks.hf_agreement --ckpt_file out/quickstart --tokenizer out/data/bpe8k/tokenizer.json \\
         --src data/multi30k/val.fr.gz --beam 5
 """
 from __future__ import annotations
@@ -13,11 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from common.errors import run_cli
 
@@ -40,7 +37,7 @@ def main(argv=None) -> int:
     import torch
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from preprocess.textio import read_lines
+    from common.text_lines import read_lines
     from preprocess.tokenizer import encode_sources
     from training.evaluation.translator import Translator
     lines = read_lines(args.src)[: args.limit]

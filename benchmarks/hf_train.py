@@ -1,20 +1,17 @@
 #!/usr/bin/env python3
 """Train `transformers`' Blenderbot of our dimensions with a plain AdamW loop on our batches, and print each step's
-time as JSON lines — the reference benchmarks/throughput.py compares train.py with (benchmarks/common.py).
+time as JSON lines — the reference benchmarks/throughput.py compares train.py with (benchmarks/harness.py).
 
-    python benchmarks/hf_train.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json \\
+    python -m benchmarks.hf_train --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json \\
         --steps 20 [--fused_adamw] [train.py flags, e.g. --precision bf16]
 """
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import BENCH_MODEL, build_hf
+from benchmarks.harness import BENCH_MODEL, build_hf
 
 
 def main() -> int:

@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Step time with and without interleaving (interleave_num N vs 1), measured through the real train.py.
 
-    python benchmarks/interleave_step_time.py --file_path out/data/train.fr_en.tsv                # tp2, CPU/gloo
-    python benchmarks/interleave_step_time.py --file_path DATA --nproc 4 --layout "--mp 4" --interleave 2 4
-    python benchmarks/interleave_step_time.py --mlp                       # the seed's MLP (recipes/interleaved-mlp)
+    python -m benchmarks.interleave_step_time --file_path out/data/train.fr_en.tsv                # tp2, CPU/gloo
+    python -m benchmarks.interleave_step_time --file_path DATA --nproc 4 --layout "--mp 4" --interleave 2 4
+    python -m benchmarks.interleave_step_time --mlp                       # the seed's MLP (recipes/interleaved-mlp)
 
 Each configuration runs `--repeats` times, alternating (1, N, 1, N, ...) so that a change in machine load hits both
 alike; the figure is the median step_time of metrics.jsonl after `--warmup` steps, over all repeats. This is a

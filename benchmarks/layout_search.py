@@ -5,7 +5,6 @@ layouts in 10 s on one core; 1024 GPUs in 60 s).
     python -m benchmarks.layout_search                       # the default large model at 64 and 1024 ranks
     python -m benchmarks.layout_search --worlds 64 --flags "--recipe recipes/16pcs/16pcs.json"
 
-(as a module: a script in benchmarks/ would import benchmarks/common.py in place of the `common` package)
 
 Each world is searched in this process after one warm-up search at the smallest world (the imports of torch and
 DeepSpeed, and the first meta-device build, are start-up, not search: plan.py pays them once, about 3 s). Prints wall

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """plan.py's predicted peak memory per rank against a measured run, on this machine's CPU, for a few layouts.
 
-    python benchmarks/plan_memory.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
+    python -m benchmarks.plan_memory --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
 
 For each layout, train.py runs --steps steps twice through DeepSpeed's launcher: with the benchmark model (34.4 M
 parameters: d_model 512, ffn 2048, 3 + 3 blocks, vocab 8000, 24 tokens a side, batch 32) and with a tiny one (d_model
@@ -22,7 +22,6 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 BIG = ["--d_model", "512", "--num_heads", "8", "--ffn_size", "2048", "--encoder_layer", "3", "--decoder_layer", "3"]
 TINY = ["--d_model", "16", "--num_heads", "2", "--ffn_size", "16", "--encoder_layer", "1", "--decoder_layer", "1"]

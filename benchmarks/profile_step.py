@@ -2,23 +2,19 @@
 """Where a training step's time goes: torch.profiler over a few steps of train.py's own engine (one process), or of
 the same-sized `transformers` model with a plain AdamW loop, on the same batches.
 
-    python benchmarks/profile_step.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
-    python benchmarks/profile_step.py ... --hf            # the transformers model instead
-    python benchmarks/profile_step.py ... --extra "--max_tokens 2048"
+    python -m benchmarks.profile_step --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
+    python -m benchmarks.profile_step ... --hf            # the transformers model instead
+    python -m benchmarks.profile_step ... --extra "--max_tokens 2048"
 
 Prints the profiler's operator table (self CPU time) and the step times. A measurement, not a test.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from benchmarks.common import BENCH_MODEL, build_hf, build_ours
+from benchmarks.harness import BENCH_MODEL, build_hf, build_ours
 from common.errors import run_cli
 
 

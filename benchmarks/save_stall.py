@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """How long a checkpoint save stalls the step loop, --save_mode sync against background, through the real train.py.
 
-    python benchmarks/save_stall.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
+    python -m benchmarks.save_stall --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
 
 One launch of DeepSpeed's launcher per mode on --nproc processes (default 2: tp2) with a model of 142 M parameters
 (d_model 1024, ffn 4096, 4 + 4 blocks, vocab 8000; --size tiny: a 2-block toy for a quick check), --steps steps
@@ -139,6 +139,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, ROOT)
     from common.errors import run_cli
     run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)

@@ -2,7 +2,7 @@
 """What a resume costs before its first step: the bytes each rank hashes (sha256 of the training TSV, the
 checkpoint's files, the tokenizer, the token store) and the time from launch to the end of the first step.
 
-    python benchmarks/start_cost.py --file_path $PWD/out/data/train.fr_en.tsv \
+    python -m benchmarks.start_cost --file_path $PWD/out/data/train.fr_en.tsv \
         --tokenizer $PWD/out/data/bpe8k/tokenizer.json --compare /path/to/another/checkout
 
 For each layout (--layouts, default tp2xdp2,pp2xdp2 on --nproc 4 processes): one launch of train.py trains --steps 1
@@ -65,9 +65,9 @@ class Counter:
         return timed
 
     def write(self) -> None:
-        with open(self.report + ".tmp", "w", encoding="utf-8") as f:
+        from common.staging import atomic_write
+        with atomic_write(self.report) as f:
             json.dump({"files": self.files, "hash_seconds": self.seconds, "first_step_end": self.first_step}, f)
-        os.replace(self.report + ".tmp", self.report)
 
 
 def worker(repo: str, report_dir: str, argv: list[str]) -> int:
@@ -251,8 +251,5 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    # a rank imports the measured checkout's code (--worker REPO), everything else this checkout's
-    _args = sys.argv[1:]
-    sys.path.insert(0, _args[_args.index("--worker") + 1] if "--worker" in _args else ROOT)
     from common.errors import run_cli
     run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the token store's integrity checks cost (preprocess/token_store.py), on synthetic stores of WMT-like pairs.
 
-    python benchmarks/store_integrity.py --work out/store_integrity --sizes 1M 4.5M
+    python -m benchmarks.store_integrity --work out/store_integrity --sizes 1M 4.5M
 
 For each size: a store of `pairs` random pairs written by StoreWriter (each side 5-50 ids of a 32k vocabulary, 27.5
 on average: the 57 real tokens a pair of the data_scale.py corpora, whose 4.5 M-pair store is 572 MB), then
@@ -35,7 +35,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
 
 VOCAB = 32_000
 CHUNK = 200_000

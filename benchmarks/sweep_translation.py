@@ -6,7 +6,7 @@ SETS=val: the test sets are scored once, by the recipe's own run. Every variant 
 (copied into its own), so they share the tokenizer. Meant for a GPU machine, where the small recipe model leaves the
 GPU mostly idle and several runs fit at once; on CPU, run one at a time (--parallel 1).
 
-    python benchmarks/sweep_translation.py --recipe recipes/multi30k-en-fr/multi30k-en-fr.json \
+    python -m benchmarks.sweep_translation --recipe recipes/multi30k-en-fr/multi30k-en-fr.json \
         --data out/multi30k-en-fr/data --out out/sweep --parallel 4 \
         --variant 'base:' --variant 'lr2e-3:--lr 2e-3' --variant 'long:--epochs 40'
 

@@ -3,12 +3,12 @@
 dimensions, batches, padding and thread count; token batches against fixed padding; 1 against 2 processes; bf16;
 DeepSpeed's communication options. Writes BENCHMARKS.md (and benchmarks/results.json, the raw figures).
 
-    python benchmarks/throughput.py --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
-    python benchmarks/throughput.py ... --only hf procs --steps 12 --repeats 2
+    python -m benchmarks.throughput --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json
+    python -m benchmarks.throughput ... --only hf procs --steps 12 --repeats 2
 
 Groups (--only): hf (ours vs transformers, fp32), bf16 (the same in bf16), max_tokens (token batches vs fixed
 padding), procs (1 vs 2 processes: tp2, dp2), deepspeed (dp2 ZeRO-1/2 with overlap_comm / contiguous_gradients).
-The model is benchmarks/common.py's BENCH_MODEL (d_model 256, 3+3 layers, FFN 1024, 4 heads, global batch 64 × 32
+The model is benchmarks/harness.py's BENCH_MODEL (d_model 256, 3+3 layers, FFN 1024, 4 heads, global batch 64 × 32
 tokens, dropout 0.1). Every configuration runs `--repeats` times, the configurations of a group alternating so that
 a change in machine load hits them alike; the figure is the median step time after `--warmup` steps, over all
 repeats, and target tokens per second at that median. One process uses every core (OMP_NUM_THREADS = cores), two
@@ -26,10 +26,9 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from benchmarks.harness import BENCH_MODEL, cpu_model
 
-from benchmarks.common import BENCH_MODEL, cpu_model
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 RESULTS = os.path.join(ROOT, "benchmarks", "results.json")
 REPORT = os.path.join(ROOT, "BENCHMARKS.md")
@@ -195,7 +194,7 @@ def main() -> int:
         results = measure(group, data, args.steps, args.warmup, args.repeats)
         saved[group] = {"results": results, "machine": info, "steps": args.steps, "warmup": args.warmup,
                         "repeats": args.repeats, "date": datetime.date.today().isoformat(), "note": args.note,
-                        "command": " ".join(["python benchmarks/throughput.py", *data, "--only", group, "--steps",
+                        "command": " ".join(["python -m benchmarks.throughput", *data, "--only", group, "--steps",
                                              str(args.steps), "--warmup", str(args.warmup), "--repeats",
                                              str(args.repeats)])}
         with open(RESULTS, "w", encoding="utf-8") as f:

@@ -16,6 +16,7 @@ import argparse
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 
 from common.errors import UserError
@@ -102,6 +103,16 @@ def number(low: float | None = None, high: float | None = None, *, low_open: boo
 NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
 
 
+def _as_typed(name: str | None, argv: list) -> str | None:
+    """argparse names a flag with aliases by all its spellings ("--model_parallel/--mp"): the one the user typed
+    (the last, whose value argparse took)."""
+    if not name or "/" not in name:
+        return name
+    spellings = name.split("/")
+    typed = [str(a).split("=", 1)[0] for a in argv]
+    return next((s for s in reversed(typed) if s in spellings), spellings[0])
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors raise UserError (run_cli: one `error:` line, exit 2), naming the flag first."""
 
@@ -116,7 +127,8 @@ class Parser(argparse.ArgumentParser):
         try:
             return super().parse_known_args(args, namespace)
         except argparse.ArgumentError as err:
-            raise UserError(f"{err.argument_name} {err.message}" if err.argument_name else err.message) from None
+            name = _as_typed(err.argument_name, sys.argv[1:] if args is None else args)
+            raise UserError(f"{name} {err.message}" if name else err.message) from None
 
     def error(self, message: str):
         """The errors argparse reports itself (an unknown flag, a required one missing)."""

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from common.errors import UserError, fail
 from common.hashing import file_sha256
-from preprocess.textio import check_readable, iter_tsv_pairs
+from common.text_lines import check_readable
+from preprocess.textio import iter_tsv_pairs
 from preprocess.tsv_digest import tsv_sha256
 
 # the `datasets` builder that reads each file type (streamed: the file is read in record batches, not whole)

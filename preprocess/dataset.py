@@ -42,11 +42,11 @@ import torch
 
 from common.errors import UserError, fail, run_cli
 from common.hashing import file_sha256
+from common.text_lines import check_readable
 from common.units import human_bytes
 from preprocess.build_lock import one_builder
 from preprocess.corpus_source import CorpusOptions, add_corpus_flags, open_corpus, options_from_args
 from preprocess.store_builder import build_store
-from preprocess.textio import check_readable
 from preprocess.token_batches import compact_permutation
 from preprocess.token_store import FORMAT_VERSION, DamagedStore, TokenStore
 from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids

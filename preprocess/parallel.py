@@ -15,7 +15,9 @@ import itertools
 from pathlib import Path
 
 from common.errors import fail, run_cli
-from preprocess.textio import atomic_write, check_readable, iter_lines, refuse_output_over_inputs
+from common.staging import atomic_write
+from common.text_lines import check_readable, iter_lines
+from common.user_files import refuse_output_over_inputs
 
 
 def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: bool = False) -> tuple[int, int]:

@@ -33,8 +33,9 @@ from pathlib import Path
 import numpy as np
 
 from common.errors import UserError, fail
+from common.text_lines import is_gzip
 from preprocess.corpus_source import BATCH_ROWS
-from preprocess.textio import LineBlocks, _is_gzip, split_tsv_block
+from preprocess.textio import LineBlocks, split_tsv_block
 from preprocess.token_store import UINT16_IDS, StoreWriter, TokenChunk, token_dtype
 from preprocess.tokenizer import load_tokenizer, special_ids
 
@@ -291,7 +292,7 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
         before = _file_state(tsv_path)
         block_bytes = block_bytes or BLOCK_BYTES
         blocks = LineBlocks(tsv_path, block_bytes)
-        workers = worker_count(num_proc, blocks.size, block_bytes, _is_gzip(tsv_path))   # (num_proc >= 1: checked)
+        workers = worker_count(num_proc, blocks.size, block_bytes, is_gzip(tsv_path))   # (num_proc >= 1: checked)
         read = _with_fractions(blocks)
 
         def changed() -> bool:

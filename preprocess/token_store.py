@@ -54,6 +54,7 @@ import numpy as np
 
 from common.errors import NO_ROOM, UserError, fail
 from common.hashing import file_sha256, sample_sha256
+from common.staging import atomic_write
 from common.units import human_bytes
 from preprocess.trusted_files import trust
 
@@ -410,12 +411,6 @@ def _trusted(folder: Path, recorded: dict, stats: dict, samples: dict) -> set:
 def record_verified(folder: Path, recorded: dict, stats: dict, samples: dict) -> None:
     """Write verified.json (atomically). A folder this process cannot write keeps no verdict: its next open hashes
     again, which costs time but is still safe."""
-    tmp = folder / f".{VERIFIED_FILE}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"sha256": recorded, "files": stats, "samples": samples}, f, indent=1)
-            f.write("\n")
-        os.replace(tmp, folder / VERIFIED_FILE)
-    except OSError:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    with contextlib.suppress(OSError), atomic_write(folder / VERIFIED_FILE) as f:
+        json.dump({"sha256": recorded, "files": stats, "samples": samples}, f, indent=1)
+        f.write("\n")

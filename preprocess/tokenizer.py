@@ -35,8 +35,10 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 
 from common.errors import fail, run_cli
 from common.hashing import file_sha256
+from common.staging import atomic_write
+from common.user_files import nearest_existing
 from preprocess.corpus_source import CorpusSource, add_corpus_flags, open_corpus, options_from_args
-from preprocess.textio import atomic_write, iter_tsv_pairs, nearest_existing
+from preprocess.textio import iter_tsv_pairs
 
 TOKENIZER_FILE = "tokenizer.json"
 META_FILE = "tokenizer_meta.json"

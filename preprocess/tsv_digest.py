@@ -15,10 +15,10 @@ import contextlib
 import hashlib
 import json
 import os
-import uuid
 from pathlib import Path
 
 from common.hashing import file_sha256, sample_sha256
+from common.staging import atomic_write
 from preprocess.trusted_files import trust
 
 RECORDS = "tsv-sha256"                     # the records' folder inside the cache folder
@@ -66,15 +66,9 @@ def _changed(tsv: Path, record: Path, recorded: dict, found: str) -> str:
 
 
 def _record(record: Path, now: dict, digest: str, sample: str) -> None:
-    tmp = record.parent / f".{record.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump({"file": now, "sha256": digest, "sample": sample}, f, indent=1)
-        os.replace(tmp, record)
-    except OSError:                          # a read-only cache folder: no record, the next start hashes again
-        with contextlib.suppress(OSError):
-            tmp.unlink()
+    # a read-only cache folder: no record, the next start hashes again
+    with contextlib.suppress(OSError), atomic_write(record) as f:
+        json.dump({"file": now, "sha256": digest, "sample": sample}, f, indent=1)
 
 
 def tsv_sha256(tsv_path, cache_root) -> tuple[str, dict]:

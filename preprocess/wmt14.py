@@ -23,7 +23,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from common.errors import fail, run_cli
-from preprocess.textio import atomic_write, check_readable, decode_lines
+from common.staging import atomic_write
+from common.text_lines import check_readable, decode_lines
 
 EN_NAME = "newstest2014-fren-ref.en.sgm"
 FR_NAME = "newstest2014-fren-ref.fr.sgm"

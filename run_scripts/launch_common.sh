@@ -35,6 +35,10 @@ if [ "${BASH_SOURCE[0]}" = "$0" ]; then             # run, not sourced: say what
 fi
 
 REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# The ranks run this checkout's code, the code every check here runs (_repo_python): a script started by its path has
+# only its own folder on sys.path, so without this the installed package would run, and where that is another
+# clone's, train.py stops in one line (common/script_entry.py). DeepSpeed's runners pass PYTHON* on to other nodes.
+export PYTHONPATH="$REPO_ROOT${PYTHONPATH:+:$PYTHONPATH}"
 
 die() {
     echo "error: $*" >&2

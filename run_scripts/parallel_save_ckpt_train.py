@@ -6,13 +6,20 @@
         --output_dir out/save
 Any train.py flag works and overrides these defaults (e.g. --save_checkpoint_steps 100).
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train
+try:
+    from common.script_entry import require_own_checkout
+except ModuleNotFoundError:         # no package to import: one line, not a traceback
+    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+    sys.exit(2)
+require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
+
+from common.errors import run_cli  # noqa: E402 - after the checkout check
+from training.cli.train import main  # noqa: E402 - after the checkout check
 
 DEFAULTS = ["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "4"]
 
 if __name__ == "__main__":
-    train.run_cli(lambda: train.main(DEFAULTS + sys.argv[1:]))
+    run_cli(lambda: main(DEFAULTS + sys.argv[1:]))

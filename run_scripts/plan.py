@@ -15,7 +15,14 @@ from __future__ import annotations
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from any directory
+try:
+    from common.script_entry import require_own_checkout
+except ModuleNotFoundError:         # no package to import: one line, not a traceback
+    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+    sys.exit(2)
+require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
+
 # Planning never touches a GPU (it runs on login nodes too): DeepSpeed's CPU accelerator, without its
 # "unable to detect" warning on stdout, which would also break --json.
 os.environ.setdefault("DS_ACCELERATOR", "cpu")

@@ -27,6 +27,8 @@ SRC=$1 TGT=$2 RECIPE=$3 OUT=$4; shift 4
 case "$RECIPE" in /*) ;; *) RECIPE="$PWD/$RECIPE" ;; esac
 case "$OUT" in /*) ;; *) OUT="$PWD/$OUT" ;; esac
 cd "$(dirname "$0")/.."
+# this checkout's code for every script below, as launch_common.sh gives the ranks (common/script_entry.py)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python}
 for lang in "$SRC" "$TGT"; do
     [ -f "data/multi30k/train.$lang.gz" ] || { echo "error: no data/multi30k/train.$lang.gz (languages: en, fr)" >&2; exit 2; }

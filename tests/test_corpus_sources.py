@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from common.errors import UserError
+from common.text_lines import read_lines
 from preprocess.corpus_source import CorpusOptions, open_corpus, read_pairs
 from preprocess.dataset import TranslationDataset
-from preprocess.textio import read_lines
 from tests.launch import REPO_ROOT, TINY, read_metrics, run_train
 
 datasets = pytest.importorskip("datasets")

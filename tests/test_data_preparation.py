@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from common.text_lines import read_lines
 from preprocess.build_lock import lock_path, one_builder
 from preprocess.dataset import TranslationDataset
-from preprocess.textio import read_lines
 from preprocess.tsv_digest import RECORDS as TSV_RECORDS
 from tests.launch import REPO_ROOT, TINY, env, launch_cmd, read_metrics, run_train
 from tests.progress import load_factor, scaled

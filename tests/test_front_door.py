@@ -162,8 +162,10 @@ def test_plan_help_shows_the_common_flags_first_and_help_all_every_flag():
     assert "--help_all" in short.split("\n\n", 1)[0]                              # the usage says where the rest is
     titles = [line for line in short.splitlines() if re.match(r"^\S.*:$", line)]
     assert titles[:2] == ["options:", "plan.py:"], titles                         # plan.py's flags first
-    for flag in ("--world_size", "--hostfile", "--mp", "--pipeline_stage", "--encoder_layer", "--device", "--json"):
+    for flag in ("--world_size", "--hostfile", "--model_parallel", "--pipeline_stage", "--encoder_layer", "--device",
+                 "--json"):
         assert f"  {flag} " in short, flag
+    assert ", --mp " in short                                                    # the seed's spelling, an alias
     for flag in ("--valid_file", "--nan_policy", "--lr_schedule", "--save_checkpoint_steps", "--wandb"):
         assert f"  {flag} " not in short and f"  {flag} " in full, flag
 
@@ -218,7 +220,7 @@ def test_counting_one_block_per_shape_counts_what_every_block_holds(layout):
 
 
 def parallel_world(cfg) -> int:
-    return cfg.parallel.mp * cfg.parallel.pipeline_stage
+    return cfg.parallel.model_parallel * cfg.parallel.pipeline_stage
 
 
 # ------------------------------------------------------------------------------------------ translate, evaluate

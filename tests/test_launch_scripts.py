@@ -94,7 +94,7 @@ def saved_to_disk(multi30k_dir, tmp_path_factory) -> Path:
     """Multi30k val (1,014 pairs) as a `datasets` save_to_disk folder with the columns fr and en."""
     import datasets
 
-    from preprocess.textio import read_lines
+    from common.text_lines import read_lines
     sides = {lang: [line.strip() for line in read_lines(multi30k_dir / f"val.{lang}.gz")] for lang in ("fr", "en")}
     folder = tmp_path_factory.mktemp("saved") / "val"
     datasets.Dataset.from_dict(sides).save_to_disk(str(folder))

@@ -114,8 +114,9 @@ def test_memory_equals_what_plan_py_counts(argv, world):
     rng = np.random.default_rng(world)
     for i in rng.choice(len(found), size=min(10, len(found)), replace=False):
         p, L = found[int(i)], found[int(i)].layout
-        cfg = s.cfg.with_flags(mp=L.model_parallel, pipeline_stage=L.pipeline_stage, micro_batch_num=L.micro_batch_num,
-                               zero_stage=L.zero_stage, enable_parallel_optimizer=L.zero_stage > 0,
+        cfg = s.cfg.with_flags(model_parallel=L.model_parallel, pipeline_stage=L.pipeline_stage,
+                               micro_batch_num=L.micro_batch_num, zero_stage=L.zero_stage,
+                               optimizer_shard=L.zero_stage > 0,
                                recompute=L.recompute, vocab_emb_dp=L.vocab_emb_dp, interleave_num=L.interleave_num,
                                pipeline_func=L.pipeline_func, vocab_size=s.model.vocab_size)
         plan = make_plan(cfg, world, None, 8, device="h100")
@@ -344,7 +345,7 @@ def test_written_recipe_is_a_recipe(tmp_path):
     flat = load_recipe(written["json"])
     chosen = out["chosen"]["layout"]
     assert flat["d_model"] == 64 and flat["ffn_size"] == 256 and flat["tokenizer_vocab_size"] == 2000
-    assert (flat["mp"], flat["pipeline_stage"], flat["micro_batch_num"], flat["world_size"]) == (
+    assert (flat["model_parallel"], flat["pipeline_stage"], flat["micro_batch_num"], flat["world_size"]) == (
         chosen["model_parallel"], chosen["pipeline_stage"], chosen["micro_batch_num"], 2)
     dry = run_script(str(folder / "run.sh"), [REPO_ROOT / "data" / "multi30k" / "val.fr.gz"],
                      script_env(tmp_path / "runs", DRY_RUN=1))

@@ -225,7 +225,7 @@ def test_16pcs_every_rank_builds_its_stage_and_shards():
     model = ModelConfig(vocab_size=args.vocab_size, d_model=args.d_model, num_heads=args.num_heads,
                         encoder_layers=args.encoder_layer, decoder_layers=args.decoder_layer,
                         src_len=args.src_len, tgt_len=args.tgt_len)
-    parallel = ParallelConfig.for_world(world, model_parallel=args.mp, pipeline_stage=args.pipeline_stage,
+    parallel = ParallelConfig.for_world(world, model_parallel=args.model_parallel, pipeline_stage=args.pipeline_stage,
                                         micro_batch_num=args.micro_batch_num, optimizer_shard=True)
     assert (parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage) == (1, 8, 2)
     placements = place_blocks(model, parallel)

@@ -5,7 +5,8 @@ import gzip
 
 import pytest
 
-from preprocess.textio import read_lines, read_tsv_pairs
+from common.text_lines import read_lines
+from preprocess.textio import read_tsv_pairs
 
 MODULE = "preprocess.parallel"
 

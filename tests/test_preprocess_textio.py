@@ -1,4 +1,4 @@
-"""preprocess.textio: strict UTF-8 reading, atomic writes, TSV validation."""
+"""Strict UTF-8 reading (common.text_lines), atomic writes (common.staging) and TSV validation (preprocess.textio)."""
 from __future__ import annotations
 
 import gzip
@@ -6,7 +6,9 @@ import gzip
 import pytest
 
 from common.errors import UserError
-from preprocess.textio import atomic_write, count_lines, decode_lines, iter_lines, read_lines, read_tsv_pairs
+from common.staging import atomic_write
+from common.text_lines import count_lines, decode_lines, iter_lines, read_lines
+from preprocess.textio import read_tsv_pairs
 
 
 def test_reads_plain_and_gzip_the_same(tmp_path, multi30k_dir):

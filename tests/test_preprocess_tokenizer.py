@@ -9,8 +9,8 @@ import pytest
 from tokenizers import Tokenizer
 
 from common.errors import UserError
+from common.text_lines import read_lines
 from preprocess.parallel import make_tsv
-from preprocess.textio import read_lines
 from preprocess.tokenizer import SpecialIds, load_tokenizer, special_ids, train_tokenizer
 
 MODULE = "preprocess.tokenizer"

@@ -59,14 +59,14 @@ def test_seed_settings():
     for name, mp in (("2pcs", 2), ("8pcs", 8), ("16pcs", 8)):
         args = parse_args(["--recipe", str(recipe_path(name))])
         assert {k: getattr(args, k) for k in SEED_MODEL} == SEED_MODEL, name
-        assert args.mp == mp and args.ffn_size == 0 and args.epochs == 1
+        assert args.model_parallel == mp and args.ffn_size == 0 and args.epochs == 1
     args = parse_args(["--recipe", str(recipe_path("16pcs"))])
-    assert (args.pipeline_stage, args.micro_batch_num, args.enable_parallel_optimizer) == (2, 2, True)
+    assert (args.pipeline_stage, args.micro_batch_num, args.optimizer_shard) == (2, 2, True)
     _, parallel = configs(TrainConfig.from_flags(args), 16)
     assert parallel.data_parallel == 1 and parallel.effective_zero_stage == 1
     for name in ("2pcs", "8pcs"):
         args = parse_args(["--recipe", str(recipe_path(name))])
-        assert (args.pipeline_stage, args.micro_batch_num, args.enable_parallel_optimizer) == (1, 1, False)
+        assert (args.pipeline_stage, args.micro_batch_num, args.optimizer_shard) == (1, 1, False)
     tiny = parse_args(["--recipe", str(recipe_path("cpu-tiny"))])
     assert tiny.vocab_size is None and tiny.tokenizer_vocab_size == 2000   # sized to its own BPE tokenizer
 

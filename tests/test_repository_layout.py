@@ -163,20 +163,17 @@ def test_every_recipe_loads_into_the_typed_configuration(recipe):
     """Flags and recipe keys keep their meaning: each recipe becomes a TrainConfig whose sections hold its values."""
     import json
 
-    from training.config.flags import PARALLEL_KEYS, parse_config
-    from training.config.sections import RENAMED
+    from training.config.flags import build_parser, parse_config
 
     config = parse_config(["--recipe", str(REPO_ROOT / recipe)])
     raw = json.loads((REPO_ROOT / recipe).read_text())
     sections = config.to_dict()
+    dest_of = {o[2:]: a.dest for a in build_parser()._actions for o in a.option_strings}
     for section in ("model", "parallel", "training"):
         for key, value in raw.get(section, {}).items():
             if key.startswith("_"):
                 continue
-            dest = PARALLEL_KEYS.get(key, key) if section == "parallel" else key
-            home, field = RENAMED.get(dest, (None, dest))
-            held = [s[field] for name, s in sections.items() if isinstance(s, dict) and field in s
-                    and (home is None or name == home)]
+            held = [s[dest_of[key]] for s in sections.values() if isinstance(s, dict) and dest_of[key] in s]
             assert held and all(v == value for v in held), (recipe, section, key, value, held)
     assert config.parallel.deepspeed_overrides == {k: v for k, v in raw.get("deepspeed", {}).items()
                                                    if not k.startswith("_")}

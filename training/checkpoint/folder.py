@@ -19,6 +19,7 @@ import re
 import shutil
 
 from common.errors import UserError
+from common.staging import atomic_write
 from training.checkpoint.disk_full import checkpoint_file_guard
 
 
@@ -106,14 +107,12 @@ def checkpoint_files(path: str) -> list[str]:
 
 
 def write_atomic(path: str, write) -> None:
+    """`write(f)` into `path` through the fixed staging name `PATH.part`, the one the checkpoint folder's cleanup and
+    the disk-full guard know (common.staging: this folder is the run's own, no user's file there)."""
     tmp = path + ".part"
     # out of room: one line, the partial save removed (training.checkpoint.disk_full)
-    with checkpoint_file_guard(tmp):
-        with open(tmp, "wb") as f:
-            write(f)
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    with checkpoint_file_guard(tmp), atomic_write(path, "wb", staging=tmp) as f:
+        write(f)
 
 
 def prune(root: str, keep: int) -> None:

@@ -16,6 +16,7 @@ import uuid
 
 from common.errors import UserError
 from common.ranks import note_rank_hosts
+from common.staging import atomic_write
 
 PROBE = ".shared-folder-check"
 
@@ -58,9 +59,8 @@ def check_output_folder(output_dir: str) -> None:
     probe = os.path.join(os.path.abspath(output_dir), PROBE)
     token = [uuid.uuid4().hex if rank == 0 else None]
     if rank == 0:
-        with open(probe + ".tmp", "w", encoding="ascii") as f:
+        with atomic_write(probe) as f:        # whole or absent: a rank reading half a token would be wrong
             f.write(token[0])
-        os.replace(probe + ".tmp", probe)
     dist.broadcast_object_list(token, src=0)
     seen = _read(probe)
     answers = _gather((socket.gethostname(), seen is not None and seen.decode("ascii", "replace") == token[0]))

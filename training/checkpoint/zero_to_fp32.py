@@ -41,7 +41,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         from common.errors import run_cli
-        from preprocess.textio import refuse_output_over_inputs
+        from common.user_files import refuse_output_over_inputs
         from training.checkpoint.consolidated import merge, save, source_files
     except ImportError:
         print(NEEDS_PACKAGE, file=sys.stderr)

@@ -37,7 +37,7 @@ def main(argv=None) -> int:
         paths = folder.last_checkpoints(args.inputs[0], args.last)
     else:
         paths = args.inputs
-    from preprocess.textio import refuse_output_over_inputs
+    from common.user_files import refuse_output_over_inputs
     refuse_output_over_inputs(args.output, "--output", consolidated.source_files(paths))     # before the reads
     averaged = consolidated.average(paths, verify=not args.no_verify)
     consolidated.save(averaged, args.output)

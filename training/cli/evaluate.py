@@ -47,7 +47,9 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.perf_counter()
 
-    from preprocess.textio import atomic_write, check_output_file, read_lines, refuse_output_over_inputs
+    from common.staging import atomic_write
+    from common.text_lines import read_lines
+    from common.user_files import check_output_file, refuse_output_over_inputs
     if args.output:
         check_output_file(args.output, "--output")
         refuse_output_over_inputs(args.output, "--output",

@@ -34,7 +34,7 @@ def main(argv=None) -> int:
                    help="load a checkpoint folder without checking its files against the sha256 stored at save "
                         "(default: checked; a damaged file is refused naming it)")
     args = p.parse_args(argv)
-    from preprocess.textio import check_output_file, refuse_output_over_inputs
+    from common.user_files import check_output_file, refuse_output_over_inputs
     check_output_file(args.output, "--output")                 # before the (long) merge
     refuse_output_over_inputs(args.output, "--output", source_files([args.checkpoint]))
     merged = merge(args.checkpoint, args.with_optimizer, verify=not args.no_verify)

@@ -38,7 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def read_input(path: str) -> list[str]:
-    from preprocess.textio import decode_lines, read_lines
+    from common.text_lines import decode_lines, read_lines
     if path == "-":
         return decode_lines(sys.stdin.buffer.read(), "stdin")
     return read_lines(path)
@@ -92,7 +92,8 @@ def translate_stream(translator, args, totals: Totals) -> list[str] | None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from preprocess.textio import atomic_write, check_output_file, refuse_output_over_inputs
+    from common.staging import atomic_write
+    from common.user_files import check_output_file, refuse_output_over_inputs
     from training.evaluation.line_stream import is_stream
     if args.output:
         check_output_file(args.output, "--output")

@@ -1,2 +1,2 @@
-"""Settings: train.py's flags and recipe files (flags), the typed sections they become (sections), and the checks
-of a user's DeepSpeed JSON (deepspeed_check)."""
+"""Settings: each declared once in sections (the how of a declaration: schema), train.py's flags and recipe files
+read from them (flags), and the checks before a run starts (preflight)."""

@@ -144,7 +144,7 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         "fp16": {"enabled": precision == "fp16"},
         "bf16": {"enabled": precision == "bf16"},
         # every optimizer DeepSpeed builds here casts to this before its gradient all-reduce / reduce-scatter
-        # (GRAD_REDUCE_DTYPE); a user's DeepSpeed config may not change it (training.config.deepspeed_check)
+        # (GRAD_REDUCE_DTYPE); a user's DeepSpeed config may not change it (training.core.deepspeed_check)
         "communication_data_type": GRAD_REDUCE_DTYPE,
         # Between pipeline stages each TP rank sends 1/mp of the activation and of its gradient, and the receiving
         # stage all-gathers them over its TP ranks (the tensors are replicated over them), instead of every TP rank
@@ -159,7 +159,7 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     extra = dict(overrides or {})
     if user_file:
-        from preprocess.textio import read_json
+        from common.user_files import read_json
         extra.update(read_json(user_file, "--deepspeed_config"))
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in extra and extra[key] != cfg[key]:

@@ -18,6 +18,7 @@ import time
 from tqdm import tqdm
 
 from common.errors import UserError, no_room_error
+from common.staging import atomic_write
 from training.core.trackers import Trackers, forget_earlier_runs
 
 
@@ -136,10 +137,8 @@ class MetricsWriter:
     def run_info(self, info: dict) -> None:
         """OUTPUT_DIR/run.json: what this run is (layout, precision, optimizer DeepSpeed built, steps)."""
         if self.enabled:
-            tmp = os.path.join(self.output_dir, "run.json.part")
-            with open(tmp, "w", encoding="utf-8") as f:
+            with atomic_write(os.path.join(self.output_dir, "run.json")) as f:
                 json.dump(info, f, indent=1)
-            os.replace(tmp, os.path.join(self.output_dir, "run.json"))
             if self._trackers is not None:
                 self._trackers.run_record(info)
 
@@ -261,8 +260,6 @@ def drop_records_after(path: str, step: int) -> int:
             pass                                   # a line a crash cut short
     dropped = len(lines) - len(keep)
     if dropped:
-        tmp = path + ".part"
-        with open(tmp, "w", encoding="utf-8") as f:
+        with atomic_write(path) as f:
             f.writelines(keep)
-        os.replace(tmp, path)
     return dropped

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from common.errors import UserError
-from preprocess.textio import atomic_write
+from common.staging import atomic_write
 
 DISTRIBUTION = "ds-transformer-recipes"          # setup.cfg's name: its extras [wandb] and [mlflow] install these
 RECORD = "trackers.json"        # in OUTPUT_DIR: the tracker runs this folder's run logs to, continued by its resumes

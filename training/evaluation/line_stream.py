@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 # the rules every other reader of text follows: UTF-8 or one `error:` line naming the line, a byte-order mark on the
 # first line dropped, only "\n" ends a line
-from preprocess.textio import decode_line
+from common.text_lines import decode_line
 
 CHUNK = 1 << 16
 

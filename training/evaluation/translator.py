@@ -151,10 +151,7 @@ class Translator:
         defaults that decode as `translate` does (beam, length_penalty). Written next to output_dir and renamed into
         place: an error leaves nothing behind. An existing non-empty output_dir needs overwrite=True, and is only
         replaced if it holds a model (config.json)."""
-        import shutil
-        import tempfile
-
-        from common.file_modes import as_created
+        from common.staging import staged_folder
         from model.hf_export import to_blenderbot
         from preprocess.tokenizer import save_for_transformers
         if beam < 1:
@@ -171,19 +168,8 @@ class Translator:
                             f"replace it even with --overwrite — choose a new folder")
         ids = self.ids
         hf = to_blenderbot(self.model, ids.bos, ids.eos, ids.pad, self.vocab_limit, beam, length_penalty)
-        parent = os.path.dirname(output_dir)
-        os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(output_dir)}.tmp-", dir=parent)
-        try:
+        # the folder checked above may go (replace=True), once the new one is complete: an error leaves it as it was
+        with staged_folder(output_dir, replace=True) as tmp:
             hf.save_pretrained(tmp)
             save_for_transformers(self.tokenizer, tmp, self.cfg.src_len)
-            as_created(tmp)        # mkdtemp's 0700 and safetensors' 0600 → 0755 / 0644 under a 022 umask
-            if existing:
-                shutil.rmtree(output_dir)
-            elif os.path.isdir(output_dir):
-                os.rmdir(output_dir)
-            os.replace(tmp, output_dir)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
         return output_dir

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 
 import numpy as np
 
@@ -80,7 +79,7 @@ def leave_one_out(rows_of_subset, predict_one, count: int, prior: dict) -> list[
 
 def load(path: str, device: str) -> dict:
     """The saved calibration: {"factors", "rows", ...}; UserError for a file that is not one, or another device's."""
-    from preprocess.textio import read_json
+    from common.user_files import read_json
     data = read_json(path, "--calibration")
     if not isinstance(data, dict) or data.get("kind") != FILE_KIND:
         raise UserError(f"--calibration {path} is not a layout calibration (no \"kind\": \"{FILE_KIND}\"): give a file "
@@ -105,10 +104,7 @@ def save(path: str, device: str, device_type: str, factors: dict, rows: list[dic
             "prior_factors": prior, "rows": rows,
             "_comment": "Written by plan.py --search --trials; read by plan.py --search --calibration (this file). "
                         "factors multiply the prior seconds of each term of the step model: docs/layout-search.md."}
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
+    from common.staging import atomic_write
+    with atomic_write(path) as f:
         json.dump(body, f, indent=1)
         f.write("\n")
-    os.replace(tmp, path)

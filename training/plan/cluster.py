@@ -170,7 +170,7 @@ def rank_table_to_hosts(table: dict, source: str = "rank table") -> list[Host]:
 
 
 def read_rank_table(path: str) -> list[Host]:
-    from preprocess.textio import read_json
+    from common.user_files import read_json
     table = read_json(path, "rank table")
     return rank_table_to_hosts(table, source=f"rank table {path}")
 

@@ -175,7 +175,7 @@ def recipe_layout(ctx: Context) -> dict:
     """The recipe's own layout at this world: its prediction, or why it cannot run here."""
     s = ctx.setting
     p = s.cfg.parallel
-    tp, pp = p.mp, p.pipeline_stage
+    tp, pp = p.model_parallel, p.pipeline_stage
     dp = max(s.world // max(tp * pp, 1), 1)
     zero = p.zero_stage if p.zero_stage is not None else (1 if p.optimizer_shard else 0)
     layout = Layout(tp, pp, dp, zero, p.micro_batch_num, p.recompute, p.vocab_emb_dp, p.interleave_num,

@@ -73,8 +73,8 @@ def candidates(cfg: TrainConfig, world: int, parallel: ParallelConfig,
         out.append(("pp", f"--pipeline_stage {p.pipeline_stage * 2}",
                     _with(cfg, pipeline_stage=p.pipeline_stage * 2), world * 2))
     if dp % 2 == 0:
-        out.append(("mp", f"--mp {p.mp * 2}", _with(cfg, mp=p.mp * 2), world))
-    out.append(("mp", f"--mp {p.mp * 2}", _with(cfg, mp=p.mp * 2), world * 2))
+        out.append(("mp", f"--mp {p.model_parallel * 2}", _with(cfg, model_parallel=p.model_parallel * 2), world))
+    out.append(("mp", f"--mp {p.model_parallel * 2}", _with(cfg, model_parallel=p.model_parallel * 2), world * 2))
     if not p.recompute:                               # recompute together with each of the others
         out += [(f"recompute+{kind}", f"--recompute 1 {flags}", _with(changed, recompute=True), w)
                 for kind, flags, changed, w in out[1:]]

@@ -347,8 +347,8 @@ layouts that would fit.
 
 # train.py's flags a plan depends on, which --help shows after plan.py's own; --help_all adds the other ~60 (data,
 # schedule, logging, validation, checkpoints, failures), which change nothing in a plan: --help was 380 lines
-PLAN_FLAGS = {"recipe", "world_size", "mp", "pipeline_stage", "micro_batch_num", "batch_size", "zero_stage",
-              "enable_parallel_optimizer", "recompute", "vocab_emb_dp", "pipeline_func", "interleave_num",
+PLAN_FLAGS = {"recipe", "world_size", "model_parallel", "pipeline_stage", "micro_batch_num", "batch_size", "zero_stage",
+              "optimizer_shard", "recompute", "vocab_emb_dp", "pipeline_func", "interleave_num",
               "precision", "max_tokens", "deepspeed_config", "vocab_size", "tokenizer", "tokenizer_vocab_size",
               "d_model", "num_heads", "ffn_size", "encoder_layer", "decoder_layer", "src_len", "tgt_len",
               "share_embeddings"}
@@ -448,7 +448,7 @@ def main(argv: list | None = None) -> int:
     if args.write_hostfile:
         if hosts is None:
             raise UserError("--write_hostfile needs --hostfile")
-        from preprocess.textio import refuse_output_over_inputs
+        from common.user_files import refuse_output_over_inputs
         refuse_output_over_inputs(args.write_hostfile, "--write_hostfile", [(f"--hostfile {args.hostfile}",
                                                                              args.hostfile)])
         with open(args.write_hostfile, "w", encoding="utf-8") as f:

@@ -25,7 +25,7 @@ NOT_IN_RECIPE = {"recipe", "local_rank", "hostfile", "gpus_per_node", "json", "c
                  "write_hostfile", "predict_speed", "step_time_1gpu", "assumed_mfu", "intra_node_GB_s",
                  "inter_node_Gb_s", "file_path", "output_dir", "world_size", "distribute", "resume", "ckpt_file",
                  "deepspeed_overrides", "explicit"}
-LAYOUT_FLAGS = {"mp", "pipeline_stage", "micro_batch_num", "enable_parallel_optimizer", "zero_stage", "recompute",
+LAYOUT_FLAGS = {"model_parallel", "pipeline_stage", "micro_batch_num", "optimizer_shard", "zero_stage", "recompute",
                 "vocab_emb_dp", "interleave_num", "pipeline_func", "data_parallel", "precision",
                 "gradient_aggregation_group", "deepspeed_config"}
 PATH_FLAGS = {"tokenizer", "valid_file", "cache_dir", "deepspeed_config"}
@@ -62,7 +62,7 @@ def recipe_body(setting: Setting, layout: Layout, given: dict, why: str, launch:
     """The recipe as a dict. `given`: {flag dest: value} of the train.py flags on plan.py's command line."""
     source = {}
     if setting.cfg.recipe:
-        from preprocess.textio import read_json
+        from common.user_files import read_json
         source = read_json(setting.cfg.recipe, "recipe")
     body = {}                   # the source's own "_launch" / "_plan" name its folder and layout, not these
     body["_comment"] = (f"Written by plan.py --search from {setting.cfg.recipe or 'flags only'}: {why} "

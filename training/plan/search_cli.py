@@ -77,7 +77,7 @@ def choose_device(args: argparse.Namespace) -> tuple[str, str]:
     if args.device:
         return args.device.lower(), "--device"
     if args.calibration and os.path.isfile(args.calibration):
-        from preprocess.textio import read_json
+        from common.user_files import read_json
         data = read_json(args.calibration, "--calibration")
         if isinstance(data, dict) and isinstance(data.get("device"), str):
             return data["device"], f"--calibration {args.calibration}"

@@ -25,7 +25,7 @@ import socket
 
 from common.errors import UserError
 from common.ranks import global_rank_from_env
-from preprocess.textio import nearest_existing
+from common.user_files import nearest_existing
 from training.checkpoint.folder import remove_partial_saves
 from training.config.sections import CheckpointSection
 

@@ -31,18 +31,15 @@ from training.checkpoint.folder import checkpoints_dir
 from training.checkpoint.format import SHAPE_FIELDS, check_headers, read_meta, recorded_tokenizer
 from training.checkpoint.resume import AUTO, check_start_point, resume_source
 from training.checkpoint.spread_verify import newest_intact_spread
-from training.config.sections import CheckpointSection, TrainConfig
+from training.config.schema import FIXED_ORDER, SHAPE, TOKEN_ORDER, TRAJECTORY
+from training.config.sections import CheckpointSection, TrainConfig, carried
 
-# flag dest → meta.json "model" field; sizes must match for the weights to load, the rest may change
-MODEL_FLAGS = {"vocab_size": "vocab_size", "d_model": "d_model", "num_heads": "num_heads", "ffn_size": "ffn_size",
-               "encoder_layer": "encoder_layers", "decoder_layer": "decoder_layers", "src_len": "src_len",
-               "tgt_len": "tgt_len", "share_embeddings": "share_embeddings", "dropout": "dropout",
-               "attention_dropout": "attention_dropout", "label_smoothing": "label_smoothing"}
-DATA_ORDER_FLAGS = {"fixed": ("batch_size", "seed"),
-                    "tokens": ("max_tokens", "batch_multiple", "pad_multiple", "num_batch_buckets", "seed")}
-# meta.json "optimization": the trajectory, by flag dest (decay_steps and steps saved as resolved step counts)
-TRAJECTORY_FLAGS = ("lr", "lr_schedule", "warmup_steps", "decay_steps", "min_lr_ratio", "lr_power", "clip_grad",
-                    "weight_decay", "adam_beta1", "adam_beta2", "adam_eps", "steps")
+# what a checkpoint carries, as the settings declare it (training.config.sections): flag dest → meta.json "model"
+# field (sizes must match for the weights to load, the rest may change); the data order's settings by batching; the
+# trajectory in meta.json "optimization" (decay_steps and steps saved as resolved step counts)
+MODEL_FLAGS = carried(SHAPE)
+DATA_ORDER_FLAGS = {batching: tuple(carried(batching)) for batching in (FIXED_ORDER, TOKEN_ORDER)}
+TRAJECTORY_FLAGS = tuple(carried(TRAJECTORY))
 
 
 @dataclass(frozen=True)

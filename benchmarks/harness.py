@@ -7,15 +7,12 @@ this process; `build_hf(train.py flags)` builds `transformers`' Blenderbot with 
 run_scripts/export_hf.py exports ours to (pre-LN, learned positions, GELU; see model/hf_export.py) — trained with a
 plain torch AdamW loop (same betas, eps, weight decay groups) on the very same padded batches, with the mean
 cross-entropy over the non-PAD target tokens, as ours.
+
+(Named harness, not common: a module common.py here would hide the repository's common/ package from a benchmark run
+by its path, whose folder comes first on sys.path.)
 """
 from __future__ import annotations
 
-import os
-import sys
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 def cpu_model(default: str = "unknown") -> str:
     """The processor's name from /proc/cpuinfo (`default` where there is none)."""
