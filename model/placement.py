@@ -136,8 +136,9 @@ def load_pipeline_func(spec: str | None) -> Callable:
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); "
-                          f"give it as 'package.module:function'") from exc
+        raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); give it as 'package.module:function' "
+                          f"importable by every rank (its folder on PYTHONPATH: run.sh and run_cluster.sh put the "
+                          f"checkout there)") from exc
 
 
 def pipeline_func_name(func: Callable | None) -> str:

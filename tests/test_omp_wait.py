@@ -46,8 +46,9 @@ def _median_step(tsv, tok, out, policy: str | None) -> float:
     e = {k: v for k, v in env().items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}   # train.py's defaults
     if policy:
         e["OMP_WAIT_POLICY"] = policy
-    proc = subprocess.run([sys.executable, TRAIN, "--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY,
-                           "--steps", 40, "--log_interval", 1], cwd=REPO_ROOT, env={k: str(v) for k, v in e.items()},
+    cmd = [sys.executable, TRAIN, "--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, "--steps", 40,
+           "--log_interval", 1]
+    proc = subprocess.run([str(c) for c in cmd], cwd=REPO_ROOT, env={k: str(v) for k, v in e.items()},
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return statistics.median(r["step_time"] for r in read_metrics(out)[5:])

@@ -12,7 +12,7 @@ from model.parallel.random import RNG
 from model.placement import assign_stages, load_pipeline_func, place_blocks
 from model.transformer import DecoderLayer, EncoderLayer, Seq2SeqTransformer
 from tests import pipeline_funcs
-from tests.launch import run_python
+from tests.launch import env, run_python
 from tests.test_plan import R16, REPO, plan_for
 from tests.test_tp_model import batch, tiny
 
@@ -128,7 +128,8 @@ def test_bad_pipeline_func_is_named(func, needles):
 
 def test_raising_pipeline_func_is_one_error_line_from_the_cli(assert_user_error):
     proc = run_python([sys.executable, "run_scripts/plan.py", "--recipe", R16, "--world_size", "16",
-                       "--check", "--pipeline_func", "tests.pipeline_funcs:raises_on_decoder"], cwd=REPO, timeout=120)
+                       "--check", "--pipeline_func", "tests.pipeline_funcs:raises_on_decoder"], cwd=REPO, env=env(),
+                      timeout=120)
     assert_user_error(proc, "raises_on_decoder raised KeyError", "block decoder.0")
 
 
