@@ -79,14 +79,18 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
 
     text = b.stdout + b.stderr
     assert b.returncode != 0 and "Traceback" not in text, text[-4000:]
+    port_in_use = (f"error: the master port {port} at 127.0.0.1 is in use (another job's rendezvous?): start this "
+                   f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun "
+                   f"(run.sh and run_cluster.sh take a free one when MASTER_PORT is unset)")
+    store_taken = (f"error: the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} belongs to another job (its rank 1 "
+                   f"joined it before this one): start this job on another port — `deepspeed --master_port N`, or "
+                   f"MASTER_PORT=N")
     errors = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: the master port {port} at 127.0.0.1 is in use (another job's rendezvous?): start this "
-                      f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun "
-                      f"(run.sh and run_cluster.sh take a free one when MASTER_PORT is unset)"], text[-4000:]
+    # B's rank 0 names the port; B's rank 1 may also reach A's store before the launcher ends it (a race the CI's
+    # run lost once), and then says so in its own line: either way, one line per rank and nothing else.
+    assert port_in_use in errors and set(errors) <= {port_in_use, store_taken} and len(errors) <= 2, text[-4000:]
     assert lone.returncode == 2 and "Traceback" not in lone.stderr, lone.stderr[-4000:]
-    assert [line for line in lone.stderr.splitlines() if line.startswith("error: ")] == [
-        f"error: the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} belongs to another job (its rank 1 joined it "
-        f"before this one): start this job on another port — `deepspeed --master_port N`, or MASTER_PORT=N"]
+    assert [line for line in lone.stderr.splitlines() if line.startswith("error: ")] == [store_taken]
     assert a_step_when_b_ended < STEPS, "A finished before B ended: raise STEPS so that they overlap"
     assert [a_done.returncode, twin_done.returncode] == [0, 0], a_done.stderr[-3000:] + twin_done.stderr[-3000:]
     assert "stopping" not in a_done.stderr and "error" not in a_done.stderr, a_done.stderr[-4000:]
