@@ -156,14 +156,14 @@ _repo_python() {  # MODULE ARGS...: a module of this repository, whatever the cu
 check_data_path() {  # DATA_PATH as train.py's --file_path takes it, decided by the code train.py reads it with (a
     # datasets save_to_disk folder was refused here as "not a file"); exit 2 with its error line and the usage
     local checked
-    checked=$(_repo_python training.plan.launch_check data_path "$DATA_PATH" 2>&1) || die "${checked#error: }"
+    checked=$(_repo_python training.run.launch_check data_path "$DATA_PATH" 2>&1) || die "${checked#error: }"
     DATA_PATH="$checked"
 }
 
 recipe_world_size() {  # RECIPE [FLAGS...]: the processes the layout is written for, as train.py reads the recipe
     # and the flags (one place for every launcher, so a copied recipe edited to 2 ranks launches 2); fails with the
     # recipe's own error line when it cannot be read: RANK_SIZE=$(recipe_world_size ...) || exit 2
-    _repo_python training.plan.launch_check world_size --recipe "$@"
+    _repo_python training.run.launch_check world_size --recipe "$@"
 }
 
 world_size_note() {  # COUNT WHO RECIPE: say when an explicit count (RANK_SIZE, a hostfile's slots) overrides the
@@ -211,7 +211,7 @@ make_run_dir() {  # NAME: the run folder of NAME (and RUN_NAME), this launch's l
     while [ -e "$LOG_DIR" ]; do LOG_DIR="$RUN_DIR/logs/$stamp-$n"; n=$((n + 1)); done
     if [ -z "${USER_OUTPUT_DIR:-}" ]; then    # (a given --output_dir: train.py's own rules, naming it)
         # earlier launches made RUNS_DIR/NAME-<time>: --resume must not miss a run left there
-        _repo_python training.plan.launch_check run_folder "$RUN_DIR" ${RESUME:+--resume "$RESUME"} \
+        _repo_python training.run.launch_check run_folder "$RUN_DIR" ${RESUME:+--resume "$RESUME"} \
             --earlier "$base/${RUN_NAME:-$1}" || exit 2
     fi
     if [ -z "${DRY_RUN:-}" ]; then

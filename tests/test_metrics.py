@@ -118,8 +118,8 @@ def test_eta_is_the_runs_mean_step_time_times_the_steps_left(tmp_path, monkeypat
     from training.core import metrics
     now = [0.0]
     monkeypatch.setattr(metrics.time, "monotonic", lambda: now[0])
-    writer = metrics.MetricsWriter(str(tmp_path), enabled=True, total_steps=20, start_step=4, log_interval=100,
-                                   tensorboard=False)
+    writer = metrics.MetricsWriter(str(tmp_path), enabled=True, total_steps=20, start_step=4, resumed=True,
+                                   log_interval=100, tensorboard=False)
     record = {"epoch": 1, "loss": 1.0, "tokens_per_sec": 1.0}
     now[0] = 100.0
     writer.log({**record, "step": 5, "step_time": 2.0})          # step 5 began at 98 s

@@ -103,8 +103,8 @@ def test_packages_import_only_the_layers_below():
 
 # training/'s sub-packages, bottom up: each imports only the levels below its own (the trainer sits on top)
 # cli/ (the commands) on top of everything
-TRAINING_LEVELS = {"core": 0, "config": 1, "checkpoint": 2, "run": 3, "evaluation": 3, "plan": 3, "trainer": 4,
-                   "cli": 5}
+TRAINING_LEVELS = {"core": 0, "config": 1, "checkpoint": 2, "run": 3, "evaluation": 3, "plan": 3,
+                   "faults_for_tests": 3, "trainer": 4, "cli": 5}
 
 
 def _training_part(module: str):
@@ -122,6 +122,45 @@ def test_training_sub_packages_import_only_the_levels_below():
     bad = [(m, d) for m, d in edges if TRAINING_LEVELS[_training_part(d)] >= TRAINING_LEVELS[_training_part(m)]]
     assert not bad, f"imports against training/'s levels {TRAINING_LEVELS}: {bad}"
     assert edges                                       # the graph was read
+
+
+def _trees() -> dict[str, ast.Module]:
+    return {name: ast.parse(path.read_text(), str(path)) for name, path in modules().items()}
+
+
+def test_where_a_run_starts_has_one_home():
+    """The start-point policy is defined in training/run/start_point.py alone and the launch check asks it; the
+    `latest` pointer's name is written in training/checkpoint/latest_pointer.py alone (and as --resume's bare value,
+    declared with the flag); no module re-derives fresh-or-resumed from the start step (StartPoint.fresh says it);
+    the failure tests' hooks say by their module's name that they are the tests'."""
+    trees = _trees()
+    homes = {}
+    for name, tree in trees.items():
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef):
+                homes.setdefault(node.name, []).append(name)
+    for policy in ("resume_source", "check_start_point", "newest_intact", "held_checkpoints", "decide", "agree"):
+        assert "training.run.start_point" in homes[policy], policy
+    assert [h for p in ("resume_source", "check_start_point", "newest_intact", "held_checkpoints")
+            for h in homes[p] if h != "training.run.start_point"] == []
+    assert "training.run.start_point" in graph()["training.run.launch_check"]
+    latest = sorted({name for name, tree in trees.items() for node in ast.walk(tree)
+                     if isinstance(node, ast.Constant) and node.value == "latest"})
+    assert latest == ["training.checkpoint.latest_pointer", "training.config.sections"], latest
+
+    def is_start_step(node):
+        return (isinstance(node, ast.Name) and node.id == "start_step") or (
+            isinstance(node, ast.Attribute) and node.attr == "start_step")
+    derived = [f"{name}:{node.lineno}" for name, tree in trees.items() for node in ast.walk(tree)
+               if (isinstance(node, ast.Compare) and is_start_step(node.left)
+                   and any(isinstance(c, ast.Constant) and c.value == 0 for c in node.comparators))
+               or (isinstance(node, (ast.If, ast.IfExp)) and is_start_step(node.test))
+               or (isinstance(node, ast.BoolOp) and any(is_start_step(v) for v in node.values))
+               or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and is_start_step(node.operand))]
+    assert derived == [], f"fresh-or-resumed re-derived from the start step (use StartPoint.fresh): {derived}"
+    hooks = [name for name, tree in trees.items() for node in ast.walk(tree)
+             if isinstance(node, ast.Constant) and node.value == "DSR_CRASH_AT"]
+    assert hooks and all(name.endswith("_for_tests") for name in hooks), hooks
 
 
 def what_is_where() -> dict[str, str]:

@@ -75,12 +75,12 @@ def test_the_seeds_names_are_aliases(tmp_path):
 
 def test_the_checkpoints_lists_come_from_the_declarations():
     """What a checkpoint carries: the model's shape under ModelConfig's names, the data order as the data code
-    records it, the trajectory as start_point records it."""
+    records it, the trajectory as carried_settings records it."""
     from types import SimpleNamespace
 
     from model.config import ModelConfig
+    from training.checkpoint.carried_settings import trajectory
     from training.core.data import data_order
-    from training.run.start_point import trajectory
     assert set(carried(SHAPE).values()) <= {f.name for f in dataclasses.fields(ModelConfig)}
     assert carried(SHAPE)["encoder_layer"] == "encoder_layers"
     args = SimpleNamespace(max_tokens=0, batch_multiple=16, pad_multiple=8, num_batch_buckets=2, batch_size=32, seed=1)

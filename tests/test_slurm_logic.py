@@ -113,15 +113,15 @@ def test_a_bad_max_requeues_is_one_line(run_module, assert_user_error):
 # ------------------------------------------------------------------------------------------------ run.json
 def test_each_launch_is_recorded_with_its_slurm_job(tmp_path):
     env = {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "vnode[0-1]", "DSR_LAUNCH_ID": "one"}
-    first = launch_record.launches(str(tmp_path), 0, env)
+    first = launch_record.launches(str(tmp_path), 0, False, env)
     assert first[0]["slurm"] == {"job_id": 77, "nodes": "vnode[0-1]", "restart_count": 0}
     launch_record.ended(first[0], "stopped", 40, by="SIGUSR1", checkpoint="step_00000040")
     (tmp_path / "run.json").write_text(json.dumps({"launches": first}))
-    second = launch_record.launches(str(tmp_path), 40, dict(env, SLURM_RESTART_COUNT="1", DSR_LAUNCH_ID="two"))
+    second = launch_record.launches(str(tmp_path), 40, True, dict(env, SLURM_RESTART_COUNT="1", DSR_LAUNCH_ID="two"))
     assert [(x["launch_id"], x["slurm"]["restart_count"], x["start_step"]) for x in second] == \
         [("one", 0, 0), ("two", 1, 40)]
-    assert launch_record.launches(str(tmp_path), 0, {})[0].keys() >= {"launch_id", "started", "start_step"}
-    assert len(launch_record.launches(str(tmp_path), 0, {})) == 1          # a fresh start: a new list
+    assert launch_record.launches(str(tmp_path), 0, False, {})[0].keys() >= {"launch_id", "started", "start_step"}
+    assert len(launch_record.launches(str(tmp_path), 0, False, {})) == 1          # a fresh start: a new list
 
 
 # ------------------------------------------------------------------------------------------------ plan.py --slurm

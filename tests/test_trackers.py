@@ -128,7 +128,7 @@ def test_wandb_run_ends_failed_when_training_stops_on_an_error(multi30k_tsv, bpe
 
 @needs_wandb
 def test_wandb_service_killed_mid_run_is_one_warning(multi30k_tsv, bpe_tokenizer, tmp_path, offline, monkeypatch):
-    """W&B's service process (wandb-core) SIGKILLed after step 3 (training/run/injection.py): the log of step 3
+    """W&B's service process (wandb-core) SIGKILLed after step 3 (training/faults_for_tests.py): the log of step 3
     fails for real (the connection is gone); one warning, the run finishes every step with exit status 0, and the
     offline run keeps the steps logged before."""
     monkeypatch.setenv("DSR_TRACKER_DOWN_AT", "3")
@@ -250,7 +250,7 @@ def test_tracker_that_fails_to_start_loses_its_trackers_json_entry(tmp_path, mon
                "mlflow": {"run_id": "r1", "experiment": "exp", "tracking_uri": "sqlite:///x.db"}}
     record.write_text(json.dumps(earlier))
     trackers = Trackers([MlflowRun("exp", None, str(tmp_path))], str(tmp_path))
-    writer = MetricsWriter(str(tmp_path), enabled=True, total_steps=4, start_step=2, tensorboard=False,
+    writer = MetricsWriter(str(tmp_path), enabled=True, total_steps=4, start_step=2, resumed=True, tensorboard=False,
                            trackers=trackers)
     writer.run_info({"world": 1})
     writer.close()

@@ -16,6 +16,8 @@ import sys
 import torch.distributed as dist
 
 from common.errors import Stopped, UserError
+from training import faults_for_tests
+from training.checkpoint.carried_settings import take_settings, trajectory
 from training.checkpoint.folder import step_dirname
 from training.checkpoint.manager import CheckpointManager
 from training.checkpoint.shared_folder import check_output_folder
@@ -31,12 +33,12 @@ from training.core.speed import SpeedMeter
 from training.core.step import StepTimer, current_lr, eval_step, train_step
 from training.core.trackers import Trackers
 from training.evaluation.validation import BEST, BestTracker, Validator
-from training.run import injection, launch_record
+from training.run import launch_record
 from training.run.job import join_job
 from training.run.job_watch import publish_stopping
 from training.run.nonfinite_steps import NonFiniteSteps
 from training.run.output_lock import claim_output_dir
-from training.run.start_point import agree, take_settings, trajectory
+from training.run.start_point import agree
 from training.run.stop_request import StopRequest
 
 LAYOUT_KEYS = ("world", "dp", "mp", "pp", "micro_batch_num", "interleave_num")
@@ -126,7 +128,8 @@ class Trainer:
                                            bleu=bleu_model, cache_dir=self.cfg.data.cache_dir,
                                            corpus=self.cfg.data.corpus(valid=True))
             self.valid_every = val.valid_interval or self.feeder.schedule.batches_per_epoch
-            self.tracker = BestTracker(self.checkpoints.root, val.early_stop_patience, self.start_step,
+            self.tracker = BestTracker(self.checkpoints.root, val.early_stop_patience,
+                                       None if self.start.fresh else self.start_step,
                                        self.valid_every)
         return self.start_step
 
@@ -156,13 +159,15 @@ class Trainer:
         log = self.cfg.logging
         self.writer = MetricsWriter(self.cfg.checkpoint.output_dir, enabled=self.rank == 0,
                                     total_steps=self.total_steps, start_step=self.start_step,
+                                    resumed=not self.start.fresh,
                                     log_interval=log.log_interval, tensorboard=log.tensorboard,
                                     checkpoint_steps=self.cfg.checkpoint.save_checkpoint_steps,
                                     trackers=Trackers.chosen(self.cfg.checkpoint.output_dir, log.wandb,
                                                              log.wandb_entity, log.wandb_run_name, log.mlflow))
         self._provenance = self._where_from() if self.rank == 0 else {}      # one git call, on the writing rank
         if self.rank == 0:                    # each launch's SLURM job and restart, and how it ended (requeue reads it)
-            self.launches = launch_record.launches(self.cfg.checkpoint.output_dir, self.start_step)
+            self.launches = launch_record.launches(self.cfg.checkpoint.output_dir, self.start_step,
+                                                   resumed=not self.start.fresh)
         info = self.info = self._describe()
         self.writer.run_info(info)
         self.writer.message(" ".join(["layout:"] + [f"{k}={info[k]}" for k in LAYOUT_KEYS]
@@ -202,14 +207,14 @@ class Trainer:
         speed = SpeedMeter(self.model_cfg, self.world, self.cfg.parallel.precision, device())
         nonfinite = NonFiniteSteps(self.engine, faults.nan_policy, faults.nan_skip_limit, opt.lr,
                                    self.checkpoints.latest)
-        injection.arm(self.engine)
+        faults_for_tests.arm(self.engine)
         losses = []
         for step in range(self.start_step, self.total_steps):
             record = self.step(step, speed)
             losses.append(record["loss"])
             done = step + 1
             if opt.train:
-                injection.after_step(self.engine, done)
+                faults_for_tests.after_step(self.engine, done)
                 stop = nonfinite.after_step(done, record["loss"], record)
                 if stop:                           # logged (loss null), then ended before validating or saving
                     self.writer.log(record)
@@ -264,7 +269,7 @@ class Trainer:
 
     def save(self, step: int, improved: bool, last: bool) -> None:
         if self.cfg.optimization.train:
-            injection.before_save(step)
+            faults_for_tests.before_save(step)
             self.checkpoints.after_step(step, last=last)
         if improved:
             self.checkpoints.save(step, name=BEST, validation=self.tracker.best)

@@ -23,6 +23,7 @@ from collections.abc import Iterator
 
 from common.errors import UserError, no_room_error
 from common.ranks import global_rank
+from training.checkpoint.latest_pointer import read_name
 
 # how writers that do not keep the OSError (safetensors' Rust IO) name the same errors
 NO_ROOM_TEXT = {"No space left on device": errno.ENOSPC, "os error 28": errno.ENOSPC, "StorageFull": errno.ENOSPC,
@@ -59,10 +60,10 @@ def _free(path: str) -> str:
 
 def _latest(root: str) -> str:
     try:
-        with open(os.path.join(root, "latest"), encoding="utf-8") as f:
-            return f"{f.read().strip()} is still the latest checkpoint"
+        name = read_name(root)
     except OSError:
-        return "no earlier checkpoint was affected"
+        name = None
+    return f"{name} is still the latest checkpoint" if name else "no earlier checkpoint was affected"
 
 
 @contextlib.contextmanager

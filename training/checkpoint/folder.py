@@ -21,6 +21,7 @@ import shutil
 from common.errors import UserError
 from common.staging import atomic_write
 from training.checkpoint.disk_full import checkpoint_file_guard
+from training.checkpoint.latest_pointer import encode, pointer_path, read_name
 
 
 # ----------------------------------------------------------------------------------------------- paths
@@ -32,6 +33,7 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
+BEST = "best"                                  # the run's best validation checkpoint, outside the rotation
 STEP_NAME = re.compile(r"step_\d+")           # what the saves write into `latest`: a step folder's name, no path
 
 
@@ -50,11 +52,10 @@ def latest_checkpoint(ckpt_root: str, strict: bool = True) -> str | None:
     """The checkpoint `latest` names, or None when there is none. A `latest` naming a missing folder, or anything
     but a step folder of this run (its saves write only a step_N name), is a UserError (strict) or None (for
     messages that only mention it)."""
-    pointer = os.path.join(ckpt_root, "latest")
+    pointer = pointer_path(ckpt_root)
     if not os.path.isfile(pointer):
         return None
-    with open(pointer, "rb") as f:
-        name = f.read().decode("utf-8", "replace").strip()
+    name = read_name(ckpt_root)
     path = os.path.join(ckpt_root, name)
     outside = _outside_the_run(ckpt_root, name, path)
     if outside is not None:
@@ -113,6 +114,11 @@ def write_atomic(path: str, write) -> None:
     # out of room: one line, the partial save removed (training.checkpoint.disk_full)
     with checkpoint_file_guard(tmp), atomic_write(path, "wb", staging=tmp) as f:
         write(f)
+
+
+def point_latest_at(root: str, step: int) -> None:
+    """Move `latest` to step_N (the last act of a save, once step_N is complete)."""
+    write_atomic(pointer_path(root), lambda f: f.write(encode(step_dirname(step))))
 
 
 def prune(root: str, keep: int) -> None:

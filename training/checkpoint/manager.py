@@ -2,7 +2,7 @@
 the trainer's checkpoint manager.
 
 What a checkpoint holds and how it is read: training.checkpoint.format. The folder's rules (names, `latest`,
-pruning, partial saves): training.checkpoint.folder. Which checkpoint a run starts from: training.checkpoint.resume.
+pruning, partial saves): training.checkpoint.folder. Which checkpoint a run starts from: training.run.start_point.
 
 Loading reads, for each of this rank's parameters, only the rows of the saved TP shards that overlap its own slice,
 nothing of other stages, and writes them through training.checkpoint.optimizer_state, which knows each optimizer
@@ -30,7 +30,14 @@ from model.parallel.sharding import partition_dim
 from training.checkpoint import optimizer_state
 from training.checkpoint.background import BackgroundSaves
 from training.checkpoint.disk_full import checkpoint_file_guard
-from training.checkpoint.folder import checkpoints_dir, latest_checkpoint, prune, step_dirname, write_atomic
+from training.checkpoint.folder import (
+    checkpoints_dir,
+    latest_checkpoint,
+    point_latest_at,
+    prune,
+    step_dirname,
+    write_atomic,
+)
 from training.checkpoint.format import (
     FORMAT_VERSION,
     SHARD_FORMAT,
@@ -60,7 +67,7 @@ from training.config.sections import CheckpointSection, DataSection
 from training.core.data import check_data_order, data_order, legacy_data_order
 
 # called with the step once a save's files are written, before they are committed (moved into place, `latest`):
-# where the failure tests' crash injection hooks in (training.run.injection), from above this package
+# where the failure tests' crash injection hooks in (training.faults_for_tests), from above this package
 BEFORE_COMMIT: list = []
 
 
@@ -94,9 +101,9 @@ def save(engine, output_dir: str, step: int, model_cfg: ModelConfig, parallel: P
     (e.g. "best": replaced in place, outside the rotation). `validation` goes into meta.json. `weights_only`: the
     fp32 weights alone — no AdamW moments, no RNG states — for decoding (the validation BLEU model), a third of the
     bytes; such a checkpoint is not resumable. `trajectory`: the optimisation settings a resumed run takes
-    (training.run.start_point.trajectory), meta.json's "optimization". `background` (training.checkpoint.background,
-    with no save in flight): gather into a host snapshot here, write, hash and commit on its thread — the files are
-    the same bytes as a synchronous save's.
+    (training.checkpoint.carried_settings.trajectory), meta.json's "optimization". `background`
+    (training.checkpoint.background, with no save in flight): gather into a host snapshot here, write, hash and
+    commit on its thread — the files are the same bytes as a synchronous save's.
 
     Every rank: refuse weights that must not be saved → a fresh .tmp folder → what this rank writes → write it now
     (or snapshot it and write on the background thread) → rank 0 commits (meta.json, move into place, `latest`)."""
@@ -243,7 +250,7 @@ def _commit(meta: dict, tmp: str, final: str, root: str, name: str | None, step:
     os.replace(tmp, final)
     ship_folder_hint(root)                 # DeepSpeed's users look in checkpoints/ itself for zero_to_fp32.py
     if name is None:
-        write_atomic(os.path.join(root, "latest"), lambda f: f.write(step_dirname(step).encode()))
+        point_latest_at(root, step)
         prune(root, keep)
 
 

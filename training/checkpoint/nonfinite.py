@@ -1,7 +1,7 @@
 """No checkpoint holds non-finite weights: `refuse_non_finite_weights` is checked at the start of every save (a
 collective), so a checkpoint is never written from non-finite weights and `latest` and the keep-K pruning never move
 past the last finite checkpoint. What a run does after a non-finite step: training.run.nonfinite_steps. The tests make
-real non-finite weights through training.run.injection (DSR_INF_WEIGHT_AT)."""
+real non-finite weights through training.faults_for_tests (DSR_INF_WEIGHT_AT)."""
 from __future__ import annotations
 
 import torch

@@ -78,7 +78,7 @@ def verify_spread(path: str, with_tokenizer: bool = False) -> dict:
 
 
 def newest_intact_spread(root: str) -> tuple:
-    """Collective: training.checkpoint.resume.newest_intact's answer — the newest step_* checkpoint of `root` that
+    """Collective: training.run.start_point.newest_intact's answer — the newest step_* checkpoint of `root` that
     verifies, and "step_N: why" for each newer one skipped — each candidate checked by verify_spread."""
     group = _group()
     candidates: list = [step_checkpoints(root) if group is None or group[0] == 0 else None]

@@ -129,7 +129,7 @@ def given_flags(parser: argparse.ArgumentParser, argv: list | None) -> set[str]:
 def parse_config(argv: list | None = None) -> TrainConfig:
     """train.py's command line → the typed, checked configuration the trainer runs. It remembers which flags the
     user set (command line, then recipe): a run that starts from a checkpoint takes the checkpoint's value for every
-    other setting it carries (training.run.start_point, once the start point is decided)."""
+    other setting it carries (training.checkpoint.carried_settings, once training.run.start_point has decided)."""
     args = parse_args(argv)
     explicit = {dest: f"--{dest}" for dest in given_flags(build_parser(), argv)}
     if args.recipe:

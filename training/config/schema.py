@@ -1,6 +1,6 @@
 """How one train.py setting is declared: a section field made by `setting(...)` carries its flag's help, type with
 its range, the seed's alias and what a checkpoint carries it as. The parser, the recipe keys, TrainConfig and the
-checkpoint's lists (training.run.start_point) are read from these declarations (docs/settings.md)."""
+checkpoint's lists (training.checkpoint.carried_settings) are read from these declarations (docs/settings.md)."""
 from __future__ import annotations
 
 import argparse
@@ -13,8 +13,9 @@ from model.config import MAX_POSITIONS
 from preprocess.tokenizer import BPE_SPECIALS
 
 # What a checkpoint's meta.json carries a setting as; a run that starts from it takes the value unless the user set
-# the flag (training.run.start_point). SHAPE: meta.json "model"; TRAJECTORY: its "optimization"; the data order
-# ("data_order") records the settings of its batching: FIXED_ORDER for fixed batches, TOKEN_ORDER for token batches
+# the flag (training.checkpoint.carried_settings). SHAPE: meta.json "model"; TRAJECTORY: its "optimization"; the
+# data order ("data_order") records the settings of its batching: FIXED_ORDER for fixed batches, TOKEN_ORDER for
+# token batches
 SHAPE, TRAJECTORY, FIXED_ORDER, TOKEN_ORDER = "model", "optimization", "fixed", "tokens"
 
 

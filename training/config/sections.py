@@ -261,6 +261,9 @@ class OptimizationSection:
         return self.adam_beta1, self.adam_beta2
 
 
+RESUME_LATEST, RESUME_AUTO = "latest", "auto"       # --resume given bare; --resume auto (training.run.start_point)
+
+
 @dataclass(frozen=True)
 class CheckpointSection:
     """checkpoints (docs/checkpoints.md)"""
@@ -273,7 +276,7 @@ class CheckpointSection:
         None, "continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the folder has "
         "none); 'auto': the same, or a fresh start when there is neither; PATH: from that checkpoint (a step_* "
         "folder or a run's output_dir). A run without --resume is refused when --output_dir already holds "
-        "checkpoints", nargs="?", const="latest", metavar="auto|PATH")
+        "checkpoints", nargs="?", const=RESUME_LATEST, metavar=f"{RESUME_AUTO}|PATH")
     ckpt_file: str | None = setting(None, "checkpoint directory to resume from (or to evaluate)")
     verify: bool = setting(True, "1 (default): check every checkpoint file a resume reads against the sha256 its "
                                  "writer stored in meta.json, and refuse a damaged one naming the file; 0: load "
@@ -367,8 +370,8 @@ class TrainConfig:
     faults: FaultsSection = field(default_factory=FaultsSection)
     logging: LoggingSection = field(default_factory=LoggingSection)
     recipe: str | None = None
-    # the flags the user set (command line or recipe): {dest: where, e.g. "--lr" or "recipe R's lr"} — a run
-    # that starts from a checkpoint takes the checkpoint's value for every other one (training.run.start_point)
+    # the flags the user set (command line or recipe): {dest: where, e.g. "--lr" or "recipe R's lr"} — a run that
+    # starts from a checkpoint takes the checkpoint's value for every other one (training.checkpoint.carried_settings)
     explicit: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self):

@@ -37,7 +37,7 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0,
+    def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0, resumed: bool = False,
                  log_interval: int = 1, tensorboard: bool = True, checkpoint_steps: int = 0,
                  trackers: Trackers | None = None):
         self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
@@ -51,7 +51,7 @@ class MetricsWriter:
         # append: a resumed run continues the same file (its steps carry on from the checkpoint's), after dropping
         # the records of the steps it replays; TensorBoard hides those events itself (purge_step)
         path = os.path.join(output_dir, "metrics.jsonl")
-        if start_step == 0:
+        if not resumed:                   # a fresh start (training.run.start_point decided it)
             forget_earlier_runs(output_dir)
             kept = keep_earlier_records(path)
             if kept:

@@ -201,7 +201,7 @@ class MlflowRun:
 
 
 def forget_earlier_runs(output_dir: str) -> None:
-    """A fresh start (step 0) in a folder an earlier run used: its tracker runs are not this run's to continue."""
+    """A fresh start (no checkpoint) in a folder an earlier run used: its tracker runs are not this run's to go on."""
     try:
         os.remove(os.path.join(output_dir, RECORD))
     except FileNotFoundError:

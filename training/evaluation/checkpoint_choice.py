@@ -10,9 +10,10 @@ import json
 import os
 
 from common.errors import UserError
-from training.checkpoint.folder import checkpoints_dir, latest_checkpoint, resolve
+from training.checkpoint import latest_pointer
+from training.checkpoint.folder import BEST, checkpoints_dir, latest_checkpoint, resolve
 
-NAMES = ("best", "latest")
+NAMES = (BEST, latest_pointer.NAME)
 
 
 def _roots(run: str) -> list[str]:
@@ -35,7 +36,7 @@ def _best_reason(path: str) -> str:
 def choose(ckpt: str) -> tuple[str, str]:
     """(the path to load, why it was chosen: '' for a path that names one checkpoint itself)."""
     name = os.path.basename(os.path.normpath(ckpt))
-    if name == "latest" and os.path.isfile(ckpt):     # the pointer itself (RUN/checkpoints/latest): what it names
+    if name == latest_pointer.NAME and os.path.isfile(ckpt):     # the pointer itself (RUN/checkpoints/latest)
         root = os.path.dirname(os.path.abspath(ckpt))
         return latest_checkpoint(root), f"latest: the newest complete checkpoint of {os.path.dirname(ckpt) or '.'}"
     if not os.path.exists(ckpt) and name in NAMES:
@@ -43,21 +44,21 @@ def choose(ckpt: str) -> tuple[str, str]:
         if not os.path.isdir(run):
             raise UserError(f"--ckpt_file {ckpt}: {run} is not a folder (give RUN/{name}, RUN a run's output_dir)")
         for root in _roots(run):
-            if name == "best" and os.path.isfile(os.path.join(root, "best", "meta.json")):
-                return os.path.join(root, "best"), _best_reason(os.path.join(root, "best"))
-            found = latest_checkpoint(root) if name == "latest" else None
+            if name == BEST and os.path.isfile(os.path.join(root, BEST, "meta.json")):
+                return os.path.join(root, BEST), _best_reason(os.path.join(root, BEST))
+            found = latest_checkpoint(root) if name == latest_pointer.NAME else None
             if found:
                 return found, f"latest: the newest complete checkpoint of {run}"
-        if name == "best":
+        if name == BEST:
             raise UserError(f"--ckpt_file {ckpt}: {run} holds no best checkpoint (checkpoints/best is kept by a run "
-                            f"that validates: train with --valid_file); use {os.path.join(run, 'latest')} or a "
-                            f"step_* folder")
+                            f"that validates: train with --valid_file); use "
+                            f"{os.path.join(run, latest_pointer.NAME)} or a step_* folder")
         raise UserError(f"--ckpt_file {ckpt}: {run} holds no complete checkpoint (no checkpoints/latest)")
     if os.path.isfile(ckpt):
         return ckpt, ""
     path = resolve(ckpt)                      # a step folder, or a run / checkpoints folder → its latest
     if os.path.normpath(path) != os.path.normpath(ckpt):
         return path, f"latest: the newest complete checkpoint of {ckpt}"
-    if name == "best":
+    if name == BEST:
         return path, _best_reason(path)
     return path, ""

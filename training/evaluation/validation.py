@@ -22,10 +22,9 @@ import shutil
 import torch
 import torch.distributed as dist
 
+from training.checkpoint.folder import BEST
 from training.core.data import prepare_data, validation_batches
 from training.core.step import eval_step
-
-BEST = "best"
 
 
 class Validator:
@@ -87,14 +86,15 @@ class Validator:
 class BestTracker:
     """The best validation so far (lower valid_loss is better) and how many validations ago it was."""
 
-    def __init__(self, ckpt_root: str, patience: int, start_step: int = 0, interval: int = 1):
+    def __init__(self, ckpt_root: str, patience: int, resumed_at: int | None = None, interval: int = 1):
+        """`resumed_at`: the step a resumed run continues from (None: a fresh start)."""
         self.patience, self.best, self.since_best = patience, None, 0
         meta = os.path.join(ckpt_root, BEST, "meta.json")
-        if start_step and os.path.isfile(meta):            # a resumed run continues the same competition
+        if resumed_at is not None and os.path.isfile(meta):      # a resumed run continues the same competition
             with open(meta, encoding="utf-8") as f:
                 self.best = json.load(f).get("validation")
             if self.best:
-                self.since_best = max(0, (start_step - self.best["step"]) // max(interval, 1))
+                self.since_best = max(0, (resumed_at - self.best["step"]) // max(interval, 1))
 
     def update(self, step: int, figures: dict) -> bool:
         """Record a validation; True when it is the best so far."""

@@ -1,7 +1,7 @@
 """Each launch of a run, in run.json's "launches" (oldest first): when and where it started, from which step, under
 which scheduler job — SLURM's job id and restart count, so a chain of requeued jobs reads as one run — and how it
-ended. A run started afresh (no checkpoint: step 0) begins a new list; a resumed one carries on the list of the
-run.json it resumes in.
+ended. A run started afresh (no checkpoint: training.run.start_point.StartPoint.fresh) begins a new list; a resumed
+one carries on the list of the run.json it resumes in.
 
 "end" is written by rank 0 when the run ends in order: {"status": "finished", "step": N} or {"status": "stopped",
 "step": N, "by": "SIGUSR1", "checkpoint": "step_0000000N" (None with --save_on_signal 0)}. A launch without "end"
@@ -43,9 +43,9 @@ def this_launch(start_step: int, environ=os.environ) -> dict:
     return record
 
 
-def earlier_launches(output_dir: str, start_step: int) -> list[dict]:
-    """The launches recorded in OUTPUT_DIR/run.json when this launch continues that run (start_step > 0), else []."""
-    if start_step <= 0:
+def earlier_launches(output_dir: str, resumed: bool) -> list[dict]:
+    """The launches recorded in OUTPUT_DIR/run.json when this launch continues that run (`resumed`), else []."""
+    if not resumed:
         return []
     try:
         with open(os.path.join(output_dir, "run.json"), encoding="utf-8") as f:
@@ -55,9 +55,9 @@ def earlier_launches(output_dir: str, start_step: int) -> list[dict]:
     return [entry for entry in launches if isinstance(entry, dict)] if isinstance(launches, list) else []
 
 
-def launches(output_dir: str, start_step: int, environ=os.environ) -> list[dict]:
-    """run.json's list for this launch: the earlier ones of the run it continues, then this one."""
-    return earlier_launches(output_dir, start_step) + [this_launch(start_step, environ)]
+def launches(output_dir: str, start_step: int, resumed: bool, environ=os.environ) -> list[dict]:
+    """run.json's list for this launch: the earlier ones of the run it continues (`resumed`), then this one."""
+    return earlier_launches(output_dir, resumed) + [this_launch(start_step, environ)]
 
 
 def ended(launch: dict, status: str, step: int, by: str | None = None, checkpoint: str | None = None) -> None:

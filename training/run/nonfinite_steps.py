@@ -16,7 +16,7 @@ engine's skipped-step count):
   whose gradient overflowed while the loss was finite: that is calibration, never a reason to stop.
 
 No checkpoint holds non-finite weights: training.checkpoint.nonfinite. The tests make real non-finite steps through
-training.run.injection.
+training.faults_for_tests.
 """
 from __future__ import annotations
 

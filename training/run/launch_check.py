@@ -1,11 +1,11 @@
 """What the launch scripts (run_scripts/launch_common.sh) ask before they start anything:
 
-    python -m training.plan.launch_check world_size [train.py flags, e.g. --recipe R.json --steps 20]
+    python -m training.run.launch_check world_size [train.py flags, e.g. --recipe R.json --steps 20]
         the processes the layout is written for, as train.py reads it (--world_size, else the recipe's
         parallel.world_size); nothing when neither says
-    python -m training.plan.launch_check run_folder RUN_DIR [--resume VALUE] [--earlier RUNS_DIR/NAME]
+    python -m training.run.launch_check run_folder RUN_DIR [--resume VALUE] [--earlier RUNS_DIR/NAME]
         one `error:` line (status 2) when this launch must not start in RUN_DIR
-    python -m training.plan.launch_check data_path DATA_PATH
+    python -m training.run.launch_check data_path DATA_PATH
         DATA_PATH as train.py's --file_path will take it (a TSV, a .jsonl/.json/.csv/.parquet file or a datasets
         save_to_disk folder: its absolute path; a Hub dataset's name: as it is), or the one `error:` line train.py
         would give for it (preprocess.corpus_source decides, for both: the launch scripts refused a save_to_disk
@@ -27,11 +27,11 @@ import re
 import sys
 
 from common.errors import UserError, run_cli
-from training.checkpoint.folder import saved_checkpoints, step_of
+from training.config.sections import RESUME_AUTO, RESUME_LATEST
+from training.run import start_point
 
 OUTPUT = "output"                                 # a run folder's train.py --output_dir
 TIMESTAMPED = r"-\d{8}-\d{6}(-\d+)?"              # the per-launch suffix run folders had: -YYYYmmdd-HHMMSS[-N]
-RESUME_LATEST = ("latest", "auto")                # --resume without a path (train.py's values)
 
 
 def world_size(argv: list[str]) -> str:
@@ -39,15 +39,6 @@ def world_size(argv: list[str]) -> str:
     from training.config.flags import parse_args
     value = parse_args(argv).world_size
     return "" if value is None else str(value)
-
-
-def held_checkpoints(run_dir: str) -> str | None:
-    """'checkpoints up to step_N' (or their names) when RUN_DIR's output holds complete checkpoints, else None."""
-    saved = saved_checkpoints(os.path.join(run_dir, OUTPUT))
-    if not saved:
-        return None
-    steps = [name for name in saved if name.startswith("step_") and step_of(name) is not None]
-    return f"checkpoints up to {max(steps, key=step_of)}" if steps else f"checkpoints ({', '.join(saved)})"
 
 
 def earlier_run_folders(prefix: str) -> list[str]:
@@ -62,16 +53,16 @@ def earlier_run_folders(prefix: str) -> list[str]:
 
 def check_run_folder(run_dir: str, resume: str | None, earlier: str | None) -> None:
     """UserError when a launch into RUN_DIR would mix two runs, or when --resume would miss the run it means."""
-    held = held_checkpoints(run_dir)
+    held = start_point.held_checkpoints(os.path.join(run_dir, OUTPUT))     # train.py's own rule
     if held and resume is None:
         raise UserError(f"run folder {run_dir} already holds {held}: add --resume to this command to continue that "
                         f"run, or set RUN_NAME=NAME to start a new run beside it")
-    if held or resume not in RESUME_LATEST or not earlier:
+    if held or resume not in (RESUME_LATEST, RESUME_AUTO) or not earlier:
         return
     for old in earlier_run_folders(earlier):
-        old_held = held_checkpoints(old)
+        old_held = start_point.held_checkpoints(os.path.join(old, OUTPUT))
         if old_held:
-            flag = "--resume auto" if resume == "auto" else "--resume"
+            flag = "--resume auto" if resume == RESUME_AUTO else "--resume"
             raise UserError(f"{flag}: run folder {run_dir} holds no checkpoint, but {old} (the folder of an earlier "
                             f"launch, from before run folders kept their name) holds {old_held}: continue that run "
                             f"here with --resume {os.path.join(old, OUTPUT)}, or move {old} away to start afresh")
@@ -97,14 +88,14 @@ def main(argv: list[str] | None = None) -> int:
         print(world_size(argv[1:]))
         return 0
     if argv[:1] == ["run_folder"]:
-        p = argparse.ArgumentParser(prog="python -m training.plan.launch_check run_folder")
+        p = argparse.ArgumentParser(prog="python -m training.run.launch_check run_folder")
         p.add_argument("run_dir")
         p.add_argument("--resume", default=None, help="train.py's --resume value: latest, auto or a path")
         p.add_argument("--earlier", default=None, help="RUNS_DIR/NAME: where earlier launches' folders began")
         args = p.parse_args(argv[1:])
         check_run_folder(args.run_dir, args.resume, args.earlier)
         return 0
-    raise UserError("usage: python -m training.plan.launch_check world_size [train.py flags] | run_folder RUN_DIR "
+    raise UserError("usage: python -m training.run.launch_check world_size [train.py flags] | run_folder RUN_DIR "
                     "[--resume VALUE] [--earlier RUNS_DIR/NAME] | data_path DATA_PATH")
 
 
