@@ -116,10 +116,10 @@ def test_the_installed_commands_answer_help(scripts, tmp_path):
     shim = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--help"], env=env(),
                           capture_output=True, text=True, timeout=300)
     command = results[names.index("dstr-translate")]
-    assert flags(shim.stdout) == flags(command.stdout) and "--ckpt_file" in flags(command.stdout)
+    assert flag_names(shim.stdout) == flag_names(command.stdout) and "--ckpt_file" in flag_names(command.stdout)
 
 
-def flags(help_text: str) -> list[str]:
+def flag_names(help_text: str) -> list[str]:
     return sorted({w.strip(",[]") for w in help_text.split() if w.startswith("--")})
 
 
