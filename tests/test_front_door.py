@@ -155,7 +155,7 @@ def test_plan_help_shows_the_common_flags_first_and_help_all_every_flag():
     assert len(short.splitlines()) < 0.6 * len(full.splitlines()), (len(short.splitlines()), len(full.splitlines()))
     assert "--help_all" in short.split("\n\n", 1)[0]                              # the usage says where the rest is
     titles = [line for line in short.splitlines() if re.match(r"^\S.*:$", line)]
-    assert titles[:2] == ["options:", "plan.py:"], titles                         # plan.py's flags first
+    assert titles[:2] == ["options:", "dstr-plan:"], titles                       # dstr-plan's flags first
     for flag in ("--world_size", "--hostfile", "--model_parallel", "--pipeline_stage", "--encoder_layer", "--device",
                  "--json"):
         assert f"  {flag} " in short, flag
