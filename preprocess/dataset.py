@@ -324,7 +324,7 @@ def main(prog: str = "python -m preprocess.dataset") -> int:
                         help="source<TAB>target TSV; or a datasets save_to_disk folder, or a .jsonl/.json/.csv/"
                              ".parquet file, with the column flags below")
     parser.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
-                        help="from python -m preprocess.tokenizer (the file or its directory)")
+                        help="from dstr-prepare-tokenizer (the file or its directory)")
     parser.add_argument("--src_len", type=int, required=True, help="source length incl. EOS")
     parser.add_argument("--tgt_len", type=int, required=True, help="target length incl. BOS (input) / EOS (labels)")
     parser.add_argument("--cache_dir", default=None,

@@ -125,10 +125,10 @@ def test_the_installed_commands_answer_help(scripts, tmp_path):
 
 def older_names(help_text: str) -> list[str]:
     """Commands a --help names by what they were before the dstr-* commands: `python run_scripts/X.py`,
-    `python -m preprocess.X`, or an example line that starts with `X.py`. DeepSpeed's launcher takes a script's
-    path, so `deepspeed ... run_scripts/train.py` stays (README's form)."""
+    `python -m preprocess.X`, or a usage or indented example line that runs `X.py`. DeepSpeed's launcher takes a
+    script's path, so `deepspeed ... run_scripts/train.py` stays (README's form)."""
     found = re.findall(r"python (?:run_scripts/\w+\.py|-m preprocess\.\w+)", help_text)
-    return found + [line for line in help_text.splitlines() if re.match(r"\s*(?:usage: )?\w+\.py\b", line)]
+    return found + [line for line in help_text.splitlines() if re.match(r"(?:usage: |  +(?:\S.* \| )?)\w+\.py ", line)]
 
 
 def flag_names(help_text: str) -> list[str]:
