@@ -135,7 +135,7 @@ def main() -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", default=str(ROOT / "out" / "store_integrity"), help="where the stores go")
     p.add_argument("--sizes", nargs="+", default=["1M", "4.5M"], help="pairs per store (1M, 4.5M, ...)")
-    p.add_argument("--corpus", default=None, help="a TSV: also time its identity at a start (see above)")
+    p.add_argument("--corpus", default=None, help="a TSV: also time its identity at a start (see below)")
     args = p.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

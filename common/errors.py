@@ -30,7 +30,8 @@ NO_ROOM = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quot
 class UserError(Exception):
     """A mistake in the user's input or configuration; the message must name the bad value and the fix.
 
-    `report_delay`: seconds this process waits before printing (None: the default for its rank, see above).
+    `report_delay`: seconds this process waits before printing (None: OTHER_RANKS_DELAY on a
+    launched rank other than 0, else 0; the module docstring says why).
     `exit_status`: the process's exit status (2; ABORTED for a rank that stops only
     because another one failed, which is then not reported to the job as a failure of its own)."""
 

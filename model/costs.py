@@ -18,7 +18,7 @@ INT64 = 8
 
 def forward_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
     """Forward FLOPs of the whole model for `pairs` sentence pairs with `src_tokens` / `tgt_tokens` real tokens,
-    padded to `src_len` / `tgt_len` (formula in the module docstring)."""
+    padded to `src_len` / `tgt_len` (formulas: docs/cost-model.md#flops)."""
     h, f, v, b, s, t = m.d_model, m.ffn, m.vocab_size, pairs, src_len, tgt_len
     enc = src_tokens * (8 * h * h + 4 * h * f) + 4 * b * s * s * h
     dec = tgt_tokens * (12 * h * h + 4 * h * f) + src_tokens * 4 * h * h + 4 * b * t * (t + s) * h
@@ -67,10 +67,10 @@ def peak_flops(device_name: str, precision: str) -> float | None:
 
 
 def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> dict[str, int]:
-    """Per-rank bytes of parameters, gradients and AdamW state for n_params parameters (see module docstring).
-    The optimizer state is AdamW's two fp32 moments, plus — wherever DeepSpeed wraps the optimizer (every ZeRO
-    stage >= 1, and every half-precision run) — the fp32 master copy of the parameters it steps, which DeepSpeed
-    keeps even in fp32 (measured against its allocations in tests/test_plan.py)."""
+    """Per-rank bytes of parameters, gradients and AdamW state for n_params parameters
+    (docs/cost-model.md#memory-per-rank, State). The optimizer state is AdamW's two fp32 moments, plus — wherever
+    DeepSpeed wraps the optimizer (every ZeRO stage >= 1, and every half-precision run) — the fp32 master copy of the
+    parameters it steps, which DeepSpeed keeps even in fp32 (measured against its allocations in tests/test_plan.py)."""
     half = precision in ("fp16", "bf16")
     p_b, g_b = (2, 2) if half else (4, 4)
     o_b = 12 if half or zero >= 1 else 8
@@ -114,7 +114,7 @@ def _flat_allreduce_buffers(n_params: int, precision: str) -> tuple[int, int]:
 
 def _zero12_buffers(n_params: int, dp: int, zero: int, half: bool, bucket: int, overlap_comm: bool,
                     contiguous: bool) -> tuple[int, int]:
-    """(during, after) backward for DeepSpeedZeroOptimizer (module docstring)."""
+    """(during, after) backward for DeepSpeedZeroOptimizer (docs/cost-model.md#memory-per-rank, ZeRO 1/2)."""
     staged = 2 if half and zero == 2 else GRAD_BYTES
     ipg = (int(contiguous) + int(contiguous and overlap_comm)) * bucket * staged
     reduce = bucket * staged + (bucket * GRAD_BYTES if staged != GRAD_BYTES else 0)     # flattened, cast to fp32
@@ -129,8 +129,8 @@ def _zero12_buffers(n_params: int, dp: int, zero: int, half: bool, bucket: int, 
 
 def _zero3_buffers(n_params: int, dp: int, half: bool, bucket: int, contiguous: bool,
                    largest_block: int) -> tuple[int, int]:
-    """(during, after) backward for DeepSpeedZeroOptimizer_Stage3 (module docstring); all of it lives during
-    backward."""
+    """(during, after) backward for DeepSpeedZeroOptimizer_Stage3 (docs/cost-model.md#memory-per-rank, ZeRO 3);
+    all of it lives during backward."""
     staging = bucket * GRAD_BYTES if contiguous or half else 0
     gathered = (min(largest_block, n_params) + min(ZERO3_PREFETCH, n_params)) * (2 if half else 4)
     return staging + bucket * GRAD_BYTES + -(-n_params // dp) * GRAD_BYTES + gathered, 0
@@ -140,11 +140,11 @@ def deepspeed_buffer_bytes(n_params: int, dp: int, zero: int, precision: str, re
                            overlap_comm: bool, largest_block: int = 0,
                            contiguous_gradients: bool = False) -> dict[str, int]:
     """DeepSpeed's own allocations beyond params / grads / optimizer state on one rank of `n_params` parameters
-    (module docstring): {"during_backward": bytes live while activations are, "after_backward": bytes that exist
-    only once backward is done}. `zero`: the stage DeepSpeed runs (training.core.engine.optimizer_zero_stage);
-    `reduce_bucket`: the ZeRO reduce bucket in elements; `overlap_comm` / `contiguous_gradients`: the ZeRO settings
-    DeepSpeed applies (a pipeline runs without overlap); `largest_block`: the parameters of the largest block
-    (ZeRO 3 gathers one at a time)."""
+    (docs/cost-model.md#memory-per-rank): {"during_backward": bytes live while activations are, "after_backward":
+    bytes that exist only once backward is done}. `zero`: the stage DeepSpeed runs
+    (training.core.engine.optimizer_zero_stage); `reduce_bucket`: the ZeRO reduce bucket in elements; `overlap_comm` /
+    `contiguous_gradients`: the ZeRO settings DeepSpeed applies (a pipeline runs without overlap); `largest_block`:
+    the parameters of the largest block (ZeRO 3 gathers one at a time)."""
     half = precision in ("fp16", "bf16")
     bucket = min(reduce_bucket, n_params)
     if zero == 0 or uses_bf16_optimizer(zero, precision):
@@ -157,8 +157,8 @@ def deepspeed_buffer_bytes(n_params: int, dp: int, zero: int, precision: str, re
 
 
 def rank_peak(state: int, activations: int, buffers: dict[str, int]) -> int:
-    """A rank's peak bytes: its state, its activations and all of DeepSpeed's buffers (see the module docstring for
-    why those made after backward add too)."""
+    """A rank's peak bytes: its state, its activations and all of DeepSpeed's buffers (why those made after backward
+    add too: docs/cost-model.md#memory-per-rank)."""
     return state + activations + buffers["during_backward"] + buffers["after_backward"]
 
 
@@ -181,8 +181,8 @@ def _decoder_elems(m: ModelConfig, tp: int, b: int) -> tuple[int, int]:
 
 def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
                      precision: str = "fp32", recomputed: Sequence[str] | None = None) -> dict[str, int]:
-    """Activation estimate of one stage holding the layers `names` (formula in the module docstring);
-    `recomputed`: the blocks pipeline_func recomputes (default: every block when p.recompute)."""
+    """Activation estimate of one stage holding the layers `names` (formulas: docs/cost-model.md#memory-per-rank,
+    Activations); `recomputed`: the blocks pipeline_func recomputes (default: every block when p.recompute)."""
     tp, b, s, t, h = p.model_parallel, micro, m.src_len, m.tgt_len, m.d_model
     el = 2 if precision in ("fp16", "bf16") else 4
     recomputed = _recomputed(p, names, recomputed)
@@ -289,9 +289,10 @@ def boundary_bytes(tensors: list[dict], float_bytes: int, tp: int, split_forward
 
 def dp_bytes(n_params: int, precision: str, zero: int, p: ParallelConfig,
              bucket_allreduce: bool = True) -> dict:
-    """Bytes one rank of `n_params` parameters sends per step for data-parallel sync (ring volumes; module
-    docstring): `zero` is the stage DeepSpeed runs, `bucket_allreduce` ZeRO 1/2's use_multi_rank_bucket_allreduce.
-    Gradients travel in fp32 (GRAD_BYTES) under every precision, parameters in the training precision."""
+    """Bytes one rank of `n_params` parameters sends per step for data-parallel sync (ring volumes:
+    docs/cost-model.md#communication-per-rank): `zero` is the stage DeepSpeed runs, `bucket_allreduce` ZeRO 1/2's
+    use_multi_rank_bucket_allreduce. Gradients travel in fp32 (GRAD_BYTES) under every precision, parameters in the
+    training precision."""
     dp, mb = p.data_parallel, p.micro_batch_num
     if dp == 1:
         return {"bytes_per_step": 0, "grad_bytes_per_step": 0, "param_bytes_per_step": 0,

@@ -306,15 +306,17 @@ def count_target_tokens(labels, pad_id: int) -> int:
     return int(np.count_nonzero(np.asarray(labels) != pad_id))
 
 
-def main() -> int:
+def main(prog: str = "python -m preprocess.dataset") -> int:
+    """`prog`: the command as the user ran it (`python -m preprocess.dataset`, or its dstr-prepare-* command):
+    --help names it."""
     parser = argparse.ArgumentParser(
-        prog="python -m preprocess.dataset",
+        prog=prog,
         description="Tokenize a source<TAB>target TSV into a token store (compact, memory-mapped ids; or open the "
                     "one already built) and print statistics: samples, truncation, mean lengths, size, time taken. "
                     "The TSV is read in chunks over --num_proc processes, in bounded memory, however large it is.",
-        epilog="examples:\n  python -m preprocess.dataset --file_path data/multi30k/train.fr_en.tsv "
+        epilog=f"examples:\n  {prog} --file_path data/multi30k/train.fr_en.tsv "
                "--tokenizer data/multi30k/bpe8k/tokenizer.json --src_len 32 --tgt_len 32\n"
-               "  python -m preprocess.dataset --file_path /readonly/wmt14.tsv --tokenizer bpe/tokenizer.json "
+               f"  {prog} --file_path /readonly/wmt14.tsv --tokenizer bpe/tokenizer.json "
                "--src_len 128 --tgt_len 128 --cache_dir /scratch/tokcache --num_proc 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -322,7 +324,7 @@ def main() -> int:
                         help="source<TAB>target TSV; or a datasets save_to_disk folder, or a .jsonl/.json/.csv/"
                              ".parquet file, with the column flags below")
     parser.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
-                        help="from python -m preprocess.tokenizer (the file or its directory)")
+                        help="from dstr-prepare-tokenizer (the file or its directory)")
     parser.add_argument("--src_len", type=int, required=True, help="source length incl. EOS")
     parser.add_argument("--tgt_len", type=int, required=True, help="target length incl. BOS (input) / EOS (labels)")
     parser.add_argument("--cache_dir", default=None,

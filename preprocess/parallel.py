@@ -62,13 +62,15 @@ def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: b
     return written, dropped
 
 
-def main() -> int:
+def main(prog: str = "python -m preprocess.parallel") -> int:
+    """`prog`: the command as the user ran it (`python -m preprocess.parallel`, or its dstr-prepare-* command):
+    --help names it."""
     parser = argparse.ArgumentParser(
-        prog="python -m preprocess.parallel",
+        prog=prog,
         description="Join two line-aligned parallel text files (plain or .gz, UTF-8) into one "
                     "source<TAB>target TSV file.",
         epilog="example (Multi30k French→English):\n"
-               "  python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz "
+               f"  {prog} --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz "
                "--output data/multi30k/train.fr_en.tsv",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

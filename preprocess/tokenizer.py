@@ -291,14 +291,16 @@ def save_for_transformers(tokenizer: str | Path | Tokenizer, output_dir: str | P
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
-def main() -> int:
+def main(prog: str = "python -m preprocess.tokenizer") -> int:
+    """`prog`: the command as the user ran it (`python -m preprocess.tokenizer`, or its dstr-prepare-* command):
+    --help names it."""
     parser = argparse.ArgumentParser(
-        prog="python -m preprocess.tokenizer",
+        prog=prog,
         description="Train one tokenizer over both sides of source<TAB>target TSV files and save it as "
                     f"DIR/{TOKENIZER_FILE} (plus DIR/{META_FILE}).",
         epilog="examples:\n"
-               "  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k\n"
-               "  python -m preprocess.tokenizer --input output/wmt14.fr_en.txt --output output/word --type word",
+               f"  {prog} --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k\n"
+               f"  {prog} --input output/wmt14.fr_en.txt --output output/word --type word",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--input", required=True, nargs="+", metavar="PATH",

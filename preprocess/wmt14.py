@@ -150,14 +150,16 @@ def convert(input_path: str | Path, output_dir: str | Path) -> tuple[int, Path, 
     return len(pairs), en_fr, fr_en
 
 
-def main() -> int:
+def main(prog: str = "python -m preprocess.wmt14") -> int:
+    """`prog`: the command as the user ran it (`python -m preprocess.wmt14`, or its dstr-prepare-* command):
+    --help names it."""
     parser = argparse.ArgumentParser(
-        prog="python -m preprocess.wmt14",
+        prog=prog,
         description="Convert WMT14 newstest2014 En-Fr reference SGML files into the MindSpore tutorial's TSV files "
                     f"({OUTPUT_EN_FR}: english<TAB>french, {OUTPUT_FR_EN}: french<TAB>english), pairing segments "
                     "by (docid, seg id).",
-        epilog="example:\n  python -m preprocess.wmt14 --input test-full.tgz --output data/wmt14\n"
-               "  python -m preprocess.wmt14 --input ./test-full --output data/wmt14",
+        epilog=f"example:\n  {prog} --input test-full.tgz --output data/wmt14\n"
+               f"  {prog} --input ./test-full --output data/wmt14",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--input", required=True, metavar="DIR_OR_TGZ",

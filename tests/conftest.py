@@ -2,11 +2,15 @@
 
 - `multi30k_dir`: data/multi30k (the bundled .gz files).
 - `multi30k_tsv`: Multi30k train as French<TAB>English TSV (29,000 pairs), built once per session.
+- `val_tsv`: Multi30k validation (1,014 pairs) as the same TSV.
 - `bpe_tokenizer`: path to a joint BPE tokenizer.json (vocab 8000) trained on `multi30k_tsv`.
 - `multi30k_dataset_factory(src_len=32, tgt_len=32)`: a TranslationDataset of `multi30k_tsv`, tokenized once
   per length pair into a session cache and loaded from it afterwards.
+- `corpus`: 80,000 synthetic pairs of Multi30k sentences (a token store that takes seconds to build).
+- `real_interpreters`: the commands a test starts run as interpreters of their own, not forks.
 - `run_module(module, *args)`: `python -m module args...` from the repository root, captured.
-- `assert_user_error(result, *needles)`: the one-line `error: ...` contract of every CLI.
+- `assert_user_error(result, *needles)`: the one-line `error: ...` contract of every CLI (tests/launch.py's
+  one_error, its stderr that line alone).
 """
 from __future__ import annotations
 
@@ -56,6 +60,15 @@ def bpe_tokenizer(multi30k_tsv, tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def val_tsv(multi30k_dir, tmp_path_factory) -> Path:
+    from preprocess.parallel import make_tsv
+
+    out = tmp_path_factory.mktemp("val") / "val.fr_en.tsv"
+    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", out)
+    return out
+
+
+@pytest.fixture(scope="session")
 def multi30k_dataset_factory(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     from preprocess.dataset import TranslationDataset
 
@@ -65,6 +78,36 @@ def multi30k_dataset_factory(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         return TranslationDataset(multi30k_tsv, bpe_tokenizer, src_len, tgt_len, cache_dir=cache_dir, progress=False)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """80,000 synthetic pairs, 22 MB: 6 blocks; its token store takes several seconds to build on 2 cores (13-30 s
+    measured here). Each line joins 1-3 Multi30k train pairs drawn with a fixed seed: WMT-like lengths, real text."""
+    import numpy as np
+
+    from common.text_lines import read_lines
+
+    fr = [line.strip() for line in read_lines(REPO_ROOT / "data" / "multi30k" / "train.fr.gz")]
+    en = [line.strip() for line in read_lines(REPO_ROOT / "data" / "multi30k" / "train.en.gz")]
+    rng = np.random.default_rng(0)
+    joins = rng.integers(1, 4, size=80_000).tolist()
+    picks = rng.integers(0, len(fr), size=sum(joins)).tolist()
+    lines, k = [], 0
+    for j in joins:
+        chosen = picks[k:k + j]
+        k += j
+        lines.append(" ".join(fr[i] for i in chosen) + "\t" + " ".join(en[i] for i in chosen) + "\n")
+    path = tmp_path_factory.mktemp("corpus") / "big.fr_en.tsv"
+    path.write_text("".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def real_interpreters(monkeypatch):
+    """Every command the test starts is its own interpreter, not a fork of tests/drivers/fork_server.py: for the
+    tests whose subject is how a process ends, hangs or what it leaves (`pytest.mark.usefixtures`)."""
+    monkeypatch.setenv("DSR_TEST_FORK", "0")
 
 
 @pytest.fixture(scope="session")
@@ -79,15 +122,10 @@ def run_module():
 
 @pytest.fixture(scope="session")
 def assert_user_error():
+    from tests.launch import one_error
+
     def check(result: subprocess.CompletedProcess, *needles: str) -> str:
-        assert result.returncode != 0, f"expected failure, got rc=0\nstdout: {result.stdout}"
-        assert "Traceback" not in result.stderr, result.stderr
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1, f"expected one stderr line, got:\n{result.stderr}"
-        assert lines[0].startswith("error: "), lines[0]
-        for needle in needles:
-            assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
-        return lines[0]
+        return one_error(result, *needles, alone=True)
 
     return check
 

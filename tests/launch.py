@@ -1,5 +1,11 @@
 """Run run_scripts/train.py on N processes as a DeepSpeed launch would (see launch_cmd) and read back what it
-wrote. Shared by the parity, checkpoint and recipe tests."""
+wrote; the helpers the test files share (defined here once: tests/test_repository_layout.py refuses a copy):
+
+- train_flags: a tiny run's train.py flags; run_tool: a run_scripts/ command;
+- step_dir, merged, read_metrics, losses: a run's checkpoint folder, a checkpoint merged, its metrics;
+- one_error, usage_error: the one `error: ` line of a refused command (conftest's assert_user_error: the
+  strict form).
+"""
 from __future__ import annotations
 
 import json
@@ -121,6 +127,13 @@ def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn", port: i
             "--master_addr=127.0.0.1", f"--master_port={port}", script]
 
 
+def train_flags(tsv, tok, out, *extra, cache=None) -> list:
+    """train.py's flags for a TINY run on `tsv` with tokenizer `tok` into `out` (then `extra`); `cache`: its
+    --cache_dir."""
+    return ["--file_path", tsv, "--tokenizer", tok, *(["--cache_dir", cache] if cache is not None else []),
+            "--output_dir", out, *TINY, *extra]
+
+
 def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True,
               launcher: str = "spawn") -> subprocess.CompletedProcess:
     proc = run_python(launch_cmd(nproc, launcher=launcher) + [str(a) for a in args], env=env(), timeout=timeout)
@@ -159,6 +172,53 @@ def concurrently(*calls, workers: int = 2) -> list:
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return [f.result() for f in [pool.submit(call) for call in calls]]
+
+
+def step_dir(out, step: int) -> Path:
+    """The folder of a run's checkpoint of step `step` (`out`: the run's --output_dir)."""
+    return Path(out) / "checkpoints" / f"step_{step:08d}"
+
+
+def merged(ckpt) -> dict:
+    """A checkpoint folder's full state with the optimizer's (dstr-merge-checkpoint's merge)."""
+    from training.cli.merge_checkpoint import merge
+    return merge(str(ckpt), with_optimizer=True)
+
+
+def run_tool(script, *args, cwd=REPO_ROOT, stdin=None) -> subprocess.CompletedProcess:
+    """run_scripts/SCRIPT (or a path) with ARGS, captured; `stdin`: a file to redirect it from (a shell's `< FILE`)."""
+    cmd = [sys.executable, str(script if os.path.isabs(str(script)) else REPO_ROOT / "run_scripts" / script),
+           *map(str, args)]
+    if stdin is None:
+        return run_python(cmd, cwd=cwd, env=env())
+    with open(stdin, "rb") as f:
+        return subprocess.run(cmd, cwd=cwd, env=env(), stdin=f, capture_output=True, text=True, timeout=300)
+
+
+def one_error(proc: subprocess.CompletedProcess, *needles: str, returncode: int = None, alone: bool = False) -> str:
+    """The one `error: ` line of a command that failed as a user error should: no traceback, exactly one such line
+    (in stdout and stderr together; `alone`: stderr holds that line and nothing else), holding each of `needles`.
+    `returncode`: the exit status it must have (None: any but 0)."""
+    text = (proc.stdout or "") + (proc.stderr or "")
+    if returncode is None:
+        assert proc.returncode != 0, f"expected failure, got rc=0\n{text[-3000:]}"
+    else:
+        assert proc.returncode == returncode, (proc.returncode, text[-3000:])
+    assert "Traceback" not in text, text[-4000:]
+    if alone:
+        lines = (proc.stderr or "").strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: "), f"expected one error line, got:\n{proc.stderr}"
+    else:
+        lines = [line for line in text.splitlines() if line.startswith("error: ")]
+        assert len(lines) == 1, text[-4000:]
+    for needle in needles:
+        assert needle in lines[0], f"{needle!r} not in {lines[0]!r}"
+    return lines[0]
+
+
+def usage_error(proc: subprocess.CompletedProcess, *needles: str, alone: bool = False) -> str:
+    """one_error for a command refused as a usage error: exit status 2 (common.errors.run_cli)."""
+    return one_error(proc, *needles, returncode=2, alone=alone)
 
 
 def read_metrics(output_dir) -> list[dict]:

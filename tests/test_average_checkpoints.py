@@ -9,19 +9,13 @@ One run saved under two layouts: 4 steps in one process (checkpoints at steps 2 
 - bad input (more checkpoints asked than kept, checkpoints of different models): one `error:` line, nothing written.
 """
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, run_tool, run_train
 
 AVERAGE = str(REPO_ROOT / "run_scripts" / "average_checkpoints.py")
-
-
-def run(script: str, *args) -> subprocess.CompletedProcess:
-    return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / script), *map(str, args)], env=env())
 
 
 def full_weights(step_dir) -> dict:
@@ -59,7 +53,7 @@ def two_layouts(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 def test_average_last_k_is_the_elementwise_mean(two_layouts, tmp_path):
     serial, _ = two_layouts
     out = tmp_path / "avg2.pt"
-    proc = run("average_checkpoints.py", serial.parent, "--last", 2, "--output", out)
+    proc = run_tool("average_checkpoints.py", serial.parent, "--last", 2, "--output", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "steps 2, 4" in proc.stdout
     assert_is_mean(out, [serial / "step_00000002", serial / "step_00000004"])
@@ -70,16 +64,17 @@ def test_average_across_layouts_and_use_it(two_layouts, bpe_tokenizer, multi30k_
     serial, tp2 = two_layouts
     assert json.loads((tp2 / "step_00000006" / "meta.json").read_text())["parallel"]["model_parallel"] == 2
     out = tmp_path / "mixed.pt"
-    proc = run("average_checkpoints.py", serial / "step_00000004", tp2 / "step_00000006", "--output", out)
+    proc = run_tool("average_checkpoints.py", serial / "step_00000004", tp2 / "step_00000006", "--output", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_is_mean(out, [serial / "step_00000004", tp2 / "step_00000006"])
 
-    proc = run("evaluate.py", "--ckpt_file", out, "--tokenizer", bpe_tokenizer, "--src", multi30k_dir / "val.fr.gz",
-               "--ref", multi30k_dir / "val.en.gz", "--limit", 8, "--beam", 2, "--no_progress")
+    proc = run_tool("evaluate.py", "--ckpt_file", out, "--tokenizer", bpe_tokenizer, "--src",
+                    multi30k_dir / "val.fr.gz", "--ref", multi30k_dir / "val.en.gz", "--limit", 8, "--beam", 2,
+                    "--no_progress")
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["step"] == 6 and [a["step"] for a in summary["averaged"]] == [4, 6]
-    proc = run("export_hf.py", "--ckpt_file", out, "--tokenizer", bpe_tokenizer, "--output", tmp_path / "hf")
+    proc = run_tool("export_hf.py", "--ckpt_file", out, "--tokenizer", bpe_tokenizer, "--output", tmp_path / "hf")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert (tmp_path / "hf" / "config.json").is_file()
 
@@ -90,10 +85,10 @@ def test_average_errors_are_one_line(two_layouts, multi30k_tsv, bpe_tokenizer, t
     out = tmp_path / "avg.pt"
     other = tmp_path / "other"
     too_few, _ = concurrently(   # the first case needs nothing of the second's run
-        lambda: run("average_checkpoints.py", serial.parent, "--last", 3, "--output", out),
+        lambda: run_tool("average_checkpoints.py", serial.parent, "--last", 3, "--output", out),
         lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--d_model", 16,
                               "--steps", 1, "--save_checkpoint_steps", 1, "--output_dir", other]))
     assert_user_error(too_few, "--last 3", "holds 2 complete checkpoint(s)")
-    assert_user_error(run("average_checkpoints.py", serial / "step_00000004", other, "--output", out),
+    assert_user_error(run_tool("average_checkpoints.py", serial / "step_00000004", other, "--output", out),
                       "different model", "d_model: checkpoint 16 vs now 32")
     assert not out.exists()

@@ -13,16 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, env, launch_cmd, losses, read_metrics, run_python
+from tests.launch import REPO_ROOT, env, launch_cmd, losses, merged, read_metrics, run_python, train_flags
 from tests.multiproc import free_port
 
 FIXED_IDS = str(REPO_ROOT / "tests" / "drivers" / "fixed_ids.py")
 TRAIN_MANY = str(REPO_ROOT / "tests" / "drivers" / "train_many.py")
 LAYOUTS = {"tp2-drop": ["--mp", "2", "--dropout", "0.1"], "dp2-zero3": ["--zero_stage", "3"]}
-
-
-def flags(tsv, tok, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
 
 
 def file_sums(out: Path) -> dict:
@@ -31,19 +27,13 @@ def file_sums(out: Path) -> dict:
             for p in sorted(root.rglob("*")) if p.is_file()}
 
 
-def merged(path):
-    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
-    from merge_checkpoint import merge
-    return merge(str(path), with_optimizer=True)
-
-
 def test_background_saves_write_the_same_bytes_and_losses_as_synchronous_ones(multi30k_tsv, bpe_tokenizer, tmp_path):
     """tp2 with dropout (the RNG streams are in the snapshot) and dp2 under ZeRO-3 (the gathers are collectives, one
     rank only takes part), 4 steps saving every step: each mode's runs in one launch, checkpoint ids drawn from a
     counter (tests/drivers/fixed_ids.py). Every file of every checkpoint — shards, RNG files, meta.json with its
     sha256 list — has the same sha256 in both modes, and the losses are the same bits."""
     for mode in ("sync", "background"):
-        runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / mode / name, *layout, "--steps", 4,
+        runs = [train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / mode / name, *layout, "--steps", 4,
                       "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 10, "--save_mode", mode)
                 for name, layout in LAYOUTS.items()]
         runs_file = tmp_path / f"{mode}.json"
@@ -67,9 +57,10 @@ def test_kill_9_while_a_background_save_is_written_resumes_from_the_previous_che
     common = ["--mp", "2", "--dropout", "0.1", "--steps", 8, "--save_checkpoint_steps", 2, "--save_mode",
               "background"]
     ref, out = tmp_path / "ref", tmp_path / "run"
-    proc = run_python(launch_cmd(2) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, ref, *common)], env=env())
+    proc = run_python(launch_cmd(2) + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, ref, *common)],
+                      env=env())
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    killed = subprocess.run(launch_cmd(2) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, *common)],
+    killed = subprocess.run(launch_cmd(2) + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, *common)],
                             cwd=REPO_ROOT, env=dict(env(), DSR_SAVE_DELAY="3", DSR_CRASH_AT="save:4"),
                             capture_output=True, text=True, timeout=300)
     assert killed.returncode != 0, killed.stdout[-3000:]
@@ -78,7 +69,7 @@ def test_kill_9_while_a_background_save_is_written_resumes_from_the_previous_che
     assert (ckpts / "step_00000004.tmp").is_dir() and not (ckpts / "step_00000004").exists()
     assert max(r["step"] for r in read_metrics(out)) >= 5          # the loop went on while step 4 was written
 
-    resumed = run_python(launch_cmd(2) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, *common,
+    resumed = run_python(launch_cmd(2) + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, *common,
                                                                 "--resume", "auto")], env=env())
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert f"resumed from {ckpts / 'step_00000002'} at step 2" in resumed.stdout

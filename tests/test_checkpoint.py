@@ -33,9 +33,12 @@ from tests.launch import (
     env,
     launch_cmd,
     losses,
+    merged,
     run_many,
     run_python,
     run_train,
+    step_dir,
+    train_flags,
 )
 
 STEPS, CUT = 4, 2
@@ -100,23 +103,9 @@ def pair(src: str, dst: str):
     return pytest.param(src, dst, id=f"{src}->{dst}", marks=[accelerator.skip_unless(missing[0])] if missing else [])
 
 
-def flags(tsv, tok, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
-
-
 def layout_flags(layout: str, dropout: bool = False) -> list:
     _, precision, extra, _ = LAYOUTS[layout]
     return ["--precision", precision, *extra, *(DROPOUT if dropout else [])]
-
-
-def step_dir(out, step: int = CUT):
-    return out / "checkpoints" / f"step_{step:08d}"
-
-
-def merged(path):
-    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
-    from merge_checkpoint import merge
-    return merge(str(path), with_optimizer=True)
 
 
 def assert_same_state(a: dict, b: dict, what: str) -> None:
@@ -138,7 +127,7 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
     def ref_args(name, out):
         layout, dropout = REFERENCES[name]
-        return flags(*data, out / name, "--steps", STEPS, "--save_checkpoint_steps", 1, "--keep_checkpoint_max",
+        return train_flags(*data, out / name, "--steps", STEPS, "--save_checkpoint_steps", 1, "--keep_checkpoint_max",
                      10, *layout_flags(layout, dropout))
 
     def launch(what, nproc, batch, out):
@@ -157,7 +146,7 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
     def kill(crash, attempt):
         out = attempt / f"kill-{crash.replace(':', '-')}"
-        argv = flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1, *layout_flags("tp2", True))
+        argv = train_flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1, *layout_flags("tp2", True))
         start = time.time()
         proc = subprocess.run(launch_cmd(2) + [str(a) for a in argv], cwd=REPO_ROOT,
                               env=dict(env(), DSR_CRASH_AT=crash), capture_output=True, text=True, timeout=300)
@@ -183,21 +172,21 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         for name in SAME_LAYOUT:
             if runnable(name):
                 layout, dropout = REFERENCES[name]
-                add(f"resume {name}", layout, flags(*data, attempt / f"resume-{name}", "--steps", STEPS,
-                                                    "--ckpt_file", step_dir(done[name]), "--save_checkpoint_steps", 1,
-                                                    *layout_flags(layout, dropout)))
+                add(f"resume {name}", layout, train_flags(*data, attempt / f"resume-{name}", "--steps", STEPS,
+                                                          "--ckpt_file", step_dir(done[name], CUT),
+                                                          "--save_checkpoint_steps", 1, *layout_flags(layout, dropout)))
         for src, dst in RESHARD + ACROSS_PRECISION:
             if runnable(src) and runnable(dst):
                 tag = f"{src}-to-{dst}"
                 if (src, dst) in RESHARD:
-                    add(f"reshard {src}->{dst}", dst, flags(*data, attempt / f"reshard-{tag}", "--steps",
-                                                            STEPS, "--ckpt_file", step_dir(done[src]),
+                    add(f"reshard {src}->{dst}", dst, train_flags(*data, attempt / f"reshard-{tag}", "--steps",
+                                                            STEPS, "--ckpt_file", step_dir(done[src], CUT),
                                                             "--save_checkpoint_steps", 1, *layout_flags(dst)))
-                add(f"load+save {src}->{dst}", dst, flags(*data, attempt / f"resave-{tag}", "--steps", STEPS,
-                                                          "--ckpt_file", step_dir(done[src]), *layout_flags(dst)),
+                add(f"load+save {src}->{dst}", dst, train_flags(*data, attempt / f"resave-{tag}", "--steps", STEPS,
+                                                          "--ckpt_file", step_dir(done[src], CUT), *layout_flags(dst)),
                     resave=True)
         for crash, out in killed.items():
-            add(f"resume {crash}", "tp2", flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1,
+            add(f"resume {crash}", "tp2", train_flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1,
                                                 *layout_flags("tp2", True), "--resume"))
         for nproc, batch in batches.items():
             if batch:
@@ -235,7 +224,7 @@ def test_reshard_onto_another_layout(src, dst, runs):
     ref, got = runs(src), runs(f"reshard {src}->{dst}")
     # 1. Loading is lossless: the destination layout's optimizer, saved again at once, holds exactly the source's
     #    master weights and moments (here into ZeRO partitions, out of them, across TP sizes and stages).
-    assert_same_state(merged(step_dir(ref)), merged(runs(f"load+save {src}->{dst}")), f"{src}->{dst}")
+    assert_same_state(merged(step_dir(ref, CUT)), merged(runs(f"load+save {src}->{dst}")), f"{src}->{dst}")
     # 2. Training continues as the uninterrupted run. fp32: the next step's loss is the reference's up to fp32
     #    summation order (another layout sums in another order: measured ≤ 1.1e-7), later steps too, and after
     #    STEPS - CUT more steps every weight is within 0.05·lr of the reference's (measured ≤ 1.3e-3·lr; Adam moves
@@ -264,9 +253,9 @@ def test_reshard_onto_another_layout(src, dst, runs):
 def test_checkpoint_of_another_precision_loads_exactly(src, dst, runs):
     """bf16 (BF16_Optimizer) → fp32 (AdamW) and fp32 → bf16: master weights and moments are fp32 under both, so the
     other precision's optimizer holds exactly what was saved (its step count too)."""
-    saved, loaded = merged(step_dir(runs(src))), merged(runs(f"load+save {src}->{dst}"))
+    saved, loaded = merged(step_dir(runs(src), CUT)), merged(runs(f"load+save {src}->{dst}"))
     assert_same_state(saved, loaded, f"{src}->{dst}")
-    meta = json.loads((step_dir(runs(src)) / "meta.json").read_text())
+    meta = json.loads((step_dir(runs(src), CUT) / "meta.json").read_text())
     assert meta["optimizer"]["precision"] == precision_of(src) != precision_of(dst)
 
 
@@ -410,7 +399,7 @@ def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, a
 def test_shards_are_safetensors_with_format_and_identity(runs):
     """Other tools read the shards: plain safetensors, weights and moments by name, metadata in the header."""
     from safetensors import safe_open
-    ckpt = step_dir(runs("tp2-drop"))
+    ckpt = step_dir(runs("tp2-drop"), CUT)
     meta = json.loads((ckpt / "meta.json").read_text())
     assert meta["format_version"] == 2 and meta["shards"] == ["shard_pp0_tp0.safetensors",
                                                               "shard_pp0_tp1.safetensors"]
@@ -431,7 +420,7 @@ def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path)
     from training.checkpoint.format import ShardIndex, load_full_state, read_meta
     from training.checkpoint.shard_io import read_header
     ckpt = tmp_path / "ckpt"
-    shutil.copytree(step_dir(runs("tp4")), ckpt)
+    shutil.copytree(step_dir(runs("tp4"), CUT), ckpt)
     meta = read_meta(str(ckpt))
     full = load_full_state(str(ckpt), meta)
     for t in (2, 3):
@@ -472,7 +461,7 @@ def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path)
 @pytest.fixture
 def ckpt_copy(runs, tmp_path):
     dst = tmp_path / "ckpt"
-    shutil.copytree(step_dir(runs("tp2-drop")), dst)
+    shutil.copytree(step_dir(runs("tp2-drop"), CUT), dst)
     return dst
 
 
@@ -531,8 +520,8 @@ def test_a_shard_from_another_checkpoint_is_refused(runs, ckpt_copy, tmp_path, m
         load_full_state(str(ckpt_copy), meta)
     (ckpt_copy / "shard_pp0_tp1.safetensors").write_bytes(own)
     load_full_state(str(ckpt_copy), meta)                         # its own file again: fine
-    shutil.copy(step_dir(runs("tp2")) / "shard_pp0_tp1.safetensors", ckpt_copy)
-    proc = run_python(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, tmp_path / "run",
+    shutil.copy(step_dir(runs("tp2"), CUT) / "shard_pp0_tp1.safetensors", ckpt_copy)
+    proc = run_python(launch_cmd(1) + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "run",
                                                              "--steps", STEPS, "--ckpt_file", ckpt_copy)], env=env())
     _expect_error(proc, "shard_pp0_tp1.safetensors belongs to another run (run ", "step 2)",
                   "a file was copied in from another checkpoint")
@@ -544,7 +533,7 @@ def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_
     src = runs("tp2-drop")
 
     def run(name, *extra, tokenizer=bpe_tokenizer):
-        args = flags(multi30k_tsv, tokenizer, tmp_path / name, "--steps", 1, *extra)
+        args = train_flags(multi30k_tsv, tokenizer, tmp_path / name, "--steps", 1, *extra)
         return lambda: run_python(launch_cmd(1) + [str(a) for a in args], env=env())
 
     no_ckpt, auto, model, batch, tokens, vocab = concurrently(   # each into its own folder, two at a time
@@ -628,7 +617,7 @@ def test_format_1_checkpoint_gets_the_convert_command_and_converts_exactly(runs,
     from common.errors import UserError
     from training.checkpoint.format import read_meta
     from training.checkpoint.shard_io import read_all
-    src = step_dir(runs("tp2-drop"))
+    src = step_dir(runs("tp2-drop"), CUT)
     old, new = tmp_path / "old" / "step_00000002", tmp_path / "old" / "v2-step_00000002"
     old.parent.mkdir()
     _write_format_1(src, old)

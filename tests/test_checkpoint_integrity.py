@@ -20,34 +20,26 @@ from pathlib import Path
 import pytest
 
 from common.hashing import file_sha256
-from tests.launch import REPO_ROOT, TINY, concurrently, env, launch_cmd, run_python, run_train
+from tests.launch import (
+    REPO_ROOT,
+    concurrently,
+    env,
+    launch_cmd,
+    one_error,
+    run_python,
+    run_tool,
+    run_train,
+    step_dir,
+    train_flags,
+)
 
 STEPS = ["--steps", "4", "--save_checkpoint_steps", "2"]
-
-
-def flags(tsv, tok, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", str(out), *TINY, *extra]
-
-
-def step_dir(out, step) -> Path:
-    return Path(out) / "checkpoints" / f"step_{step:08d}"
-
-
-def one_error(proc, *needles) -> str:
-    text = proc.stdout + proc.stderr
-    assert proc.returncode != 0, text[-3000:]
-    assert "Traceback" not in text, text[-4000:]
-    lines = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, text[-4000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
 def saved_run(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     out = tmp_path_factory.mktemp("integrity") / "run"
-    run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS))
+    run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS))
     return out
 
 
@@ -99,7 +91,7 @@ def test_flipped_bytes_are_refused_and_resume_auto_takes_the_newest_intact(run_c
     """A weight of step 4 becomes 1.98e34 on disk (a finite value: only the checksum can tell). --resume names the
     file; --resume auto skips step 4, saying why, and continues from step 2 to the end; --verify 0 loads it."""
     write_float(step_dir(run_copy, 4) / SHARD, WEIGHT, 1.98e34)
-    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     proc = run_train(1, base + ["--resume"], check=False)
     one_error(proc, f"checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match the checksum saved with it",
               "--resume auto picks the newest intact one")
@@ -136,7 +128,7 @@ def test_non_finite_weights_are_refused_at_every_load(run_copy, multi30k_tsv, bp
     write_float(step_dir(run_copy, 4) / SHARD, WEIGHT, float("nan"), index=3)
     restamp(step_dir(run_copy, 4), SHARD)
     want = "blocks.0.src_word.weight holds 1 non-finite value(s)"
-    one_error(run_train(1, flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False), want)
+    one_error(run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False), want)
     scripts = REPO_ROOT / "run_scripts"
     src = tmp_path / "src.txt"
     src.write_text("un chien .\n")
@@ -150,7 +142,7 @@ def test_non_finite_weights_are_refused_at_every_load(run_copy, multi30k_tsv, bp
 
 def test_latest_naming_a_missing_step_gives_advice_that_works(run_copy, multi30k_tsv, bpe_tokenizer):
     shutil.rmtree(step_dir(run_copy, 4))
-    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     line = one_error(run_train(1, base + ["--resume"], check=False), "names step_00000004, which does not exist")
     assert "--resume auto" in line
     auto = run_train(1, base + ["--resume", "auto"], check=False)                      # the advice, followed
@@ -165,7 +157,7 @@ def test_a_meta_json_field_of_the_wrong_type_is_one_line(run_copy, multi30k_tsv,
     meta = json.loads(meta_path.read_text())
     meta["optimizer_step"] = "four"
     meta_path.write_text(json.dumps(meta))
-    one_error(run_train(1, flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False),
+    one_error(run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False),
               f"{meta_path}: field 'optimizer_step' is \"four\", not an integer")
 
 
@@ -180,7 +172,7 @@ def test_a_model_field_of_the_wrong_type_is_one_line_and_resume_auto_passes_it(f
     meta = json.loads(meta_path.read_text())
     meta["model"][field] = value
     meta_path.write_text(json.dumps(meta))
-    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     one_error(run_train(1, base + ["--resume"], check=False),
               f"{meta_path}: field 'model.{field}' is {json.dumps(value)}, not {kind}")
     auto = run_train(1, base + ["--resume", "auto"], check=False)
@@ -193,7 +185,7 @@ def test_a_damaged_tokenizer_copy_gives_advice_that_works(run_copy, multi30k_tsv
     """The copy of the tokenizer in step 4 is gone: the error's advice (--tokenizer) works — it was refused even
     with --tokenizer — translate.py takes --tokenizer too, and --resume auto passes the checkpoint."""
     (step_dir(run_copy, 4) / "tokenizer.json").unlink()
-    given = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    given = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     i = given.index("--tokenizer")
     base = given[:i] + given[i + 2:]                       # the checkpoint's own tokenizer, as a resume takes it
     line = one_error(run_train(1, base + ["--resume"], check=False), "its tokenizer copy tokenizer.json is missing")
@@ -214,14 +206,10 @@ def test_a_damaged_tokenizer_copy_gives_advice_that_works(run_copy, multi30k_tsv
 
 def test_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(run_copy, multi30k_tsv, bpe_tokenizer):
     (step_dir(run_copy, 4) / "tokenizer.json").unlink()
-    auto = run_train(1, flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume", "auto"), check=False)
+    auto = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume", "auto"), check=False)
     assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
         auto.stderr[-3000:]
     assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout
-
-
-def tool(script: str, *args) -> subprocess.CompletedProcess:
-    return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / script), *map(str, args)], env=env())
 
 
 def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(run_copy, multi30k_tsv, bpe_tokenizer,
@@ -232,16 +220,16 @@ def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(run_
     ckpt = step_dir(run_copy, 4)
     meta = json.loads((ckpt / "meta.json").read_text())
     (ckpt / "meta.json").write_text(json.dumps({**meta, "step": 5}))
-    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     want = f"{ckpt / 'meta.json'}: step is 5 but the folder's name step_00000004 says 4"
     src = tmp_path / "in.fr"
     src.write_text("un chien .\n")
     resume, fresh, merged, decoded = concurrently(
         lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
-        lambda: run_train(1, flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
+        lambda: run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
                                    ckpt), check=False),
-        lambda: tool("merge_checkpoint.py", ckpt, "--output", tmp_path / "m.pt"),
-        lambda: tool("evaluate.py", "--ckpt_file", run_copy, "--src", src))
+        lambda: run_tool("merge_checkpoint.py", ckpt, "--output", tmp_path / "m.pt"),
+        lambda: run_tool("evaluate.py", "--ckpt_file", run_copy, "--src", src))
     for proc in (resume, fresh, merged, decoded):
         one_error(proc, want, "put the value back, or use another checkpoint")
     auto = run_train(1, base + ["--resume", "auto"], check=False)
@@ -257,7 +245,7 @@ def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(run_
     headers = (f"checkpoint {renamed}: meta.json says step 5, but shard_pp0_tp0.safetensors was saved at step 4 (its "
                f"header)")
     resume, merged = concurrently(lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
-                                  lambda: tool("merge_checkpoint.py", renamed, "--output", tmp_path / "m.pt"))
+                                  lambda: run_tool("merge_checkpoint.py", renamed, "--output", tmp_path / "m.pt"))
     one_error(resume, headers, 'Put back "step": 4')
     one_error(merged, headers)
     assert not (tmp_path / "m.pt").exists()
@@ -280,7 +268,7 @@ def test_a_layout_or_a_value_stated_twice_that_disagrees_is_one_line(field, valu
     elif field == "sha256":
         value = {"shard_pp0_tp0.safetensors": meta["sha256"]["shard_pp0_tp0.safetensors"]}
     path.write_text(json.dumps({**meta, field: value}))
-    one_error(tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"), f"{path}: {needle}")
+    one_error(run_tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"), f"{path}: {needle}")
 
 
 @pytest.mark.parametrize("kind", ["relative", "absolute", "link"])
@@ -298,16 +286,16 @@ def test_latest_naming_a_folder_outside_the_run_is_refused(kind, saved_run, run_
         (root / "step_00000006").symlink_to(step_dir(other, 4))
     (root / "latest").write_text(pointer)
     want = f"{root / 'latest'} names "
-    base = flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
+    base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     src = tmp_path / "in.fr"
     src.write_text("un chien .\n")
     results = concurrently(
         lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
-        lambda: run_train(1, flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
+        lambda: run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
                                    run_copy), check=False),
-        lambda: tool("evaluate.py", "--ckpt_file", run_copy / "latest", "--src", src),
-        lambda: tool("translate.py", "--ckpt_file", root / "latest", "--input", src),
-        lambda: tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"))
+        lambda: run_tool("evaluate.py", "--ckpt_file", run_copy / "latest", "--src", src),
+        lambda: run_tool("translate.py", "--ckpt_file", root / "latest", "--input", src),
+        lambda: run_tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"))
     for proc in results:
         one_error(proc, want, "`latest` must name a checkpoint of this run (a step_N folder of", "--resume auto")
     assert not (tmp_path / "new" / "checkpoints").exists() and not (tmp_path / "m.pt").exists()
@@ -317,15 +305,15 @@ def test_latest_naming_a_folder_outside_the_run_is_refused(kind, saved_run, run_
     assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in auto.stdout, \
         auto.stderr[-3000:]
     assert (root / "latest").read_text() == "step_00000006"                 # its own, once more
-    named = tool("translate.py", "--ckpt_file", root / "latest", "--input", src)       # the pointer file itself
+    named = run_tool("translate.py", "--ckpt_file", root / "latest", "--input", src)       # the pointer file itself
     assert named.returncode == 0 and "step_00000006 (step 6; latest" in named.stderr, named.stderr[-2000:]
 
 
 def test_a_fresh_run_keeps_the_records_of_an_earlier_one_without_checkpoints(multi30k_tsv, bpe_tokenizer, tmp_path):
     out = tmp_path / "run"
-    run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "2"))
+    run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "2"))
     first = (out / "metrics.jsonl").read_text()
-    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "3"))
+    proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "3"))
     assert f"kept as {out / 'metrics.1.jsonl'}" in proc.stdout
     assert (out / "metrics.1.jsonl").read_text() == first
     assert [json.loads(r)["step"] for r in (out / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3]
@@ -336,7 +324,8 @@ def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokeni
     naming the step, and the file ends with the previous step's record, whole."""
     out = tmp_path / "run"
     limit = 6 << 10
-    proc = subprocess.run(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "60")],
+    argv = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "60")
+    proc = subprocess.run(launch_cmd(1) + [str(a) for a in argv],
                           cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=300,
                           preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
     line = one_error(proc, f"writing {out / 'metrics.jsonl'} failed at step ", "continue with --resume")
@@ -349,7 +338,7 @@ def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokeni
 @pytest.fixture(scope="module")
 def saved_tp2_run(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     out = tmp_path_factory.mktemp("integrity-tp2") / "run"
-    run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2"))
+    run_train(2, train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2"))
     return out
 
 
@@ -363,7 +352,7 @@ def test_on_two_ranks_the_damage_one_rank_finds_is_every_ranks_line_and_resume_a
     (out / ".train.lock").unlink(missing_ok=True)
     damaged = "shard_pp0_tp1.safetensors"
     write_float(step_dir(out, 4) / damaged, WEIGHT, 1.98e34)
-    base = flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2")
+    base = train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2")
     one_error(run_train(2, base + ["--resume"], check=False),
               f"checkpoint {step_dir(out, 4)}: {damaged} does not match the checksum saved with it")
     auto = run_train(2, base + ["--resume", "auto"], check=False)
@@ -380,7 +369,7 @@ def test_on_two_ranks_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_go
     shutil.copytree(saved_tp2_run, out)
     (out / ".train.lock").unlink(missing_ok=True)
     (step_dir(out, 4) / "tokenizer.json").unlink()
-    auto = run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2", "--resume", "auto"),
+    auto = run_train(2, train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2", "--resume", "auto"),
                      check=False)
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout

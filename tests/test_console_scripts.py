@@ -3,7 +3,8 @@
 - every entry point resolves to a function of the installed packages that leaves through common.errors.run_cli;
 - no name is one that an installed distribution (DeepSpeed's ds*, deepspeed, dsr...) already installs;
 - the scripts pip would write for them (its own script maker, into a temporary folder: the shared environment's
-  installation is left alone) answer --help with exit 0, and say the same as run_scripts/X.py --help;
+  installation is left alone) answer --help with exit 0, and say the same as run_scripts/X.py --help; the usage
+  line and the examples name the dstr-* command (not `python run_scripts/X.py`, `python -m preprocess.X`);
 - DeepSpeed's launcher runs the installed train command on two ranks (`deepspeed --num_gpus 2 $(which dstr-train)`).
 """
 import ast
@@ -11,6 +12,7 @@ import configparser
 import importlib
 import inspect
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -111,15 +113,25 @@ def test_the_installed_commands_answer_help(scripts, tmp_path):
     results = concurrently(*[lambda n=n: run_script(scripts / n, "--help", cwd=tmp_path) for n in names])
     for name, proc in zip(names, results, strict=True):
         assert proc.returncode == 0, (name, proc.stderr[-2000:])
-        assert "usage:" in proc.stdout, (name, proc.stdout[:500])
-    # the command and the repository's script are one tool: the same flags
+        assert proc.stdout.startswith(f"usage: {name} "), (name, proc.stdout[:500])
+        assert not older_names(proc.stdout), (name, older_names(proc.stdout))
+    # the command and the repository's script are one tool: the same flags, the same name
     shim = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--help"], env=env(),
                           capture_output=True, text=True, timeout=300)
     command = results[names.index("dstr-translate")]
-    assert flags(shim.stdout) == flags(command.stdout) and "--ckpt_file" in flags(command.stdout)
+    assert flag_names(shim.stdout) == flag_names(command.stdout) and "--ckpt_file" in flag_names(command.stdout)
+    assert shim.stdout.startswith("usage: dstr-translate ")
 
 
-def flags(help_text: str) -> list[str]:
+def older_names(help_text: str) -> list[str]:
+    """Commands a --help names by what they were before the dstr-* commands: `python run_scripts/X.py`,
+    `python -m preprocess.X`, or a usage or indented example line that runs `X.py`. DeepSpeed's launcher takes a
+    script's path, so `deepspeed ... run_scripts/train.py` stays (README's form)."""
+    found = re.findall(r"python (?:run_scripts/\w+\.py|-m preprocess\.\w+)", help_text)
+    return found + [line for line in help_text.splitlines() if re.match(r"(?:usage: |  +(?:\S.* \| )?)\w+\.py ", line)]
+
+
+def flag_names(help_text: str) -> list[str]:
     return sorted({w.strip(",[]") for w in help_text.split() if w.startswith("--")})
 
 

@@ -16,12 +16,8 @@ import pytest
 from common.hashing import SAMPLE_BLOCK, file_sha256, sample_offsets
 from preprocess.token_store import VERIFIED_FILE
 from preprocess.tsv_digest import RECORDS
-from tests.launch import TINY, run_train
+from tests.launch import run_train, train_flags
 from tests.test_faults import one_error
-
-
-def train_flags(tsv, tok, cache, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--cache_dir", cache, "--output_dir", out, *TINY, *extra]
 
 
 def stores(cache: Path) -> list[Path]:
@@ -74,12 +70,12 @@ def test_a_corpus_copied_over_with_its_size_and_time_kept_gets_its_own_store(tsv
     """`cp other.tsv train.tsv; touch -r old train.tsv`: before, the record (size, time, inode) said "unchanged" and
     the old store was trained on; now the sample differs, the corpus is hashed again and a new store is built."""
     cache = tmp_path / "cache"
-    run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "a", "--steps", 1))
+    run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "a", "--steps", 1, cache=cache))
     other = tmp_path / "other.tsv"
     shutil.copyfile(tsv, other)
     swap_letter(other, 0)                                 # the first line: inside the sample's first block
     keep_stat(tsv, lambda path: shutil.copyfile(other, path))
-    run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "b", "--steps", 1))
+    run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", 1, cache=cache))
     built = stores(cache)
     assert len(built) == 2, built
     sources = {json.loads((s / "meta.json").read_text())["source_sha256"] for s in built}
@@ -95,17 +91,17 @@ def test_an_edit_between_the_sampled_places_stops_the_run_and_the_next_start_reb
     Before: trained to the end on the old store."""
     cache = tmp_path / "cache"
     layout = ["--mp", 2] if nproc == 2 else []
-    run_train(nproc, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "a", "--steps", 1, *layout))
+    run_train(nproc, train_flags(tsv, bpe_tokenizer, tmp_path / "a", "--steps", 1, *layout, cache=cache))
     keep_stat(tsv, lambda path: swap_letter(path, gap(path.stat().st_size)))
     steps = 3 if nproc == 2 else 1
-    proc = run_train(nproc, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "b", "--steps", steps, *layout),
+    proc = run_train(nproc, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", steps, *layout, cache=cache),
                      check=False)
     line = one_error(proc, str(tsv.resolve()), "has changed since its sha256 was recorded",
                      "Run the same command again")
     assert line.startswith("error: stopped after step "), line
     if nproc == 2:
         return
-    run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "c", "--steps", 1))
+    run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "c", "--steps", 1, cache=cache))
     built = stores(cache)
     assert len(built) == 2 and file_sha256(tsv) in {json.loads((s / "meta.json").read_text())["source_sha256"]
                                                      for s in built}, built
@@ -115,10 +111,10 @@ def test_store_ids_changed_with_size_and_time_kept_are_rebuilt_at_start(tsv, bpe
     """Multi30k's store files are under 1 MiB: the sample is the whole file, so the start itself finds the id
     changed in place, says so and rebuilds. Before: trained on the changed ids."""
     cache = tmp_path / "cache"
-    run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "a", "--steps", 1))
+    run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "a", "--steps", 1, cache=cache))
     [store] = stores(cache)
     keep_stat(store / "src.tokens", lambda path: swap_id(path, 1000))
-    proc = run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "b", "--steps", 1))
+    proc = run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", 1, cache=cache))
     assert f"warning: token store {store}: src.tokens does not match the sha256 recorded" in proc.stdout, proc.stdout
 
 
@@ -129,12 +125,12 @@ def test_store_ids_changed_between_the_sampled_places_stop_the_run_and_the_store
     verdict is dropped, and the next start hashes the store, finds the change and rebuilds it."""
     tsv, cache = tmp_path / "train3.tsv", tmp_path / "cache"
     tsv.write_bytes(multi30k_tsv.read_bytes() * 3)
-    run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "a", "--steps", 1))
+    run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "a", "--steps", 1, cache=cache))
     [store] = stores(cache)
     keep_stat(store / "src.tokens", lambda path: swap_id(path, gap(path.stat().st_size)))
-    proc = run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "b", "--steps", 1), check=False)
+    proc = run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", 1, cache=cache), check=False)
     one_error(proc, f"token store {store}: src.tokens does not match the sha256 recorded",
               "run the same command again")
     assert not (store / VERIFIED_FILE).exists()
-    proc = run_train(1, train_flags(tsv, bpe_tokenizer, cache, tmp_path / "c", "--steps", 1))
+    proc = run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "c", "--steps", 1, cache=cache))
     assert f"warning: token store {store}: src.tokens does not match" in proc.stdout, proc.stdout

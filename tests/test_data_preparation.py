@@ -10,50 +10,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from common.text_lines import read_lines
 from preprocess.build_lock import lock_path, one_builder
 from preprocess.dataset import TranslationDataset
 from preprocess.tsv_digest import RECORDS as TSV_RECORDS
-from tests.launch import REPO_ROOT, TINY, env, launch_cmd, read_metrics, run_train
+from tests.launch import REPO_ROOT, env, launch_cmd, one_error, read_metrics, run_train, train_flags
 from tests.progress import load_factor, scaled
 from tests.test_data_store import Tmpfs, leftovers
-from tests.test_faults import Job, _processes_naming, command_line, error_lines, one_error
+from tests.test_faults import Job, _processes_naming, command_line, error_lines
 
-
-@pytest.fixture(autouse=True)
-def real_interpreters(monkeypatch):
-    """How a process ends (and whether it hangs) is the subject: every command is its own interpreter."""
-    monkeypatch.setenv("DSR_TEST_FORK", "0")
-
-
-def synthetic_corpus(path: Path, pairs: int, seed: int = 0) -> Path:
-    """`pairs` lines of 1-3 Multi30k train pairs joined (drawn with a fixed seed): WMT-like lengths, real text."""
-    data = REPO_ROOT / "data" / "multi30k"
-    fr = [line.strip() for line in read_lines(data / "train.fr.gz")]
-    en = [line.strip() for line in read_lines(data / "train.en.gz")]
-    rng = np.random.default_rng(seed)
-    joins = rng.integers(1, 4, size=pairs).tolist()
-    picks = rng.integers(0, len(fr), size=sum(joins)).tolist()
-    lines, k = [], 0
-    for j in joins:
-        chosen = picks[k:k + j]
-        k += j
-        lines.append(" ".join(fr[i] for i in chosen) + "\t" + " ".join(en[i] for i in chosen) + "\n")
-    path.write_text("".join(lines), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """80,000 pairs, 22 MB: 6 blocks; its store takes several seconds to build on 2 cores (13-30 s measured here)."""
-    return synthetic_corpus(tmp_path_factory.mktemp("corpus") / "big.fr_en.tsv", 80_000)
-
-
-def train_flags(tsv, tok, cache, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--cache_dir", cache, "--output_dir", out, *TINY, *extra]
+# how a process ends (and whether it hangs) is the subject: every command is its own interpreter
+pytestmark = pytest.mark.usefixtures("real_interpreters")
 
 
 # --------------------------------------------------------------------------------------- the build, outside collectives
@@ -61,8 +29,8 @@ def test_a_first_build_longer_than_comm_timeout_starts_training_on_2_ranks(corpu
     """Before: local rank 1 waited for rank 0's build in a barrier bounded by --comm_timeout, and the job stopped
     ("no answer from the other ranks within --comm_timeout 2 s"). Now it waits on the job's store."""
     started = time.monotonic()
-    proc = run_train(2, train_flags(corpus, bpe_tokenizer, tmp_path / "cache", tmp_path / "out", "--mp", 2,
-                                    "--steps", 2, "--comm_timeout", 2), timeout=240)
+    proc = run_train(2, train_flags(corpus, bpe_tokenizer, tmp_path / "out", "--mp", 2,
+                                    "--steps", 2, "--comm_timeout", 2, cache=tmp_path / "cache"), timeout=240)
     took = time.monotonic() - started
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
     stores = [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name != TSV_RECORDS]
@@ -71,12 +39,12 @@ def test_a_first_build_longer_than_comm_timeout_starts_training_on_2_ranks(corpu
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
-def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv_small, bpe_tokenizer, tmp_path, monkeypatch,
+def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv, bpe_tokenizer, tmp_path, monkeypatch,
                                                                capsys):
     """Another process (another node sharing the cache folder) holds the store's lock: this one waits, says who
     builds what, and opens the store once the builder has renamed it into place — without building it again."""
     cache = tmp_path / "cache"
-    first = TranslationDataset(val_tsv_small, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "elsewhere",
+    first = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "elsewhere",
                                progress=False)
     target = cache / first.cache_path.name
     holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(target), str(first.cache_path)], cwd=REPO_ROOT,
@@ -84,7 +52,7 @@ def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv_small, b
     assert holder.stdout.readline().strip() == "locked"
     monkeypatch.setattr("preprocess.build_lock.WAIT_REPORT", 0.5)
     capsys.readouterr()
-    ds = TranslationDataset(val_tsv_small, bpe_tokenizer, 16, 16, cache_dir=cache, progress=False)
+    ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=cache, progress=False)
     holder.wait(timeout=30)
     assert ds.cache_hit and ds.build_info is None and ds.num_samples == first.num_samples
     lines = capsys.readouterr().out.splitlines()
@@ -120,14 +88,6 @@ def test_a_killed_builder_leaves_no_stale_lock(tmp_path):
     assert time.monotonic() - started < 2
 
 
-@pytest.fixture(scope="module")
-def val_tsv_small(multi30k_dir, tmp_path_factory):
-    from preprocess.parallel import make_tsv
-    out = tmp_path_factory.mktemp("val") / "val.fr_en.tsv"
-    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", out)
-    return out
-
-
 # ------------------------------------------------------------------------------------------- a build that fails
 def _bad_line_11(tmp_path, corpus) -> Path:
     bad = tmp_path / "bad.tsv"
@@ -157,7 +117,7 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
             cache = disk.path
         out = tmp_path / "out"
         out.mkdir()
-        job = Job(launch_cmd(2) + train_flags(tsv, bpe_tokenizer, cache, out, "--mp", 2, "--steps", 2), tmp_path,
+        job = Job(launch_cmd(2) + train_flags(tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2, cache=cache), tmp_path,
                   env())
         # from the moment the workers run (the build has started) to the end of the job
         deadline = time.monotonic() + scaled(120)
@@ -183,12 +143,12 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
 
 
 # ------------------------------------------------------------------------------------------------------ --num_proc
-def test_num_proc_never_forks_more_workers_than_blocks(val_tsv_small, bpe_tokenizer, tmp_path):
+def test_num_proc_never_forks_more_workers_than_blocks(val_tsv, bpe_tokenizer, tmp_path):
     """--num_proc 1000 for a file of 3 blocks: 3 workers (before: 1000 forked)."""
-    block = val_tsv_small.stat().st_size // 3 + 1
-    ds = TranslationDataset(val_tsv_small, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "c", progress=False,
+    block = val_tsv.stat().st_size // 3 + 1
+    ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "c", progress=False,
                             num_proc=1000, block_bytes=block)
     assert ds.build_info == {"workers": 3, "chunks": 3}
-    one = TranslationDataset(val_tsv_small, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "d", progress=False,
+    one = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "d", progress=False,
                              num_proc=2, block_bytes=1 << 30)
     assert one.build_info == {"workers": 1, "chunks": 1}

@@ -21,19 +21,11 @@ import pytest
 from common.errors import UserError
 from common.hashing import file_sha256
 from preprocess.dataset import GlobalBatchSchedule, TranslationDataset, cache_key
-from preprocess.parallel import make_tsv
 from preprocess.textio import read_tsv_pairs
 from preprocess.token_batches import TokenBatchSchedule
 from preprocess.token_store import FORMAT_VERSION, SIDES, TokenStore
 from preprocess.tokenizer import load_tokenizer, train_tokenizer
 from tests.launch import REPO_ROOT, TINY, concurrently, env, read_metrics, run_train
-
-
-@pytest.fixture(scope="module")
-def val_tsv(multi30k_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("val") / "val.fr_en.tsv"
-    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", out)
-    return out
 
 
 def store_files(folder) -> dict:

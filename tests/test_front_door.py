@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from tests.launch import REPO_ROOT, TINY, env, read_metrics, run_python, run_train, script_env
+from tests.launch import REPO_ROOT, TINY, env, read_metrics, run_python, run_train, script_env, usage_error
 from tests.progress import load_factor, scaled
 from tests.test_plan import R16, args_for
 from training.plan import advice, stage_build
@@ -27,13 +27,6 @@ from training.plan import planner as P
 
 README = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
 PLAN = REPO_ROOT / "run_scripts" / "plan.py"
-
-
-def one_error_line(proc: subprocess.CompletedProcess) -> str:
-    lines = proc.stderr.strip().splitlines()
-    assert proc.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (proc.returncode,
-                                                                                         proc.stderr[-3000:])
-    return lines[0]
 
 
 # ------------------------------------------------------------------------------------------ install and launch
@@ -65,7 +58,7 @@ def test_without_e_the_copy_pip_installs_leaves_copied_recipes_without_the_check
     bare = {k: v for k, v in os.environ.items() if k not in ("DSR_ROOT", "PYTHONPATH")}
     proc = subprocess.run(["bash", str(recipe / "run.sh"), str(tmp_path / "data.tsv")], cwd=tmp_path,
                           env=dict(bare, PYTHONPATH=str(target)), capture_output=True, text=True, timeout=120)
-    assert "is not a checkout of the repository" in one_error_line(proc) and "pip install -e ." in proc.stderr
+    assert "is not a checkout of the repository" in usage_error(proc, alone=True) and "pip install -e ." in proc.stderr
 
 
 def test_free_port_prints_a_port_nobody_holds_and_the_readme_uses_it():
@@ -76,8 +69,9 @@ def test_free_port_prints_a_port_nobody_holds_and_the_readme_uses_it():
     port = int(proc.stdout)
     with socket.socket() as s:
         s.bind(("", port))
-    assert one_error_line(subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "free_port.py"), "x"],
-                                         capture_output=True, text=True, timeout=60)).startswith("error: free_port")
+    refused = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "free_port.py"), "x"],
+                             capture_output=True, text=True, timeout=60)
+    assert usage_error(refused, alone=True).startswith("error: free_port")
     train = README.split("**Train** in one process", 1)[1].split("```", 2)[1]
     assert "deepspeed --master_port $(python run_scripts/free_port.py) --num_gpus 2 run_scripts/train.py" in train
     text = " ".join(README.split("**Train** in one process", 1)[1].split("```", 1)[0].split())
@@ -152,7 +146,7 @@ def test_a_copy_of_cpu_tiny_plans_as_it_is(tmp_path, bpe_tokenizer):
     assert (plan["model"]["vocab_size"], plan["model"]["vocab_source"]) == (size, "--tokenizer's")
     proc = run_python([sys.executable, PLAN, "--recipe", copy / "cpu-tiny.json", "--tokenizer", tmp_path / "no.json"],
                       cwd=tmp_path, env=env())
-    assert "tokenizer file not found" in one_error_line(proc)
+    assert "tokenizer file not found" in usage_error(proc, alone=True)
 
 
 def test_plan_help_shows_the_common_flags_first_and_help_all_every_flag():
@@ -161,7 +155,7 @@ def test_plan_help_shows_the_common_flags_first_and_help_all_every_flag():
     assert len(short.splitlines()) < 0.6 * len(full.splitlines()), (len(short.splitlines()), len(full.splitlines()))
     assert "--help_all" in short.split("\n\n", 1)[0]                              # the usage says where the rest is
     titles = [line for line in short.splitlines() if re.match(r"^\S.*:$", line)]
-    assert titles[:2] == ["options:", "plan.py:"], titles                         # plan.py's flags first
+    assert titles[:2] == ["options:", "dstr-plan:"], titles                       # dstr-plan's flags first
     for flag in ("--world_size", "--hostfile", "--model_parallel", "--pipeline_stage", "--encoder_layer", "--device",
                  "--json"):
         assert f"  {flag} " in short, flag
@@ -175,10 +169,10 @@ def test_absurd_layer_counts_are_one_line_at_once(tmp_path):
     start = time.monotonic()
     proc = run_python([sys.executable, PLAN, "--recipe", R16, "--encoder_layer", "100000", "--decoder_layer",
                        "100000"], env=env(), timeout=scaled(120))
-    assert "--encoder_layer 100000 must be in [1, 1000]" in one_error_line(proc)
+    assert "--encoder_layer 100000 must be in [1, 1000]" in usage_error(proc, alone=True)
     assert time.monotonic() - start < scaled(60)
     proc = run_train(1, ["--decoder_layer", "1001", "--output_dir", tmp_path / "x"], check=False)
-    assert "--decoder_layer 1001 must be in [1, 1000]" in one_error_line(proc)
+    assert "--decoder_layer 1001 must be in [1, 1000]" in usage_error(proc, alone=True)
 
 
 def test_the_deepest_plan_costs_seconds():
@@ -235,7 +229,7 @@ def test_a_device_this_machine_lacks_is_one_line(command, device, tmp_path):
     source = ["--input", tmp_path / "in.fr"] if command == "translate" else ["--src", tmp_path / "in.fr"]
     proc = run_python([sys.executable, script, "--ckpt_file", tmp_path / "run", *source, "--device", device],
                       env=env(), timeout=120)
-    line = one_error_line(proc)
+    line = usage_error(proc, alone=True)
     assert line.startswith(f"error: --device {device} ") and "available here: cpu" in line, line
 
 

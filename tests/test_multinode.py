@@ -29,7 +29,7 @@ from pathlib import Path
 import pytest
 
 from tests.cluster import VirtualCluster, unavailable
-from tests.launch import REPO_ROOT, TINY, only_launch, read_metrics, run_train, script_env
+from tests.launch import REPO_ROOT, TINY, only_launch, only_run_dir, read_metrics, run_train, script_env
 
 CLUSTER_SH = REPO_ROOT / "run_scripts" / "run_cluster.sh"
 RECIPE = REPO_ROOT / "recipes" / "cpu-tiny" / "cpu-tiny.json"
@@ -81,12 +81,6 @@ def launch(cluster, data, runs_dir, *flags, launcher="pdsh", wait=True, **env):
         return proc
     out, err = proc.communicate(timeout=300)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def run_dir_of(runs_dir: Path) -> Path:
-    dirs = [p for p in Path(runs_dir).iterdir() if p.is_dir()]
-    assert len(dirs) == 1, dirs
-    return dirs[0]
 
 
 def serial_losses(data, tmp_path, *layout_flags) -> list[float]:
@@ -147,7 +141,7 @@ def test_pdsh_dp2_tp2_over_two_nodes_equals_one_process_resumes_exactly_and_runs
     runs = data["root"] / "runs $(touch PWNED3) `id` 'it''s'"
     proc = launch(cluster, data, runs, *DPxTP)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = run_dir_of(runs)
+    run_dir = only_run_dir(runs)
     logs = sorted(p.name for p in only_launch(run_dir).glob("*_rank*.log"))
     assert logs == ["vnode0_rank0.log", "vnode0_rank1.log", "vnode1_rank2.log", "vnode1_rank3.log"]
     got = [r["loss"] for r in read_metrics(run_dir / "output")]
@@ -172,7 +166,7 @@ def test_openmpi_dp2_pp2_over_two_nodes_equals_one_process_and_resumes_exactly(c
     runs = tmp_path / "runs"
     proc = launch(cluster, data, runs, *DPxPP, launcher="openmpi")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    run_dir = run_dir_of(runs)
+    run_dir = only_run_dir(runs)
     logs = sorted(p.name for p in only_launch(run_dir).glob("*_rank*.log"))
     assert logs == ["vnode0_rank0.log", "vnode0_rank1.log", "vnode1_rank2.log", "vnode1_rank3.log"]
     got = [r["loss"] for r in read_metrics(run_dir / "output")]
@@ -218,7 +212,7 @@ def test_a_refusal_by_rank_0_on_node_0_ends_node_1s_ranks(cluster, data, tmp_pat
     took = time.monotonic() - start
     assert proc.returncode != 0
     assert any(line.startswith("error: --output_dir") and "is in use" in line for line in err.splitlines()), err
-    rank_logs = {p.name: p.read_text() for p in only_launch(run_dir_of(tmp_path / "runs")).glob("vnode1_rank*.log")}
+    rank_logs = {p.name: p.read_text() for p in only_launch(only_run_dir(tmp_path / "runs")).glob("vnode1_rank*.log")}
     # node 1's ranks heard rank 0's refusal: the first to hear it names it and exits, and node 1's launcher then ends
     # its sibling, which may go before its own watcher prints the same line (seen once in a full run)
     assert len(rank_logs) == 2 and any("stopping: rank 0 (pid" in t for t in rank_logs.values()), rank_logs
@@ -256,7 +250,7 @@ def test_an_output_folder_node_1_does_not_share_is_refused_before_training(clust
     assert proc.returncode != 0
     errors = sorted({line for line in proc.stderr.splitlines() if line.startswith("error: ")})
     assert len(errors) == 1 and "is not the same folder on every node: vnode1 (ranks 2, 3) do not see" in errors[0]
-    assert not (run_dir_of(runs) / "output" / "metrics.jsonl").exists()       # not one step
+    assert not (only_run_dir(runs) / "output" / "metrics.jsonl").exists()       # not one step
     assert_nothing_left(cluster)
 
 
@@ -282,7 +276,7 @@ def test_sigterm_to_the_launcher_on_node_0_saves_the_step_on_every_node(cluster,
         other.wait()
     assert_nothing_left(cluster)
     assert proc.returncode != 0
-    rank0 = (only_launch(run_dir_of(runs)) / "vnode0_rank0.log").read_text()
+    rank0 = (only_launch(only_run_dir(runs)) / "vnode0_rank0.log").read_text()
     stopped = [line for line in rank0.splitlines() if line.startswith("stopped by SIGTERM at step ")]
     assert len(stopped) == 1, rank0[-3000:]
     step = int(stopped[0].split("at step ")[1].split(";")[0])

@@ -23,31 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_train
+from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_tool, run_train, usage_error
 
 SCRIPTS = REPO_ROOT / "run_scripts"
 STEP = "step_00000002"
-
-
-def run(script, *args, cwd=REPO_ROOT, stdin=None):
-    """run_scripts/SCRIPT (or a path) with ARGS; `stdin`: a file to redirect it from (a shell's `< FILE`)."""
-    cmd = [sys.executable, str(script if os.path.isabs(str(script)) else SCRIPTS / script), *map(str, args)]
-    if stdin is None:
-        return run_python(cmd, cwd=cwd, env=env())
-    import subprocess
-    with open(stdin, "rb") as f:
-        return subprocess.run(cmd, cwd=cwd, env=env(), stdin=f, capture_output=True, text=True, timeout=300)
-
-
-def one_error(proc, *needles) -> str:
-    text = proc.stdout + proc.stderr
-    assert proc.returncode == 2, text[-3000:]
-    assert "Traceback" not in text, text[-4000:]
-    lines = [line for line in text.splitlines() if line.startswith("error: ")]
-    assert len(lines) == 1, text[-4000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict:
@@ -93,14 +72,14 @@ def test_evaluate_and_translate_refuse_an_output_that_is_an_input(saved, texts):
         ("translate.py", ["--ckpt_file", saved, "--tokenizer", ckpt, "--output", ckpt / "tokenizer.json"],
          f"is --tokenizer {ckpt}"),
     ]
-    results = concurrently(*(lambda s=s, a=a: run(s, *a) for s, a, _ in cases))
+    results = concurrently(*(lambda s=s, a=a: run_tool(s, *a) for s, a, _ in cases))
     for (_, _, needle), proc in zip(cases, results, strict=True):
-        one_error(proc, needle, "writing there would replace what the command reads; give another output file")
+        usage_error(proc, needle, "writing there would replace what the command reads; give another output file")
     # the shell's `translate.py --output F < F`: stdin is F
-    one_error(run("translate.py", "--ckpt_file", saved, "--output", src, stdin=src), f"--output {src} is the file on "
-                                                                                    f"stdin")
+    usage_error(run_tool("translate.py", "--ckpt_file", saved, "--output", src, stdin=src),
+                f"--output {src} is the file on stdin")
     assert snapshot(texts) == before and snapshot(saved / "checkpoints") == run_before
-    ok = run("translate.py", "--ckpt_file", saved, "--output", texts / "out.en", stdin=src)   # the refusal's advice
+    ok = run_tool("translate.py", "--ckpt_file", saved, "--output", texts / "out.en", stdin=src)  # the refusal's advice
     assert ok.returncode == 0 and len((texts / "out.en").read_text().splitlines()) == 2, ok.stderr[-2000:]
 
 
@@ -108,22 +87,22 @@ def test_merge_average_and_zero_to_fp32_never_write_over_what_they_read(saved, t
     ckpt = saved / "checkpoints" / STEP
     merged, users = tmp_path / "model.pt", tmp_path / "model.pt.part"
     users.write_text("a file of the user's that happens to have this name")
-    ok = run("merge_checkpoint.py", saved, "--output", merged)
+    ok = run_tool("merge_checkpoint.py", saved, "--output", merged)
     assert ok.returncode == 0, ok.stderr[-2000:]
     # the save's staging file was its own: the user's model.pt.part is as it was, and no other file is left
     assert sorted(os.listdir(tmp_path)) == ["model.pt", "model.pt.part"]
     assert users.read_text() == "a file of the user's that happens to have this name"
     before, pt = snapshot(saved / "checkpoints"), merged.read_bytes()
     results = concurrently(
-        lambda: run("merge_checkpoint.py", ckpt, "--output", ckpt / "shard_pp0_tp0.safetensors"),
-        lambda: run("average_checkpoints.py", merged, ckpt, "--output", merged),
-        lambda: run(ckpt / "zero_to_fp32.py", ".", "rng_rank0.safetensors", cwd=ckpt),
-        lambda: run("evaluate.py", "--ckpt_file", merged, "--src", REPO_ROOT / "data" / "multi30k" / "val.fr.gz",
+        lambda: run_tool("merge_checkpoint.py", ckpt, "--output", ckpt / "shard_pp0_tp0.safetensors"),
+        lambda: run_tool("average_checkpoints.py", merged, ckpt, "--output", merged),
+        lambda: run_tool(ckpt / "zero_to_fp32.py", ".", "rng_rank0.safetensors", cwd=ckpt),
+        lambda: run_tool("evaluate.py", "--ckpt_file", merged, "--src", REPO_ROOT / "data" / "multi30k" / "val.fr.gz",
                     "--output", merged))
-    one_error(results[0], f"--output {ckpt}/shard_pp0_tp0.safetensors is shard_pp0_tp0.safetensors of the checkpoint")
-    one_error(results[1], f"--output {merged} is the input {merged}")
-    one_error(results[2], f"output rng_rank0.safetensors is rng_rank0.safetensors of the checkpoint {ckpt}")
-    one_error(results[3], f"--output {merged} is --ckpt_file {merged}")
+    usage_error(results[0], f"--output {ckpt}/shard_pp0_tp0.safetensors is shard_pp0_tp0.safetensors of the checkpoint")
+    usage_error(results[1], f"--output {merged} is the input {merged}")
+    usage_error(results[2], f"output rng_rank0.safetensors is rng_rank0.safetensors of the checkpoint {ckpt}")
+    usage_error(results[3], f"--output {merged} is --ckpt_file {merged}")
     assert snapshot(saved / "checkpoints") == before and merged.read_bytes() == pt
 
 
@@ -133,9 +112,9 @@ def test_export_overwrite_never_deletes_what_it_exports(saved, tmp_path):
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text("{}")
-    assert run("merge_checkpoint.py", saved, "--output", hf / "model.pt").returncode == 0
+    assert run_tool("merge_checkpoint.py", saved, "--output", hf / "model.pt").returncode == 0
     before = snapshot(hf)
-    one_error(run("export_hf.py", "--ckpt_file", hf / "model.pt", "--output", hf, "--overwrite"),
+    usage_error(run_tool("export_hf.py", "--ckpt_file", hf / "model.pt", "--output", hf, "--overwrite"),
               f"--output {hf} holds --ckpt_file {hf / 'model.pt'}: replacing the folder would delete it")
     assert snapshot(hf) == before
 
@@ -164,12 +143,12 @@ def test_text_tools_refuse_an_output_that_is_an_input(tmp_path, multi30k_dir):
     results = concurrently(
         lambda: run_python([sys.executable, "-m", "preprocess.parallel", "--src", fr, "--tgt", en, "--output", fr],
                            env=env()),
-        lambda: run("rank_table_to_hostfile.py", table, "-o", table),
-        lambda: run("plan.py", "--recipe", REPO_ROOT / "recipes" / "16pcs" / "16pcs.json", "--hostfile", hosts,
+        lambda: run_tool("rank_table_to_hostfile.py", table, "-o", table),
+        lambda: run_tool("plan.py", "--recipe", REPO_ROOT / "recipes" / "16pcs" / "16pcs.json", "--hostfile", hosts,
                     "--write_hostfile", hosts, "--check"))
-    one_error(results[0], f"--output {fr} is --src {fr}")
-    one_error(results[1], f"-o {table} is the rank table {table}")
-    one_error(results[2], f"--write_hostfile {hosts} is --hostfile {hosts}")
+    usage_error(results[0], f"--output {fr} is --src {fr}")
+    usage_error(results[1], f"-o {table} is the rank table {table}")
+    usage_error(results[2], f"--write_hostfile {hosts} is --hostfile {hosts}")
     assert snapshot(tmp_path) == before
 
 
@@ -192,7 +171,7 @@ def test_convert_never_touches_a_folder_it_did_not_create(format_1, tmp_path):
     users.mkdir()
     (users / "notes.txt").write_text("mine")
     new = tmp_path / "old" / "v2"
-    ok = run("convert_checkpoint.py", format_1, new)
+    ok = run_tool("convert_checkpoint.py", format_1, new)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert read_meta(str(new))["step"] == 2 and not (new / "notes.txt").exists()
     assert sorted(os.listdir(tmp_path / "old")) == [STEP, "v2", "v2.tmp"]
@@ -203,13 +182,13 @@ def test_convert_never_touches_a_folder_it_did_not_create(format_1, tmp_path):
     deeper = tmp_path / "new" / "a" / "v2"
     (tmp_path / "new").mkdir()
     deeper_tmp = tmp_path / "new" / "a" / "v2.tmp"
-    failed = run("convert_checkpoint.py", format_1, deeper)
-    one_error(failed, f"checkpoint file {format_1}/rng_rank0.pt is corrupt, truncated or not a format-1 file")
+    failed = run_tool("convert_checkpoint.py", format_1, deeper)
+    usage_error(failed, f"checkpoint file {format_1}/rng_rank0.pt is corrupt, truncated or not a format-1 file")
     assert os.listdir(tmp_path / "new") == [] and not deeper_tmp.exists()
     (tmp_path / "new" / "a").mkdir()
     deeper_tmp.mkdir()
     (deeper_tmp / "notes.txt").write_text("mine")
-    one_error(run("convert_checkpoint.py", format_1, deeper), "rng_rank0.pt is corrupt")
+    usage_error(run_tool("convert_checkpoint.py", format_1, deeper), "rng_rank0.pt is corrupt")
     assert os.listdir(tmp_path / "new" / "a") == ["v2.tmp"] and (deeper_tmp / "notes.txt").read_text() == "mine"
 
 
@@ -235,5 +214,5 @@ def test_convert_a_malformed_format_1_meta_is_one_line(meta, needle, format_1, t
         else:
             meta = {**saved, **meta}
     (format_1 / "meta.json").write_text(json.dumps(meta))
-    one_error(run("convert_checkpoint.py", format_1, format_1.parent / "v2"), f"{format_1}", needle)
+    usage_error(run_tool("convert_checkpoint.py", format_1, format_1.parent / "v2"), f"{format_1}", needle)
     assert sorted(os.listdir(format_1.parent)) == [STEP]

@@ -45,7 +45,7 @@ import pytest
 import torch
 
 from tests import accelerator
-from tests.launch import TINY, attempt_dir, read_metrics, run_many
+from tests.launch import TINY, attempt_dir, merged, read_metrics, run_many
 
 STEPS = 20
 CLIP = 0.5
@@ -182,7 +182,6 @@ def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
 
 
 def merged_model(out):
-    from tests.test_checkpoint import merged
     return merged(out)["model"]
 
 

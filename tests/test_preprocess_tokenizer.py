@@ -10,17 +10,9 @@ from tokenizers import Tokenizer
 
 from common.errors import UserError
 from common.text_lines import read_lines
-from preprocess.parallel import make_tsv
 from preprocess.tokenizer import SpecialIds, load_tokenizer, special_ids, train_tokenizer
 
 MODULE = "preprocess.tokenizer"
-
-
-@pytest.fixture(scope="module")
-def val_tsv(multi30k_dir, tmp_path_factory):
-    out = tmp_path_factory.mktemp("val") / "val.fr_en.tsv"
-    make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", out)
-    return out
 
 
 def test_bpe_specials_and_size(bpe_tokenizer):

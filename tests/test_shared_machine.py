@@ -15,22 +15,19 @@ from pathlib import Path
 import pytest
 
 from tests.drivers.spawn_ranks import rank_env
-from tests.launch import REPO_ROOT, TINY, TRAIN, env, launch_cmd, losses, read_metrics
+from tests.launch import REPO_ROOT, TRAIN, env, launch_cmd, losses, read_metrics, train_flags
 from tests.multiproc import free_port
 from tests.progress import wait_exit, wait_until
 
 STEPS = 400                       # A must still be training when B ends (B takes about 10 s on 2 cores)
 
 
-@pytest.fixture(autouse=True)
-def real_interpreters(monkeypatch):
-    """Each job its own interpreters, as two users' jobs are (not forks of the tests' fork server)."""
-    monkeypatch.setenv("DSR_TEST_FORK", "0")
+# each job its own interpreters, as two users' jobs are (not forks of the tests' fork server)
+pytestmark = pytest.mark.usefixtures("real_interpreters")
 
 
 def job_args(tsv, tok, out, steps: int) -> list[str]:
-    return [str(a) for a in ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, "--mp", 2,
-                             "--steps", steps]]
+    return [str(a) for a in train_flags(tsv, tok, out, "--mp", 2, "--steps", steps)]
 
 
 def start(tsv, tok, out: Path, port: int, steps: int = STEPS) -> subprocess.Popen:

@@ -17,26 +17,12 @@ from pathlib import Path
 import pytest
 
 from preprocess.tsv_digest import RECORDS
-from tests.launch import TINY, env, launch_cmd, read_metrics, run_python, run_train
+from tests.launch import env, launch_cmd, read_metrics, run_python, run_train, train_flags
 from tests.progress import load_factor, scaled, wait_exit, wait_until
-from tests.test_data_preparation import synthetic_corpus
 from tests.test_faults import Job, _processes_naming
 
-
-@pytest.fixture(autouse=True)
-def real_interpreters(monkeypatch):
-    """How a process ends and what it leaves is the subject: every command is its own interpreter."""
-    monkeypatch.setenv("DSR_TEST_FORK", "0")
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """80,000 pairs, 22 MB: 6 blocks, a build of several seconds on 2 cores."""
-    return synthetic_corpus(tmp_path_factory.mktemp("corpus") / "big.fr_en.tsv", 80_000)
-
-
-def train_flags(tsv, tok, cache, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--cache_dir", cache, "--output_dir", out, *TINY, *extra]
+# how a process ends and what it leaves is the subject: every command is its own interpreter
+pytestmark = pytest.mark.usefixtures("real_interpreters")
 
 
 def building(cache: Path) -> bool:
@@ -71,7 +57,7 @@ def test_a_stop_request_during_the_build_ends_it_at_once_and_leaves_nothing(sig,
     """Before: SIGTERM one second into the build waited for the whole build, then trained a step and saved (37-42 s
     for 928 k pairs; SIGINT: 1.9 s). Now every stop request ends the build within seconds, like Ctrl-C."""
     cache, out = tmp_path / "cache", tmp_path / "run" / "output"
-    cmd = launch_cmd(1) + train_flags(corpus, bpe_tokenizer, cache, out, "--steps", 2)
+    cmd = launch_cmd(1) + train_flags(corpus, bpe_tokenizer, out, "--steps", 2, cache=cache)
     proc, took = stop_during_build(cmd, cache, tmp_path, sig)
     name = signal.Signals(sig).name
     print(f"{name} during the build: train.py ended {took:.1f} s later (load factor {load_factor():.1f})")
@@ -95,7 +81,7 @@ def test_sigterm_to_the_launcher_during_the_build_stops_every_rank_and_a_later_s
     through the job's store, and the job ends in one line with nothing left; the same command then builds and
     trains."""
     cache, out = tmp_path / "cache", tmp_path / "output"
-    flags = train_flags(corpus, bpe_tokenizer, cache, out, "--steps", 1, "--mp", 2)
+    flags = train_flags(corpus, bpe_tokenizer, out, "--steps", 1, "--mp", 2, cache=cache)
     proc, took = stop_during_build(launch_cmd(2, launcher="deepspeed") + flags, cache, tmp_path, signal.SIGTERM)
     print(f"SIGTERM to launch.py during the build: the job ended {took:.1f} s later")
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]

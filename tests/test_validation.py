@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.launch import TINY, read_metrics, run_many, run_train
+from tests.launch import read_metrics, run_many, run_train, train_flags
 
 
 @pytest.fixture(scope="module")
@@ -15,10 +15,6 @@ def valid_tsv(multi30k_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("valid") / "val.fr_en.tsv"
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", out)
     return out
-
-
-def _flags(tsv, tok, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
 
 
 def independent_valid_loss(ckpt, tok, valid_tsv):
@@ -66,17 +62,18 @@ def test_valid_loss_is_layout_free_exact_and_harmless(multi30k_tsv, bpe_tokenize
     # long enough at lr 1e-2 for real (if poor) translations: BLEU > 0; translated at step 60, dropout on
     no_bleu = ["--steps", 120, "--valid_file", small_valid, "--valid_interval", 60, "--lr", "1e-2", "--dropout", 0.1,
                "--save_checkpoint_steps", 120]
-    run_many(1, [_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial", *common),
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout", *common, "--dropout", 0.1),
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout-no-valid", "--steps", 6, "--dropout", 0.1),
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial-bleu", *no_bleu, "--valid_bleu", 1),
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial-no-bleu", *no_bleu)],
+    run_many(1, [train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial", *common),
+                 train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout", *common, "--dropout", 0.1),
+                 train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "dropout-no-valid", "--steps", 6, "--dropout",
+                             0.1),
+                 train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial-bleu", *no_bleu, "--valid_bleu", 1),
+                 train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "serial-no-bleu", *no_bleu)],
              tmp_path)
-    run_many(2, [_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "tp2", *common, "--mp", 2),
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2", *common, "--pipeline_stage", 2,
+    run_many(2, [train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "tp2", *common, "--mp", 2),
+                 train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2", *common, "--pipeline_stage", 2,
                         "--micro_batch_num", 2),
                  # continues serial-bleu on 2 stages: its valid_bleu comes from weights consolidated from pp2
-                 _flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2-bleu", *no_bleu, "--valid_bleu", 1, "--steps",
+                 train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "pp2-bleu", *no_bleu, "--valid_bleu", 1, "--steps",
                         121, "--ckpt_file", tmp_path / "serial-bleu", "--pipeline_stage", 2, "--micro_batch_num", 2)],
              tmp_path)
     # valid_bleu — from the whole model in one process, and from the weights consolidated out of pp2's stages —
@@ -119,7 +116,7 @@ def test_the_valid_bleu_checkpoint_holds_the_weights_only(multi30k_tsv, bpe_toke
     from tests.launch import REPO_ROOT, env, launch_cmd
     from training.checkpoint.shard_io import read_header
     out = tmp_path / "zero3-bleu"
-    args = _flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2, "--zero_stage", 3, "--valid_file", valid_tsv,
+    args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2, "--zero_stage", 3, "--valid_file", valid_tsv,
                   "--valid_interval", 2, "--valid_bleu", 1)
     proc = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT, env=dict(env(), DSR_CRASH_AT="save:2"),
                           capture_output=True, text=True, timeout=300)
@@ -135,7 +132,7 @@ def test_the_valid_bleu_checkpoint_holds_the_weights_only(multi30k_tsv, bpe_toke
 @pytest.mark.slow
 def test_early_stop_when_validation_stops_improving(multi30k_tsv, bpe_tokenizer, valid_tsv, tmp_path):
     # lr 0: the weights never change, so no validation after the first beats it
-    proc = run_train(1, _flags(multi30k_tsv, bpe_tokenizer, tmp_path, "--steps", 12, "--lr", 0,
+    proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, tmp_path, "--steps", 12, "--lr", 0,
                                "--valid_file", valid_tsv, "--valid_interval", 2, "--early_stop_patience", 2,
                                "--save_checkpoint_steps", 4))
     assert "early stop after step 6: valid_loss has not improved for 2 validations" in proc.stdout
@@ -158,6 +155,6 @@ def test_bad_valid_file(content, needle, multi30k_tsv, bpe_tokenizer, tmp_path, 
     if content is not None:
         path.write_text(content)
     out = tmp_path / "out"
-    proc = run_train(1, _flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2, "--valid_file", path), check=False)
+    proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2, "--valid_file", path), check=False)
     assert_user_error(proc, needle.format(path=path))
     assert not (out / "metrics.jsonl").exists()

@@ -1,7 +1,7 @@
 """Average the weights of several checkpoints of one run (fairseq's average_checkpoints.py), usually its last K.
 
-    python run_scripts/average_checkpoints.py out/run --last 5 --output out/run/avg5.pt
-    python run_scripts/average_checkpoints.py out/run/checkpoints/step_00000400 out/run-pp2/checkpoints/step_00000600 \\
+    dstr-average-checkpoints out/run --last 5 --output out/run/avg5.pt
+    dstr-average-checkpoints out/run/checkpoints/step_00000400 out/run-pp2/checkpoints/step_00000600 \\
         --output out/avg.pt
 
 Each checkpoint is consolidated into the serial model's fp32 weights (any layout: TP shards, pipeline stages, ZeRO
@@ -19,7 +19,8 @@ from common.errors import UserError, console_script
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog="dstr-average-checkpoints", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("inputs", nargs="+", help="with --last K: one run's output_dir (or checkpoints/ folder); without: "
                                              "the checkpoints to average (step folders or consolidated .pt files)")

@@ -1,8 +1,8 @@
 """Convert a format-1 checkpoint (torch .pt shards, written before checkpoints became safetensors) to the current
 format, once; train.py, merge_checkpoint.py, evaluate.py... then load the converted folder.
 
-    python run_scripts/convert_checkpoint.py out/run/checkpoints/step_00000020 out/run/checkpoints/v2-step_00000020
-    python run_scripts/convert_checkpoint.py out/run out/run-v2/step_00000020      # a run's latest checkpoint
+    dstr-convert-checkpoint out/run/checkpoints/step_00000020 out/run/checkpoints/v2-step_00000020
+    dstr-convert-checkpoint out/run out/run-v2/step_00000020      # a run's latest checkpoint
 
 Every tensor — fp32 master weights, AdamW moments, RNG states — is copied unchanged, and meta.json keeps the step,
 data position, LR schedule and configs. The old files are read with torch.load(weights_only=True) (no code runs)
@@ -16,7 +16,8 @@ from common.errors import console_script
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog="dstr-convert-checkpoint", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("old", help="a format-1 step_* folder, or a run's output_dir / checkpoints/ folder (→ latest)")
     p.add_argument("new", help="the folder to write the converted checkpoint to (must not exist)")

@@ -1,7 +1,7 @@
 """Translate a source file with a trained checkpoint (greedy or beam search) and score it against references with
 sacreBLEU (BLEU and chrF).
 
-    python run_scripts/evaluate.py --ckpt_file out/quickstart --src data/multi30k/val.fr.gz \\
+    dstr-evaluate --ckpt_file out/quickstart --src data/multi30k/val.fr.gz \\
         --ref data/multi30k/val.en.gz --beam 5 --output out/quickstart/val.hyp.en
 
 --ckpt_file is a step_* folder, a checkpoints/ folder or a run's output_dir (→ its latest checkpoint), saved under
@@ -13,7 +13,7 @@ positions is cut to src_len-1 tokens + EOS, with a warning, and counted ("trunca
 tgt_len tokens, detokenized with the tokenizer's decoder; --beam N uses beam search with score = sum of log-probs /
 length ** --lenpen (fairseq's and transformers' length penalty; a hypothesis is final when N have ended). With --ref,
 prints sacreBLEU's `BLEU = ...` and `chrF2 = ...` lines with their signatures; without it, only the decoding figures
-(translations alone: run_scripts/translate.py). Then one JSON line: {"bleu", "chrf" (with --ref), "sentences",
+(translations alone: dstr-translate). Then one JSON line: {"bleu", "chrf" (with --ref), "sentences",
 "sentences_per_second", "truncated_sources", ...}. --output writes one hypothesis per line.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from training.evaluation.decode_cli import add_decoding_flags, checkpoint_inputs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = Parser(prog="dstr-evaluate", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_flags(p)
     p.add_argument("--src", required=True, help="source sentences, one per line (plain or .gz)")

@@ -1,6 +1,6 @@
 """Export a trained checkpoint and its tokenizer as a `transformers` model folder.
 
-    python run_scripts/export_hf.py --ckpt_file out/quickstart --output out/quickstart/hf
+    dstr-export-hf --ckpt_file out/quickstart --output out/quickstart/hf
 
 The folder loads with no code of this repository (transformers 5 has no translation pipeline; these are the lines):
 
@@ -42,7 +42,8 @@ def refuse_inputs_inside(output: str, args) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog="dstr-export-hf", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     add_checkpoint_flags(p)
     p.add_argument("--output", required=True, help="the folder to write (created; must be empty or new)")

@@ -1,9 +1,9 @@
 """Merge a checkpoint saved under any layout (TP shards, pipeline stages, ZeRO partitions) into one consolidated
 fp32 state dict for the serial model.
 
-    python run_scripts/merge_checkpoint.py out/tp2/checkpoints/step_00000020 --output model.pt
-    python run_scripts/merge_checkpoint.py out/tp2 --output model.pt          # the latest checkpoint of a run
-    python run_scripts/merge_checkpoint.py out/zero2 --output model.safetensors   # the state dict + metadata
+    dstr-merge-checkpoint out/tp2/checkpoints/step_00000020 --output model.pt
+    dstr-merge-checkpoint out/tp2 --output model.pt          # the latest checkpoint of a run
+    dstr-merge-checkpoint out/zero2 --output model.safetensors   # the state dict + metadata
 
 The output is `torch.save({"model": state_dict, "model_config": {...}, "step": N, ...})`
 (training/checkpoint/consolidated.py); the state dict loads with
@@ -23,7 +23,8 @@ from training.checkpoint.consolidated import merge, save, source_files
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog="dstr-merge-checkpoint", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("checkpoint", help="a step_* folder, a checkpoints/ folder or a run's output_dir (→ latest)")
     p.add_argument("--output", "-o", required=True,

@@ -1,8 +1,8 @@
 """Draw the curves of one or several training runs into a PNG: loss (with the validation loss), validation BLEU,
 learning rate, gradient norm and tokens/s against the step.
 
-    python run_scripts/plot_metrics.py out/quickstart                       # → out/quickstart/curves.png
-    python run_scripts/plot_metrics.py out/run-a out/run-b --output ab.png --smooth 20
+    dstr-plot-metrics out/quickstart                       # → out/quickstart/curves.png
+    dstr-plot-metrics out/run-a out/run-b --output ab.png --smooth 20
 
 Each argument is a run's output_dir (its metrics.jsonl) or a metrics.jsonl file; every run gets one colour in every
 panel, labelled with its folder's name (a launcher's run folder for runs/NAME-TIME/output). --smooth N draws the
@@ -113,7 +113,8 @@ def plot_runs(runs: list[tuple[str, list[dict]]], output: str, smooth: int = 1) 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = argparse.ArgumentParser(prog="dstr-plot-metrics", description=__doc__.split("\n\n")[0],
+                                epilog=__doc__.split("\n\n", 1)[1],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("runs", nargs="+", help="run folders (--output_dir of train.py) or metrics.jsonl files")
     p.add_argument("--output", "-o", default=None, help="the PNG to write (default: FIRST_RUN/curves.png)")

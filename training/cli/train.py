@@ -1,8 +1,9 @@
 """Train the encoder-decoder Transformer (the MindSpore seed's train.py) on DeepSpeed, on CPU or GPU.
 
     # one process, CPU, bundled Multi30k (make the TSV first: see README)
-    python run_scripts/train.py --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
-    # 2 processes, tensor parallel (the seed's run.sh with RANK_SIZE=2)
+    dstr-train --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
+    # 2 processes, tensor parallel (the seed's run.sh with RANK_SIZE=2); DeepSpeed's launcher takes a script's
+    # path: run_scripts/train.py, or $(which dstr-train)
     deepspeed --num_gpus 2 run_scripts/train.py --distribute true --file_path out/data/train.fr_en.tsv \
         --mp 2 --steps 20 --output_dir out/tp2
     # a recipe, flags override it

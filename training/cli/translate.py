@@ -1,7 +1,7 @@
 """Translate text with a trained checkpoint: sentences from stdin or a file, one translation per line on stdout.
 
-    echo "Un homme en vélo devant une maison." | python run_scripts/translate.py --ckpt_file out/quickstart
-    python run_scripts/translate.py --ckpt_file out/quickstart/avg2.pt --input news.fr --beam 5 --output news.en
+    echo "Un homme en vélo devant une maison." | dstr-translate --ckpt_file out/quickstart
+    dstr-translate --ckpt_file out/quickstart/avg2.pt --input news.fr --beam 5 --output news.en
 
 --ckpt_file is anything evaluate.py takes (a checkpoint of any layout, a run's output_dir → its latest checkpoint, a
 merged or averaged .pt), and the tokenizer is the one it recorded: nothing else is needed (--tokenizer only for
@@ -28,7 +28,7 @@ from training.evaluation.decode_cli import add_decoding_flags, checkpoint_inputs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+    p = Parser(prog="dstr-translate", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_decoding_flags(p)
     p.add_argument("--input", "-i", default="-",

@@ -17,7 +17,8 @@ from training.core.deepspeed_check import check_deepspeed_config, strip_comments
 
 EXAMPLES = """\
 examples (CPU, bundled Multi30k; see README):
-  python run_scripts/train.py --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
+  dstr-train --file_path out/data/train.fr_en.tsv --steps 20 --output_dir out/serial
+  # several processes: DeepSpeed's launcher takes a script's path, run_scripts/train.py or $(which dstr-train)
   deepspeed --num_gpus 2 run_scripts/train.py --distribute true --file_path out/data/train.fr_en.tsv \\
       --mp 2 --steps 20 --output_dir out/tp2
   deepspeed --num_gpus 8 run_scripts/train.py --recipe recipes/8pcs/8pcs.json --file_path DATA.tsv
@@ -31,7 +32,7 @@ NOT_SETTINGS = ("recipe", "local_rank", "help")     # flags, but not recipe keys
 def build_parser() -> argparse.ArgumentParser:
     """train.py's flags: one group per section, each setting under its name and the seed's alias."""
     p = Parser(
-        prog="train.py", description="Train the encoder-decoder Transformer with tensor (mp), pipeline and data "
+        prog="dstr-train", description="Train the encoder-decoder Transformer with tensor (mp), pipeline and data "
         "parallelism on DeepSpeed. Launch with `deepspeed --num_gpus N`, `deepspeed --hostfile H`, torchrun, or "
         "plain python for one process.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     for kind in SECTIONS.values():

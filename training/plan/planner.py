@@ -323,17 +323,17 @@ def check_line(cfg: TrainConfig, world_size: int, hosts=None) -> str:
 
 EPILOG = """\
 examples:
-  python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --world_size 16
-  python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --hostfile run_scripts/hostfiles/hostfile_2nodes
-  python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
-  python run_scripts/plan.py --recipe recipes/cpu-tiny/cpu-tiny.json    (its world_size 2; vocab: its tokenizer's)
-  python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 4096 --device a100-40gb
-  python run_scripts/plan.py --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 2048 --num_heads 16 \
+  dstr-plan --recipe recipes/16pcs/16pcs.json --world_size 16
+  dstr-plan --recipe recipes/16pcs/16pcs.json --hostfile run_scripts/hostfiles/hostfile_2nodes
+  dstr-plan --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 1024 --json
+  dstr-plan --recipe recipes/cpu-tiny/cpu-tiny.json    (its world_size 2; vocab: its tokenizer's)
+  dstr-plan --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 4096 --device a100-40gb
+  dstr-plan --recipe recipes/8pcs/8pcs.json --world_size 8 --d_model 2048 --num_heads 16 \
       --ffn_size 8192 --encoder_layer 12 --decoder_layer 12 --src_len 512 --tgt_len 512 --batch_size 256
       (does not fit an h100: the verdict names --recompute 1 and --micro_batch_num 4)
-  python run_scripts/plan.py --recipe recipes/transformer-big-wmt14-en-fr/transformer-big-wmt14-en-fr-16gpu.json \
+  dstr-plan --recipe recipes/transformer-big-wmt14-en-fr/transformer-big-wmt14-en-fr-16gpu.json \
       --world_size 16 --batch_size 1536 --predict_speed      (step time and scaling: docs/speed.md)
-  python run_scripts/plan.py --recipe recipes/16pcs/16pcs.json --slurm --gpus_per_node 8
+  dstr-plan --recipe recipes/16pcs/16pcs.json --slurm --gpus_per_node 8
       (the sbatch line for run_scripts/slurm.sbatch, with the signal lead: docs/slurm.md)
 
 Any train.py flag overrides the recipe, as in training. The memory section says, per pipeline stage, whether the
@@ -352,9 +352,9 @@ PLAN_FLAGS = {"recipe", "world_size", "model_parallel", "pipeline_stage", "micro
               "precision", "max_tokens", "deepspeed_config", "vocab_size", "tokenizer", "tokenizer_vocab_size",
               "d_model", "num_heads", "ffn_size", "encoder_layer", "decoder_layer", "src_len", "tgt_len",
               "share_embeddings"}
-SHORT_USAGE = """plan.py --recipe R.json [--world_size N | --hostfile H] [--device NAME] [--json | --check]
-               [plan.py flags below] [any train.py flag: the ones a plan depends on below]
-       plan.py --help_all     (every flag, train.py's data, schedule, logging and checkpoint ones included)"""
+SHORT_USAGE = """dstr-plan --recipe R.json [--world_size N | --hostfile H] [--device NAME] [--json | --check]
+                 [dstr-plan flags below] [any dstr-train flag: the ones a plan depends on below]
+       dstr-plan --help_all     (every flag, dstr-train's data, schedule, logging and checkpoint ones included)"""
 
 
 class _HelpAll(argparse.Action):
@@ -372,8 +372,8 @@ def _common_flags_first(p: argparse.ArgumentParser) -> None:
     """--help: plan.py's main flags first, then only the train.py flags in PLAN_FLAGS (argparse leaves out a group
     whose flags are all hidden), then the --slurm, --predict_speed and --search groups. Parsing is unchanged: a
     hidden flag is still taken."""
-    main = [g for g in p._action_groups if g.title == "plan.py"]
-    more = [g for g in p._action_groups if (g.title or "").startswith("plan.py ")]
+    main = [g for g in p._action_groups if g.title == "dstr-plan"]
+    more = [g for g in p._action_groups if (g.title or "").startswith("dstr-plan ")]
     rest = [g for g in p._action_groups if g not in main + more]
     p._action_groups[:] = rest[:2] + main + rest[2:] + more    # argparse's own two groups (-h, --recipe) on top
     for group in rest[2:]:
@@ -386,12 +386,12 @@ def _common_flags_first(p: argparse.ArgumentParser) -> None:
 def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
     """plan.py's parser: train.py's flags and its own; `full`: --help lists every flag (what --help_all prints)."""
     p = build_parser()
-    p.prog = "plan.py"
+    p.prog = "dstr-plan"
     p.description = ("Check a recipe against a world size or hostfile and show its layout, rank placement, stage "
                      "contents, per-rank memory and communication — without starting training.")
     p.epilog = EPILOG
     p.add_argument("--help_all", action=_HelpAll, help="show every flag, train.py's included, and exit")
-    g = p.add_argument_group("plan.py")
+    g = p.add_argument_group("dstr-plan")
     g.add_argument("--hostfile", default=None, help="DeepSpeed hostfile: world = its slots, nodes = its hosts")
     g.add_argument("--gpus_per_node", type=integer(1), default=8,
                    help="ranks per node when no hostfile is given (default 8)")
@@ -408,7 +408,7 @@ def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
     g.add_argument("--write_hostfile", default=None, metavar="PATH",
                    help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
                         "comments dropped; run_cluster.sh passes this copy to DeepSpeed and mpirun)")
-    sl = p.add_argument_group("plan.py --slurm (docs/slurm.md)")
+    sl = p.add_argument_group("dstr-plan --slurm (docs/slurm.md)")
     sl.add_argument("--slurm", action="store_true",
                     help="print the sbatch line for this layout (run_scripts/slurm.sbatch): nodes, tasks and GPUs per "
                          "node (--gpus_per_node), the signal lead sized from the predicted save and step times, and "
@@ -416,7 +416,7 @@ def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
     sl.add_argument("--save_GB_s", type=number(0, low_open=True, why="a bandwidth"), default=slurm_line.SAVE_GB_S,
                     metavar="GB/s", help=f"GB/s a job writes its checkpoint to shared storage, for --slurm's signal "
                                          f"lead (default {slurm_line.SAVE_GB_S:g})")
-    s = p.add_argument_group("plan.py --predict_speed (docs/speed.md)")
+    s = p.add_argument_group("dstr-plan --predict_speed (docs/speed.md)")
     s.add_argument("--predict_speed", action="store_true",
                    help="add a prediction of the step time and scaling efficiency (text and --json)")
     s.add_argument("--step_time_1gpu", type=number(0, low_open=True, why="seconds"), default=None, metavar="SECONDS",

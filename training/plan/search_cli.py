@@ -26,7 +26,7 @@ SEARCH_ONLY = ("top", "write_recipe", "trials", "trial_dir", "calibration")
 
 
 def add_search_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("plan.py --search: choose the layout (docs/layout-search.md)")
+    g = parser.add_argument_group("dstr-plan --search: choose the layout (docs/layout-search.md)")
     g.add_argument("--search", action="store_true",
                    help="rank every layout of the world (tp × pp × dp, ZeRO, micro-batches, recompute, split "
                         "embeddings, interleave, stage splits) by predicted step time; every rejected one with its "
