@@ -25,28 +25,23 @@ import torch
 
 from tests.launch import (
     REPO_ROOT,
-    TINY,
     TRAIN_MANY,
     env,
     launch_cmd,
+    merged,
+    one_error,
     read_metrics,
     run_python,
     run_script,
     run_train,
     script_env,
+    step_dir,
+    train_flags,
 )
 from tests.progress import wait_exit, wait_until
 
-
-@pytest.fixture(autouse=True)
-def real_interpreters(monkeypatch):
-    """Failure tests start every command as its own interpreter (not a fork of tests/drivers/fork_server.py):
-    how a process dies and what it leaves behind is their subject."""
-    monkeypatch.setenv("DSR_TEST_FORK", "0")
-
-
-def flags(tsv, tok, out, *extra):
-    return ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, *extra]
+# how a process dies and what it leaves behind is these tests' subject: every command its own interpreter
+pytestmark = pytest.mark.usefixtures("real_interpreters")
 
 
 def strict_metrics(out) -> list[dict]:
@@ -60,31 +55,10 @@ def error_lines(proc) -> list[str]:
     return [line for line in (proc.stdout + proc.stderr).splitlines() if line.startswith("error: ")]
 
 
-def one_error(proc, *needles) -> str:
-    assert proc.returncode != 0, proc.stdout[-2000:]
-    text = proc.stdout + proc.stderr
-    assert "Traceback" not in text, text[-4000:]
-    lines = error_lines(proc)
-    assert len(lines) == 1, text[-4000:]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
-
-
-def merged(ckpt):
-    sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
-    from merge_checkpoint import merge
-    return merge(str(ckpt), with_optimizer=True)
-
-
 def same_weights(a, b) -> bool:
     return all(torch.equal(a["model"][n], b["model"][n]) and
                torch.equal(a["optimizer"][n]["exp_avg"], b["optimizer"][n]["exp_avg"]) and
                torch.equal(a["optimizer"][n]["exp_avg_sq"], b["optimizer"][n]["exp_avg_sq"]) for n in a["model"])
-
-
-def step_dir(out, step) -> Path:
-    return Path(out) / "checkpoints" / f"step_{step:08d}"
 
 
 def latest(out) -> str:
@@ -103,9 +77,10 @@ def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(mul
     common = ["--save_checkpoint_steps", 1, "--nan_policy", "skip", "--lr_schedule", "inverse_sqrt",
               "--warmup_steps", 4, "--steps", 5]
     layouts = {"tp2": ["--mp", 2], "dp2-zero1": ["--enable_parallel_optimizer", 1]}
-    runs = [flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra) for name, extra in layouts.items()]
+    runs = [train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra)
+            for name, extra in layouts.items()]
     diverging = tmp_path / "lr1e12"
-    runs.append(flags(multi30k_tsv, bpe_tokenizer, diverging, "--mp", 2, "--lr", "1e12", "--steps", 6,
+    runs.append(train_flags(multi30k_tsv, bpe_tokenizer, diverging, "--mp", 2, "--lr", "1e12", "--steps", 6,
                       "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 1))
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([[str(a) for a in r] for r in runs]))
@@ -134,7 +109,8 @@ def test_skip_limit_stops_a_run_that_does_not_recover(multi30k_tsv, bpe_tokenize
     """--lr 1e12 with --nan_policy skip: every step from 2 on is non-finite and dropped (their checkpoints hold
     step 1's weights); after --nan_skip_limit 3 in a row the run stops."""
     out = tmp_path / "run"
-    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy", "skip",
+    proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy",
+                                    "skip",
                               "--nan_skip_limit", 3, "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 5),
                      check=False)
     one_error(proc, "step 4: 3 non-finite steps in a row (--nan_skip_limit 3)", f"{step_dir(out, 3)}")
@@ -151,7 +127,7 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
     out = tmp_path / "run"
     # synchronous saves: step 4's is committed before step 5 (a background one may still be in flight when rank 0
     # dies: tests/test_background_save.py)
-    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
+    args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
                  "--keep_checkpoint_max", 2, "--tensorboard", 1, "--save_mode", "sync")
     crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
                              env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
@@ -179,8 +155,8 @@ def test_a_save_refuses_tied_copies_that_differ(multi30k_tsv, bpe_tokenizer, tmp
     parity tests check the same in fp32 and bf16); after step 3 the replica is nudged (DSR_UNTIE_AT, as an
     optimizer that skipped the sum would leave it) and the step-4 save is refused on both ranks in one line."""
     out = tmp_path / "run"
-    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 4, "--save_checkpoint_steps", 2, "--share_embeddings",
-                 1, "--pipeline_stage", 2, "--micro_batch_num", 2)
+    args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 4, "--save_checkpoint_steps", 2,
+                       "--share_embeddings", 1, "--pipeline_stage", 2, "--micro_batch_num", 2)
     proc = subprocess.run(launch_cmd(2) + [str(a) for a in args], cwd=REPO_ROOT, env=dict(env(), DSR_UNTIE_AT="3"),
                           capture_output=True, text=True, timeout=300)
     one_error(proc, "step 4: the two copies of the shared embedding table (stage 0's and the last stage's) differ",
@@ -193,7 +169,7 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
     """While run 1 trains, the same command again is refused at once, naming run 1's pid; run 1 goes on
     untouched. Afterwards the folder's start-point rules (the real functions, on run 1's real checkpoints)."""
     out = tmp_path / "run"
-    args = [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--save_checkpoint_steps", 1,
+    args = [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--save_checkpoint_steps", 1,
                                   "--keep_checkpoint_max", 3)]
     first = subprocess.Popen(launch_cmd(1) + args, cwd=REPO_ROOT, env=env(), stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
@@ -250,7 +226,7 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     a_file = tmp_path / "a_file"
     a_file.write_text("not a folder")
     start = time.time()
-    proc = run_train(1, flags(multi30k_tsv, bpe_tokenizer, a_file / "run", "--steps", 1), check=False)
+    proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, a_file / "run", "--steps", 1), check=False)
     one_error(proc, f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file")
     assert "layout:" not in proc.stdout and time.time() - start < 60               # no model was built
 
@@ -329,7 +305,7 @@ class Job:
 
 def _start_tp2(tsv, tok, out, *extra, new_session: bool = False) -> Job:
     out.mkdir(parents=True)
-    job = Job(launch_cmd(2, launcher="deepspeed") + flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra),
+    job = Job(launch_cmd(2, launcher="deepspeed") + train_flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra),
               out.parent, env(), new_session=new_session)
     job.wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2,
                  "training")
@@ -494,7 +470,7 @@ def test_a_stop_signal_saves_the_step_on_every_rank_and_the_run_resumes(sig, tar
     assert _lines_naming(proc.stderr, sig.name) == [line], proc.stderr[-3000:]
     assert at <= step <= at + 3 and latest(out) == f"step_{step:08d}" and _lock_is_free(out)
     print(f"{sig.name} to {target} after step {at}: step {step} saved")
-    run_train(2, flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--resume", "--steps", step + 2))
+    run_train(2, train_flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--resume", "--steps", step + 2))
     assert [r["step"] for r in strict_metrics(out)][-3:] == [step, step + 1, step + 2]
 
 
@@ -504,7 +480,7 @@ def test_sighup_to_a_single_process_run_saves_the_step_and_the_run_resumes(multi
     `--resume` continues at the next step."""
     out = tmp_path / "run"
     out.mkdir()
-    job = Job(launch_cmd(1) + flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000), out, env())
+    job = Job(launch_cmd(1) + train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000), out, env())
     job.wait_for(lambda: _logged_step(out) >= 2, "training")
     job.popen.send_signal(signal.SIGHUP)
     proc = job.finish(60)
@@ -515,7 +491,7 @@ def test_sighup_to_a_single_process_run_saves_the_step_and_the_run_resumes(multi
     assert _lines_naming(proc.stderr, "SIGHUP") == [line], proc.stderr[-3000:]
     assert latest(out) == f"step_{step:08d}" and _lock_is_free(out)
     print(f"SIGHUP to one process: {line}")
-    resumed = run_train(1, flags(multi30k_tsv, bpe_tokenizer, out, "--resume", "--steps", step + 2))
+    resumed = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, "--resume", "--steps", step + 2))
     assert f"at step {step}" in resumed.stdout
     assert [r["step"] for r in strict_metrics(out)][-3:] == [step, step + 1, step + 2]
 
@@ -531,7 +507,7 @@ def test_a_closed_terminal_saves_the_step(multi30k_tsv, bpe_tokenizer, tmp_path)
     # the child becomes a session leader (start_new_session) and takes the pty as its controlling terminal
     take_terminal = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
                      "os.execv(sys.argv[1], sys.argv[1:])")
-    cmd = [sys.executable, "-c", take_terminal, *launch_cmd(1)] + [str(a) for a in flags(
+    cmd = [sys.executable, "-c", take_terminal, *launch_cmd(1)] + [str(a) for a in train_flags(
         multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--log_interval", 1)]
     popen = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env(), stdin=terminal, stdout=terminal, stderr=terminal,
                              start_new_session=True)
@@ -586,7 +562,7 @@ def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_
     out.mkdir()
     runner = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
               str(REPO_ROOT / "run_scripts/train.py")]
-    job = Job(runner + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2000)],
+    job = Job(runner + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2000)],
               tmp_path, env())
 
     def ours():
@@ -618,7 +594,8 @@ def test_save_on_signal_0_stops_without_a_save_and_ctrl_c_stays_quick(multi30k_t
     for sig, extra in ((signal.SIGTERM, ["--save_on_signal", 0]), (signal.SIGINT, [])):
         out = tmp_path / sig.name
         out.mkdir()
-        job = Job(launch_cmd(1) + [str(a) for a in flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, *extra)],
+        args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, *extra)
+        job = Job(launch_cmd(1) + [str(a) for a in args],
                   out, env())
         job.wait_for(lambda out=out: _logged_step(out) >= 1, "training")
         job.popen.send_signal(sig)
@@ -723,7 +700,7 @@ def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
     disk = tmp_path / "disk"
     disk.mkdir()
     out = disk / "run"
-    args = flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 3, "--save_checkpoint_steps", 1)
+    args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 3, "--save_checkpoint_steps", 1)
     mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=14m", "tmpfs", str(disk)],
                              capture_output=True).returncode == 0
     try:

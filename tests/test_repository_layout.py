@@ -286,9 +286,6 @@ def test_the_readme_is_a_user_guide_of_at_most_300_lines():
     assert len(lines) <= 300, f"README.md has {len(lines)} lines: move details into docs/"
 
 
-# tests/test_faults.py still holds its own copies of flags, one_error, merged and step_dir: it is being changed on
-# another branch; when that lands it imports tests/launch.py's and leaves this set.
-COPIES_PENDING = {"tests/test_faults.py"}
 SHARED_HELPERS = ("train_flags", "step_dir", "merged", "one_error", "usage_error", "run_tool")
 
 
@@ -298,8 +295,6 @@ def top_level_functions(folder: Path) -> list[tuple[str, str, str]]:
     found = []
     for path in sorted(folder.rglob("*.py")):
         rel = path.relative_to(REPO_ROOT).as_posix()
-        if rel in COPIES_PENDING:
-            continue
         for node in ast.parse(path.read_text(encoding="utf-8"), rel).body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 body = node.body[1:] if ast.get_docstring(node) is not None else node.body
