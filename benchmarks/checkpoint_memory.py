@@ -120,7 +120,8 @@ def main() -> int:
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             info = json.load(f)
         info["params"] = _serial_params(out)
-        rows = [json.loads(line) for line in open(report, encoding="utf-8")]
+        with open(report, encoding="utf-8") as f:
+            rows = [json.loads(line) for line in f]
     mib = 1024 * 1024
     print(f"\n{repo} — {args.layout} on {args.nproc} processes, a model of {info['params']:,} parameters "
           f"({info.get('params_rank0', 0):,} on rank 0), optimizer {info.get('optimizer')}")

@@ -22,6 +22,7 @@ BENCHMARKS.md between this script's markers. The corpora and stores stay under -
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -91,10 +92,8 @@ def run_measured(cmd: list, env: dict | None = None, poll: float = 0.5) -> dict:
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         peak_tree, watcher = 0, psutil.Process(proc.pid)
         while proc.poll() is None:
-            try:
+            with contextlib.suppress(psutil.Error):
                 peak_tree = max(peak_tree, sum(p.memory_full_info().pss for p in watcher.children(recursive=True)))
-            except psutil.Error:
-                pass
             time.sleep(poll)
         out, err = proc.communicate()
         seconds = time.perf_counter() - start

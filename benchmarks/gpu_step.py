@@ -33,6 +33,7 @@ by kind, idle share, launches, host syncs; the Chrome trace is DIR/trace.json).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -227,10 +228,8 @@ def _free(cuda: bool) -> None:
     import torch
     gc.collect()
     if cuda:
-        try:
+        with contextlib.suppress(Exception):  # a CUDA context already lost: main() stops at the error
             torch.cuda.empty_cache()
-        except Exception:           # a CUDA context already lost: main() stops at the error
-            pass
 
 
 def profile_runner(runner, first_step: int, steps: int, out_dir: str, configuration: dict,
@@ -355,7 +354,7 @@ def one_configuration(args, row: dict, rows: list, cuda: bool, profile: bool) ->
         row.update(measure(runner, args.steps, args.warmup, args.device_peak, args.repeat_batches))
     except UserError:
         raise
-    except Exception as e:              # out of memory, a compiler failure: this variant's answer
+    except Exception as e:  # noqa: BLE001 - out of memory, a compiler failure: this variant's answer
         row["error"] = _error(e)
         lost = row["error"] if _device_lost(e) else None
     _print_row(row)
@@ -369,7 +368,7 @@ def one_configuration(args, row: dict, rows: list, cuda: bool, profile: bool) ->
         try:
             profile_runner(runner, args.warmup + args.steps, args.profile_steps, args.profile, configuration,
                            args.repeat_batches)
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001 - a failed profile is reported; the measured row stays
             row["profile_error"] = _error(e)
             print(f"profile failed — {row['profile_error']}", flush=True)
             _write_json(args.json, rows)
@@ -383,7 +382,7 @@ def one_configuration(args, row: dict, rows: list, cuda: bool, profile: bool) ->
     try:
         row.update(measure_hf(*inputs, args.steps, args.warmup, args.repeat_batches))
         row["speedup_vs_hf"] = row["tokens_per_s"] / row["hf_tokens_per_s"]
-    except Exception as e:              # the reference failed (not installed, out of memory): ours stays
+    except Exception as e:  # noqa: BLE001 - the reference failed (not installed, out of memory): ours stays
         row["hf_error"] = _error(e)
         lost = row["hf_error"] if _device_lost(e) else None
     else:

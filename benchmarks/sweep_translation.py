@@ -90,7 +90,8 @@ def main():
             rows.append(f"| {name} | `{flags}` | {r['bleu']:.2f} | {r['chrf']:.2f} | {r['best_valid_loss']:.4f} | "
                         f"{r['steps']} | {r['seconds']:.0f} |")
     table = "\n".join(rows)
-    open(os.path.join(args.out, "summary.md"), "a").write(table + "\n\n")
+    with open(os.path.join(args.out, "summary.md"), "a") as f:
+        f.write(table + "\n\n")
     print(table)
 
 

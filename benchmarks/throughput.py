@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from pathlib import Path
 
 from benchmarks.harness import BENCH_MODEL, cpu_model
 
@@ -187,7 +188,7 @@ def main() -> int:
     p.add_argument("--note", default="", help="a sentence for the report under these groups' tables")
     args = p.parse_args()
     data = ["--file_path", args.file_path, "--tokenizer", args.tokenizer]
-    saved = json.load(open(RESULTS, encoding="utf-8")) if os.path.isfile(RESULTS) else {}
+    saved = json.loads(Path(RESULTS).read_text(encoding="utf-8")) if os.path.isfile(RESULTS) else {}
     info = machine()
     for group in args.only:
         print(f"{group}:", flush=True)

@@ -100,7 +100,7 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
             time.sleep(delay)
         print(f"error: {exc}", file=sys.stderr, flush=True)
         leave(exc.exit_status)
-    except Exception as exc:  # noqa: BLE001 - only a write that ran out of room is turned into a line
+    except Exception as exc:  # only a write that ran out of room is turned into a line
         full = no_room_error(exc)
         if full is None:
             raise

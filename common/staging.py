@@ -57,11 +57,10 @@ def atomic_write(path: str | os.PathLike, mode: str = "w", staging: str | None =
     if mode not in ("w", "wb"):
         raise ValueError(f"atomic_write: mode {mode!r}; use 'w' (text) or 'wb' (bytes)")
     text = {"encoding": "utf-8", "newline": "\n"} if mode == "w" else {}
-    with staged_file(path, staging=staging) as tmp:
-        with open(tmp, mode, **text) as handle:
-            yield handle
-            handle.flush()
-            os.fsync(handle.fileno())
+    with staged_file(path, staging=staging) as tmp, open(tmp, mode, **text) as handle:
+        yield handle
+        handle.flush()
+        os.fsync(handle.fileno())
 
 
 def _missing_folders(folder: str) -> list[str]:

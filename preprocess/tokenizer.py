@@ -211,7 +211,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         fail(f"{path}: tokenizer file not found; train one with python -m preprocess.tokenizer")
     try:
         return Tokenizer.from_file(str(path))
-    except Exception as exc:  # tokenizers raises a bare Exception for any parse error
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any parse error
         fail(f"{path}: not a valid tokenizers JSON file ({str(exc).splitlines()[0] if str(exc) else exc!r})")
 
 
@@ -219,7 +219,7 @@ def tokenizer_from_json(text: str, what: str) -> Tokenizer:
     """A tokenizer from its JSON text (a checkpoint's recorded copy); UserError naming `what` if it does not parse."""
     try:
         return Tokenizer.from_str(text)
-    except Exception as exc:  # tokenizers raises a bare Exception for any parse error
+    except Exception as exc:  # noqa: BLE001 - tokenizers raises a bare Exception for any parse error
         fail(f"{what} is not a valid tokenizers JSON text ({str(exc).splitlines()[0] if str(exc) else exc!r})")
 
 

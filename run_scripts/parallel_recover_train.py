@@ -15,8 +15,8 @@ except ModuleNotFoundError:         # no package to import: one line, not a trac
     sys.exit(2)
 require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
 
-from common.errors import UserError, run_cli  # noqa: E402 - after the checkout check
-from training.cli.train import main as train_main  # noqa: E402 - after the checkout check
+from common.errors import UserError, run_cli  # after the checkout check
+from training.cli.train import main as train_main  # after the checkout check
 
 
 def main():

@@ -16,8 +16,8 @@ except ModuleNotFoundError:         # no package to import: one line, not a trac
     sys.exit(2)
 require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
 
-from common.errors import run_cli  # noqa: E402 - after the checkout check
-from training.cli.train import main  # noqa: E402 - after the checkout check
+from common.errors import run_cli  # after the checkout check
+from training.cli.train import main  # after the checkout check
 
 DEFAULTS = ["--save_checkpoint_steps", "1", "--keep_checkpoint_max", "4"]
 

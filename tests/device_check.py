@@ -18,6 +18,7 @@ raises `HostTensorInCollective` naming the collective, the tensor and the caller
 """
 from __future__ import annotations
 
+import contextlib
 import traceback
 
 import torch
@@ -56,10 +57,8 @@ def is_marked(t: torch.Tensor) -> bool:
 
 def _set_mark(obj, value: bool) -> None:
     for t in _tensors(obj):
-        try:
+        with contextlib.suppress(AttributeError, RuntimeError):  # e.g. tensors that do not take Python attributes
             setattr(t, MARK, value)
-        except (AttributeError, RuntimeError):      # e.g. tensors that do not take Python attributes
-            pass
 
 
 class HostTensorChecker(TorchFunctionMode):

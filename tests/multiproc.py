@@ -47,7 +47,7 @@ def free_port() -> int:
         port = low + (start - low + i) % (high - low)
         if any(p == port for p, _ in _held):
             continue
-        f = open(os.path.join(PORT_LOCKS, f"{port}.lock"), "a")
+        f = open(os.path.join(PORT_LOCKS, f"{port}.lock"), "a")  # noqa: SIM115 - held open: the lock lasts with it
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -102,7 +102,7 @@ def run_ranks(world: int, fn, *args, timeout: float = 180.0) -> list:
                 results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
             else:
                 errors.append(f"rank {rank}:\n{payload}")
-    except Exception as exc:  # queue.Empty on a hang
+    except Exception as exc:  # noqa: BLE001 - queue.Empty on a hang, or a rank's result that does not load
         if not errors:
             errors.append(f"timed out after {timeout}s waiting for ranks ({exc!r})")
     finally:

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -93,7 +94,7 @@ def test_the_store_is_memory_mapped_read_only(val_tsv, bpe_tokenizer, tmp_path):
     for side in SIDES:
         for array in (ds.store.tokens[side], ds.store.offsets[side]):
             assert isinstance(array, np.memmap) and not array.flags.writeable
-    mapped = open("/proc/self/maps").read() if os.path.exists("/proc/self/maps") else ""
+    mapped = Path("/proc/self/maps").read_text() if os.path.exists("/proc/self/maps") else ""
     if mapped:
         for name in ("src.tokens", "tgt.tokens", "src.offsets", "tgt.offsets", "truncated.flags"):
             assert str(ds.cache_path / name) in mapped, name
@@ -101,6 +102,7 @@ def test_the_store_is_memory_mapped_read_only(val_tsv, bpe_tokenizer, tmp_path):
 
 SMAPS_CHILD = """
 import sys
+from pathlib import Path
 sys.path.insert(0, {root!r})
 from preprocess.token_store import TokenStore
 store = TokenStore(sys.argv[1])

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_by_default_env_comes_first_and_then_headline_tier_quick_compile_within_
     stages = [line.split()[1].rstrip(":") for line in proc.stdout.splitlines() if line.startswith("== ")]
     assert stages == ["headline", "tier_quick", "compile", "done,"]
     assert proc.stdout.splitlines()[0].startswith("env: ")
-    budget = next(line for line in open(SCRIPT) if line.startswith("BUDGET_S="))
+    budget = next(line for line in Path(SCRIPT).read_text().splitlines() if line.startswith("BUDGET_S="))
     assert budget.strip() == "BUDGET_S=${BUDGET_S:-300}"
 
 

@@ -177,7 +177,7 @@ def test_export_cli_loads_in_transformers_and_translates_as_we_do(trained_shared
     assert "truncation=True" in snippet and "sentences = [" in snippet
     printed = []
     namespace = {"print": printed.append}
-    exec(snippet.replace("sentences = [", f"sentences = [{long!r}, "), namespace)   # noqa: S102 - the README's own
+    exec(snippet.replace("sentences = [", f"sentences = [{long!r}, "), namespace)   # the README's own
     assert printed[0][0] == ours.translate([long], beam=5).hypotheses[0]
 
     proc = export("--ckpt_file", trained_shared, "--tokenizer", bpe_tokenizer, "--output", out, "--overwrite",

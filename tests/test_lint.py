@@ -1,5 +1,5 @@
-"""The codebase stays linted: ruff (pyproject.toml [tool.ruff]) is clean, the pre-commit hooks run the same check,
-and every `# noqa` says why."""
+"""The codebase stays linted and formatted: ruff (pyproject.toml [tool.ruff]) is clean, `ruff format --check` finds
+nothing to change, the pre-commit hooks run the same checks, and every `# noqa` says why."""
 from __future__ import annotations
 
 import re
@@ -22,19 +22,35 @@ def test_ruff_is_clean():
 
 
 @needs_ruff
-def test_the_pre_commit_hooks_run_the_same_check(tmp_path):
-    """Each local hook's entry, run as pre-commit would on every Python file (without fixing: a check here), passes;
-    and the hook really is ruff with the repository's settings (a lint error in a copy is caught)."""
+def test_the_code_is_formatted():
+    proc = subprocess.run(["ruff", "format", "--check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+
+@needs_ruff
+def test_the_pre_commit_hooks_run_the_same_checks(tmp_path):
+    """Each local hook is ruff with the repository's settings, run as pre-commit would (as a check here: without
+    fixing), and catches what it is for in a copy: the linter an unused import, the formatter a line it would change."""
     config = yaml.safe_load((REPO_ROOT / ".pre-commit-config.yaml").read_text())
-    hooks = [h for repo in config["repos"] for h in repo["hooks"]]
-    assert [h["id"] for h in hooks] == ["ruff"] and all(h["language"] == "system" for h in hooks)
-    entry = hooks[0]["entry"].split()
-    check = [a for a in entry if a != "--fix"]
+    hooks = {h["id"]: h for repo in config["repos"] for h in repo["hooks"]}
+    assert list(hooks) == ["ruff", "ruff-format"] and all(h["language"] == "system" for h in hooks.values())
+    lint = [a for a in hooks["ruff"]["entry"].split() if a != "--fix"]
+    fmt = [*hooks["ruff-format"]["entry"].split(), "--check"]
+    assert lint[:2] == ["ruff", "check"] and fmt[:2] == ["ruff", "format"]
+    settings = ["--no-cache", "--config", str(REPO_ROOT / "pyproject.toml")]
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nimport sys\n\nprint(sys.argv)\n")            # an unused import: F401
-    proc = subprocess.run([*check, "--no-cache", "--config", str(REPO_ROOT / "pyproject.toml"), str(bad)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*lint, *settings, str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "F401" in proc.stdout, proc.stdout + proc.stderr
+    unformatted = tmp_path / "unformatted.py"
+    unformatted.write_text("x = {  'a':1 }\n")
+    proc = subprocess.run([*fmt, *settings, str(unformatted)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "unformatted.py" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    formatted = tmp_path / "formatted.py"
+    formatted.write_text('x = {"a": 1}\n')
+    proc = subprocess.run([*fmt, *settings, str(formatted)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)$")

@@ -209,10 +209,7 @@ def _umask() -> int:
 def test_convert_a_malformed_format_1_meta_is_one_line(meta, needle, format_1, tmp_path):
     saved = json.loads((format_1 / "meta.json").read_text())
     if isinstance(meta, dict) and "format_version" not in meta:     # one field changed in the real meta.json
-        if "pipeline_stage" in meta:
-            meta = {**saved, "parallel": {**saved["parallel"], **meta}}
-        else:
-            meta = {**saved, **meta}
+        meta = {**saved, "parallel": {**saved["parallel"], **meta}} if "pipeline_stage" in meta else {**saved, **meta}
     (format_1 / "meta.json").write_text(json.dumps(meta))
     usage_error(run_tool("convert_checkpoint.py", format_1, format_1.parent / "v2"), f"{format_1}", needle)
     assert sorted(os.listdir(format_1.parent)) == [STEP]

@@ -61,18 +61,16 @@ def test_atomic_write_replaces_only_on_success(tmp_path):
     with atomic_write(path) as handle:
         handle.write("first\n")
     assert path.read_text() == "first\n"
-    with pytest.raises(RuntimeError):
-        with atomic_write(path) as handle:
-            handle.write("partial")
-            raise RuntimeError("boom")
+    with pytest.raises(RuntimeError), atomic_write(path) as handle:
+        handle.write("partial")
+        raise RuntimeError("boom")
     assert path.read_text() == "first\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
     fresh = tmp_path / "never.txt"
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_write(fresh) as handle:
-            handle.write("partial")
-            raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt), atomic_write(fresh) as handle:
+        handle.write("partial")
+        raise KeyboardInterrupt
     assert not fresh.exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 

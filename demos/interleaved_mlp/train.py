@@ -74,7 +74,8 @@ def train_digits(args) -> dict:
     jsonl = None
     if rank0:
         os.makedirs(args.output_dir, exist_ok=True)
-        jsonl = open(os.path.join(args.output_dir, "metrics.jsonl"), "w", encoding="utf-8")
+        log = os.path.join(args.output_dir, "metrics.jsonl")
+        jsonl = open(log, "w", encoding="utf-8")  # noqa: SIM115 - the run's log, open while it trains
         print(f"layout: world={world} dp={parallel.data_parallel} mp={parallel.model_parallel} "
               f"interleave_num={parallel.interleave_num} | {len(train)} training digits, {steps_per_epoch} steps of "
               f"{args.batch_size} per epoch, {total} steps", flush=True)

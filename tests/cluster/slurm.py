@@ -3,6 +3,7 @@ user logged in on a node, and follow a job by what it does (its state, its outpu
 never by fixed sleeps, so a loaded machine only makes it slower."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -50,10 +51,8 @@ class SlurmCluster(VirtualCluster):
         that holds its namespaces, which no job uses); the names of what was killed."""
         killed = [comm for pid, _, comm in self.processes(node)]
         for pid, _, _ in self.processes(node):
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
-            except ProcessLookupError:
-                pass
         return killed
 
     def start_slurmd(self, node: int) -> None:

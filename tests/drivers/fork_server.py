@@ -18,6 +18,7 @@ Protocol (one Unix-socket connection per command): the client sends an 8-byte le
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -118,10 +119,8 @@ def main() -> int:
     base_path = [p for p in sys.path[1:] if p not in ours]
     import importlib
     for name in ("deepspeed", "datasets", "numpy", "safetensors.torch", "transformers"):   # deepspeed: and torch
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(name)    # third-party code every child shares; a missing one: imported there
-        except ImportError:
-            pass
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
     mine = sorted(m for m, mod in list(sys.modules.items())
                   if m not in ("__main__", "__mp_main__") and isinstance(getattr(mod, "__file__", None), str)
@@ -161,10 +160,8 @@ def main() -> int:
                 for sock in waiting.values():
                     sock.close()
                 _become(request, fds[0], fds[1], base_path)
-            try:                              # also here, so the group exists before the client can signal it
+            with contextlib.suppress(OSError):  # also here, so the group exists before the client can signal it
                 os.setpgid(pid, request.get("pgid") or pid)
-            except OSError:
-                pass
             for fd in fds:
                 os.close(fd)
             conn.sendall(f"{pid}\n".encode())
@@ -178,10 +175,8 @@ def main() -> int:
                 break
             conn = waiting.pop(pid, None)
             if conn is not None:
-                try:
+                with contextlib.suppress(OSError):
                     conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:
-                    pass
                 conn.close()
     return 0
 

@@ -73,7 +73,7 @@ def load(path: str, verify: bool = True) -> dict:
         return obj
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means it is not our file
+    except Exception as exc:  # any unpickling failure means it is not our file
         raise UserError(f"{path} is not a consolidated checkpoint (.pt from merge_checkpoint.py or "
                         f"average_checkpoints.py): {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
     missing = [k for k in KEYS if k not in obj] if isinstance(obj, dict) else list(KEYS)

@@ -33,7 +33,7 @@ from training.checkpoint.shard_io import write_tensors
 def _load_pt(path: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - any unpickling failure means a damaged (or not format-1) file
+    except Exception as exc:  # any unpickling failure means a damaged (or not format-1) file
         raise UserError(f"checkpoint file {path} is corrupt, truncated or not a format-1 file "
                         f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
 

@@ -71,7 +71,7 @@ def checkpoint_file_guard(part_path: str) -> Iterator[None]:
     """Around the writing of one checkpoint file to `part_path` (renamed into place by the caller)."""
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - only out-of-room and a vanished save folder are turned into lines
+    except Exception as exc:  # only out-of-room and a vanished save folder are turned into lines
         folder = os.path.dirname(os.path.abspath(part_path))
         in_save = folder.endswith(".tmp")
         save_name = os.path.basename(folder)[:-len(".tmp")]

@@ -50,7 +50,7 @@ class ShardWriter:
             header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
         raw = json.dumps(header, separators=(",", ":")).encode()
         raw += b" " * (-len(raw) % 8)
-        self._file = open(self.tmp, "wb")
+        self._file = open(self.tmp, "wb")  # noqa: SIM115 - written piece by piece, closed by finish()
         self._digest = hashlib.sha256()
         self.sha256: str | None = None
         self._put(struct.pack("<Q", len(raw)))

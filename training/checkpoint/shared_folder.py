@@ -9,6 +9,7 @@ line naming the hosts (and ranks) that do not share the folder. A few millisecon
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -66,10 +67,8 @@ def check_output_folder(output_dir: str) -> None:
     answers = _gather((socket.gethostname(), seen is not None and seen.decode("ascii", "replace") == token[0]))
     note_rank_hosts([host for host, _ in answers])       # a survivor of a lost node names it (rank_supervisor)
     if rank == 0:
-        try:
+        with contextlib.suppress(OSError):
             os.remove(probe)
-        except OSError:
-            pass
     bad = [r for r, (_, ok) in enumerate(answers) if not ok]
     if bad:
         raise UserError(f"--output_dir {output_dir} is not the same folder on every node: {_who(answers, bad)} "

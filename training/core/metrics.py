@@ -65,7 +65,8 @@ class MetricsWriter:
                 print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps "
                       f"again)", flush=True)
         self._path = path
-        self._jsonl = open(path, "ab", buffering=0)     # one whole line per write call: see _append
+        # unbuffered: one whole line per write call (see _append)
+        self._jsonl = open(path, "ab", buffering=0)  # noqa: SIM115 - the run's log, open until close()
         if tensorboard:
             self._tb = TensorBoard(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1,
                                    flush_steps=checkpoint_steps)
@@ -205,7 +206,7 @@ class TensorBoard:
             return
         try:
             call()
-        except Exception as exc:  # noqa: BLE001 - only a write that ran out of room is turned into a line
+        except Exception as exc:  # only a write that ran out of room is turned into a line
             full = no_room_error(exc)
             if full is None:
                 raise

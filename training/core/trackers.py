@@ -8,6 +8,7 @@ docs/metrics-and-validation.md#experiment-trackers.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -124,10 +125,8 @@ class WandbRun:
     def abandon(self) -> None:
         """After a failure: drop the connection and wandb's exit hook, which would otherwise fail again at exit."""
         if self._wandb is not None:
-            try:
+            with contextlib.suppress(Exception, SystemExit):  # the tracker is already broken; nothing more to say
                 self._wandb.teardown()
-            except (Exception, SystemExit):  # noqa: BLE001 - the tracker is already broken; nothing more to say
-                pass
 
 
 class MlflowRun:
@@ -194,18 +193,14 @@ class MlflowRun:
 
     def abandon(self) -> None:
         if self._mlflow is not None:
-            try:
+            with contextlib.suppress(Exception):  # the tracker is already broken; nothing more to say
                 self._mlflow.end_run("FAILED")
-            except Exception:  # noqa: BLE001 - the tracker is already broken; nothing more to say
-                pass
 
 
 def forget_earlier_runs(output_dir: str) -> None:
     """A fresh start (no checkpoint) in a folder an earlier run used: its tracker runs are not this run's to go on."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.remove(os.path.join(output_dir, RECORD))
-    except FileNotFoundError:
-        pass
 
 
 def flatten(record: dict, prefix: str = "") -> dict:
@@ -265,10 +260,8 @@ class Trackers:
                          if run.have_through else ""), flush=True)
         ids = {}
         for run in self._runs:
-            try:
+            with contextlib.suppress(Exception):  # without its identity a resume starts a new tracker run, no more
                 ids[run.key] = run.identity()
-            except Exception:  # noqa: BLE001 - without its identity a resume starts a new tracker run, no more
-                pass
         # a tracker chosen but off (it failed to start) loses its entry: the next resume starts a new run rather
         # than meet the same failure; the entries of trackers not chosen this time stay
         chosen = {run.key for run in self._chosen}

@@ -183,10 +183,8 @@ def publish_stopped(rank: int, text: str, job: str | None) -> None:
     addr = job_store.master_address()
     store = _job_connection(addr, job, 3.0) if addr and job else None
     if store is not None:
-        try:
+        with contextlib.suppress(Exception):  # best effort: the timeout report then says less
             store.set(f"{STOPPED}{rank}", text)
-        except Exception:  # noqa: BLE001 - best effort: the timeout report then says less
-            pass
 
 
 def publish_stopping(signum: int) -> None:

@@ -195,10 +195,8 @@ class JoinedJob:
 
     def __call__(self) -> str | None:
         if self.job is None:
-            try:
+            with contextlib.suppress(OSError):
                 self.job = os.read(self.fd, 256).decode() or None
-            except OSError:
-                pass
         return self.job
 
 
@@ -295,7 +293,7 @@ def _lost_peer(error: str) -> str:
 def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
     try:
         yield
-    except Exception as exc:  # noqa: BLE001 - re-raised unless it is a collective that lost a peer or timed out
+    except Exception as exc:  # re-raised unless it is a collective that lost a peer or timed out
         kind = _collective_failure(exc)
         if kind is None:
             raise
