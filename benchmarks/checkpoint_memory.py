@@ -15,6 +15,7 @@ state it leaves). The code measured is whatever
 `--repo` holds (default: this checkout), so the same command measures a before and an after. The ranks run under
 `nice -n 10`. This is a measurement, not a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,9 +26,32 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = ["--d_model", "1024", "--num_heads", "16", "--ffn_size", "4096", "--encoder_layer", "4", "--decoder_layer",
-         "4", "--src_len", "16", "--tgt_len", "16", "--batch_size", "4", "--dropout", "0", "--tensorboard", "0",
-         "--log_interval", "1", "--vocab_size", "8000"]
+MODEL = [
+    "--d_model",
+    "1024",
+    "--num_heads",
+    "16",
+    "--ffn_size",
+    "4096",
+    "--encoder_layer",
+    "4",
+    "--decoder_layer",
+    "4",
+    "--src_len",
+    "16",
+    "--tgt_len",
+    "16",
+    "--batch_size",
+    "4",
+    "--dropout",
+    "0",
+    "--tensorboard",
+    "0",
+    "--log_interval",
+    "1",
+    "--vocab_size",
+    "8000",
+]
 LAYOUT = ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]
 
 
@@ -39,8 +63,10 @@ def _status() -> dict:
 
 def _measured(fn, phase: str, report: str):
     """fn wrapped: reset the high-water mark, call, write {phase, rank, rss_before, peak, rss_after} to `report`."""
+
     def wrapper(*args, **kwargs):
         import torch.distributed as dist
+
         dist.barrier()
         with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
             f.write("5")
@@ -48,9 +74,20 @@ def _measured(fn, phase: str, report: str):
         result = fn(*args, **kwargs)
         after = _status()
         with open(report, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"phase": phase, "rank": dist.get_rank(), "rss_before": before,
-                                "peak": after["VmHWM"], "rss_after": after["VmRSS"]}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "phase": phase,
+                        "rank": dist.get_rank(),
+                        "rss_before": before,
+                        "peak": after["VmHWM"],
+                        "rss_after": after["VmRSS"],
+                    }
+                )
+                + "\n"
+            )
         return result
+
     return wrapper
 
 
@@ -58,9 +95,11 @@ def worker(repo: str, report: str, argv: list[str]) -> int:
     from training.checkpoint import manager
     from training.config.flags import parse_config
     from training.trainer import run_training
-    manager.save = _measured(manager.save, "save", report)   # the CheckpointManager looks them up here
+
+    manager.save = _measured(manager.save, "save", report)  # the CheckpointManager looks them up here
     manager.load = _measured(manager.load, "load", report)
     from training.run.job import leave_job
+
     rc = run_training(parse_config(argv))
     leave_job()
     return rc
@@ -73,6 +112,7 @@ def _serial_params(run_dir: str) -> int:
 
     from model.config import ModelConfig
     from model.transformer import Seq2SeqTransformer
+
     ckpts = os.path.join(run_dir, "checkpoints")
     with open(os.path.join(ckpts, open(os.path.join(ckpts, "latest")).read().strip(), "meta.json")) as f:
         cfg = ModelConfig(**json.load(f)["model"])
@@ -85,20 +125,38 @@ def launch(repo: str, nproc: int, report: str, argv: list[str], port: int) -> No
     env.setdefault("OMP_NUM_THREADS", "1")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         env.pop(key, None)
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
-           "--master_port", str(port), os.path.abspath(__file__), "--worker", repo, report, *argv]
+    cmd = [
+        "nice",
+        "-n",
+        "10",
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(port),
+        os.path.abspath(__file__),
+        "--worker",
+        repo,
+        report,
+        *argv,
+    ]
     proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
 
 
 def main() -> int:
-    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]     # the launcher adds --local_rank=N
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank=N
     if argv[:1] == ["--worker"]:
         repo, report, *train_args = argv[1:]
         return worker(repo, report, train_args)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--file_path", required=True, help="training TSV")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (its vocabulary must fit --vocab_size 8000)")
     p.add_argument("--repo", default=ROOT, help="the checkout whose code is measured (default: this one)")
@@ -111,33 +169,53 @@ def main() -> int:
     repo = os.path.abspath(args.repo)
     with tempfile.TemporaryDirectory() as tmp:
         report, out = os.path.join(tmp, "report.jsonl"), os.path.join(tmp, "run")
-        common = ["--file_path", args.file_path, "--tokenizer", args.tokenizer, *MODEL, *args.layout.split(),
-                  "--steps", str(args.steps), *args.extra.split()]
-        launch(repo, args.nproc, report, [*common, "--save_checkpoint_steps", str(args.steps), "--output_dir", out],
-               args.port)
-        launch(repo, args.nproc, report, [*common, "--output_dir", out + "-resumed", "--ckpt_file", out],
-               args.port + 1)
+        common = [
+            "--file_path",
+            args.file_path,
+            "--tokenizer",
+            args.tokenizer,
+            *MODEL,
+            *args.layout.split(),
+            "--steps",
+            str(args.steps),
+            *args.extra.split(),
+        ]
+        launch(
+            repo,
+            args.nproc,
+            report,
+            [*common, "--save_checkpoint_steps", str(args.steps), "--output_dir", out],
+            args.port,
+        )
+        launch(repo, args.nproc, report, [*common, "--output_dir", out + "-resumed", "--ckpt_file", out], args.port + 1)
         with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
             info = json.load(f)
         info["params"] = _serial_params(out)
         with open(report, encoding="utf-8") as f:
             rows = [json.loads(line) for line in f]
     mib = 1024 * 1024
-    print(f"\n{repo} — {args.layout} on {args.nproc} processes, a model of {info['params']:,} parameters "
-          f"({info.get('params_rank0', 0):,} on rank 0), optimizer {info.get('optimizer')}")
-    print("| rank | save: RSS before | save: peak | save: peak − before | load: RSS before | load: peak | "
-          "load: RSS after | load: peak − after |")
+    print(
+        f"\n{repo} — {args.layout} on {args.nproc} processes, a model of {info['params']:,} parameters "
+        f"({info.get('params_rank0', 0):,} on rank 0), optimizer {info.get('optimizer')}"
+    )
+    print(
+        "| rank | save: RSS before | save: peak | save: peak − before | load: RSS before | load: peak | "
+        "load: RSS after | load: peak − after |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for rank in range(args.nproc):
         s = next(r for r in rows if r["rank"] == rank and r["phase"] == "save")
         ld = next(r for r in rows if r["rank"] == rank and r["phase"] == "load")
-        print(f"| {rank} | {s['rss_before'] / mib:.0f} MiB | {s['peak'] / mib:.0f} MiB | "
-              f"{(s['peak'] - s['rss_before']) / mib:+.0f} MiB | {ld['rss_before'] / mib:.0f} MiB | "
-              f"{ld['peak'] / mib:.0f} MiB | {ld['rss_after'] / mib:.0f} MiB | "
-              f"{(ld['peak'] - ld['rss_after']) / mib:+.0f} MiB |")
+        print(
+            f"| {rank} | {s['rss_before'] / mib:.0f} MiB | {s['peak'] / mib:.0f} MiB | "
+            f"{(s['peak'] - s['rss_before']) / mib:+.0f} MiB | {ld['rss_before'] / mib:.0f} MiB | "
+            f"{ld['peak'] / mib:.0f} MiB | {ld['rss_after'] / mib:.0f} MiB | "
+            f"{(ld['peak'] - ld['rss_after']) / mib:+.0f} MiB |"
+        )
     return 0
 
 
 if __name__ == "__main__":
     from common.errors import run_cli
-    run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)
+
+    run_cli(main)  # the ranks leave as train.py's do (common.errors.leave)

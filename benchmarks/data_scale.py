@@ -19,6 +19,7 @@ sources, English targets; ~25 source words a pair, ~270 bytes a line, as the iss
 file size, open time, resident memory after opening, time to build padded batches. `--report` writes the tables into
 BENCHMARKS.md between this script's markers. The corpora and stores stay under --work (delete it afterwards).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -39,8 +40,24 @@ ROOT = Path(__file__).resolve().parent.parent
 REPORT = ROOT / "BENCHMARKS.md"
 BEGIN, END = "<!-- data_scale.py: begin -->", "<!-- data_scale.py: end -->"
 LENGTH = 128
-TRAIN_FLAGS = ["--src_len", str(LENGTH), "--tgt_len", str(LENGTH), "--batch_size", "32", "--d_model", "128",
-               "--steps", "1", "--dropout", "0", "--tensorboard", "0", "--log_interval", "1"]
+TRAIN_FLAGS = [
+    "--src_len",
+    str(LENGTH),
+    "--tgt_len",
+    str(LENGTH),
+    "--batch_size",
+    "32",
+    "--d_model",
+    "128",
+    "--steps",
+    "1",
+    "--dropout",
+    "0",
+    "--tensorboard",
+    "0",
+    "--log_interval",
+    "1",
+]
 
 
 def parse_size(text: str) -> int:
@@ -57,6 +74,7 @@ def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
     """`pairs` lines of 1-3 Multi30k train pairs joined by spaces (drawn with replacement, fixed seed)."""
     from common.staging import atomic_write
     from common.text_lines import read_lines
+
     if path.is_file():
         return path
     data = ROOT / "data" / "multi30k"
@@ -70,7 +88,7 @@ def make_corpus(pairs: int, path: Path, seed: int = 0) -> Path:
             picks = rng.integers(0, len(fr), size=int(joins.sum())).tolist()
             lines, k = [], 0
             for j in joins.tolist():
-                chosen = picks[k:k + j]
+                chosen = picks[k : k + j]
                 k += j
                 lines.append(" ".join(fr[i] for i in chosen) + "\t" + " ".join(en[i] for i in chosen) + "\n")
             f.write("".join(lines))
@@ -86,10 +104,17 @@ def run_measured(cmd: list, env: dict | None = None, poll: float = 0.5) -> dict:
     import tempfile
 
     import psutil
+
     with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
         start = time.perf_counter()
-        proc = subprocess.Popen(["/usr/bin/time", "-f", "%M %U %S", "-o", timing.name, *cmd], cwd=ROOT, env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            ["/usr/bin/time", "-f", "%M %U %S", "-o", timing.name, *cmd],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         peak_tree, watcher = 0, psutil.Process(proc.pid)
         while proc.poll() is None:
             with contextlib.suppress(psutil.Error):
@@ -98,9 +123,15 @@ def run_measured(cmd: list, env: dict | None = None, poll: float = 0.5) -> dict:
         out, err = proc.communicate()
         seconds = time.perf_counter() - start
         max_kib, user, system = timing.read().strip().splitlines()[-1].split()
-    return {"seconds": seconds, "rc": proc.returncode, "stdout": out, "stderr": err,
-            "peak_tree_mib": peak_tree / 2 ** 20, "peak_max_mib": int(max_kib) / 1024,
-            "cpu_s": float(user) + float(system)}
+    return {
+        "seconds": seconds,
+        "rc": proc.returncode,
+        "stdout": out,
+        "stderr": err,
+        "peak_tree_mib": peak_tree / 2**20,
+        "peak_max_mib": int(max_kib) / 1024,
+        "cpu_s": float(user) + float(system),
+    }
 
 
 def env() -> dict:
@@ -113,6 +144,7 @@ def env() -> dict:
 def tokenizer(work: Path) -> Path:
     from preprocess.parallel import make_tsv
     from preprocess.tokenizer import train_tokenizer
+
     tok = work / "bpe8k" / "tokenizer.json"
     if not tok.is_file():
         tsv = work / "multi30k.train.tsv"
@@ -122,8 +154,22 @@ def tokenizer(work: Path) -> Path:
 
 
 def preprocess(tsv: Path, tok: Path, cache: Path, num_proc: int | None) -> dict:
-    cmd = [sys.executable, "-m", "preprocess.dataset", "--file_path", str(tsv), "--tokenizer", str(tok),
-           "--src_len", str(LENGTH), "--tgt_len", str(LENGTH), "--cache_dir", str(cache), "--no_progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "preprocess.dataset",
+        "--file_path",
+        str(tsv),
+        "--tokenizer",
+        str(tok),
+        "--src_len",
+        str(LENGTH),
+        "--tgt_len",
+        str(LENGTH),
+        "--cache_dir",
+        str(cache),
+        "--no_progress",
+    ]
     if num_proc is not None:
         cmd += ["--num_proc", str(num_proc)]
     result = run_measured(cmd, env())
@@ -134,15 +180,22 @@ def preprocess(tsv: Path, tok: Path, cache: Path, num_proc: int | None) -> dict:
 
 def store_figures(tsv: Path, tok: Path, cache: Path) -> dict:
     from preprocess.dataset import TranslationDataset
+
     data = TranslationDataset(tsv, tok, LENGTH, LENGTH, cache_dir=cache, progress=False)
     stats = data.stats()
-    return {"pairs": stats["samples"], "store_bytes": stats["store_bytes"], "real_tokens": stats["real_tokens"],
-            "ratio": stats["store_bytes"] / (2 * stats["real_tokens"]), "tsv_bytes": tsv.stat().st_size,
-            "store": str(data.cache_path)}
+    return {
+        "pairs": stats["samples"],
+        "store_bytes": stats["store_bytes"],
+        "real_tokens": stats["real_tokens"],
+        "ratio": stats["store_bytes"] / (2 * stats["real_tokens"]),
+        "tsv_bytes": tsv.stat().st_size,
+        "store": str(data.cache_path),
+    }
 
 
 def _rank_memory(pids: list) -> dict:
     import psutil
+
     out = {}
     for pid in pids:
         try:
@@ -165,27 +218,58 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, 
     import psutil
 
     from training.core.distributed import free_port  # not a port near 29500 that another job may hold
+
     out_dir = work / f"train-{tsv.stem}-{ranks}{'-tokens' if extra else ''}"
     if out_dir.exists():
         shutil.rmtree(out_dir)
     script = str(ROOT / "run_scripts" / "train.py")
-    args = ["--file_path", str(tsv), "--tokenizer", str(tok), "--cache_dir", str(cache), "--output_dir",
-            str(out_dir), *TRAIN_FLAGS, *extra]
-    cmd = ([sys.executable, script] if ranks == 1 else
-           [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port",
-            str(free_port()), script])
+    args = [
+        "--file_path",
+        str(tsv),
+        "--tokenizer",
+        str(tok),
+        "--cache_dir",
+        str(cache),
+        "--output_dir",
+        str(out_dir),
+        *TRAIN_FLAGS,
+        *extra,
+    ]
+    cmd = (
+        [sys.executable, script]
+        if ranks == 1
+        else [
+            sys.executable,
+            "-m",
+            "deepspeed.launcher.runner",
+            "--num_gpus",
+            str(ranks),
+            "--master_port",
+            str(free_port()),
+            script,
+        ]
+    )
     with tempfile.NamedTemporaryFile("r", suffix=".time") as timing:
         start = time.perf_counter()
-        proc = subprocess.Popen(["/usr/bin/time", "-f", "%M", "-o", timing.name, *cmd, *args], cwd=ROOT, env=env(),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            ["/usr/bin/time", "-f", "%M", "-o", timing.name, *cmd, *args],
+            cwd=ROOT,
+            env=env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         metrics = out_dir / "metrics.jsonl"
         first_step, peaks, main = None, {}, psutil.Process(proc.pid)
         while proc.poll() is None:
             if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
                 first_step = time.perf_counter() - start
             try:
-                procs = [p for p in main.children(recursive=True) if "train.py" in " ".join(p.cmdline())
-                         and "deepspeed.launcher" not in " ".join(p.cmdline())]
+                procs = [
+                    p
+                    for p in main.children(recursive=True)
+                    if "train.py" in " ".join(p.cmdline()) and "deepspeed.launcher" not in " ".join(p.cmdline())
+                ]
             except psutil.Error:
                 procs = []
             for pid, (rss, pss) in _rank_memory([p.pid for p in procs]).items():
@@ -199,9 +283,14 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, 
     # the ranks: the `ranks` processes with the largest peaks (each rank's supervisor, a fork made before torch is
     # imported, is small)
     top = sorted(peaks.values(), key=lambda v: -v[0])[:ranks]
-    return {"ranks": ranks, "first_step_s": first_step, "seconds": time.perf_counter() - start,
-            "peak_mib": peak_kib / 1024, "rss_mib": [r / 2 ** 20 for r, _ in top],
-            "pss_mib": [p / 2 ** 20 for _, p in top]}
+    return {
+        "ranks": ranks,
+        "first_step_s": first_step,
+        "seconds": time.perf_counter() - start,
+        "peak_mib": peak_kib / 1024,
+        "rss_mib": [r / 2**20 for r, _ in top],
+        "pss_mib": [p / 2**20 for _, p in top],
+    }
 
 
 SCHEDULE_CODE = """
@@ -236,8 +325,13 @@ print(json.dumps({{"pairs": n, "lengths_s": lengths_s, "fixed_s": fixed_s, "toke
 
 
 def schedules(tsv: Path | None, tok: Path | None, cache: Path | None, pairs: int = 0) -> dict:
-    code = SCHEDULE_CODE.format(tsv=str(tsv) if tsv else "", tok=str(tok) if tok else "",
-                                cache=str(cache) if cache else "", length=LENGTH, pairs=pairs)
+    code = SCHEDULE_CODE.format(
+        tsv=str(tsv) if tsv else "",
+        tok=str(tok) if tok else "",
+        cache=str(cache) if cache else "",
+        length=LENGTH,
+        pairs=pairs,
+    )
     proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env(), capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(proc.stderr[-3000:])
@@ -296,16 +390,21 @@ def formats(store_folder: str, work: Path) -> dict:
     import pyarrow as pa
 
     from preprocess.token_store import TokenStore
+
     arrow = work / "formats.arrow"
     store = TokenStore(Path(store_folder))
     if not arrow.is_file():
-        arrays = [pa.LargeListArray.from_arrays(pa.array(np.asarray(store.offsets[s])),
-                                                pa.array(np.asarray(store.tokens[s]))) for s in ("src", "tgt")]
+        arrays = [
+            pa.LargeListArray.from_arrays(pa.array(np.asarray(store.offsets[s])), pa.array(np.asarray(store.tokens[s])))
+            for s in ("src", "tgt")
+        ]
         table = pa.table({"src": arrays[0], "tgt": arrays[1]})
         with pa.OSFile(str(arrow), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
             writer.write_table(table, max_chunksize=1 << 20)
-    out = {"memmap_bytes": sum(store.offsets[s].nbytes + store.tokens[s].nbytes for s in ("src", "tgt")),
-           "arrow_bytes": arrow.stat().st_size}
+    out = {
+        "memmap_bytes": sum(store.offsets[s].nbytes + store.tokens[s].nbytes for s in ("src", "tgt")),
+        "arrow_bytes": arrow.stat().st_size,
+    }
     for kind in ("memmap", "arrow"):
         code = FORMATS_CODE.format(store=store_folder, arrow=str(arrow), length=LENGTH)
         proc = subprocess.run([sys.executable, "-c", code, kind], cwd=ROOT, env=env(), capture_output=True, text=True)
@@ -317,30 +416,43 @@ def formats(store_folder: str, work: Path) -> dict:
 
 def machine() -> str:
     from benchmarks.harness import cpu_model
+
     cpu = cpu_model(platform.processor() or platform.machine())
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def report(results: dict) -> str:
     rows = results["sizes"]
-    lines = [BEGIN, "## Corpus-scale data: preprocessing, store, start-up and memory per rank", "",
-             f"{results['date']}, {results['machine']}; synthetic corpora of Multi30k train pairs joined 1-3 at a "
-             f"time (fixed seed), src_len = tgt_len = {LENGTH}, joint BPE 8k; `python -m preprocess.dataset` with "
-             f"its default --num_proc ({results['num_proc']}); train.py: d_model 128, batch 32, one step, the store "
-             f"already built; RSS counts the store's mapped pages a rank touched, PSS splits shared pages between the "
-             f"processes that map them (node total = the sum of the ranks' PSS).", "",
-             "| pairs | TSV | preprocess: wall (CPU) | pairs/s | peak RSS: largest process / PSS of all | store | "
-             "store ÷ (real tokens × 2 B) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        BEGIN,
+        "## Corpus-scale data: preprocessing, store, start-up and memory per rank",
+        "",
+        f"{results['date']}, {results['machine']}; synthetic corpora of Multi30k train pairs joined 1-3 at a "
+        f"time (fixed seed), src_len = tgt_len = {LENGTH}, joint BPE 8k; `python -m preprocess.dataset` with "
+        f"its default --num_proc ({results['num_proc']}); train.py: d_model 128, batch 32, one step, the store "
+        f"already built; RSS counts the store's mapped pages a rank touched, PSS splits shared pages between the "
+        f"processes that map them (node total = the sum of the ranks' PSS).",
+        "",
+        "| pairs | TSV | preprocess: wall (CPU) | pairs/s | peak RSS: largest process / PSS of all | store | "
+        "store ÷ (real tokens × 2 B) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         p, s = r["preprocess"], r["store"]
         lines.append(
             f"| {size_name(s['pairs'])} | {s['tsv_bytes'] / 1e6:,.0f} MB | {p['seconds']:.0f} s ({p['cpu_s']:.0f} s) | "
             f"{s['pairs'] / p['seconds']:,.0f} | {p['peak_max_mib']:,.0f} / {p['peak_tree_mib']:,.0f} MiB | "
-            f"{s['store_bytes'] / 1e6:,.0f} MB | {s['ratio']:.2f} |")
-    lines += ["", "train.py, the store already built, one step: time from the launch to the first step's record; peak "
-              "RSS exact (getrusage: the largest rank); RSS and PSS per rank sampled every 0.25 s.", "",
-              "| pairs | 1 rank: first step | peak RSS | 1 rank, --max_tokens 4096: peak RSS | 2 ranks: first step | "
-              "peak RSS (larger rank) | RSS / PSS per rank | node total PSS |", "|---|---|---|---|---|---|---|---|"]
+            f"{s['store_bytes'] / 1e6:,.0f} MB | {s['ratio']:.2f} |"
+        )
+    lines += [
+        "",
+        "train.py, the store already built, one step: time from the launch to the first step's record; peak "
+        "RSS exact (getrusage: the largest rank); RSS and PSS per rank sampled every 0.25 s.",
+        "",
+        "| pairs | 1 rank: first step | peak RSS | 1 rank, --max_tokens 4096: peak RSS | 2 ranks: first step | "
+        "peak RSS (larger rank) | RSS / PSS per rank | node total PSS |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         t = r.get("train")
         if not t:
@@ -350,35 +462,57 @@ def report(results: dict) -> str:
             f"| {size_name(r['pairs'])} | {one['first_step_s']:.1f} s | {one['peak_mib']:,.0f} MiB | "
             f"{tokens['peak_mib']:,.0f} MiB | {two['first_step_s']:.1f} s | {two['peak_mib']:,.0f} MiB | "
             f"{' + '.join(f'{a:,.0f} / {b:,.0f}' for a, b in zip(two['rss_mib'], two['pss_mib']))} MiB | "
-            f"{sum(two['pss_mib']):,.0f} MiB |")
-    lines += ["", "Schedules (a fresh process each; fixed: the epoch's permutation and batch 0; token batches: "
-              "--max_tokens 4096, batch_multiple 16, over the store's real lengths; peak RSS of the process):", "",
-              "| pairs | real lengths (from the store's offsets; synthetic: drawn) | fixed schedule | token-batch "
-              "schedule | token batches | peak RSS |", "|---|---|---|---|---|---|"]
+            f"{sum(two['pss_mib']):,.0f} MiB |"
+        )
+    lines += [
+        "",
+        "Schedules (a fresh process each; fixed: the epoch's permutation and batch 0; token batches: "
+        "--max_tokens 4096, batch_multiple 16, over the store's real lengths; peak RSS of the process):",
+        "",
+        "| pairs | real lengths (from the store's offsets; synthetic: drawn) | fixed schedule | token-batch "
+        "schedule | token batches | peak RSS |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in [*rows, {"schedule": results.get("schedule_10m")}]:
         sc = r.get("schedule")
         if not sc:
             continue
-        lines.append(f"| {size_name(sc['pairs'])}{'' if 'store' in r else ' (synthetic lengths)'} | "
-                     f"{sc['lengths_s']:.2f} s | {sc['fixed_s']:.2f} s | {sc['tokens_s']:.2f} s | "
-                     f"{sc['token_batches']:,} | {sc['peak_mib']:,.0f} MiB |")
+        lines.append(
+            f"| {size_name(sc['pairs'])}{'' if 'store' in r else ' (synthetic lengths)'} | "
+            f"{sc['lengths_s']:.2f} s | {sc['fixed_s']:.2f} s | {sc['tokens_s']:.2f} s | "
+            f"{sc['token_batches']:,} | {sc['peak_mib']:,.0f} MiB |"
+        )
     f = results.get("formats")
     if f:
-        lines += ["", f"### Token store format: numpy memmap vs Arrow ({size_name(f['pairs'])} pairs)", "",
-                  "The same ids and offsets, opened in a fresh process; 2,000 padded batches of 64 random pairs "
-                  f"({LENGTH} positions, both sides).", "",
-                  "| format | bytes on disk (ids + offsets) | open | private memory after open | per batch |",
-                  "|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"### Token store format: numpy memmap vs Arrow ({size_name(f['pairs'])} pairs)",
+            "",
+            "The same ids and offsets, opened in a fresh process; 2,000 padded batches of 64 random pairs "
+            f"({LENGTH} positions, both sides).",
+            "",
+            "| format | bytes on disk (ids + offsets) | open | private memory after open | per batch |",
+            "|---|---|---|---|---|",
+        ]
         for kind, size in (("memmap", f["memmap_bytes"]), ("arrow", f["arrow_bytes"])):
             m = f[kind]
-            lines.append(f"| {'numpy memmap' if kind == 'memmap' else 'Arrow IPC file, memory-mapped'} | "
-                         f"{size / 1e6:,.1f} MB | {m['open_s'] * 1e3:.1f} ms | {m['uss_growth_mib']:+.1f} MiB | "
-                         f"{m['batch_ms']:.3f} ms |")
-    loads = ", ".join(f"{size_name(r['pairs'])}: {r['load_before']:.1f} → {r['load_after']:.1f} (then "
-                      f"{r['load_rest'][0]:.1f} → {r['load_rest'][1]:.1f})" for r in rows)
-    lines += ["", f"The machine was shared with other work: 1-minute load average before → after each size's "
-              f"preprocessing (then its train.py runs and schedules): {loads} (2 cores; above 2, wall times include "
-              f"waiting for a core — CPU time does not).", ""]
+            lines.append(
+                f"| {'numpy memmap' if kind == 'memmap' else 'Arrow IPC file, memory-mapped'} | "
+                f"{size / 1e6:,.1f} MB | {m['open_s'] * 1e3:.1f} ms | {m['uss_growth_mib']:+.1f} MiB | "
+                f"{m['batch_ms']:.3f} ms |"
+            )
+    loads = ", ".join(
+        f"{size_name(r['pairs'])}: {r['load_before']:.1f} → {r['load_after']:.1f} (then "
+        f"{r['load_rest'][0]:.1f} → {r['load_rest'][1]:.1f})"
+        for r in rows
+    )
+    lines += [
+        "",
+        f"The machine was shared with other work: 1-minute load average before → after each size's "
+        f"preprocessing (then its train.py runs and schedules): {loads} (2 cores; above 2, wall times include "
+        f"waiting for a core — CPU time does not).",
+        "",
+    ]
     lines += ["```", *results["commands"], "```", ""]
     lines += results.get("notes", [])
     lines.append(END)
@@ -388,7 +522,7 @@ def report(results: dict) -> str:
 def write_report(text: str) -> None:
     old = REPORT.read_text(encoding="utf-8")
     if BEGIN in old and END in old:
-        new = old[:old.index(BEGIN)] + text + old[old.index(END) + len(END):]
+        new = old[: old.index(BEGIN)] + text + old[old.index(END) + len(END) :]
     else:
         new = old.rstrip() + "\n\n" + text + "\n"
     REPORT.write_text(new, encoding="utf-8")
@@ -402,9 +536,12 @@ def main() -> int:
     p.add_argument("--formats", default="1M", help="compare memmap and Arrow on this size's store ('' : skip)")
     p.add_argument("--schedule_pairs", default="10M", help="also build schedules over this many synthetic lengths")
     p.add_argument("--skip_train", action="store_true", help="leave out the train.py runs")
-    p.add_argument("--reuse", action="store_true",
-                   help="keep the preprocessing figures of --work's results.json where its store still exists "
-                        "(re-measure the rest without another cold build)")
+    p.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the preprocessing figures of --work's results.json where its store still exists "
+        "(re-measure the rest without another cold build)",
+    )
     p.add_argument("--report", action="store_true", help="write the tables into BENCHMARKS.md")
     p.add_argument("--report_only", action="store_true", help="only write --work's results.json into BENCHMARKS.md")
     args = p.parse_args()
@@ -415,14 +552,19 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     cache = work / "cache"
     from preprocess.store_builder import default_num_proc
-    results = {"date": time.strftime("%Y-%m-%d"), "machine": machine(), "sizes": [],
-               "num_proc": args.num_proc or default_num_proc(),
-               "commands": ["python -m benchmarks.data_scale " + " ".join(sys.argv[1:])]}
+
+    results = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "sizes": [],
+        "num_proc": args.num_proc or default_num_proc(),
+        "commands": ["python -m benchmarks.data_scale " + " ".join(sys.argv[1:])],
+    }
     tok = tokenizer(work)
     saved = work / "results.json"
     earlier = json.loads(saved.read_text()) if args.reuse and saved.is_file() else {"sizes": []}
     previous = {r["pairs"]: r for r in earlier["sizes"]}
-    if previous:      # the preprocessing figures come from the earlier run's command
+    if previous:  # the preprocessing figures come from the earlier run's command
         results["commands"] = [*earlier.get("commands", [earlier.get("command")])[:1], *results["commands"]]
     for size in args.sizes:
         pairs = parse_size(size)
@@ -432,9 +574,12 @@ def main() -> int:
         if args.reuse and before and Path(before["store"]["store"]).is_dir():
             row = {key: before[key] for key in ("pairs", "load_before", "load_after", "preprocess", "store")}
         else:
-            shutil.rmtree(cache / size, ignore_errors=True)                # a cold build, every time
-            row = {"pairs": pairs, "load_before": os.getloadavg()[0],
-                   "preprocess": preprocess(tsv, tok, cache / size, args.num_proc)}
+            shutil.rmtree(cache / size, ignore_errors=True)  # a cold build, every time
+            row = {
+                "pairs": pairs,
+                "load_before": os.getloadavg()[0],
+                "preprocess": preprocess(tsv, tok, cache / size, args.num_proc),
+            }
             row["preprocess"].pop("stdout"), row["preprocess"].pop("stderr")
             row["store"] = store_figures(tsv, tok, cache / size)
             row["load_after"] = os.getloadavg()[0]

@@ -8,6 +8,7 @@ holds the tested claims).
     python -m benchmarks.hf_agreement --ckpt_file out/quickstart --tokenizer out/data/bpe8k/tokenizer.json \\
         --src data/multi30k/val.fr.gz --beam 5
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,6 +41,7 @@ def main(argv=None) -> int:
     from common.text_lines import read_lines
     from preprocess.tokenizer import encode_sources
     from training.evaluation.translator import Translator
+
     lines = read_lines(args.src)[: args.limit]
     ours = Translator.load(args.ckpt_file, args.tokenizer, device="cpu")
     ids = ours.ids
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
     agree = {"encodings": 0, "greedy": 0, "beam": 0, "greedy_text": 0, "beam_text": 0}
     max_diff, hf_seconds = 0.0, {1: 0.0, args.beam: 0.0}
     for lo in range(0, len(lines), args.batch_size):
-        chunk = lines[lo: lo + args.batch_size]
+        chunk = lines[lo : lo + args.batch_size]
         batch = tok(chunk, padding=True, truncation=True, return_tensors="pt")
         rows, _ = encode_sources(ours.tokenizer, chunk, ours.cfg.src_len, ids.eos)
         agree["encodings"] += sum(a == b for a, b in zip(tok(chunk, truncation=True)["input_ids"], rows))
@@ -65,24 +67,34 @@ def main(argv=None) -> int:
                 theirs = hf.generate(**batch, num_beams=beam, length_penalty=args.lenpen, early_stopping=beam > 1)
             hf_seconds[beam] += time.perf_counter() - start
             mine = ours.decode_ids(batch["input_ids"], beam, args.lenpen)
-            agree[key] += sum(a == b for a, b in zip(_strip(theirs[:, 1:], ids.eos, ids.pad),
-                                                     _strip(mine, ids.eos, ids.pad)))
-            agree[key + "_text"] += sum(a == b for a, b in zip(tok.batch_decode(theirs, skip_special_tokens=True),
-                                                               ours.translate(chunk, beam, args.lenpen).hypotheses))
-            if beam == 1:                                  # teacher-forced logits on our greedy outputs
+            agree[key] += sum(
+                a == b for a, b in zip(_strip(theirs[:, 1:], ids.eos, ids.pad), _strip(mine, ids.eos, ids.pad))
+            )
+            agree[key + "_text"] += sum(
+                a == b
+                for a, b in zip(
+                    tok.batch_decode(theirs, skip_special_tokens=True),
+                    ours.translate(chunk, beam, args.lenpen).hypotheses,
+                )
+            )
+            if beam == 1:  # teacher-forced logits on our greedy outputs
                 tgt = torch.cat([torch.full((len(chunk), 1), ids.bos), mine[:, :-1]], dim=1)
                 with torch.no_grad():
                     x = (batch["input_ids"], tgt)
                     for block in ours.model.blocks[:-1]:
                         x = block(x)
                     logits = ours.model.blocks[-1](x if isinstance(x, torch.Tensor) else x[0])
-                    hf_logits = hf(**batch, decoder_input_ids=tgt,
-                                   decoder_attention_mask=(tgt != ids.pad).long()).logits
+                    hf_logits = hf(
+                        **batch, decoder_input_ids=tgt, decoder_attention_mask=(tgt != ids.pad).long()
+                    ).logits
                 keep = tgt != ids.pad
                 max_diff = max(max_diff, (logits[keep] - hf_logits[keep]).abs().max().item())
-    report.update({f"identical_{k}": v for k, v in agree.items()}, max_abs_logit_diff=max_diff,
-                  hf_greedy_sent_per_s=round(len(lines) / hf_seconds[1], 2),
-                  hf_beam_sent_per_s=round(len(lines) / hf_seconds[args.beam], 2))
+    report.update(
+        {f"identical_{k}": v for k, v in agree.items()},
+        max_abs_logit_diff=max_diff,
+        hf_greedy_sent_per_s=round(len(lines) / hf_seconds[1], 2),
+        hf_beam_sent_per_s=round(len(lines) / hf_seconds[args.beam], 2),
+    )
     print(json.dumps(report), flush=True)
     return 0
 

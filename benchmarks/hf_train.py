@@ -5,6 +5,7 @@ time as JSON lines — the reference benchmarks/throughput.py compares train.py 
     python -m benchmarks.hf_train --file_path out/data/train.fr_en.tsv --tokenizer out/data/bpe8k/tokenizer.json \\
         --steps 20 [--fused_adamw] [train.py flags, e.g. --precision bf16]
 """
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,19 @@ def main() -> int:
         t = time.perf_counter()
         loss, tokens = runner.step(step)
         seconds = time.perf_counter() - t
-        print(json.dumps({"step": step + 1, "loss": loss, "tokens": tokens, "step_time": seconds,
-                          "tokens_per_sec": tokens / seconds, "padding": runner.last_padding}), flush=True)
+        print(
+            json.dumps(
+                {
+                    "step": step + 1,
+                    "loss": loss,
+                    "tokens": tokens,
+                    "step_time": seconds,
+                    "tokens_per_sec": tokens / seconds,
+                    "padding": runner.last_padding,
+                }
+            ),
+            flush=True,
+        )
     return 0
 
 

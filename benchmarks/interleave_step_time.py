@@ -10,6 +10,7 @@ alike; the figure is the median step_time of metrics.jsonl after `--warmup` step
 measurement, not a test: run it on an otherwise idle machine. On GPUs the ranks must each have their own device
 (NCCL refuses two ranks on one GPU), so a tensor-parallel timing needs at least `--nproc` GPUs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,16 +22,46 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODEL = ["--d_model", "256", "--num_heads", "8", "--ffn_size", "1024", "--encoder_layer", "2", "--decoder_layer", "2",
-         "--src_len", "32", "--tgt_len", "32", "--batch_size", "32", "--dropout", "0", "--tensorboard", "0",
-         "--log_interval", "1000"]
+MODEL = [
+    "--d_model",
+    "256",
+    "--num_heads",
+    "8",
+    "--ffn_size",
+    "1024",
+    "--encoder_layer",
+    "2",
+    "--decoder_layer",
+    "2",
+    "--src_len",
+    "32",
+    "--tgt_len",
+    "32",
+    "--batch_size",
+    "32",
+    "--dropout",
+    "0",
+    "--tensorboard",
+    "0",
+    "--log_interval",
+    "1000",
+]
 
 
 def launch(nproc: int, script: str, args: list[str], port: int) -> None:
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port", str(port),
-           os.path.join(ROOT, script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(port),
+        os.path.join(ROOT, script),
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -63,17 +94,42 @@ def main() -> int:
             for n in times:
                 out = os.path.join(tmp, f"il{n}-r{r}")
                 if args.mlp:
-                    script, flags = "run_scripts/train_mlp.py", ["--steps", str(args.steps), "--log_interval",
-                                                                 "1000", "--mp", str(args.nproc)]
+                    script, flags = (
+                        "run_scripts/train_mlp.py",
+                        ["--steps", str(args.steps), "--log_interval", "1000", "--mp", str(args.nproc)],
+                    )
                 else:
                     script = "run_scripts/train.py"
-                    flags = ["--file_path", args.file_path, *MODEL, "--steps", str(args.steps),
-                             *(["--tokenizer", args.tokenizer] if args.tokenizer else []), *args.layout.split()]
-                launch(args.nproc, script, ["--distribute", "true", *flags, *args.extra.split(),
-                                            "--interleave_num", str(n), "--output_dir", out], args.port + r)
+                    flags = [
+                        "--file_path",
+                        args.file_path,
+                        *MODEL,
+                        "--steps",
+                        str(args.steps),
+                        *(["--tokenizer", args.tokenizer] if args.tokenizer else []),
+                        *args.layout.split(),
+                    ]
+                launch(
+                    args.nproc,
+                    script,
+                    [
+                        "--distribute",
+                        "true",
+                        *flags,
+                        *args.extra.split(),
+                        "--interleave_num",
+                        str(n),
+                        "--output_dir",
+                        out,
+                    ],
+                    args.port + r,
+                )
                 times[n] += step_times(out, args.warmup)
-                print(f"repeat {r + 1}/{args.repeats} interleave_num {n}: median "
-                      f"{1000 * statistics.median(step_times(out, args.warmup)):.1f} ms", flush=True)
+                print(
+                    f"repeat {r + 1}/{args.repeats} interleave_num {n}: median "
+                    f"{1000 * statistics.median(step_times(out, args.warmup)):.1f} ms",
+                    flush=True,
+                )
     base = statistics.median(times[1])
     what = "MLP" if args.mlp else f"Transformer ({args.layout} {args.extra})".replace(" )", ")")
     print(f"\n{what} on {args.nproc} processes, median step time over {args.repeats}×{args.steps - args.warmup} steps:")

@@ -10,6 +10,7 @@ Each world is searched in this process after one warm-up search at the smallest 
 DeepSpeed, and the first meta-device build, are start-up, not search: plan.py pays them once, about 3 s). Prints wall
 and CPU seconds per search (the CPU figure is what one core spends: on a busy machine wall time is longer).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,8 +21,10 @@ import time
 
 # an encoder-decoder of 24 + 24 layers, d_model 4096 (≈ 10 B parameters), bf16, 6144 pairs of 512 tokens a step:
 # large enough that memory rejects many layouts, deep enough for 32 pipeline stages
-MODEL = ("--d_model 4096 --num_heads 32 --ffn_size 16384 --encoder_layer 24 --decoder_layer 24 --src_len 512 "
-         "--tgt_len 512 --vocab_size 32000 --batch_size 6144 --precision bf16")
+MODEL = (
+    "--d_model 4096 --num_heads 32 --ffn_size 16384 --encoder_layer 24 --decoder_layer 24 --src_len 512 "
+    "--tgt_len 512 --vocab_size 32000 --batch_size 6144 --precision bf16"
+)
 
 
 def setting_for(flags: list[str], world: int):
@@ -30,10 +33,19 @@ def setting_for(flags: list[str], world: int):
     from training.plan.planner import build_plan_parser
     from training.plan.search_setting import make_setting
     from training.plan.speed_prediction import Links
+
     args = parse_args(flags, parser=build_plan_parser())
     links = Links(args.intra_node_GB_s, args.inter_node_Gb_s, args.gpus_per_node)
-    return make_setting(TrainConfig.from_flags(args), world, None, args.gpus_per_node, args.device or "h100",
-                        args.device_memory, links, args.assumed_mfu)
+    return make_setting(
+        TrainConfig.from_flags(args),
+        world,
+        None,
+        args.gpus_per_node,
+        args.device or "h100",
+        args.device_memory,
+        links,
+        args.assumed_mfu,
+    )
 
 
 def main() -> int:
@@ -43,8 +55,9 @@ def main() -> int:
     args = p.parse_args()
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from training.plan.layout_search import search
+
     flags = shlex.split(args.flags)
-    search(setting_for(flags, min(args.worlds)))                          # warm-up: imports, first builds
+    search(setting_for(flags, min(args.worlds)))  # warm-up: imports, first builds
     print(f"flags: {args.flags}")
     for world in args.worlds:
         setting = setting_for(flags, world)
@@ -52,10 +65,13 @@ def main() -> int:
         result = search(setting)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         best = result.candidates[0] if result.candidates else None
-        print(f"{world:>5} ranks: {result.considered:>6,} layouts considered ({len(result.candidates):,} ranked, "
-              f"{len(result.rejected):,} rejected) in {wall:.2f} s wall, {cpu:.2f} s CPU; best "
-              f"{best.layout.short() if best else 'none'}"
-              + (f" at {best.seconds(result.factors) * 1e3:.1f} ms" if best else ""), flush=True)
+        print(
+            f"{world:>5} ranks: {result.considered:>6,} layouts considered ({len(result.candidates):,} ranked, "
+            f"{len(result.rejected):,} rejected) in {wall:.2f} s wall, {cpu:.2f} s CPU; best "
+            f"{best.layout.short() if best else 'none'}"
+            + (f" at {best.seconds(result.factors) * 1e3:.1f} ms" if best else ""),
+            flush=True,
+        )
     return 0
 
 

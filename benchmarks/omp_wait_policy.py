@@ -11,6 +11,7 @@ so that a change in the machine's load hits all alike; the figure is the median 
 the first 10 steps, over the repeats. `--beside N` starts N other torch processes (default threads, small matrix
 products in a loop: what a shared node's other jobs do to the cores) for the runs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,16 +24,50 @@ import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = {
-    "tiny": ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer",
-             "2", "--src_len", "12", "--tgt_len", "12", "--batch_size", "16"],
-    "bench": ["--d_model", "256", "--num_heads", "4", "--ffn_size", "1024", "--encoder_layer", "3",
-              "--decoder_layer", "3", "--src_len", "32", "--tgt_len", "32", "--batch_size", "64"],
+    "tiny": [
+        "--d_model",
+        "32",
+        "--num_heads",
+        "4",
+        "--ffn_size",
+        "64",
+        "--encoder_layer",
+        "2",
+        "--decoder_layer",
+        "2",
+        "--src_len",
+        "12",
+        "--tgt_len",
+        "12",
+        "--batch_size",
+        "16",
+    ],
+    "bench": [
+        "--d_model",
+        "256",
+        "--num_heads",
+        "4",
+        "--ffn_size",
+        "1024",
+        "--encoder_layer",
+        "3",
+        "--decoder_layer",
+        "3",
+        "--src_len",
+        "32",
+        "--tgt_len",
+        "32",
+        "--batch_size",
+        "64",
+    ],
 }
-HOG = ("import os, torch\n"
-       "parent, a = os.getppid(), torch.randn(96, 96)\n"
-       "while os.getppid() == parent:\n"           # ends with the benchmark, however that ends
-       "    for _ in range(200):\n"
-       "        a = torch.tanh(a @ a)\n")
+HOG = (
+    "import os, torch\n"
+    "parent, a = os.getppid(), torch.randn(96, 96)\n"
+    "while os.getppid() == parent:\n"  # ends with the benchmark, however that ends
+    "    for _ in range(200):\n"
+    "        a = torch.tanh(a @ a)\n"
+)
 POLICIES = ("default", "PASSIVE", "ACTIVE")
 
 
@@ -52,9 +87,25 @@ def median_step(workdir: str, model: list, policy: str, steps: int, tsv: str) ->
     out = tempfile.mkdtemp(dir=workdir)
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
     env["PYTHONPATH"], env["OMP_WAIT_POLICY"] = ROOT, policy
-    cmd = [sys.executable, os.path.join(ROOT, "run_scripts", "train.py"), "--file_path", tsv, *model, "--steps",
-           str(steps), "--log_interval", "1", "--tensorboard", "0", "--dropout", "0", "--output_dir", out,
-           "--cache_dir", os.path.join(workdir, "cache")]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "run_scripts", "train.py"),
+        "--file_path",
+        tsv,
+        *model,
+        "--steps",
+        str(steps),
+        "--log_interval",
+        "1",
+        "--tensorboard",
+        "0",
+        "--dropout",
+        "0",
+        "--output_dir",
+        out,
+        "--cache_dir",
+        os.path.join(workdir, "cache"),
+    ]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=1800)
     with open(os.path.join(out, "metrics.jsonl"), encoding="utf-8") as f:
         times = [json.loads(line)["step_time"] for line in f if '"step_time"' in line]
@@ -71,8 +122,12 @@ def measure(args, workdir: str, tsv: str) -> list[dict]:
                 for _ in range(args.repeats):
                     for p in args.policies:
                         times[p].append(median_step(workdir, MODELS[name], p, args.steps, tsv))
-                row = {"model": name, "beside": beside, "load": os.getloadavg()[0],
-                       **{f"{p}_ms": 1000 * statistics.median(t) for p, t in times.items()}}
+                row = {
+                    "model": name,
+                    "beside": beside,
+                    "load": os.getloadavg()[0],
+                    **{f"{p}_ms": 1000 * statistics.median(t) for p, t in times.items()},
+                }
                 print(json.dumps(row), flush=True)
                 rows.append(row)
         finally:
@@ -85,6 +140,7 @@ def measure(args, workdir: str, tsv: str) -> list[dict]:
 def main(argv=None) -> int:
     args = parse(sys.argv[1:] if argv is None else argv)
     from preprocess.parallel import make_tsv
+
     workdir = args.workdir or tempfile.mkdtemp(prefix="omp-wait-")
     tsv = os.path.join(workdir, "train.fr_en.tsv")
     if not os.path.exists(tsv):

@@ -8,6 +8,7 @@ the same-sized `transformers` model with a plain AdamW loop, on the same batches
 
 Prints the profiler's operator table (self CPU time) and the step times. A measurement, not a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,8 +44,10 @@ def main() -> int:
             runner.step(step)
             times.append(time.perf_counter() - t)
     print(prof.key_averages().table(sort_by=args.sort, row_limit=args.rows))
-    print(f"{'transformers' if args.hf else 'ours'}: median step {1000 * statistics.median(times):.1f} ms "
-          f"over {len(times)} profiled steps (threads {torch.get_num_threads()})")
+    print(
+        f"{'transformers' if args.hf else 'ours'}: median step {1000 * statistics.median(times):.1f} ms "
+        f"over {len(times)} profiled steps (threads {torch.get_num_threads()})"
+    )
     return 0
 
 

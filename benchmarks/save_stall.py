@@ -15,6 +15,7 @@ or the last step (its thread writes and hashes while they run; on a machine with
 The saves go to --output_dir (default: a temporary folder; give one on the storage you care about). The ranks run
 under `nice -n 10`. This is a measurement, not a test.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,13 +29,38 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {
-    "142m": ["--d_model", "1024", "--num_heads", "16", "--ffn_size", "4096", "--encoder_layer", "4",
-             "--decoder_layer", "4", "--vocab_size", "8000"],
-    "tiny": ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "1", "--decoder_layer",
-             "1"],
+    "142m": [
+        "--d_model",
+        "1024",
+        "--num_heads",
+        "16",
+        "--ffn_size",
+        "4096",
+        "--encoder_layer",
+        "4",
+        "--decoder_layer",
+        "4",
+        "--vocab_size",
+        "8000",
+    ],
+    "tiny": ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "1", "--decoder_layer", "1"],
 }
-COMMON = ["--src_len", "16", "--tgt_len", "16", "--batch_size", "4", "--dropout", "0", "--tensorboard", "0",
-          "--log_interval", "1000000", "--keep_checkpoint_max", "2"]
+COMMON = [
+    "--src_len",
+    "16",
+    "--tgt_len",
+    "16",
+    "--batch_size",
+    "4",
+    "--dropout",
+    "0",
+    "--tensorboard",
+    "0",
+    "--log_interval",
+    "1000000",
+    "--keep_checkpoint_max",
+    "2",
+]
 MODES = ("sync", "background")
 
 
@@ -44,6 +70,7 @@ def worker(report: str, argv: list[str]) -> int:
 
     from training.config.flags import parse_config
     from training.trainer import Trainer
+
     starts: list[float] = []
     step, finish = Trainer.step, Trainer.finish
 
@@ -52,14 +79,16 @@ def worker(report: str, argv: list[str]) -> int:
         return step(self, *args, **kwargs)
 
     def timed_finish(self, *args, **kwargs):
-        starts.append(time.perf_counter())             # the end of the last iteration (its save included)
+        starts.append(time.perf_counter())  # the end of the last iteration (its save included)
         return finish(self, *args, **kwargs)
+
     Trainer.step, Trainer.finish = timed_step, timed_finish
     rc = Trainer(parse_config(argv)).train()
     if dist.get_rank() == 0:
         with open(report, "w", encoding="utf-8") as f:
             json.dump(starts, f)
     from training.run.job import leave_job
+
     leave_job()
     return rc
 
@@ -69,8 +98,22 @@ def launch(nproc: int, port: int, report: str, argv: list[str]) -> None:
     env.setdefault("OMP_NUM_THREADS", "1")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         env.pop(key, None)
-    cmd = ["nice", "-n", "10", sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc),
-           "--master_port", str(port), os.path.abspath(__file__), "--worker", report, *argv]
+    cmd = [
+        "nice",
+        "-n",
+        "10",
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(nproc),
+        "--master_port",
+        str(port),
+        os.path.abspath(__file__),
+        "--worker",
+        report,
+        *argv,
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"failed: {' '.join(cmd)}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
@@ -78,24 +121,27 @@ def launch(nproc: int, port: int, report: str, argv: list[str]) -> None:
 
 def figures(starts: list[float], every: int) -> dict:
     """Per counted save: (its stall, the extra time of the iterations after it) in seconds; the normal iteration."""
-    times = [b - a for a, b in zip(starts, starts[1:])]          # times[i]: the iteration of step i + 1
+    times = [b - a for a, b in zip(starts, starts[1:])]  # times[i]: the iteration of step i + 1
     steps = len(times)
-    saving = [s for s in range(every, steps, every)]                # 1-based steps whose save is counted
-    normal = statistics.median(times[1:every - 1])        # steps 2 … every-1: warmed up, no save anywhere yet
+    saving = [s for s in range(every, steps, every)]  # 1-based steps whose save is counted
+    normal = statistics.median(times[1 : every - 1])  # steps 2 … every-1: warmed up, no save anywhere yet
     rows = []
     for s in saving:
-        after = [times[i - 1] - normal for i in range(s + 1, min(s + every, steps))]      # the last one saves
+        after = [times[i - 1] - normal for i in range(s + 1, min(s + every, steps))]  # the last one saves
         rows.append({"step": s, "stall": times[s - 1] - normal, "after": sum(after)})
     return {"normal": normal, "saves": rows}
 
 
 def main() -> int:
-    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]     # the launcher adds --local_rank=N
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank=N
     if argv[:1] == ["--worker"]:
         report, *train_args = argv[1:]
         return worker(report, train_args)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--file_path", required=True, help="training TSV")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (its vocabulary must fit --vocab_size 8000)")
     p.add_argument("--size", choices=list(SIZES), default="142m", help="the model (default 142m; tiny: a toy)")
@@ -109,23 +155,42 @@ def main() -> int:
     if args.every < 3:
         p.error(f"--every {args.every}: at least 3 (steps 2 … every-1 are the normal iterations)")
     if args.steps <= args.every:
-        p.error(f"--steps {args.steps} must be larger than --every {args.every}: the last step's save is not "
-                f"counted")
+        p.error(f"--steps {args.steps} must be larger than --every {args.every}: the last step's save is not counted")
     results = {}
     with tempfile.TemporaryDirectory(dir=args.output_dir) as tmp:
         for i, mode in enumerate(MODES):
             report, out = os.path.join(tmp, f"{mode}.json"), os.path.join(tmp, mode)
-            launch(args.nproc, args.port + i, report,
-                   ["--file_path", args.file_path, "--tokenizer", args.tokenizer, *SIZES[args.size], *COMMON,
-                    *args.layout.split(), "--steps", str(args.steps), "--save_checkpoint_steps", str(args.every),
-                    "--output_dir", out, "--save_mode", mode])
+            launch(
+                args.nproc,
+                args.port + i,
+                report,
+                [
+                    "--file_path",
+                    args.file_path,
+                    "--tokenizer",
+                    args.tokenizer,
+                    *SIZES[args.size],
+                    *COMMON,
+                    *args.layout.split(),
+                    "--steps",
+                    str(args.steps),
+                    "--save_checkpoint_steps",
+                    str(args.every),
+                    "--output_dir",
+                    out,
+                    "--save_mode",
+                    mode,
+                ],
+            )
             with open(report, encoding="utf-8") as f:
                 results[mode] = figures(json.load(f), args.every)
             with open(os.path.join(out, "run.json"), encoding="utf-8") as f:
                 params = json.load(f).get("params_rank0", 0)
     sync = statistics.mean(r["stall"] for r in results["sync"]["saves"])
-    print(f"\n{args.size} model, {params:,} parameters on rank 0, '{args.layout}' on {args.nproc} processes, "
-          f"{args.steps} steps, a save every {args.every}")
+    print(
+        f"\n{args.size} model, {params:,} parameters on rank 0, '{args.layout}' on {args.nproc} processes, "
+        f"{args.steps} steps, a save every {args.every}"
+    )
     print("| mode | normal step | stall per save (each) | mean stall | stall / sync's | after (each) |")
     print("|---|---|---|---|---|---|")
     for mode in MODES:
@@ -140,4 +205,5 @@ def main() -> int:
 
 if __name__ == "__main__":
     from common.errors import run_cli
-    run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)
+
+    run_cli(main)  # the ranks leave as train.py's do (common.errors.leave)

@@ -15,6 +15,7 @@ first training step ends. The page cache is warm (the checkpoint was just writte
 under `nice -n 10`. --json writes every figure (per rank, per file). This is a measurement, not a test (a test runs
 it at --size tiny: tests/test_start_cost.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,10 +29,44 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SIZES = {
-    "big": ["--d_model", "1024", "--num_heads", "16", "--ffn_size", "8192", "--encoder_layer", "1",
-            "--decoder_layer", "1", "--src_len", "16", "--tgt_len", "16", "--batch_size", "8", "--vocab_size", "8000"],
-    "tiny": ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "1", "--decoder_layer",
-             "1", "--src_len", "12", "--tgt_len", "12", "--batch_size", "8"],
+    "big": [
+        "--d_model",
+        "1024",
+        "--num_heads",
+        "16",
+        "--ffn_size",
+        "8192",
+        "--encoder_layer",
+        "1",
+        "--decoder_layer",
+        "1",
+        "--src_len",
+        "16",
+        "--tgt_len",
+        "16",
+        "--batch_size",
+        "8",
+        "--vocab_size",
+        "8000",
+    ],
+    "tiny": [
+        "--d_model",
+        "32",
+        "--num_heads",
+        "4",
+        "--ffn_size",
+        "64",
+        "--encoder_layer",
+        "1",
+        "--decoder_layer",
+        "1",
+        "--src_len",
+        "12",
+        "--tgt_len",
+        "12",
+        "--batch_size",
+        "8",
+    ],
 }
 COMMON = ["--dropout", "0", "--tensorboard", "0", "--log_interval", "1", "--seed", "7"]
 
@@ -46,13 +81,14 @@ class Counter:
 
     def wrap_hash(self, fn):
         def counted(path):
-            start = time.thread_time()          # CPU time: other ranks on the same cores do not add to it
+            start = time.thread_time()  # CPU time: other ranks on the same cores do not add to it
             digest = fn(path)
             self.seconds += time.thread_time() - start
             key = os.path.realpath(str(path))
             self.files[key] = self.files.get(key, 0) + os.path.getsize(key)
             self.write()
             return digest
+
         return counted
 
     def wrap_step(self, fn):
@@ -62,10 +98,12 @@ class Counter:
                 self.first_step = time.time()
                 self.write()
             return out
+
         return timed
 
     def write(self) -> None:
         from common.staging import atomic_write
+
         with atomic_write(self.report) as f:
             json.dump({"files": self.files, "hash_seconds": self.seconds, "first_step_end": self.first_step}, f)
 
@@ -74,12 +112,15 @@ def worker(repo: str, report_dir: str, argv: list[str]) -> int:
     rank = int(os.environ.get("RANK", "0"))
     counter = Counter(os.path.join(report_dir, f"rank{rank}.json"))
     import common.hashing as hashing
-    hashing.file_sha256 = counter.wrap_hash(hashing.file_sha256)     # before any module binds the name
+
+    hashing.file_sha256 = counter.wrap_hash(hashing.file_sha256)  # before any module binds the name
     import training.core.step as step
-    step.train_step = counter.wrap_step(step.train_step)             # before the trainer imports it
+
+    step.train_step = counter.wrap_step(step.train_step)  # before the trainer imports it
     from training.config.flags import parse_config
     from training.run.job import leave_job
     from training.trainer import run_training
+
     rc = run_training(parse_config(argv))
     leave_job()
     return rc
@@ -95,8 +136,9 @@ def layout_flags(name: str, nproc: int) -> list[str]:
             raise SystemExit(f"error: --layouts {name}: write layouts as tp2xdp2, pp2xdp2, dp2 (degrees tp, pp, dp)")
         degrees[kind] = int(value)
     if degrees["tp"] * degrees["pp"] * degrees["dp"] != nproc:
-        raise SystemExit(f"error: --layouts {name} is {degrees['tp'] * degrees['pp'] * degrees['dp']} processes, "
-                         f"--nproc is {nproc}")
+        raise SystemExit(
+            f"error: --layouts {name} is {degrees['tp'] * degrees['pp'] * degrees['dp']} processes, --nproc is {nproc}"
+        )
     flags = ["--mp", str(degrees["tp"])]
     if degrees["pp"] > 1:
         flags += ["--pipeline_stage", str(degrees["pp"]), "--micro_batch_num", str(degrees["pp"])]
@@ -114,15 +156,30 @@ def launch(repo: str, nproc: int, report_dir: str, argv: list[str], tries: int =
     wall time the launch started at. A failed launch is tried once more (on a shared machine another program may
     take the free port between its choice and rank 0's bind), its whole output kept in report_dir/launch-N.log."""
     from deepspeed.launcher.runner import encode_world_info
+
     env = dict(os.environ, PYTHONPATH=repo + os.pathsep + os.environ.get("PYTHONPATH", ""))
     env.setdefault("OMP_NUM_THREADS", "1")
     for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
         env.pop(key, None)
     world = encode_world_info({"localhost": list(range(nproc))})
     for attempt in range(1, tries + 1):
-        cmd = ["nice", "-n", "10", sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-               "--master_addr=127.0.0.1", f"--master_port={_free_port()}", os.path.abspath(__file__),
-               "--worker", repo, report_dir, *argv]
+        cmd = [
+            "nice",
+            "-n",
+            "10",
+            sys.executable,
+            "-u",
+            "-m",
+            "deepspeed.launcher.launch",
+            f"--world_info={world}",
+            "--master_addr=127.0.0.1",
+            f"--master_port={_free_port()}",
+            os.path.abspath(__file__),
+            "--worker",
+            repo,
+            report_dir,
+            *argv,
+        ]
         start = time.time()
         proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True)
         if proc.returncode == 0:
@@ -130,8 +187,11 @@ def launch(repo: str, nproc: int, report_dir: str, argv: list[str], tries: int =
         log = os.path.join(report_dir, f"launch-{attempt}.log")
         with open(log, "w", encoding="utf-8") as f:
             f.write(proc.stdout + "\n" + proc.stderr)
-        said = [line for line in (proc.stdout + proc.stderr).splitlines()
-                if line.startswith("error: ") or "Error" in line.split(":", 1)[0]]
+        said = [
+            line
+            for line in (proc.stdout + proc.stderr).splitlines()
+            if line.startswith("error: ") or "Error" in line.split(":", 1)[0]
+        ]
         print(f"launch {attempt} failed (rc={proc.returncode}; {log}): {said[:3]}", file=sys.stderr, flush=True)
     raise SystemExit(f"error: launch failed {tries} times: {' '.join(cmd)}")
 
@@ -146,8 +206,12 @@ def resume_figures(repo: str, nproc: int, argv: list[str], out: str, tsv: str, w
     """One --resume auto launch: per rank, bytes hashed by kind and per file, hashing seconds; the time from the
     launch to the end of the first step (the last rank's)."""
     report_dir = tempfile.mkdtemp(dir=work, prefix="resume-")
-    start = launch(repo, nproc, report_dir, [*argv, "--output_dir", out, "--resume", "auto", "--steps", "2",
-                                             "--save_checkpoint_steps", "0"])
+    start = launch(
+        repo,
+        nproc,
+        report_dir,
+        [*argv, "--output_dir", out, "--resume", "auto", "--steps", "2", "--save_checkpoint_steps", "0"],
+    )
     ckpt_root = os.path.realpath(os.path.join(out, "checkpoints"))
     ranks = []
     for rank in range(nproc):
@@ -156,8 +220,15 @@ def resume_figures(repo: str, nproc: int, argv: list[str], out: str, tsv: str, w
         by_kind = {"tsv": 0, "checkpoint": 0, "other": 0}
         for path, n in seen["files"].items():
             by_kind[_kind(path, os.path.realpath(tsv), ckpt_root)] += n
-        ranks.append({"rank": rank, "bytes": by_kind, "files": seen["files"], "hash_seconds": seen["hash_seconds"],
-                      "first_step_s": seen["first_step_end"] - start})
+        ranks.append(
+            {
+                "rank": rank,
+                "bytes": by_kind,
+                "files": seen["files"],
+                "hash_seconds": seen["hash_seconds"],
+                "first_step_s": seen["first_step_end"] - start,
+            }
+        )
     return {"ranks": ranks, "first_step_s": max(r["first_step_s"] for r in ranks)}
 
 
@@ -178,11 +249,24 @@ def measure(args) -> dict:
     results = {"nproc": args.nproc, "size": args.size, "repos": repos, "layouts": {}}
     with tempfile.TemporaryDirectory(dir=args.work) as work:
         for name in args.layouts.split(","):
-            base = ["--file_path", args.file_path, "--tokenizer", args.tokenizer, "--cache_dir",
-                    os.path.join(work, "cache"), *SIZES[args.size], *COMMON, *layout_flags(name, args.nproc)]
+            base = [
+                "--file_path",
+                args.file_path,
+                "--tokenizer",
+                args.tokenizer,
+                "--cache_dir",
+                os.path.join(work, "cache"),
+                *SIZES[args.size],
+                *COMMON,
+                *layout_flags(name, args.nproc),
+            ]
             out = os.path.join(work, name)
-            launch(repos["after"], args.nproc, tempfile.mkdtemp(dir=work),
-                   [*base, "--output_dir", out, "--steps", "1", "--save_checkpoint_steps", "1"])
+            launch(
+                repos["after"],
+                args.nproc,
+                tempfile.mkdtemp(dir=work),
+                [*base, "--output_dir", out, "--steps", "1", "--save_checkpoint_steps", "1"],
+            )
             files = checkpoint_files(out)
             row = {"checkpoint_bytes": sum(files.values()), "checkpoint_files": files, "runs": {k: [] for k in repos}}
             for _ in range(args.repeats):
@@ -200,10 +284,14 @@ def table(results: dict) -> str:
     """One row per layout; "a → b" is --compare's figure, then --repo's. Bytes are the same in every repeat; times
     are the least of the repeats (a shared machine only ever adds to them)."""
     labels = list(results["repos"])
-    lines = ["| layout | checkpoint | checkpoint bytes hashed, all ranks | checkpoint bytes hashed per rank, max | "
-             "all bytes hashed per rank, max | TSV bytes hashed per rank | hashing CPU time, all ranks | "
-             "time to first step |", "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| layout | checkpoint | checkpoint bytes hashed, all ranks | checkpoint bytes hashed per rank, max | "
+        "all bytes hashed per rank, max | TSV bytes hashed per rank | hashing CPU time, all ranks | "
+        "time to first step |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for name, row in results["layouts"].items():
+
         def figure(label, what, row=row):
             runs = row["runs"][label]
             ranks = runs[0]["ranks"]
@@ -215,27 +303,35 @@ def table(results: dict) -> str:
             if what in ("total", "rank"):
                 return _mb(sum(mine) if what == "total" else max(mine))
             return _mb(max(sum(rk["bytes"].values()) if what == "all" else rk["bytes"][what] for rk in ranks))
-        lines.append(f"| {name} | {_mb(row['checkpoint_bytes'])} | "
-                     + " | ".join(" → ".join(figure(label, what) for label in labels)
-                                  for what in ("total", "rank", "all", "tsv", "hashing", "time")) + " |")
+
+        lines.append(
+            f"| {name} | {_mb(row['checkpoint_bytes'])} | "
+            + " | ".join(
+                " → ".join(figure(label, what) for label in labels)
+                for what in ("total", "rank", "all", "tsv", "hashing", "time")
+            )
+            + " |"
+        )
     return "\n".join(lines)
 
 
 def main() -> int:
-    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]     # the launcher adds --local_rank=N
+    argv = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]  # the launcher adds --local_rank=N
     if argv[:1] == ["--worker"]:
         repo, report_dir, *train_args = argv[1:]
         return worker(repo, report_dir, train_args)
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--file_path", required=True, help="training TSV (an absolute path: the ranks run in --repo)")
     p.add_argument("--tokenizer", required=True, help="tokenizer.json (its vocabulary must fit --vocab_size 8000)")
     p.add_argument("--repo", default=ROOT, help="the checkout whose code is measured (default: this one)")
     p.add_argument("--compare", default=None, help="another checkout measured the same way (e.g. the code before)")
     p.add_argument("--nproc", type=int, default=4, help="processes (default 4)")
     p.add_argument("--layouts", default="tp2xdp2,pp2xdp2", help="comma-separated (default tp2xdp2,pp2xdp2)")
-    p.add_argument("--size", default="big", choices=sorted(SIZES), help="model size (default big: ~700 MB "
-                   "checkpoint)")
+    p.add_argument("--size", default="big", choices=sorted(SIZES), help="model size (default big: ~700 MB checkpoint)")
     p.add_argument("--repeats", type=int, default=1, help="resumes per checkout and layout (default 1)")
     p.add_argument("--work", default=None, help="where the runs go (default: the system's temporary folder)")
     p.add_argument("--json", default=None, help="write every figure here")
@@ -252,4 +348,5 @@ def main() -> int:
 
 if __name__ == "__main__":
     from common.errors import run_cli
-    run_cli(main)        # the ranks leave as train.py's do (common.errors.leave)
+
+    run_cli(main)  # the ranks leave as train.py's do (common.errors.leave)

@@ -22,6 +22,7 @@ file; and the full hash the check beside the first steps makes of it. Make a cor
 The page cache is warm (the store was just written or read): a cold open also reads the files from disk once. Prints
 one JSON object per size; the stores stay under --work (delete it afterwards).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,6 +50,7 @@ def parse_size(text: str) -> int:
 def write_store(folder: Path, pairs: int, seed: int = 0) -> float:
     """A store of `pairs` random pairs at `folder`; returns the seconds the write took."""
     from preprocess.token_store import StoreWriter, TokenChunk, token_dtype
+
     rng = np.random.default_rng(seed)
     dtype = token_dtype(VOCAB)
     start = time.perf_counter()
@@ -67,6 +69,7 @@ def write_store(folder: Path, pairs: int, seed: int = 0) -> float:
 def hash_alone(folder: Path) -> float:
     """Seconds to sha256 the store's data files from memory (the writer's added work, without the writes)."""
     from preprocess.token_store import DATA_FILES
+
     data = [np.fromfile(folder / name, dtype=np.uint8) for name in DATA_FILES]
     start = time.perf_counter()
     for array in data:
@@ -76,6 +79,7 @@ def hash_alone(folder: Path) -> float:
 
 def timed_open(folder: Path, verify: bool) -> tuple[float, list]:
     from preprocess.token_store import TokenStore
+
     start = time.perf_counter()
     store = TokenStore(folder, verify=verify)
     return time.perf_counter() - start, store.hashed
@@ -83,27 +87,34 @@ def timed_open(folder: Path, verify: bool) -> tuple[float, list]:
 
 def measure(work: Path, pairs: int) -> dict:
     from preprocess.token_store import VERIFIED_FILE
+
     folder = work / f"store-{pairs}"
     shutil.rmtree(folder, ignore_errors=True)
     write_s = write_store(folder, pairs)
     size = sum(p.stat().st_size for p in folder.iterdir())
-    (folder / VERIFIED_FILE).unlink()                     # as a copy without the writer's verdict
+    (folder / VERIFIED_FILE).unlink()  # as a copy without the writer's verdict
     verify_s, hashed = timed_open(folder, verify=True)
     assert len(hashed) == 5, hashed
     trusted = [timed_open(folder, verify=True) for _ in range(3)]
     assert all(h == [] for _, h in trusted), trusted
     other = [timed_open(folder, verify=False)[0] for _ in range(3)]
-    return {"pairs": pairs, "store_bytes": size, "write_s": round(write_s, 2),
-            "sha256_in_write_s": round(hash_alone(folder), 2), "open_verify_all_s": round(verify_s, 2),
-            "open_verdict_trusted_s": round(min(t for t, _ in trusted), 3),
-            "open_no_verify_s": round(min(other), 3), "full_check_s": full_check()}
+    return {
+        "pairs": pairs,
+        "store_bytes": size,
+        "write_s": round(write_s, 2),
+        "sha256_in_write_s": round(hash_alone(folder), 2),
+        "open_verify_all_s": round(verify_s, 2),
+        "open_verdict_trusted_s": round(min(t for t, _ in trusted), 3),
+        "open_no_verify_s": round(min(other), 3),
+        "full_check_s": full_check(),
+    }
 
 
 def full_check() -> float | None:
     """Seconds to hash in full the files the opens so far took on trust (None where this code trusts nothing)."""
     try:
         from preprocess.trusted_files import first_mismatch, take
-    except ImportError:                                   # the code before the check beside the first steps
+    except ImportError:  # the code before the check beside the first steps
         return None
     files = take()
     start = time.perf_counter()
@@ -115,6 +126,7 @@ def corpus_identity(tsv: Path, work: Path) -> dict:
     """The corpus's identity at a first start (hashed and recorded) and at later ones (the record, and this code's
     sample), then the full check of a trusted one."""
     from preprocess.tsv_digest import tsv_sha256
+
     cache = work / "corpus-cache"
     shutil.rmtree(cache, ignore_errors=True)
     start = time.perf_counter()
@@ -125,14 +137,21 @@ def corpus_identity(tsv: Path, work: Path) -> dict:
         start = time.perf_counter()
         tsv_sha256(tsv, cache)
         later.append(time.perf_counter() - start)
-    return {"corpus_bytes": tsv.stat().st_size, "first_start_s": round(first, 2),
-            "later_start_s": round(min(later), 4), "later_start_max_s": round(max(later), 4),
-            "full_check_s": full_check()}
+    return {
+        "corpus_bytes": tsv.stat().st_size,
+        "first_start_s": round(first, 2),
+        "later_start_s": round(min(later), 4),
+        "later_start_max_s": round(max(later), 4),
+        "full_check_s": full_check(),
+    }
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--work", default=str(ROOT / "out" / "store_integrity"), help="where the stores go")
     p.add_argument("--sizes", nargs="+", default=["1M", "4.5M"], help="pairs per store (1M, 4.5M, ...)")
     p.add_argument("--corpus", default=None, help="a TSV: also time its identity at a start (see below)")

@@ -14,6 +14,7 @@ a change in machine load hits them alike; the figure is the median step time aft
 repeats, and target tokens per second at that median. One process uses every core (OMP_NUM_THREADS = cores), two
 processes one core less each. A measurement, not a test: run it on an otherwise idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,11 +48,19 @@ CONFIGS = {
     "ours-tp2": ("ours", 2, ["--mp", "2"], "ours, tp2 on 2 processes"),
     "ours-dp2": ("ours", 2, [], "ours, dp2 on 2 processes (ZeRO 0)"),
     "ours-dp2-zero1": ("ours", 2, ["--zero_stage", "1"], "ours, dp2 ZeRO-1"),
-    "ours-dp2-zero1-overlap": ("ours", 2, ["--zero_stage", "1", "--deepspeed_config", "OVERLAP"],
-                               "ours, dp2 ZeRO-1, overlap_comm + contiguous_gradients"),
+    "ours-dp2-zero1-overlap": (
+        "ours",
+        2,
+        ["--zero_stage", "1", "--deepspeed_config", "OVERLAP"],
+        "ours, dp2 ZeRO-1, overlap_comm + contiguous_gradients",
+    ),
     "ours-dp2-zero2": ("ours", 2, ["--zero_stage", "2"], "ours, dp2 ZeRO-2"),
-    "ours-dp2-zero2-overlap": ("ours", 2, ["--zero_stage", "2", "--deepspeed_config", "OVERLAP"],
-                               "ours, dp2 ZeRO-2, overlap_comm + contiguous_gradients"),
+    "ours-dp2-zero2-overlap": (
+        "ours",
+        2,
+        ["--zero_stage", "2", "--deepspeed_config", "OVERLAP"],
+        "ours, dp2 ZeRO-2, overlap_comm + contiguous_gradients",
+    ),
 }
 GROUPS = {
     "hf": ["hf", "hf-fused", "ours"],
@@ -66,16 +75,29 @@ def _run(name: str, data: list[str], steps: int, tmp: str, port: int) -> list[di
     runner, nproc, extra, _ = CONFIGS[name]
     extra = [os.path.join(tmp, "overlap.json") if e == "OVERLAP" else e for e in extra]
     cores = os.cpu_count() or 1
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
-               OMP_NUM_THREADS=str(max(1, cores // nproc)))
+    env = dict(
+        os.environ,
+        PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        OMP_NUM_THREADS=str(max(1, cores // nproc)),
+    )
     out = os.path.join(tmp, f"{name}-{port}")
     if runner == "hf":
         cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "hf_train.py"), *data, "--steps", str(steps), *extra]
     else:
         script = [os.path.join(ROOT, "run_scripts", "train.py")]
-        launch = ([sys.executable] if nproc == 1 else
-                  [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(nproc), "--master_port",
-                   str(port)])
+        launch = (
+            [sys.executable]
+            if nproc == 1
+            else [
+                sys.executable,
+                "-m",
+                "deepspeed.launcher.runner",
+                "--num_gpus",
+                str(nproc),
+                "--master_port",
+                str(port),
+            ]
+        )
         cmd = [*launch, *script, *data, *BENCH_MODEL, "--steps", str(steps), "--output_dir", out, *extra]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -96,15 +118,21 @@ def measure(group: str, data: list[str], steps: int, warmup: int, repeats: int) 
             for i, name in enumerate(names):
                 got = _run(name, data, steps, tmp, 29700 + 10 * r + i)[warmup:]
                 records[name] += got
-                print(f"  {group} repeat {r + 1}/{repeats} {name}: median "
-                      f"{1000 * statistics.median(x['step_time'] for x in got):.0f} ms", flush=True)
+                print(
+                    f"  {group} repeat {r + 1}/{repeats} {name}: median "
+                    f"{1000 * statistics.median(x['step_time'] for x in got):.0f} ms",
+                    flush=True,
+                )
     out = {}
     for name, recs in records.items():
         med = statistics.median(x["step_time"] for x in recs)
-        out[name] = {"what": CONFIGS[name][3], "processes": CONFIGS[name][1],
-                     "median_step_ms": round(1000 * med, 1),
-                     "tokens_per_sec": round(statistics.median(x["tokens"] for x in recs) / med, 1),
-                     "steps_measured": len(recs)}
+        out[name] = {
+            "what": CONFIGS[name][3],
+            "processes": CONFIGS[name][1],
+            "median_step_ms": round(1000 * med, 1),
+            "tokens_per_sec": round(statistics.median(x["tokens"] for x in recs) / med, 1),
+            "steps_measured": len(recs),
+        }
         for key in ("padding", "tflops", "peak_mem_mib"):
             if key in recs[0]:
                 out[name][key] = round(statistics.median(x[key] for x in recs), 4)
@@ -115,6 +143,7 @@ def machine() -> dict:
     import deepspeed
     import torch
     import transformers
+
     model = cpu_model()
     flags = ""
     try:
@@ -123,56 +152,77 @@ def machine() -> dict:
         flags = " ".join(w for w in words if w.startswith(("avx", "amx")))
     except (OSError, StopIteration):
         pass
-    return {"cpu": model, "cores": os.cpu_count(), "simd": flags, "python": platform.python_version(),
-            "torch": torch.__version__, "deepspeed": deepspeed.__version__, "transformers": transformers.__version__}
+    return {
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "simd": flags,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__,
+    }
 
 
 def table(results: dict, names: list[str], base: str) -> list[str]:
-    rows = ["| configuration | processes | median step | target tokens/s | vs " + base + " | padding | TFLOP/s |",
-            "|---|---|---|---|---|---|---|"]
+    rows = [
+        "| configuration | processes | median step | target tokens/s | vs " + base + " | padding | TFLOP/s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     ref = results[base]["tokens_per_sec"]
     for n in names:
         r = results[n]
         pad = f"{100 * r['padding']:.0f} %" if "padding" in r else ""
         tfl = f"{r['tflops']:.3f}" if "tflops" in r else ""
-        rows.append(f"| {r['what']} | {r['processes']} | {r['median_step_ms']:.0f} ms | {r['tokens_per_sec']:,.0f} | "
-                    f"{r['tokens_per_sec'] / ref:.2f}× | {pad} | {tfl} |")
+        rows.append(
+            f"| {r['what']} | {r['processes']} | {r['median_step_ms']:.0f} ms | {r['tokens_per_sec']:,.0f} | "
+            f"{r['tokens_per_sec'] / ref:.2f}× | {pad} | {tfl} |"
+        )
     return rows
 
 
 def write_report(saved: dict) -> None:
-    titles = {"hf": ("Ours vs transformers, fp32, one process", "hf"),
-              "bf16": ("bf16, one process", "hf-bf16"),
-              "max_tokens": ("Token batches vs fixed padding, one process", "ours"),
-              "procs": ("One process vs two", "ours"),
-              "deepspeed": ("DeepSpeed communication options, dp2", "ours-dp2-zero1")}
-    out = ["# Benchmarks", "",
-           "Measured by `benchmarks/throughput.py` (the command under each table; it rewrites this file). Model: "
-           "d_model 256, 3 + 3 layers, FFN 1024, 4 heads, joint BPE 8k, global batch 64 × 32 tokens (padded), "
-           "dropout 0.1, Multi30k fr→en. Target tokens/s counts the real (non-PAD) target tokens of each batch. The "
-           "`transformers` model is Blenderbot — the architecture `run_scripts/export_hf.py` exports ours to — with "
-           "our dimensions, trained with a plain torch AdamW loop on the very same batches. MFU needs the device's "
-           "peak FLOP/s and is not given for CPUs (model/costs.py); TFLOP/s is the model's FLOPs per second.", ""]
+    titles = {
+        "hf": ("Ours vs transformers, fp32, one process", "hf"),
+        "bf16": ("bf16, one process", "hf-bf16"),
+        "max_tokens": ("Token batches vs fixed padding, one process", "ours"),
+        "procs": ("One process vs two", "ours"),
+        "deepspeed": ("DeepSpeed communication options, dp2", "ours-dp2-zero1"),
+    }
+    out = [
+        "# Benchmarks",
+        "",
+        "Measured by `benchmarks/throughput.py` (the command under each table; it rewrites this file). Model: "
+        "d_model 256, 3 + 3 layers, FFN 1024, 4 heads, joint BPE 8k, global batch 64 × 32 tokens (padded), "
+        "dropout 0.1, Multi30k fr→en. Target tokens/s counts the real (non-PAD) target tokens of each batch. The "
+        "`transformers` model is Blenderbot — the architecture `run_scripts/export_hf.py` exports ours to — with "
+        "our dimensions, trained with a plain torch AdamW loop on the very same batches. MFU needs the device's "
+        "peak FLOP/s and is not given for CPUs (model/costs.py); TFLOP/s is the model's FLOPs per second.",
+        "",
+    ]
     for group, (title, base) in titles.items():
         if group not in saved:
             continue
         entry = saved[group]
         m = entry["machine"]
-        out += [f"## {title}", "",
-                f"{entry['date']}, {m['cpu']} ({m['cores']} cores, {m['simd'] or 'no AVX'}), Python {m['python']}, "
-                f"torch {m['torch']}, DeepSpeed {m['deepspeed']}, transformers {m['transformers']}; "
-                f"{entry['steps']} steps per run, the first {entry['warmup']} left out, "
-                f"{entry['repeats']} repeats.", ""]
+        out += [
+            f"## {title}",
+            "",
+            f"{entry['date']}, {m['cpu']} ({m['cores']} cores, {m['simd'] or 'no AVX'}), Python {m['python']}, "
+            f"torch {m['torch']}, DeepSpeed {m['deepspeed']}, transformers {m['transformers']}; "
+            f"{entry['steps']} steps per run, the first {entry['warmup']} left out, "
+            f"{entry['repeats']} repeats.",
+            "",
+        ]
         out += table(entry["results"], list(entry["results"]), base)
         out += ["", f"`{entry['command']}`", ""]
         if entry.get("note"):
             out += [entry["note"], ""]
-    kept = ""                      # the other benchmarks' sections (below KEEP) are not this command's to rewrite
+    kept = ""  # the other benchmarks' sections (below KEEP) are not this command's to rewrite
     if os.path.exists(REPORT):
         with open(REPORT, encoding="utf-8") as f:
             old = f.read()
         if KEEP in old:
-            kept = "\n" + old[old.index(KEEP):]
+            kept = "\n" + old[old.index(KEEP) :]
     with open(REPORT, "w", encoding="utf-8") as f:
         f.write("\n".join(out).rstrip() + "\n" + kept)
 
@@ -193,11 +243,29 @@ def main() -> int:
     for group in args.only:
         print(f"{group}:", flush=True)
         results = measure(group, data, args.steps, args.warmup, args.repeats)
-        saved[group] = {"results": results, "machine": info, "steps": args.steps, "warmup": args.warmup,
-                        "repeats": args.repeats, "date": datetime.date.today().isoformat(), "note": args.note,
-                        "command": " ".join(["python -m benchmarks.throughput", *data, "--only", group, "--steps",
-                                             str(args.steps), "--warmup", str(args.warmup), "--repeats",
-                                             str(args.repeats)])}
+        saved[group] = {
+            "results": results,
+            "machine": info,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "repeats": args.repeats,
+            "date": datetime.date.today().isoformat(),
+            "note": args.note,
+            "command": " ".join(
+                [
+                    "python -m benchmarks.throughput",
+                    *data,
+                    "--only",
+                    group,
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--repeats",
+                    str(args.repeats),
+                ]
+            ),
+        }
         with open(RESULTS, "w", encoding="utf-8") as f:
             json.dump(saved, f, indent=1)
         write_report(saved)

@@ -10,6 +10,7 @@ on it, naming the recipe key). Floats must be finite: NaN compares false with ev
 common.errors.UserError, so run_cli prints one `error: --flag VALUE ...` line and exits 2 like every other mistake,
 instead of argparse's usage block (39 lines for train.py, printed by every rank of a job).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,22 +38,25 @@ def _bound(value: float) -> str:
 @dataclass(frozen=True)
 class Number:
     """An argparse `type=`: an int or a finite float within [low, high] (either end open, or absent)."""
-    kind: type                                # int or float
+
+    kind: type  # int or float
     low: float | None = None
     high: float | None = None
-    low_open: bool = False                    # low itself is refused (> instead of >=)
+    low_open: bool = False  # low itself is refused (> instead of >=)
     high_open: bool = False
-    why: str = ""                             # what the bounds mean, said with a refusal
+    why: str = ""  # what the bounds mean, said with a refusal
 
     @property
-    def __name__(self) -> str:                # argparse names a type by it in some messages
+    def __name__(self) -> str:  # argparse names a type by it in some messages
         return self.kind.__name__
 
     def describe(self) -> str:
         """The range in words: '>= 1', '> 0', 'in [0, 1)'."""
         if self.low is not None and self.high is not None:
-            return (f"in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}"
-                    f"{')' if self.high_open else ']'}")
+            return (
+                f"in {'(' if self.low_open else '['}{_bound(self.low)}, {_bound(self.high)}"
+                f"{')' if self.high_open else ']'}"
+            )
         if self.low is not None:
             return f"{'>' if self.low_open else '>='} {_bound(self.low)}"
         if self.high is not None:
@@ -69,7 +73,7 @@ class Number:
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise ValueError
             if self.kind is int:
-                if isinstance(value, float):              # a JSON 32.0 or 1e23 is not an integer flag's value
+                if isinstance(value, float):  # a JSON 32.0 or 1e23 is not an integer flag's value
                     raise ValueError
                 return int(value)
             number = float(value)
@@ -80,7 +84,7 @@ class Number:
         return number
 
     def __call__(self, value) -> int | float:
-        shown = value if isinstance(value, str) else json.dumps(value)     # json: NaN, not nan
+        shown = value if isinstance(value, str) else json.dumps(value)  # json: NaN, not nan
         number = self._parse(value, shown)
         low_ok = self.low is None or (number > self.low if self.low_open else number >= self.low)
         high_ok = self.high is None or (number < self.high if self.high_open else number <= self.high)
@@ -94,8 +98,14 @@ def integer(low: int | None = None, high: int | None = None, why: str = "") -> N
     return Number(int, low, high, why=why)
 
 
-def number(low: float | None = None, high: float | None = None, *, low_open: bool = False,
-           high_open: bool = False, why: str = "") -> Number:
+def number(
+    low: float | None = None,
+    high: float | None = None,
+    *,
+    low_open: bool = False,
+    high_open: bool = False,
+    why: str = "",
+) -> Number:
     """A finite float flag within [low, high] (an end is refused itself with low_open / high_open)."""
     return Number(float, low, high, low_open, high_open, why)
 
@@ -117,7 +127,7 @@ class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors raise UserError (run_cli: one `error:` line, exit 2), naming the flag first."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("exit_on_error", False)       # argparse raises ArgumentError for a bad value: said below
+        kwargs.setdefault("exit_on_error", False)  # argparse raises ArgumentError for a bad value: said below
         super().__init__(*args, **kwargs)
         # argparse takes an argument for a value when it looks like a negative number, but its pattern (Python
         # 3.11) has no exponent: `--lenpen -1e30` would be "expected one argument" instead of the value refused

@@ -2,6 +2,7 @@
 which imports mlflow whenever it is installed (train.py's `--mlflow` extra) — 1.4 s more per process start, on
 every rank of every launch, for a tool this repository never runs. Only that module is refused mlflow (it falls
 back to running without it); train.py's own `import mlflow` is untouched."""
+
 from __future__ import annotations
 
 import importlib.abc
@@ -17,8 +18,9 @@ class _NoMlflowForTheAutotuner(importlib.abc.MetaPathFinder):
         frame = sys._getframe(1)
         while frame is not None:
             if frame.f_globals.get("__name__") == AUTOTUNER:
-                raise ModuleNotFoundError("not imported for DeepSpeed's autotuner (common/deepspeed_import.py)",
-                                          name="mlflow")
+                raise ModuleNotFoundError(
+                    "not imported for DeepSpeed's autotuner (common/deepspeed_import.py)", name="mlflow"
+                )
             frame = frame.f_back
         return None
 

@@ -10,6 +10,7 @@ once; the others wait a little first (`UserError.report_delay`, default `OTHER_R
 launcher stops the whole job as soon as one rank exits — so the user reads one line, not one per rank. A rank that
 alone meets an error still reports it, a few seconds late.
 """
+
 from __future__ import annotations
 
 import errno
@@ -23,8 +24,11 @@ from common.ranks import world_and_rank_from_env
 
 OTHER_RANKS_DELAY = 3.0
 # errors of a write that ran out of room: disk full, quota, and the file-size limit (ulimit -f)
-NO_ROOM = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
-           errno.EFBIG: "file too large (the file-size limit, ulimit -f, or the filesystem's maximum)"}
+NO_ROOM = {
+    errno.ENOSPC: "no space left on the device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EFBIG: "file too large (the file-size limit, ulimit -f, or the filesystem's maximum)",
+}
 
 
 class UserError(Exception):
@@ -59,7 +63,7 @@ def no_room_error(exc: BaseException) -> OSError | None:
     return None
 
 
-ABORTED = 3        # exit status of a rank that stops because another rank of its job failed (no news itself)
+ABORTED = 3  # exit status of a rank that stops because another rank of its job failed (no news itself)
 
 
 class Stopped(BaseException):
@@ -105,14 +109,17 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
         if full is None:
             raise
         where = f" writing {full.filename}" if full.filename else ""
-        print(f"error: {NO_ROOM[full.errno]}{where}: free space (or raise the limit), or write to another disk",
-              file=sys.stderr, flush=True)
+        print(
+            f"error: {NO_ROOM[full.errno]}{where}: free space (or raise the limit), or write to another disk",
+            file=sys.stderr,
+            flush=True,
+        )
         leave(2)
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr, flush=True)
         leave(130)
     except Stopped as stop:
-        if _launched_rank() in (None, 0):                  # every rank got the signal: one line for the job
+        if _launched_rank() in (None, 0):  # every rank got the signal: one line for the job
             print(stop, file=sys.stderr, flush=True)
         leave(stop.exit_status)
     leave(int(result or 0))
@@ -120,8 +127,10 @@ def run_cli(main: Callable[[], object]) -> NoReturn:
 
 def console_script(main: Callable[[], object]) -> Callable[[], NoReturn]:
     """The no-argument callable a console script (setup.cfg entry point) calls: `main` under `run_cli`."""
+
     def entry() -> NoReturn:
         run_cli(main)
-    entry.main = main          # (not __wrapped__: inspect would then show main as the entry point's source)
+
+    entry.main = main  # (not __wrapped__: inspect would then show main as the entry point's source)
     entry.__doc__ = f"Console script: {main.__module__}.main, user mistakes in one line."
     return entry

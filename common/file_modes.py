@@ -1,6 +1,7 @@
 """Give files the mode a plain open()/mkdir() would: some writers make them private (safetensors' save_file
 writes 0600 files; tempfile.mkdtemp makes 0700 folders), which a model folder or a consolidated state dict that
 others read must not keep."""
+
 from __future__ import annotations
 
 import os

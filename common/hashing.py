@@ -1,6 +1,7 @@
 """sha256 of a file, read in chunks: the one way this repository fingerprints data, tokenizers and checkpoints; and
 the sha256 of a sample of a file's bytes, which tells cheaply, at every start, that a large file is still the one
 whose full sha256 was recorded (docs/data.md, "The TSV's identity")."""
+
 from __future__ import annotations
 
 import hashlib
@@ -8,8 +9,8 @@ import os
 from pathlib import Path
 
 CHUNK = 1 << 20
-SAMPLE_BLOCK = 16 << 10           # bytes read at each sampled place
-SAMPLE_BLOCKS = 64                # places, evenly spaced from the first block to the last: 1 MiB read in all
+SAMPLE_BLOCK = 16 << 10  # bytes read at each sampled place
+SAMPLE_BLOCKS = 64  # places, evenly spaced from the first block to the last: 1 MiB read in all
 
 
 def file_sha256(path: str | Path) -> str:

@@ -16,6 +16,7 @@ shell too).
 run_cluster.sh encodes with `python -m common.launch_payload encode ...` (the repository on PYTHONPATH; nothing here
 imports torch).
 """
+
 from __future__ import annotations
 
 import base64
@@ -30,8 +31,7 @@ from common.ranks import global_rank_from_env
 FLAG = "--launch_payload"
 
 
-def encode(argv: Sequence[str], env: dict | None = None, log_dir: str | None = None,
-           cwd: str | None = None) -> str:
+def encode(argv: Sequence[str], env: dict | None = None, log_dir: str | None = None, cwd: str | None = None) -> str:
     payload = {"argv": list(argv), "env": dict(env or {}), "log_dir": log_dir, "cwd": cwd}
     return base64.urlsafe_b64encode(json.dumps(payload).encode("utf-8")).decode("ascii").rstrip("=")
 
@@ -50,8 +50,9 @@ def _check_fields(payload: dict) -> None:
     argv, env = payload.get("argv"), payload.get("env", {})
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         raise ValueError('"argv" must be a list of strings')
-    if not isinstance(env, dict) or not all(isinstance(v, (str, int, float)) and not isinstance(v, bool)
-                                            for v in env.values()):
+    if not isinstance(env, dict) or not all(
+        isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in env.values()
+    ):
         raise ValueError('"env" must map names to strings')
     for key in ("log_dir", "cwd"):
         if payload.get(key) is not None and not isinstance(payload[key], str):
@@ -78,12 +79,14 @@ def apply(argv: Sequence[str]) -> list[str]:
     except (ValueError, UnicodeDecodeError) as exc:
         sys.exit(f"error: {FLAG}: the token does not decode ({exc}); it is written by run_cluster.sh, not by hand")
     os.environ.update({str(k): str(v) for k, v in payload.get("env", {}).items()})
-    if payload.get("cwd"):                  # relative paths in the arguments mean what they meant to the user
+    if payload.get("cwd"):  # relative paths in the arguments mean what they meant to the user
         try:
             os.chdir(payload["cwd"])
         except OSError as exc:
-            sys.exit(f"error: on {socket.gethostname()}, the folder the job was launched from ({payload['cwd']}) "
-                     f"cannot be entered ({exc.strerror}): launch from a folder every node sees at the same path")
+            sys.exit(
+                f"error: on {socket.gethostname()}, the folder the job was launched from ({payload['cwd']}) "
+                f"cannot be entered ({exc.strerror}): launch from a folder every node sees at the same path"
+            )
     if payload.get("log_dir"):
         os.makedirs(payload["log_dir"], exist_ok=True)
         fd = os.open(log_path(payload["log_dir"]), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
@@ -92,13 +95,15 @@ def apply(argv: Sequence[str]) -> list[str]:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    return argv[:at] + [str(a) for a in payload["argv"]] + argv[at + 2:]
+    return argv[:at] + [str(a) for a in payload["argv"]] + argv[at + 2 :]
 
 
 def _main(args: list[str]) -> int:
-    usage = ("usage: python -m common.launch_payload encode [--cwd DIR] [--log_dir DIR] [--env NAME=VALUE]... -- ARG..."
-             "\n       python -m common.launch_payload decode TOKEN\n"
-             "Prints the token run_cluster.sh passes as `train.py --launch_payload TOKEN` (or the decoded JSON).")
+    usage = (
+        "usage: python -m common.launch_payload encode [--cwd DIR] [--log_dir DIR] [--env NAME=VALUE]... -- ARG..."
+        "\n       python -m common.launch_payload decode TOKEN\n"
+        "Prints the token run_cluster.sh passes as `train.py --launch_payload TOKEN` (or the decoded JSON)."
+    )
     if not args or args[0] in ("-h", "--help"):
         print(usage)
         return 0 if args else 2
@@ -108,7 +113,7 @@ def _main(args: list[str]) -> int:
     if args[0] != "encode" or "--" not in args:
         print(usage, file=sys.stderr)
         return 2
-    opts, argv = args[1:args.index("--")], args[args.index("--") + 1:]
+    opts, argv = args[1 : args.index("--")], args[args.index("--") + 1 :]
     env, log_dir, cwd = {}, None, None
     while opts:
         key = opts.pop(0)

@@ -6,6 +6,7 @@ at load 5 on 2 cores (numbers and the command in docs/speed.md, "Threads on a sh
 (PASSIVE) costs little when the cores are idle, so it is the default; the user's own OMP_WAIT_POLICY wins, and
 `OMP_WAIT_POLICY=default` keeps the runtime's own behaviour.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ def choose_omp_wait_policy(environ=os.environ) -> str | None:
     variable once, when it is loaded."""
     value = environ.get("OMP_WAIT_POLICY")
     if value is not None and value.strip().lower() == "default":
-        del environ["OMP_WAIT_POLICY"]              # the runtime would call "default" invalid; unset is its default
+        del environ["OMP_WAIT_POLICY"]  # the runtime would call "default" invalid; unset is its default
         return None
     if value is None:
         environ["OMP_WAIT_POLICY"] = DEFAULT

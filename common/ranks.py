@@ -3,6 +3,7 @@
 Known before torch.distributed exists (the launcher's RANK / LOCAL_RANK, or OpenMPI's OMPI_COMM_WORLD_* under
 mpirun) and after it (torch.distributed's own numbers). One home, so every caller agrees on what rank 0 is.
 """
+
 from __future__ import annotations
 
 import os
@@ -55,6 +56,7 @@ def local_rank_from_env() -> int:
 def global_rank() -> int:
     """torch.distributed's rank once the process group exists, the launcher's before."""
     import torch.distributed as dist  # torch is heavy; the env readers above are used before it loads
+
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank()
     return global_rank_from_env()
@@ -91,6 +93,7 @@ def ranks_at(address: str) -> tuple[str, list[int]]:
     """(host name, its ranks) of the peer at `address` (an IP a collective's error names): the name this node
     resolves it to; the ranks whose gathered host name is that name or the address itself (none when unknown)."""
     import socket
+
     try:
         name = socket.gethostbyaddr(address)[0]
     except OSError:

@@ -9,6 +9,7 @@ checkout.
 
 `git_commit()` is the code version run.json records ("unknown" outside a git checkout or without git).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ from pathlib import Path
 from common.errors import UserError, run_cli
 
 ENV = "DSR_ROOT"
-LAUNCHER = Path("run_scripts") / "run.sh"          # what marks a checkout: the launch scripts are files, not a package
+LAUNCHER = Path("run_scripts") / "run.sh"  # what marks a checkout: the launch scripts are files, not a package
 
 
 def repo_root() -> Path:
@@ -29,14 +30,18 @@ def repo_root() -> Path:
     if given:
         root = Path(given).expanduser().resolve()
         if not (root / LAUNCHER).is_file():
-            raise UserError(f"{ENV}={given} is not the repository's folder (it has no {LAUNCHER}); set {ENV} to "
-                            f"the folder you cloned, or unset it")
+            raise UserError(
+                f"{ENV}={given} is not the repository's folder (it has no {LAUNCHER}); set {ENV} to "
+                f"the folder you cloned, or unset it"
+            )
         return root
     root = Path(__file__).resolve().parent.parent
     if not (root / LAUNCHER).is_file():
-        raise UserError(f"the installed package at {root} is not a checkout of the repository (no {LAUNCHER}: a "
-                        f"non-editable install has the Python packages only); set {ENV}=/path/to/the/repository, "
-                        f"or install it with `pip install -e .` from the checkout")
+        raise UserError(
+            f"the installed package at {root} is not a checkout of the repository (no {LAUNCHER}: a "
+            f"non-editable install has the Python packages only); set {ENV}=/path/to/the/repository, "
+            f"or install it with `pip install -e .` from the checkout"
+        )
     return root
 
 
@@ -45,12 +50,15 @@ def git_commit(root: Path | None = None) -> str:
     changed since; "unknown" outside git."""
     root = Path(root) if root is not None else Path(__file__).resolve().parent.parent
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10)
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         if head.returncode != 0:
             return "unknown"
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.returncode == 0 and dirty.stdout.strip() else "")
@@ -59,8 +67,10 @@ def git_commit(root: Path | None = None) -> str:
 def main(argv=None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if args and args[0] in ("-h", "--help"):
-        print("usage: python -m common.repository\n  prints the repository's root folder ($DSR_ROOT, else the "
-              "checkout the installed package comes from); recipes' run.sh use it to find run_scripts/")
+        print(
+            "usage: python -m common.repository\n  prints the repository's root folder ($DSR_ROOT, else the "
+            "checkout the installed package comes from); recipes' run.sh use it to find run_scripts/"
+        )
         return 0
     if args:
         raise UserError(f"unexpected argument {args[0]!r}: python -m common.repository takes none (see --help)")

@@ -18,12 +18,13 @@ Each script imports this module inside `try`, so that a machine without the pack
         sys.exit(2)
     require_own_checkout(__file__)
 """
+
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-MARK = Path("run_scripts") / "run.sh"         # what makes a folder a checkout (as common.repository.LAUNCHER)
+MARK = Path("run_scripts") / "run.sh"  # what makes a folder a checkout (as common.repository.LAUNCHER)
 
 
 def package_root() -> Path:
@@ -37,10 +38,12 @@ def other_checkout(script: str) -> str | None:
     theirs, ours = package_root(), Path(script).resolve().parent.parent
     if theirs == ours or not (theirs / MARK).is_file() or not (ours / MARK).is_file():
         return None
-    return (f"run_scripts/{Path(script).name} is in the checkout {ours}, but Python imports this repository's "
-            f"code from another checkout, {theirs} (installed there with `pip install -e .`, or on PYTHONPATH), "
-            f"which would run instead. Run `pip install -e {ours}` to use this checkout, or run the scripts of "
-            f"{theirs}")
+    return (
+        f"run_scripts/{Path(script).name} is in the checkout {ours}, but Python imports this repository's "
+        f"code from another checkout, {theirs} (installed there with `pip install -e .`, or on PYTHONPATH), "
+        f"which would run instead. Run `pip install -e {ours}` to use this checkout, or run the scripts of "
+        f"{theirs}"
+    )
 
 
 def require_own_checkout(script: str) -> None:

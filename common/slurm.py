@@ -14,6 +14,7 @@ rank 0 will serve torch's store); 29500, torch's default that any other job may 
 
     python -m common.slurm master        prints "ADDR PORT" for this job (the batch script's MASTER_ADDR/MASTER_PORT)
 """
+
 from __future__ import annotations
 
 import os
@@ -23,16 +24,16 @@ import sys
 
 from common.errors import UserError, run_cli
 
-PORT_BASE = 20000                 # derived ports lie in [PORT_BASE, PORT_BASE + PORT_SPAN)
+PORT_BASE = 20000  # derived ports lie in [PORT_BASE, PORT_BASE + PORT_SPAN)
 PORT_SPAN = 20000
-AVOID = {29500}                   # torch's and DeepSpeed's default: other jobs hold it
+AVOID = {29500}  # torch's and DeepSpeed's default: other jobs hold it
 
 
 def first_host(nodelist: str) -> str:
     """The first host of a SLURM host list: `gpu[07-09,12],login1` → `gpu07`, `rack[2-3]-n[1-4]` → `rack2-n1`. The
     host `scontrol show hostnames` prints first (zero padding kept)."""
     depth, end = 0, len(nodelist or "")
-    for i, char in enumerate(nodelist or ""):            # the first host expression ends at a comma outside brackets
+    for i, char in enumerate(nodelist or ""):  # the first host expression ends at a comma outside brackets
         depth += {"[": 1, "]": -1}.get(char, 0)
         if char == "," and depth == 0:
             end = i
@@ -73,8 +74,10 @@ def job_port(job_id: int, free=_free) -> int:
         port = PORT_BASE + (job_id + i) % PORT_SPAN
         if port not in AVOID and free(port):
             return port
-    raise UserError(f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} on {socket.gethostname()}: set "
-                    f"MASTER_PORT to a free one")
+    raise UserError(
+        f"no free port in {PORT_BASE}-{PORT_BASE + PORT_SPAN - 1} on {socket.gethostname()}: set "
+        f"MASTER_PORT to a free one"
+    )
 
 
 def in_job_step(environ=os.environ) -> bool:
@@ -88,13 +91,19 @@ def rank_env(environ=os.environ) -> dict[str, str]:
     counts = tasks_per_node(environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE", ""))
     node = int(environ.get("SLURM_NODEID", "0"))
     world = environ.get("SLURM_STEP_NUM_TASKS") or environ.get("SLURM_NTASKS") or str(sum(counts))
-    env = {"RANK": environ["SLURM_PROCID"], "WORLD_SIZE": world, "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
-           "LOCAL_SIZE": str(counts[node] if node < len(counts) else 1)}
-    env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or first_host(environ.get("SLURM_STEP_NODELIST")
-                                                                  or environ.get("SLURM_JOB_NODELIST", ""))
+    env = {
+        "RANK": environ["SLURM_PROCID"],
+        "WORLD_SIZE": world,
+        "LOCAL_RANK": environ.get("SLURM_LOCALID", "0"),
+        "LOCAL_SIZE": str(counts[node] if node < len(counts) else 1),
+    }
+    env["MASTER_ADDR"] = environ.get("MASTER_ADDR") or first_host(
+        environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST", "")
+    )
     # no check that it is free: this rank is not where rank 0 serves the store
-    env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(job_port(int(environ.get("SLURM_JOB_ID", "0")),
-                                                                     free=lambda _: True))
+    env["MASTER_PORT"] = environ.get("MASTER_PORT") or str(
+        job_port(int(environ.get("SLURM_JOB_ID", "0")), free=lambda _: True)
+    )
     return env
 
 

@@ -12,6 +12,7 @@ no one else can hold — and removed after a failure of the writer that created 
 checkpoint files, in the run's own checkpoints/ folder, pass a fixed `staging` name: the disk-full guard removes it
 and the next start clears what a crash left (training.checkpoint.folder).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -91,9 +92,10 @@ def staged_folder(path: str, replace: bool = False) -> Iterator[str]:
         as_created(tmp)
         if replace and os.path.isdir(path) and not os.path.islink(path):
             shutil.rmtree(path)
-        if os.path.lexists(path):        # made meanwhile: rename() would replace an empty folder without a word
-            raise UserError(f"{path} appeared while the output was being written; nothing was written over it — "
-                            f"name a new folder")
+        if os.path.lexists(path):  # made meanwhile: rename() would replace an empty folder without a word
+            raise UserError(
+                f"{path} appeared while the output was being written; nothing was written over it — name a new folder"
+            )
         os.rename(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -8,6 +8,7 @@
 Here, not in preprocess/, because translate.py, evaluate.py and the benchmarks read their text by the same rules as
 the data preparation does.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -41,8 +42,10 @@ def decode_line(raw: bytes, name: str, lineno: int) -> str:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
-        fail(f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
-             "convert the file to UTF-8 first")
+        fail(
+            f"{name}:{lineno}: invalid UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+            "convert the file to UTF-8 first"
+        )
     if lineno == 1 and text.startswith("\ufeff"):
         text = text[1:]  # a byte-order mark is an editor artefact, not part of the first sentence
     # Only "\n" ends a line (binary iteration): str.splitlines() would also split on U+2028 or \x85 inside a

@@ -1,4 +1,5 @@
 """Sizes for people: bytes as B / KiB / MiB / GiB (base 1024, memory) or B / KB / MB / GB (base 1000, disks)."""
+
 from __future__ import annotations
 
 

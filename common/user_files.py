@@ -7,6 +7,7 @@
 
 Here, not in preprocess/, because every command (train.py, plan.py, translate.py, the checkpoint tools) asks them.
 """
+
 from __future__ import annotations
 
 import os
@@ -23,6 +24,7 @@ def read_json(path: PathLike, what: str):
     error, bytes that are not UTF-8 and a key given twice in one object (JSON would silently keep the last) are each
     a one-line UserError naming `what` and the path."""
     import json
+
     if os.path.isdir(path):
         fail(f"{what} {path} is a folder; give the JSON file")
     if not os.path.isfile(path):
@@ -32,10 +34,13 @@ def read_json(path: PathLike, what: str):
         seen = set()
         for key, _ in pairs:
             if key in seen:
-                fail(f"{what} {path}: the key {json.dumps(key)} appears twice in one object; JSON keeps only the "
-                     f"last one, so delete the one you did not mean")
+                fail(
+                    f"{what} {path}: the key {json.dumps(key)} appears twice in one object; JSON keeps only the "
+                    f"last one, so delete the one you did not mean"
+                )
             seen.add(key)
         return dict(pairs)
+
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f, object_pairs_hook=no_duplicates)
@@ -82,5 +87,7 @@ def refuse_output_over_inputs(output: PathLike, what: str, inputs: Iterable[tupl
     for label, path in inputs:
         if path is not None and same_file(output, path):
             other = str(path) in label and os.path.abspath(output) != os.path.abspath(path)
-            fail(f"{what} {output} is {label}{' (the same file under another name)' if other else ''}: writing "
-                 f"there would replace what the command reads; give another output file")
+            fail(
+                f"{what} {output} is {label}{' (the same file under another name)' if other else ''}: writing "
+                f"there would replace what the command reads; give another output file"
+            )

@@ -4,6 +4,7 @@ with it (training/core/metrics.py), and the benchmarks (benchmarks/) count work 
 group or a device. What each function counts, its formulas and the DeepSpeed behaviour behind them:
 docs/cost-model.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -15,6 +16,7 @@ INT64 = 8
 
 
 # ----------------------------------------------------------------------------------------------------------- FLOPs
+
 
 def forward_flops(m: ModelConfig, src_tokens: int, tgt_tokens: int, pairs: int, src_len: int, tgt_len: int) -> int:
     """Forward FLOPs of the whole model for `pairs` sentence pairs with `src_tokens` / `tgt_tokens` real tokens,
@@ -65,7 +67,6 @@ def peak_flops(device_name: str, precision: str) -> float | None:
     return None
 
 
-
 def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> dict[str, int]:
     """Per-rank bytes of parameters, gradients and AdamW state for n_params parameters
     (docs/cost-model.md#memory-per-rank, State). The optimizer state is AdamW's two fp32 moments, plus — wherever
@@ -74,7 +75,7 @@ def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> d
     half = precision in ("fp16", "bf16")
     p_b, g_b = (2, 2) if half else (4, 4)
     o_b = 12 if half or zero >= 1 else 8
-    part = -(-n_params // dp)           # ZeRO partition: ⌈n/dp⌉ elements
+    part = -(-n_params // dp)  # ZeRO partition: ⌈n/dp⌉ elements
 
     def n(stage_needed: int) -> int:
         return part if zero >= stage_needed else n_params
@@ -84,8 +85,8 @@ def state_bytes(n_params: int, dp: int, zero: int, precision: str = "fp32") -> d
     return out
 
 
-ALLREDUCE_BUCKET = 500_000_000      # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's flattened gradients
-ZERO3_PREFETCH = 50_000_000         # DeepSpeed's stage3_prefetch_bucket_size default (elements)
+ALLREDUCE_BUCKET = 500_000_000  # deepspeed.runtime.engine.MEMORY_OPT_ALLREDUCE_SIZE: ZeRO 0's flattened gradients
+ZERO3_PREFETCH = 50_000_000  # DeepSpeed's stage3_prefetch_bucket_size default (elements)
 # bytes of a gradient element on the data-parallel wire and in DeepSpeed's reduction buffers: fp32 under every
 # precision (training.core.engine.GRAD_REDUCE_DTYPE, DeepSpeed's communication_data_type), and half precision
 # accumulates gradients in fp32 too
@@ -112,14 +113,15 @@ def _flat_allreduce_buffers(n_params: int, precision: str) -> tuple[int, int]:
     return during, min(n_params, ALLREDUCE_BUCKET) * GRAD_BYTES
 
 
-def _zero12_buffers(n_params: int, dp: int, zero: int, half: bool, bucket: int, overlap_comm: bool,
-                    contiguous: bool) -> tuple[int, int]:
+def _zero12_buffers(
+    n_params: int, dp: int, zero: int, half: bool, bucket: int, overlap_comm: bool, contiguous: bool
+) -> tuple[int, int]:
     """(during, after) backward for DeepSpeedZeroOptimizer (docs/cost-model.md#memory-per-rank, ZeRO 1/2)."""
     staged = 2 if half and zero == 2 else GRAD_BYTES
     ipg = (int(contiguous) + int(contiguous and overlap_comm)) * bucket * staged
-    reduce = bucket * staged + (bucket * GRAD_BYTES if staged != GRAD_BYTES else 0)     # flattened, cast to fp32
+    reduce = bucket * staged + (bucket * GRAD_BYTES if staged != GRAD_BYTES else 0)  # flattened, cast to fp32
     partition = -(-n_params // dp) * GRAD_BYTES
-    accumulation = n_params * GRAD_BYTES if half and zero == 1 else 0                  # fp16's fp32 grad_accum
+    accumulation = n_params * GRAD_BYTES if half and zero == 1 else 0  # fp16's fp32 grad_accum
     in_backward = zero == 2 or overlap_comm
     accumulates_in_partition = half and zero == 2
     during = ipg + accumulation + (reduce if in_backward else 0) + (partition if accumulates_in_partition else 0)
@@ -127,8 +129,9 @@ def _zero12_buffers(n_params: int, dp: int, zero: int, half: bool, bucket: int, 
     return during, after
 
 
-def _zero3_buffers(n_params: int, dp: int, half: bool, bucket: int, contiguous: bool,
-                   largest_block: int) -> tuple[int, int]:
+def _zero3_buffers(
+    n_params: int, dp: int, half: bool, bucket: int, contiguous: bool, largest_block: int
+) -> tuple[int, int]:
     """(during, after) backward for DeepSpeedZeroOptimizer_Stage3 (docs/cost-model.md#memory-per-rank, ZeRO 3);
     all of it lives during backward."""
     staging = bucket * GRAD_BYTES if contiguous or half else 0
@@ -136,9 +139,16 @@ def _zero3_buffers(n_params: int, dp: int, half: bool, bucket: int, contiguous: 
     return staging + bucket * GRAD_BYTES + -(-n_params // dp) * GRAD_BYTES + gathered, 0
 
 
-def deepspeed_buffer_bytes(n_params: int, dp: int, zero: int, precision: str, reduce_bucket: int,
-                           overlap_comm: bool, largest_block: int = 0,
-                           contiguous_gradients: bool = False) -> dict[str, int]:
+def deepspeed_buffer_bytes(
+    n_params: int,
+    dp: int,
+    zero: int,
+    precision: str,
+    reduce_bucket: int,
+    overlap_comm: bool,
+    largest_block: int = 0,
+    contiguous_gradients: bool = False,
+) -> dict[str, int]:
     """DeepSpeed's own allocations beyond params / grads / optimizer state on one rank of `n_params` parameters
     (docs/cost-model.md#memory-per-rank): {"during_backward": bytes live while activations are, "after_backward":
     bytes that exist only once backward is done}. `zero`: the stage DeepSpeed runs
@@ -179,8 +189,14 @@ def _decoder_elems(m: ModelConfig, tp: int, b: int) -> tuple[int, int]:
     return elems, masks
 
 
-def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
-                     precision: str = "fp32", recomputed: Sequence[str] | None = None) -> dict[str, int]:
+def activation_bytes(
+    m: ModelConfig,
+    p: ParallelConfig,
+    names: Sequence[str],
+    micro: int,
+    precision: str = "fp32",
+    recomputed: Sequence[str] | None = None,
+) -> dict[str, int]:
     """Activation estimate of one stage holding the layers `names` (formulas: docs/cost-model.md#memory-per-rank,
     Activations); `recomputed`: the blocks pipeline_func recomputes (default: every block when p.recompute)."""
     tp, b, s, t, h = p.model_parallel, micro, m.src_len, m.tgt_len, m.d_model
@@ -190,16 +206,16 @@ def activation_bytes(m: ModelConfig, p: ParallelConfig, names: Sequence[str], mi
     largest = 0
     for name in names:
         if name == "embeddings":
-            other += b * (s + t) * h if m.dropout > 0 else 0                  # dropout masks
+            other += b * (s + t) * h if m.dropout > 0 else 0  # dropout masks
         elif name.startswith(("encoder.", "decoder.")):
             if name.startswith("encoder."):
                 e, k = _encoder_elems(m, tp, b, last=name == f"encoder.{m.encoder_layers - 1}")
                 block_input = b * s * h * el
-                carried = max(carried, b * t * h * el) if name in recomputed else carried    # tgt_h rides along
+                carried = max(carried, b * t * h * el) if name in recomputed else carried  # tgt_h rides along
             else:
                 e, k = _decoder_elems(m, tp, b)
                 block_input = b * t * h * el
-                carried = b * s * h * el if name in recomputed else carried                  # the encoder memory
+                carried = b * s * h * el if name in recomputed else carried  # the encoder memory
             if name in recomputed:
                 kept, largest = kept + block_input, max(largest, e * el + k)
             else:
@@ -231,8 +247,10 @@ def in_flight(p: ParallelConfig, stage: int) -> int:
 
 # ---------------------------------------------------------------------------------------------------- communication
 
-def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int,
-                  recomputed: Sequence[str] | None = None) -> dict[str, list[int]]:
+
+def tp_allreduces(
+    m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro: int, recomputed: Sequence[str] | None = None
+) -> dict[str, list[int]]:
     """Element counts of every TP all-reduce one rank of this stage issues per micro-batch: "forward" and
     "backward" (activations and their gradients, `CommLog` op "all_reduce") and "loss" (the vocab-parallel loss's
     statistics, fp32, op "loss_all_reduce"). `recomputed` as in activation_bytes."""
@@ -246,13 +264,13 @@ def tp_allreduces(m: ModelConfig, p: ParallelConfig, names: Sequence[str], micro
         fwd += [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
         bwd += [b * s * h] * (2 * n_enc) + [b * t * h] * (3 * n_dec)
         if "embeddings" in names and not p.vocab_emb_dp:
-            fwd += [b * s * h, b * t * h]               # split word tables: partial lookups summed
+            fwd += [b * s * h, b * t * h]  # split word tables: partial lookups summed
         if n_dec:
-            bwd.append(b * s * h)                       # the memory's gradient, once per stage
+            bwd.append(b * s * h)  # the memory's gradient, once per stage
         if "head" in names:
-            bwd.append(b * t * h)                       # the head's input gradient
-            loss += [b * t, b * t, 2 * b * t]           # max, sum-exp, (target logit, logit sum)
-        rc = _recomputed(p, names, recomputed)          # the recomputed blocks' forward, again inside backward
+            bwd.append(b * t * h)  # the head's input gradient
+            loss += [b * t, b * t, 2 * b * t]  # max, sum-exp, (target logit, logit sum)
+        rc = _recomputed(p, names, recomputed)  # the recomputed blocks' forward, again inside backward
         bwd += [b * s * h] * (2 * sum(1 for n in rc if n.startswith("encoder.")))
         bwd += [b * t * h] * (3 * sum(1 for n in rc if n.startswith("decoder.")))
     return {"forward": fwd, "backward": bwd, "loss": loss}
@@ -266,7 +284,7 @@ def boundary_tensors(m: ModelConfig, last_layer: str, micro: int) -> list[dict]:
         return [{"name": "tgt_h", "shape": [b, t, h], "float": True}, tgt_ids]
     if last_layer.startswith("decoder.") or last_layer == f"encoder.{m.encoder_layers - 1}":
         joined = {"name": "tgt_h+memory", "shape": [b, t + s, h], "float": True}
-    else:                                           # embeddings or a non-last encoder block
+    else:  # embeddings or a non-last encoder block
         joined = {"name": "src_h+tgt_h", "shape": [b, s + t, h], "float": True}
     return [joined, {"name": "src_ids", "shape": [b, s], "float": False}, tgt_ids]
 
@@ -276,46 +294,69 @@ def tensor_bytes(tensor: dict, float_bytes: int) -> int:
     return math.prod(tensor["shape"]) * (float_bytes if tensor["float"] else INT64)
 
 
-def boundary_bytes(tensors: list[dict], float_bytes: int, tp: int, split_forward: bool,
-                   split_backward: bool) -> tuple[int, int]:
+def boundary_bytes(
+    tensors: list[dict], float_bytes: int, tp: int, split_forward: bool, split_backward: bool
+) -> tuple[int, int]:
     """(forward, backward) bytes one rank sends across a stage boundary per micro-batch: the ids whole, the float
     tensor — and its gradient — 1/tp of it where DeepSpeed splits it over the TP ranks."""
+
     def share(n: int, split: bool) -> int:
         return n // tp if split else n
+
     floats = sum(tensor_bytes(x, float_bytes) for x in tensors if x["float"])
     ids = sum(tensor_bytes(x, float_bytes) for x in tensors if not x["float"])
     return share(floats, split_forward) + ids, share(floats, split_backward)
 
 
-def dp_bytes(n_params: int, precision: str, zero: int, p: ParallelConfig,
-             bucket_allreduce: bool = True) -> dict:
+def dp_bytes(n_params: int, precision: str, zero: int, p: ParallelConfig, bucket_allreduce: bool = True) -> dict:
     """Bytes one rank of `n_params` parameters sends per step for data-parallel sync (ring volumes:
     docs/cost-model.md#communication-per-rank): `zero` is the stage DeepSpeed runs, `bucket_allreduce` ZeRO 1/2's
     use_multi_rank_bucket_allreduce. Gradients travel in fp32 (GRAD_BYTES) under every precision, parameters in the
     training precision."""
     dp, mb = p.data_parallel, p.micro_batch_num
     if dp == 1:
-        return {"bytes_per_step": 0, "grad_bytes_per_step": 0, "param_bytes_per_step": 0,
-                "how": "dp = 1: no data-parallel communication"}
+        return {
+            "bytes_per_step": 0,
+            "grad_bytes_per_step": 0,
+            "param_bytes_per_step": 0,
+            "how": "dp = 1: no data-parallel communication",
+        }
     r = (dp - 1) / dp
     G, P = n_params * GRAD_BYTES, n_params * (2 if precision in ("fp16", "bf16") else 4)
     gather = r * P
     if zero == 0:
         grads, gather, how = 2 * r * G, 0, "all-reduce of the fp32 gradients once per step: 2·(dp-1)/dp × grads"
     elif uses_bf16_optimizer(zero, precision):
-        grads, how = 2 * r * G, ("BF16_Optimizer: all-reduce of the fp32 gradients + all-gather of the updated bf16 "
-                                 "parameters once per step: (dp-1)/dp × (2·grads + params)")
+        grads, how = (
+            2 * r * G,
+            (
+                "BF16_Optimizer: all-reduce of the fp32 gradients + all-gather of the updated bf16 "
+                "parameters once per step: (dp-1)/dp × (2·grads + params)"
+            ),
+        )
     elif zero in (1, 2):
         per_reduction = (2 if bucket_allreduce else 1) * r * G
-        how_reduce = ("all-reduce of the fp32 gradient buckets" if bucket_allreduce
-                      else "reduce of each fp32 gradient slice to its owner")
+        how_reduce = (
+            "all-reduce of the fp32 gradient buckets"
+            if bucket_allreduce
+            else "reduce of each fp32 gradient slice to its owner"
+        )
         if zero == 1:
             grads, how = per_reduction, f"{how_reduce} + all-gather of the updated parameters once per step"
         else:
-            grads, how = mb * per_reduction, (f"{how_reduce} every micro-batch + all-gather of the parameters "
-                                              f"per step")
+            grads, how = mb * per_reduction, (f"{how_reduce} every micro-batch + all-gather of the parameters per step")
     else:
-        grads, gather, how = mb * r * G, mb * 2 * r * P, ("per micro-batch: all-gather of the parameters in forward "
-                                                          "and backward + reduce-scatter of the fp32 gradients")
-    return {"bytes_per_step": int(round(grads + gather)), "grad_bytes_per_step": int(round(grads)),
-            "param_bytes_per_step": int(round(gather)), "how": how}
+        grads, gather, how = (
+            mb * r * G,
+            mb * 2 * r * P,
+            (
+                "per micro-batch: all-gather of the parameters in forward "
+                "and backward + reduce-scatter of the fp32 gradients"
+            ),
+        )
+    return {
+        "bytes_per_step": int(round(grads + gather)),
+        "grad_bytes_per_step": int(round(grads)),
+        "param_bytes_per_step": int(round(gather)),
+        "how": how,
+    }

@@ -23,6 +23,7 @@ Blenderbot (the 3B/9B variant, not blenderbot-small) is a pre-LN encoder-decoder
 
 tests/test_hf_export.py checks the logits, greedy and beam outputs of the loaded folder against ours.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,31 +37,69 @@ ARCHITECTURE = "BlenderbotForConditionalGeneration"
 
 def blenderbot_config(cfg: ModelConfig, bos_id: int, eos_id: int, pad_id: int):
     from transformers import BlenderbotConfig
+
     return BlenderbotConfig(
-        vocab_size=cfg.vocab_size, d_model=cfg.d_model, max_position_embeddings=max(cfg.src_len, cfg.tgt_len),
-        encoder_layers=cfg.encoder_layers, decoder_layers=cfg.decoder_layers,
-        encoder_attention_heads=cfg.num_heads, decoder_attention_heads=cfg.num_heads,
-        encoder_ffn_dim=cfg.ffn, decoder_ffn_dim=cfg.ffn, activation_function="gelu",
-        dropout=cfg.dropout, attention_dropout=cfg.attention_dropout, activation_dropout=0.0,
-        encoder_layerdrop=0.0, decoder_layerdrop=0.0, init_std=cfg.init_std, scale_embedding=False,
-        pad_token_id=pad_id, bos_token_id=bos_id, eos_token_id=eos_id, decoder_start_token_id=bos_id,
-        forced_eos_token_id=None, encoder_no_repeat_ngram_size=0, tie_word_embeddings=cfg.share_embeddings,
-        is_encoder_decoder=True, use_cache=True, architectures=[ARCHITECTURE])
+        vocab_size=cfg.vocab_size,
+        d_model=cfg.d_model,
+        max_position_embeddings=max(cfg.src_len, cfg.tgt_len),
+        encoder_layers=cfg.encoder_layers,
+        decoder_layers=cfg.decoder_layers,
+        encoder_attention_heads=cfg.num_heads,
+        decoder_attention_heads=cfg.num_heads,
+        encoder_ffn_dim=cfg.ffn,
+        decoder_ffn_dim=cfg.ffn,
+        activation_function="gelu",
+        dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout,
+        activation_dropout=0.0,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        init_std=cfg.init_std,
+        scale_embedding=False,
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        decoder_start_token_id=bos_id,
+        forced_eos_token_id=None,
+        encoder_no_repeat_ngram_size=0,
+        tie_word_embeddings=cfg.share_embeddings,
+        is_encoder_decoder=True,
+        use_cache=True,
+        architectures=[ARCHITECTURE],
+    )
 
 
-def generation_config(cfg: ModelConfig, bos_id: int, eos_id: int, pad_id: int, vocab_limit: int | None = None,
-                      beam: int = 5, length_penalty: float = 1.0):
+def generation_config(
+    cfg: ModelConfig,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    vocab_limit: int | None = None,
+    beam: int = 5,
+    length_penalty: float = 1.0,
+):
     """`generate()` defaults that decode as model.inference does: our beam search (early_stopping=True), or greedy
     for beam 1 — transformers refuses to save early_stopping with num_beams=1, so a greedy export needs
     `generate(num_beams=N, early_stopping=True)` to beam-search as we do."""
     from transformers import GenerationConfig
+
     suppress = [pad_id] + list(range(vocab_limit or cfg.vocab_size, cfg.vocab_size))
     beam_options = {"early_stopping": True, "length_penalty": length_penalty} if beam > 1 else {}
     return GenerationConfig(
-        decoder_start_token_id=bos_id, bos_token_id=bos_id, eos_token_id=eos_id, pad_token_id=pad_id,
-        max_new_tokens=cfg.tgt_len, num_beams=beam, do_sample=False, suppress_tokens=suppress,
-        forced_eos_token_id=None, forced_bos_token_id=None, no_repeat_ngram_size=0, encoder_no_repeat_ngram_size=0,
-        **beam_options)
+        decoder_start_token_id=bos_id,
+        bos_token_id=bos_id,
+        eos_token_id=eos_id,
+        pad_token_id=pad_id,
+        max_new_tokens=cfg.tgt_len,
+        num_beams=beam,
+        do_sample=False,
+        suppress_tokens=suppress,
+        forced_eos_token_id=None,
+        forced_bos_token_id=None,
+        no_repeat_ngram_size=0,
+        encoder_no_repeat_ngram_size=0,
+        **beam_options,
+    )
 
 
 def _attention(attn: ParallelAttention, prefix: str) -> dict:
@@ -85,14 +124,19 @@ def _norm(ln, prefix: str) -> dict:
 
 
 def _mlp(mlp, prefix: str) -> dict:
-    return {f"{prefix}.fc1.weight": mlp.fc1.weight.detach(), f"{prefix}.fc1.bias": mlp.fc1.bias.detach(),
-            f"{prefix}.fc2.weight": mlp.fc2.weight.detach(), f"{prefix}.fc2.bias": mlp.fc2.bias.detach()}
+    return {
+        f"{prefix}.fc1.weight": mlp.fc1.weight.detach(),
+        f"{prefix}.fc1.bias": mlp.fc1.bias.detach(),
+        f"{prefix}.fc2.weight": mlp.fc2.weight.detach(),
+        f"{prefix}.fc2.bias": mlp.fc2.bias.detach(),
+    }
 
 
 def _positions(table: torch.Tensor, rows: int) -> torch.Tensor:
     table = table.detach()
-    return torch.cat([table, table.new_zeros(rows - table.shape[0], table.shape[1])]) if rows > table.shape[0] \
-        else table
+    return (
+        torch.cat([table, table.new_zeros(rows - table.shape[0], table.shape[1])]) if rows > table.shape[0] else table
+    )
 
 
 def blenderbot_state_dict(model: Seq2SeqTransformer) -> dict:
@@ -100,10 +144,12 @@ def blenderbot_state_dict(model: Seq2SeqTransformer) -> dict:
     emb, enc, dec, head = serial_parts(model)
     cfg = model.cfg
     rows = max(cfg.src_len, cfg.tgt_len)
-    sd = {"model.shared.weight": emb.source_table.weight.detach(),
-          "model.encoder.embed_positions.weight": _positions(emb.src_pos, rows),
-          "model.decoder.embed_positions.weight": _positions(emb.tgt_pos, rows),
-          "final_logits_bias": torch.zeros(1, cfg.vocab_size)}
+    sd = {
+        "model.shared.weight": emb.source_table.weight.detach(),
+        "model.encoder.embed_positions.weight": _positions(emb.src_pos, rows),
+        "model.decoder.embed_positions.weight": _positions(emb.tgt_pos, rows),
+        "final_logits_bias": torch.zeros(1, cfg.vocab_size),
+    }
     if not cfg.share_embeddings:
         sd["model.encoder.embed_tokens.weight"] = emb.source_table.weight.detach()
         sd["model.decoder.embed_tokens.weight"] = emb.target_table.weight.detach()
@@ -127,15 +173,23 @@ def blenderbot_state_dict(model: Seq2SeqTransformer) -> dict:
     return {name: t.float().contiguous().clone() for name, t in sd.items()}
 
 
-def to_blenderbot(model: Seq2SeqTransformer, bos_id: int, eos_id: int, pad_id: int,
-                  vocab_limit: int | None = None, beam: int = 5, length_penalty: float = 1.0):
+def to_blenderbot(
+    model: Seq2SeqTransformer,
+    bos_id: int,
+    eos_id: int,
+    pad_id: int,
+    vocab_limit: int | None = None,
+    beam: int = 5,
+    length_penalty: float = 1.0,
+):
     """A BlenderbotForConditionalGeneration (fp32, eval mode) holding our weights, with our decoding defaults."""
     from transformers import BlenderbotForConditionalGeneration
+
     hf = BlenderbotForConditionalGeneration(blenderbot_config(model.cfg, bos_id, eos_id, pad_id))
     missing, unexpected = hf.load_state_dict(blenderbot_state_dict(model), strict=False)
     tied = {"model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight", "lm_head.weight"}
     missing = [k for k in missing if not (model.cfg.share_embeddings and k in tied)]
-    if missing or unexpected:                # our mapping and this transformers version disagree: fail loudly
+    if missing or unexpected:  # our mapping and this transformers version disagree: fail loudly
         raise RuntimeError(f"Blenderbot state dict mismatch: missing {missing}, unexpected {unexpected}")
     hf.generation_config = generation_config(model.cfg, bos_id, eos_id, pad_id, vocab_limit, beam, length_penalty)
     return hf.eval()

@@ -26,6 +26,7 @@ Beam size 1 is greedy search.
     out = greedy_decode(model, src_ids, bos_id=2, eos_id=3, max_len=model.cfg.tgt_len)        # [B, <= max_len]
     out = beam_decode(model, src_ids, 2, 3, model.cfg.tgt_len, beam=5, length_penalty=1.0)
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -67,17 +68,17 @@ class KVCache:
                 rows, heads, _, dim = k.shape
                 self._k = k.new_empty(rows, heads, self.capacity, dim)
                 self._v = v.new_empty(rows, heads, self.capacity, v.shape[3])
-            self._k[:, :, self._length:self._length + new] = k
-            self._v[:, :, self._length:self._length + new] = v
-            self.keys = self._k[:, :, :self._length + new]
-            self.values = self._v[:, :, :self._length + new]
+            self._k[:, :, self._length : self._length + new] = k
+            self._v[:, :, self._length : self._length + new] = v
+            self.keys = self._k[:, :, : self._length + new]
+            self.values = self._v[:, :, : self._length + new]
         self._length += new
         return self.keys, self.values
 
     def select(self, rows: torch.Tensor) -> None:
         if self._k is not None:
             self._k, self._v = self._k[rows], self._v[rows]
-            self.keys, self.values = self._k[:, :, :self._length], self._v[:, :, :self._length]
+            self.keys, self.values = self._k[:, :, : self._length], self._v[:, :, : self._length]
         elif self.keys is not None:
             self.keys, self.values = self.keys[rows], self.values[rows]
 
@@ -100,12 +101,19 @@ def serial_parts(model: Seq2SeqTransformer):
     emb, head = blocks[0], blocks[-1]
     enc = [b for b in blocks if isinstance(b, EncoderLayer)]
     dec = [b for b in blocks if isinstance(b, DecoderLayer)]
-    if not (isinstance(emb, Embeddings) and isinstance(head, Head) and enc and dec
-            and len(enc) + len(dec) + 2 == len(blocks)):
+    if not (
+        isinstance(emb, Embeddings)
+        and isinstance(head, Head)
+        and enc
+        and dec
+        and len(enc) + len(dec) + 2 == len(blocks)
+    ):
         raise TypeError("decoding needs a serial Seq2SeqTransformer (Embeddings, encoder, decoder, Head)")
     if model.ctx.tp_size != 1:
-        raise ValueError(f"decoding runs the serial model; this one is tensor-parallel (tp={model.ctx.tp_size}) — "
-                         f"merge the checkpoint first (run_scripts/merge_checkpoint.py)")
+        raise ValueError(
+            f"decoding runs the serial model; this one is tensor-parallel (tp={model.ctx.tp_size}) — "
+            f"merge the checkpoint first (run_scripts/merge_checkpoint.py)"
+        )
     return emb, enc, dec, head
 
 
@@ -114,13 +122,14 @@ class DecoderState:
     layer, and `next_logits(prefix)` for the token after each row's prefix. `select(rows)` keeps (and reorders)
     rows: finished rows leave, beams follow their parents."""
 
-    def __init__(self, model: Seq2SeqTransformer, src_ids: torch.Tensor, use_cache: bool = True,
-                 max_len: int | None = None):
+    def __init__(
+        self, model: Seq2SeqTransformer, src_ids: torch.Tensor, use_cache: bool = True, max_len: int | None = None
+    ):
         self.emb, enc, self.dec, self.head = serial_parts(model)
         self.vocab_size = model.cfg.vocab_size
         self.src_ids = src_ids
         x = (self.emb.embed_source(src_ids), None, src_ids, None)
-        for layer in enc:                      # the last encoder layer hands over (tgt_h, memory, src_ids, tgt_ids)
+        for layer in enc:  # the last encoder layer hands over (tgt_h, memory, src_ids, tgt_ids)
             x = layer(x)
         self.memory = x[1]
         self.caches = [LayerCache(max_len) for _ in self.dec] if use_cache else None
@@ -145,7 +154,7 @@ class DecoderState:
             cache.select(rows, same_sources)
 
 
-SYNC_EVERY = 8         # greedy decoding reads the batch's state on the host once per this many tokens
+SYNC_EVERY = 8  # greedy decoding reads the batch's state on the host once per this many tokens
 
 
 @contextmanager
@@ -158,8 +167,9 @@ def _eval_mode(model):
         model.train(was_training)
 
 
-def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad_id: int | None,
-             vocab_limit: int | None):
+def _prepare(
+    model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad_id: int | None, vocab_limit: int | None
+):
     """Checks; the sources on the model's device; the ids that may not be generated."""
     cfg = model.cfg
     if not 1 <= max_len <= cfg.tgt_len:
@@ -173,9 +183,16 @@ def _prepare(model: Seq2SeqTransformer, src_ids: torch.Tensor, max_len: int, pad
 
 
 @torch.inference_mode()
-def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
-                  pad_id: int | None = None, vocab_limit: int | None = None,
-                  use_cache: bool = True) -> torch.Tensor:
+def greedy_decode(
+    model: Seq2SeqTransformer,
+    src_ids: torch.Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+    pad_id: int | None = None,
+    vocab_limit: int | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
     """Greedy translations of a batch of sources.
 
     src_ids: [B, S] int64, S <= cfg.src_len, laid out as the dataset does (tokens, EOS, then PAD).
@@ -190,13 +207,13 @@ def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int,
     with _eval_mode(model):
         state = DecoderState(model, src_ids, use_cache, max_len)
         out = torch.full((bsz, max_len), pad_id, dtype=torch.long, device=device)
-        prefix = torch.full((bsz, max_len), bos_id, dtype=torch.long, device=device)   # filled step by step
-        rows = torch.arange(bsz, device=device)                 # the output row of each row still decoding
+        prefix = torch.full((bsz, max_len), bos_id, dtype=torch.long, device=device)  # filled step by step
+        rows = torch.arange(bsz, device=device)  # the output row of each row still decoding
         done = torch.zeros(bsz, dtype=torch.bool, device=device)
         steps = max_len
         for step in range(max_len):
             nxt = state.next_logits(prefix[:, : step + 1]).index_fill_(1, banned, float("-inf")).argmax(dim=-1)
-            nxt = nxt.masked_fill(done, pad_id)                # a finished row writes PAD until it leaves
+            nxt = nxt.masked_fill(done, pad_id)  # a finished row writes PAD until it leaves
             out[rows, step] = nxt
             done = done | (nxt == eos_id)
             if step + 1 < max_len:
@@ -220,9 +237,18 @@ def greedy_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int,
 
 
 @torch.inference_mode()
-def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, eos_id: int, max_len: int,
-                beam: int, length_penalty: float = 1.0, pad_id: int | None = None,
-                vocab_limit: int | None = None, use_cache: bool = True) -> torch.Tensor:
+def beam_decode(
+    model: Seq2SeqTransformer,
+    src_ids: torch.Tensor,
+    bos_id: int,
+    eos_id: int,
+    max_len: int,
+    beam: int,
+    length_penalty: float = 1.0,
+    pad_id: int | None = None,
+    vocab_limit: int | None = None,
+    use_cache: bool = True,
+) -> torch.Tensor:
     """Beam-search translations of a batch of sources (the module docstring gives the algorithm); same arguments and
     output layout as `greedy_decode`: [B, L] on the CPU, the best hypothesis of each source, its EOS, then PAD."""
     if beam < 1:
@@ -232,19 +258,19 @@ def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, e
     with _eval_mode(model):
         state = DecoderState(model, src_ids.repeat_interleave(n, dim=0), use_cache)
         prefix = torch.full((bsz * n, 1), bos_id, dtype=torch.long, device=device)
-        scores = None                                           # [sentences, n] summed log-probs of the beams
+        scores = None  # [sentences, n] summed log-probs of the beams
         finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(bsz)]
-        sentences = list(range(bsz))                            # the source of each sentence still searching
+        sentences = list(range(bsz))  # the source of each sentence still searching
         for step in range(max_len):
             logits = state.next_logits(prefix)
             dtype = torch.promote_types(logits.dtype, torch.float32)
             logp = F.log_softmax(logits.to(dtype), dim=-1).index_fill_(1, banned, float("-inf"))
-            if scores is None:                                  # all beams equal: only the first one may expand
+            if scores is None:  # all beams equal: only the first one may expand
                 scores = torch.full((bsz, n), -1e9, dtype=dtype, device=device)
                 scores[:, 0] = 0.0
             b, vocab = len(sentences), logp.shape[-1]
             total = (logp.view(b, n, vocab) + scores[:, :, None]).view(b, n * vocab)
-            top, index = total.topk(2 * n, dim=1)               # sorted, best first
+            top, index = total.topk(2 * n, dim=1)  # sorted, best first
             parent, token = index // vocab, index % vocab
             generated = step + 1
             ends = torch.ones_like(token, dtype=torch.bool) if generated == max_len else token == eos_id
@@ -252,14 +278,14 @@ def beam_decode(model: Seq2SeqTransformer, src_ids: torch.Tensor, bos_id: int, e
             # the best n continuations that end become finished hypotheses
             ended = ends[:, :n].nonzero().tolist()
             if ended:
-                normalized = (top[:, :n] / generated ** length_penalty).tolist()
+                normalized = (top[:, :n] / generated**length_penalty).tolist()
                 parent_l, token_l, history = parent[:, :n].tolist(), token[:, :n].tolist(), prefix[:, 1:].tolist()
                 touched = set()
                 for i, r in ended:
                     tokens = history[i * n + parent_l[i][r]] + [token_l[i][r]]
                     finished[sentences[i]].append((normalized[i][r], tokens))
                     touched.add(sentences[i])
-                for s in touched:                               # keep the n best (stable: earlier wins a tie)
+                for s in touched:  # keep the n best (stable: earlier wins a tie)
                     finished[s] = sorted(finished[s], key=lambda h: -h[0])[:n]
 
             # the best n continuations that did not end go on

@@ -30,6 +30,7 @@ a mask element by element, so there the masks are interleave_num 1's; a generato
 (CUDA's) may give other masks of the same distribution. Either way they are identical on the TP ranks and replayed
 exactly by recompute.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Generator
@@ -82,8 +83,9 @@ def residual_branch(x: torch.Tensor, ln, column: Callable[[torch.Tensor], torch.
 
 def _encoder_part(layer, x, pack: Packing, mask) -> Part:
     group = layer.attn.ctx.tp_group
-    h = yield from residual_branch(pack.pack(x), layer.ln1, lambda t: layer.attn.attend(t, mask, pack=pack),
-                                   layer.attn.out, layer.drop, group)
+    h = yield from residual_branch(
+        pack.pack(x), layer.ln1, lambda t: layer.attn.attend(t, mask, pack=pack), layer.attn.out, layer.drop, group
+    )
     h = yield from residual_branch(h, layer.ln2, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
     return pack.scatter(x, h)
 
@@ -100,7 +102,7 @@ def encoder_layer(layer, x: torch.Tensor, src_ids: torch.Tensor, mask: torch.Ten
 def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packing, cross_mask) -> Part:
     group = layer.ctx.tp_group
     link = None
-    if memory_tp is None:                       # first decoder layer of the stage: this part's memory enters here
+    if memory_tp is None:  # first decoder layer of the stage: this part's memory enters here
         link = GradAllReduce()
         memory = await_tp_grad(memory, link)
     entered = [memory_tp]
@@ -110,24 +112,38 @@ def _decoder_part(layer, x, memory, memory_tp, memory_pack: Packing, pack: Packi
             entered[0] = copy_to_tp_async(memory, group, link)
         return layer.cross_attn.attend(h, cross_mask, entered[0], pack=pack, memory_pack=memory_pack)
 
-    h = yield from residual_branch(pack.pack(x), layer.ln1,
-                                   # mask None: causal (model.transformer.CAUSAL_PACKED)
-                                   lambda t: layer.self_attn.attend(t, None, pack=pack), layer.self_attn.out,
-                                   layer.drop, group)
+    h = yield from residual_branch(
+        pack.pack(x),
+        layer.ln1,
+        # mask None: causal (model.transformer.CAUSAL_PACKED)
+        lambda t: layer.self_attn.attend(t, None, pack=pack),
+        layer.self_attn.out,
+        layer.drop,
+        group,
+    )
     h = yield from residual_branch(h, layer.ln2, cross, layer.cross_attn.out, layer.drop, group)
     h = yield from residual_branch(h, layer.ln3, layer.mlp.hidden, layer.mlp.fc2, layer.drop, group)
     return pack.scatter(x, h), entered[0]
 
 
-def decoder_layer(layer, x: torch.Tensor, memory: torch.Tensor, memory_tp: torch.Tensor | None,
-                  src_ids: torch.Tensor, tgt_ids: torch.Tensor, cross_mask: torch.Tensor):
+def decoder_layer(
+    layer,
+    x: torch.Tensor,
+    memory: torch.Tensor,
+    memory_tp: torch.Tensor | None,
+    src_ids: torch.Tensor,
+    tgt_ids: torch.Tensor,
+    cross_mask: torch.Tensor,
+):
     """`DecoderLayer`'s three residual branches on `layer.interleave_num` parts; returns (x, memory_tp), whole batch
     (memory_tp only when the layer hands it on to the stage's next decoder layer, else None)."""
     n = layer.interleave_num
     memories = memory_tp.chunk(n) if memory_tp is not None else [None] * n
     memory_packs, packs = Packing.parts(src_ids, layer.pad_id, n), Packing.parts(tgt_ids, layer.pad_id, n)
-    parts = [_decoder_part(layer, *p) for p in zip(x.chunk(n), memory.chunk(n), memories, memory_packs, packs,
-                                                   cross_mask.chunk(n))]
+    parts = [
+        _decoder_part(layer, *p)
+        for p in zip(x.chunk(n), memory.chunk(n), memories, memory_packs, packs, cross_mask.chunk(n))
+    ]
     outs = run_staggered(parts)
     x = torch.cat([o[0] for o in outs])
     hands_on = not (layer.last or layer.last_on_stage)

@@ -26,6 +26,7 @@ bounds. DeepSpeed's pipeline engine hands each stage copies of the ids (cloned, 
 so a pipeline stage keeps the step's packings in micro-batch order and puts each on the ids its forward receives
 (model.pipeline). A step then reads nothing back from the device to pack (tests/test_sync_count.py).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -33,7 +34,7 @@ import torch
 
 
 class Packing:
-    row_tokens = None             # real tokens per row, a host array, when the packing was built on the host
+    row_tokens = None  # real tokens per row, a host array, when the packing was built on the host
 
     def __init__(self, ids: torch.Tensor, pad_id: int):
         self.batch, self.length = ids.shape
@@ -66,7 +67,7 @@ class Packing:
         for i in range(n):
             part = Packing.__new__(Packing)
             part.batch, part.length = rows, self.length
-            part.row_tokens = self.row_tokens[i * rows:(i + 1) * rows]
+            part.row_tokens = self.row_tokens[i * rows : (i + 1) * rows]
             start, end = int(bounds[i]), int(bounds[i + 1])
             part.index = self.index[start:end] - i * rows * self.length
             part.tokens = end - start
@@ -97,9 +98,10 @@ class Packing:
         if ids.is_inference():
             return cls(ids, pad_id)
         kept = _kept(ids, pad_id, 1)
-        if kept is None:                    # the parts' packings, if the interleaved layers built them, joined
-            parts = next(filter(None, (_kept(ids, pad_id, n) for pad, n in list(_store(ids))
-                                       if pad == pad_id and n > 1)), None)
+        if kept is None:  # the parts' packings, if the interleaved layers built them, joined
+            parts = next(
+                filter(None, (_kept(ids, pad_id, n) for pad, n in list(_store(ids)) if pad == pad_id and n > 1)), None
+            )
             kept = cls.joined(parts) if parts is not None else cls(ids, pad_id)
             _store(ids)[(pad_id, 1)] = (ids._version, kept)
         return kept
@@ -114,7 +116,7 @@ class Packing:
         if kept is None:
             whole = _kept(ids, pad_id, 1)
             if whole is not None and whole.row_tokens is not None and whole.batch % n == 0:
-                kept = whole.split(n)                             # host-built (`from_host`): no nonzero
+                kept = whole.split(n)  # host-built (`from_host`): no nonzero
             else:
                 kept = [cls(part, pad_id) for part in ids.chunk(n)]
             _store(ids)[(pad_id, n)] = (ids._version, kept)

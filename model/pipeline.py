@@ -7,6 +7,7 @@ pipeline engine splits only the first tensor of a stage's output over the tensor
 (`pipe_partitioned`, `grad_partitioned`: each TP rank sends 1/tp of it, and the receiving stage all-gathers it) and
 requires every other tensor to carry no gradient, so with two hidden tensors each TP rank had to send its full
 replicated copy of both (training.core.engine)."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -44,8 +45,9 @@ def split_boundary(inputs: tuple, first_layer: type) -> tuple:
     return first, second, src_ids, tgt_ids
 
 
-def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, seed: int,
-                          pipeline_func: Callable | None = None):
+def build_pipeline_module(
+    model: ModelConfig, parallel: ParallelConfig, grid, seed: int, pipeline_func: Callable | None = None
+):
     """The model as a DeepSpeed PipelineModule whose stage split follows `pipeline_func`, on `grid`. Batches whose
     shape changes between steps (token batches) are announced by training.core.engine.Engine.expect_shape."""
     ctx = ParallelContext.from_grid(grid)
@@ -53,7 +55,7 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
     block_st = [p.pipeline_stage for p in placements]
     stages = layer_stages(model, parallel, block_st)
     specs = block_specs(model, parallel, ctx, seed, placements)
-    bounds = [stages.index(s) for s in range(parallel.pipeline_stage)] + [len(stages)]   # every stage non-empty
+    bounds = [stages.index(s) for s in range(parallel.pipeline_stage)] + [len(stages)]  # every stage non-empty
 
     tie_group = first_last_stage_group(parallel, grid) if model.share_embeddings else None
 
@@ -77,9 +79,9 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             if self.stage_id > 0:
                 inputs = split_boundary(inputs, specs[bounds[self.stage_id]][0])
             if self.pending:
-                ids = [t for t in inputs if not t.is_floating_point()]       # (src_ids, tgt_ids), or (tgt_ids,)
-                for t, pack in zip(ids, self.pending.popleft()[-len(ids):]):
-                    if (pack.batch, pack.length) != tuple(t.shape):    # never another micro-batch's packing
+                ids = [t for t in inputs if not t.is_floating_point()]  # (src_ids, tgt_ids), or (tgt_ids,)
+                for t, pack in zip(ids, self.pending.popleft()[-len(ids) :]):
+                    if (pack.batch, pack.length) != tuple(t.shape):  # never another micro-batch's packing
                         raise RuntimeError(f"packing of a {pack.batch}×{pack.length} batch for ids {tuple(t.shape)}")
                     pack.keep_on(t, model.pad_id)
             outputs = super().forward(inputs)
@@ -91,15 +93,22 @@ def build_pipeline_module(model: ModelConfig, parallel: ParallelConfig, grid, se
             — identical from the start, so they stay identical."""
             tied = super().get_tied_weights_and_groups()
             if tie_group is not None:
-                tied += [(p, tie_group) for name, p in self.named_parameters()
-                         if getattr(p, "tied_to", None) or "blocks." + name == Head.TIED_TO]
+                tied += [
+                    (p, tie_group)
+                    for name, p in self.named_parameters()
+                    if getattr(p, "tied_to", None) or "blocks." + name == Head.TIED_TO
+                ]
             return tied
 
-    module = StagedPipelineModule(layers=[LayerSpec(cls, **kw) for cls, kw in specs], topology=grid.topology(),
-                                  loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx), partition_method="uniform")
-    module._grid = grid          # one grid for layers and engine (PipelineModule built its own copy of it)
-    for p in module.parameters():   # PipelineModule resets ds_pipe_replicated on every parameter; the replica of a
-        if getattr(p, "tied_to", None):   # tied weight is counted once (on its owner) in the gradient norm
+    module = StagedPipelineModule(
+        layers=[LayerSpec(cls, **kw) for cls, kw in specs],
+        topology=grid.topology(),
+        loss_fn=TokenLoss(model, parallel.dp_mp_config, ctx),
+        partition_method="uniform",
+    )
+    module._grid = grid  # one grid for layers and engine (PipelineModule built its own copy of it)
+    for p in module.parameters():  # PipelineModule resets ds_pipe_replicated on every parameter; the replica of a
+        if getattr(p, "tied_to", None):  # tied weight is counted once (on its owner) in the gradient norm
             p.ds_pipe_replicated = True
     module.block_stages = block_st
     return module, ctx

@@ -35,6 +35,7 @@ Built-in functions, by name (`--pipeline_func seed|even`, or "package.module:fun
 With pipeline_stage 1 there is no pipeline and the stage a function sets is not used (the tutorial's own lambda
 puts every block on stage ≥ 1); recompute and fusion ids still apply.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -51,7 +52,8 @@ from model.config import ConfigError, ModelConfig, ParallelConfig
 @dataclass
 class BlockPlacement:
     """What `pipeline_func` receives as `network` for one block, and what it decided."""
-    kind: str                           # "encoder" | "decoder"
+
+    kind: str  # "encoder" | "decoder"
     layer_id: int
     pipeline_stage: int = 0
     comm_fusion: int | None = None
@@ -92,7 +94,7 @@ def even_pipeline_func(network, layer_id, offset, parallel_config, layers):
 
 BUILTIN_PIPELINE_FUNCS = {"seed": seed_pipeline_func, "even": even_pipeline_func}
 DEFAULT_PIPELINE_FUNC = "seed"
-BLOCKS_PREFIX = "blocks:"           # blocks:N0,N1,...: N_k blocks on stage k
+BLOCKS_PREFIX = "blocks:"  # blocks:N0,N1,...: N_k blocks on stage k
 
 
 def blocks_pipeline_func(counts: list[int]) -> Callable:
@@ -104,8 +106,10 @@ def blocks_pipeline_func(counts: list[int]) -> Callable:
     def blocks_per_stage(network, layer_id, offset, parallel_config, layers):
         pp = parallel_config.pipeline_stage
         if pp > 1 and (len(counts) != pp or bounds[-1] != layers):
-            raise ValueError(f"{spec} places {bounds[-1]} blocks on {len(counts)} stages, but the model has {layers} "
-                             f"blocks on pipeline_stage={pp}: give {pp} counts that add up to {layers}")
+            raise ValueError(
+                f"{spec} places {bounds[-1]} blocks on {len(counts)} stages, but the model has {layers} "
+                f"blocks on pipeline_stage={pp}: give {pp} counts that add up to {layers}"
+            )
         network.pipeline_stage = bisect.bisect_right(bounds, layer_id + offset) if pp > 1 else 0
         _seed_fusion_and_recompute(network, layer_id, offset, parallel_config, layers)
 
@@ -114,10 +118,12 @@ def blocks_pipeline_func(counts: list[int]) -> Callable:
 
 
 def _parse_blocks(spec: str) -> Callable:
-    counts = spec[len(BLOCKS_PREFIX):].split(",")
+    counts = spec[len(BLOCKS_PREFIX) :].split(",")
     if not all(c.strip().isdigit() for c in counts) or any(int(c) < 0 for c in counts):
-        raise ConfigError(f"pipeline_func={spec!r}: give the blocks on each stage as non-negative integers, e.g. "
-                          f"{BLOCKS_PREFIX}3,5,4 for 12 blocks on 3 stages")
+        raise ConfigError(
+            f"pipeline_func={spec!r}: give the blocks on each stage as non-negative integers, e.g. "
+            f"{BLOCKS_PREFIX}3,5,4 for 12 blocks on 3 stages"
+        )
     return blocks_pipeline_func([int(c) for c in counts])
 
 
@@ -131,14 +137,18 @@ def load_pipeline_func(spec: str | None) -> Callable:
         return _parse_blocks(spec)
     module, colon, name = spec.partition(":")
     if not colon:
-        raise ConfigError(f"pipeline_func={spec!r} is neither a built-in ({', '.join(BUILTIN_PIPELINE_FUNCS)}), "
-                          f"nor {BLOCKS_PREFIX}N0,N1,... nor 'package.module:function'")
+        raise ConfigError(
+            f"pipeline_func={spec!r} is neither a built-in ({', '.join(BUILTIN_PIPELINE_FUNCS)}), "
+            f"nor {BLOCKS_PREFIX}N0,N1,... nor 'package.module:function'"
+        )
     try:
         return getattr(importlib.import_module(module), name)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise ConfigError(f"pipeline_func={spec!r} cannot be loaded ({exc}); give it as 'package.module:function' "
-                          f"importable by every rank (its folder on PYTHONPATH: run.sh and run_cluster.sh put the "
-                          f"checkout there)") from exc
+        raise ConfigError(
+            f"pipeline_func={spec!r} cannot be loaded ({exc}); give it as 'package.module:function' "
+            f"importable by every rank (its folder on PYTHONPATH: run.sh and run_cluster.sh put the "
+            f"checkout there)"
+        ) from exc
 
 
 def pipeline_func_name(func: Callable | None) -> str:
@@ -153,28 +163,33 @@ def pipeline_func_name(func: Callable | None) -> str:
     return f"{getattr(func, '__module__', '?')}:{getattr(func, '__qualname__', repr(func))}"
 
 
-def place_blocks(model: ModelConfig, parallel: ParallelConfig,
-                 pipeline_func: Callable | None = None) -> list[BlockPlacement]:
+def place_blocks(
+    model: ModelConfig, parallel: ParallelConfig, pipeline_func: Callable | None = None
+) -> list[BlockPlacement]:
     """Call `pipeline_func` on every block (encoder blocks, then decoder blocks) and check the pipeline it gives."""
     func = pipeline_func or BUILTIN_PIPELINE_FUNCS[DEFAULT_PIPELINE_FUNC]
     fname = pipeline_func_name(func)
     n, pp = model.num_blocks, parallel.pipeline_stage
     placements = []
-    for kind, count, offset in (("encoder", model.encoder_layers, 0),
-                                ("decoder", model.decoder_layers, model.encoder_layers)):
+    for kind, count, offset in (
+        ("encoder", model.encoder_layers, 0),
+        ("decoder", model.decoder_layers, model.encoder_layers),
+    ):
         for layer_id in range(count):
             placement = BlockPlacement(kind, layer_id)
             where = f"block {placement.name} (layer_id={layer_id}, offset={offset}, layers={n})"
             try:
                 func(placement, layer_id, offset, parallel, n)
-            except Exception as exc:            # the user's code: one line naming it and the block, no traceback
+            except Exception as exc:  # the user's code: one line naming it and the block, no traceback
                 detail = " ".join(str(exc).split())
                 raise ConfigError(f"pipeline_func {fname} raised {type(exc).__name__}: {detail} — at {where}") from exc
             stage = placement.pipeline_stage
             if not isinstance(stage, numbers.Integral) or isinstance(stage, bool):
-                raise ConfigError(f"pipeline_func {fname} set pipeline_stage={stage!r} ({type(stage).__name__}) "
-                                  f"at {where}: it must be an int")
-            placement.pipeline_stage = int(stage) if pp > 1 else 0      # one stage: nothing to place
+                raise ConfigError(
+                    f"pipeline_func {fname} set pipeline_stage={stage!r} ({type(stage).__name__}) "
+                    f"at {where}: it must be an int"
+                )
+            placement.pipeline_stage = int(stage) if pp > 1 else 0  # one stage: nothing to place
             placements.append(placement)
     stages = [p.pipeline_stage for p in placements]
     desc = f"pipeline_func {fname} placed blocks (encoder…decoder) on stages {stages} with pipeline_stage={pp}"
@@ -184,10 +199,12 @@ def place_blocks(model: ModelConfig, parallel: ParallelConfig,
     down = [(a, b) for a, b in zip(placements, placements[1:]) if b.pipeline_stage < a.pipeline_stage]
     if down:
         a, b = down[0]
-        raise ConfigError(f"{desc}: stages must not decrease from one block to the next ({b.name} on "
-                          f"{b.pipeline_stage} after {a.name} on {a.pipeline_stage})")
+        raise ConfigError(
+            f"{desc}: stages must not decrease from one block to the next ({b.name} on "
+            f"{b.pipeline_stage} after {a.name} on {a.pipeline_stage})"
+        )
     # Embeddings are on stage 0 and the head on the last: those stages are never empty.
-    used = set(stages)                  # a set: `in` on the list was a scan of every block per stage
+    used = set(stages)  # a set: `in` on the list was a scan of every block per stage
     empty = [s for s in range(1, pp - 1) if s not in used]
     if empty:
         raise ConfigError(f"{desc}: stage(s) {empty} hold no block")

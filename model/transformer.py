@@ -13,6 +13,7 @@ the forward has 2 all-reduces (attention out, MLP out) and the backward 2 (their
 The decoder memory enters the TP region once per pipeline stage (`memory_tp`), so its gradient — partial on each TP
 rank, summed over every cross-attention of the stage — is all-reduced once per stage, not once per layer.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ from model.placement import BlockPlacement, in_one_process, place_blocks
 
 
 def _key_padding(ids: torch.Tensor, pad_id: int) -> torch.Tensor:
-    return (ids != pad_id)[:, None, None, :]                                   # [B, 1, 1, S] True = attend
+    return (ids != pad_id)[:, None, None, :]  # [B, 1, 1, S] True = attend
 
 
 def _padded(rows: torch.Tensor, pack: Packing | None) -> torch.Tensor:
@@ -91,12 +92,26 @@ class ParallelAttention(nn.Module):
         t = t.view(b, s, self.heads, parts, self.head_dim).permute(3, 0, 2, 1, 4)  # parts, B, h, S, hd
         return t.unbind(0)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None, memory_tp: torch.Tensor | None = None,
-                cache=None, pack: Packing | None = None, memory_pack: Packing | None = None):
+    def forward(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        memory_tp: torch.Tensor | None = None,
+        cache=None,
+        pack: Packing | None = None,
+        memory_pack: Packing | None = None,
+    ):
         return self.out(self.attend(copy_to_tp(x, self.ctx.tp_group), mask, memory_tp, cache, pack, memory_pack))
 
-    def attend(self, x: torch.Tensor, mask: torch.Tensor | None, memory_tp: torch.Tensor | None = None,
-               cache=None, pack: Packing | None = None, memory_pack: Packing | None = None):
+    def attend(
+        self,
+        x: torch.Tensor,
+        mask: torch.Tensor | None,
+        memory_tp: torch.Tensor | None = None,
+        cache=None,
+        pack: Packing | None = None,
+        memory_pack: Packing | None = None,
+    ):
         """This rank's heads on an input already in the TP region: [B, S, heads·head_dim] (packed: [N, ...]), the
         out-projection's input shard. `mask` None: causal self-attention (`CAUSAL_PACKED`)."""
         if self.cross:
@@ -113,7 +128,7 @@ class ParallelAttention(nn.Module):
             if cache is not None:
                 k, v = cache.append(k, v)
         p = self.p if self.training else 0.0
-        with RNG.fork():                                  # these heads are this rank's: per-TP-rank dropout stream
+        with RNG.fork():  # these heads are this rank's: per-TP-rank dropout stream
             o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=mask is None)
         b, _, s, _ = o.shape
         o = o.transpose(1, 2).reshape(b, s, self.heads * self.head_dim)
@@ -135,15 +150,21 @@ class ParallelMLP(nn.Module):
         return F.gelu(self.fc1(x_tp))
 
 
-def word_table(cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext, seed: int,
-               split: bool | None = None) -> VocabParallelEmbedding:
+def word_table(
+    cfg: ModelConfig,
+    parallel_config: EmbeddingOpParallelConfig,
+    ctx: ParallelContext,
+    seed: int,
+    split: bool | None = None,
+) -> VocabParallelEmbedding:
     """The (first) word table, drawn first from the "embed" generator: the same values wherever it is built, so a
     pipeline's last stage can hold an exact replica of stage 0's shared table. Split over the model-parallel ranks
     unless `vocab_emb_dp` (the seed's `EmbeddingOpParallelConfig`)."""
     split = (not parallel_config.vocab_emb_dp) if split is None else split
     vp = cfg.padded_vocab(ctx.tp_size) if split else cfg.vocab_size
-    return VocabParallelEmbedding(cfg.vocab_size, cfg.d_model, ctx, split, vp, cfg.init_std,
-                                  block_generator(seed, "embed"))
+    return VocabParallelEmbedding(
+        cfg.vocab_size, cfg.d_model, ctx, split, vp, cfg.init_std, block_generator(seed, "embed")
+    )
 
 
 class Embeddings(nn.Module):
@@ -151,8 +172,7 @@ class Embeddings(nn.Module):
     serves source and target (and the Head's output projection); else `src_word` and `tgt_word`. Takes the seed's
     `parallel_config.embedding_dp_mp_config`, as the seed's EmbeddingLayer does."""
 
-    def __init__(self, cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext,
-                 seed: int):
+    def __init__(self, cfg: ModelConfig, parallel_config: EmbeddingOpParallelConfig, ctx: ParallelContext, seed: int):
         super().__init__()
         first = word_table(cfg, parallel_config, ctx, seed)
         gen, std = first.init_generator, cfg.init_std
@@ -180,7 +200,7 @@ class Embeddings(nn.Module):
 
     def embed_target(self, tgt_ids: torch.Tensor, start: int = 0) -> torch.Tensor:
         """Target tokens at positions start, start+1, ... (start > 0: the next tokens of a cached decoder)."""
-        return self.drop(self.target_table(tgt_ids) + self.tgt_pos[start: start + tgt_ids.shape[1]])
+        return self.drop(self.target_table(tgt_ids) + self.tgt_pos[start : start + tgt_ids.shape[1]])
 
     def forward(self, inputs):
         src_ids, tgt_ids = inputs
@@ -191,6 +211,7 @@ class _Block(nn.Module):
     """A transformer layer; with recompute its activations are rebuilt in backward (exact under TP/dropout).
     With interleave_num N > 1 (and a batch N divides) it runs `_interleaved`: N batch parts, each part's TP
     communication overlapping another part's compute (`model.interleave`)."""
+
     recompute = False
     interleave_num = 1
 
@@ -204,8 +225,15 @@ class _Block(nn.Module):
 
 
 class EncoderLayer(_Block):
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, recompute: bool = False,
-                 interleave_num: int = 1):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ctx: ParallelContext,
+        seed: int,
+        index: int,
+        recompute: bool = False,
+        interleave_num: int = 1,
+    ):
         super().__init__()
         gen = block_generator(seed, f"enc{index}")
         self.pad_id, self.recompute, self.interleave_num = cfg.pad_id, recompute, interleave_num
@@ -217,7 +245,7 @@ class EncoderLayer(_Block):
         self.final_ln = nn.LayerNorm(cfg.d_model) if self.last else None
 
     def _forward(self, x, tgt_h, src_ids, tgt_ids):
-        pack = Packing.of(src_ids, self.pad_id)               # the source's real tokens (model.packing)
+        pack = Packing.of(src_ids, self.pad_id)  # the source's real tokens (model.packing)
         h = pack.pack(x)
         h = h + self.drop(self.attn(self.ln1(h), _key_padding(src_ids, self.pad_id), pack=pack))
         h = h + self.drop(self.mlp(self.ln2(h)))
@@ -228,7 +256,7 @@ class EncoderLayer(_Block):
         return self._outputs(x, tgt_h, src_ids, tgt_ids)
 
     def _outputs(self, x, tgt_h, src_ids, tgt_ids):
-        if self.last:                                       # hand over to the decoder: (tgt_h, memory, ...)
+        if self.last:  # hand over to the decoder: (tgt_h, memory, ...)
             return tgt_h, self.final_ln(x), src_ids, tgt_ids
         return x, tgt_h, src_ids, tgt_ids
 
@@ -236,8 +264,16 @@ class EncoderLayer(_Block):
 class DecoderLayer(_Block):
     """`last_on_stage`: drop memory_tp from the output so only replicated tensors cross a stage boundary."""
 
-    def __init__(self, cfg: ModelConfig, ctx: ParallelContext, seed: int, index: int, last_on_stage: bool,
-                 recompute: bool = False, interleave_num: int = 1):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        ctx: ParallelContext,
+        seed: int,
+        index: int,
+        last_on_stage: bool,
+        recompute: bool = False,
+        interleave_num: int = 1,
+    ):
         super().__init__()
         gen = block_generator(seed, f"dec{index}")
         self.ctx, self.pad_id, self.recompute, self.interleave_num = ctx, cfg.pad_id, recompute, interleave_num
@@ -250,10 +286,10 @@ class DecoderLayer(_Block):
         self.drop = nn.Dropout(cfg.dropout)
 
     def _forward(self, x, memory, src_ids, tgt_ids, memory_tp=None, cache=None):
-        if memory_tp is None:                                # first decoder layer of this stage
+        if memory_tp is None:  # first decoder layer of this stage
             memory_tp = copy_to_tp(memory, self.ctx.tp_group)
         self_cache, cross_cache = (cache.self_attn, cache.cross_attn) if cache is not None else (None, None)
-        past = self_cache.length if self_cache is not None else 0    # x holds positions past.. of tgt_ids
+        past = self_cache.length if self_cache is not None else 0  # x holds positions past.. of tgt_ids
         # teacher-forced (training): real tokens only (model.packing); incremental decoding: the new positions
         pack = memory_pack = None
         if cache is None:
@@ -263,8 +299,16 @@ class DecoderLayer(_Block):
             self_mask = _causal(x.shape[1], x.device, past)[None, None] & _key_padding(tgt_ids, self.pad_id)
         h = x if pack is None else pack.pack(x)
         h = h + self.drop(self.self_attn(self.ln1(h), self_mask, cache=self_cache, pack=pack))
-        h = h + self.drop(self.cross_attn(self.ln2(h), _key_padding(src_ids, self.pad_id), memory_tp,
-                                          cache=cross_cache, pack=pack, memory_pack=memory_pack))
+        h = h + self.drop(
+            self.cross_attn(
+                self.ln2(h),
+                _key_padding(src_ids, self.pad_id),
+                memory_tp,
+                cache=cross_cache,
+                pack=pack,
+                memory_pack=memory_pack,
+            )
+        )
         h = h + self.drop(self.mlp(self.ln3(h)))
         x = h if pack is None else pack.scatter(x, h)
         return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
@@ -277,12 +321,13 @@ class DecoderLayer(_Block):
         return out if isinstance(out, torch.Tensor) else out[0]
 
     def _interleaved(self, x, memory, src_ids, tgt_ids, memory_tp=None):
-        x, memory_tp = interleave.decoder_layer(self, x, memory, memory_tp, src_ids, tgt_ids,
-                                                _key_padding(src_ids, self.pad_id))
+        x, memory_tp = interleave.decoder_layer(
+            self, x, memory, memory_tp, src_ids, tgt_ids, _key_padding(src_ids, self.pad_id)
+        )
         return self._outputs(x, memory, src_ids, tgt_ids, memory_tp)
 
     def _outputs(self, x, memory, src_ids, tgt_ids, memory_tp):
-        if self.last:                  # the Head computes the logits of the target's real tokens only
+        if self.last:  # the Head computes the logits of the target's real tokens only
             return x, tgt_ids
         if self.last_on_stage:
             return x, memory, src_ids, tgt_ids
@@ -304,11 +349,17 @@ class Head(nn.Module):
         self.ctx, self.pad_id = ctx, cfg.pad_id
         self.ln = nn.LayerNorm(cfg.d_model)
         self.proj = self.replica = None
-        self._shared = []                         # the Embeddings' table, not registered here (no second name)
+        self._shared = []  # the Embeddings' table, not registered here (no second name)
         if not cfg.share_embeddings:
-            self.proj = ColumnParallelLinear(cfg.d_model, cfg.vocab_size, ctx, bias=False, std=cfg.init_std,
-                                             gen=block_generator(seed, "head"),
-                                             padded_out=cfg.padded_vocab(ctx.tp_size))
+            self.proj = ColumnParallelLinear(
+                cfg.d_model,
+                cfg.vocab_size,
+                ctx,
+                bias=False,
+                std=cfg.init_std,
+                gen=block_generator(seed, "head"),
+                padded_out=cfg.padded_vocab(ctx.tp_size),
+            )
         elif parallel.pipeline_stage > 1:
             self.replica = word_table(cfg, parallel.embedding_dp_mp_config, ctx, seed, split=ctx.tp_size > 1)
             self.replica.weight.ds_pipe_replicated = True
@@ -351,29 +402,50 @@ class TokenLoss:
         if isinstance(logits_shard, tuple):
             logits_shard, tgt_ids = logits_shard
             labels = Packing.of(tgt_ids, self.cfg.pad_id).pack(labels)
-        return vocab_parallel_cross_entropy(logits_shard, labels, self.vocab_start, self.cfg.vocab_size,
-                                            self.cfg.pad_id, self.cfg.label_smoothing, self.ctx.tp_group)
+        return vocab_parallel_cross_entropy(
+            logits_shard,
+            labels,
+            self.vocab_start,
+            self.cfg.vocab_size,
+            self.cfg.pad_id,
+            self.cfg.label_smoothing,
+            self.ctx.tp_group,
+        )
 
     def __call__(self, logits_shard, labels):
         loss_sum = self.token_losses(logits_shard, labels).sum()
         return self.normalize(loss_sum) if self.normalize is not None else loss_sum
 
 
-def block_specs(cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int,
-                placements: Sequence[BlockPlacement]):
+def block_specs(
+    cfg: ModelConfig, parallel: ParallelConfig, ctx: ParallelContext, seed: int, placements: Sequence[BlockPlacement]
+):
     """(class, kwargs) for every pipeline layer in order: Embeddings, EncoderLayer×E, DecoderLayer×D, Head.
     `placements` (model.pipeline.place_blocks: encoder blocks, then decoder blocks) say which blocks recompute and
     each block's stage, which decides a decoder layer's `last_on_stage`."""
-    enc, dec = placements[:cfg.encoder_layers], placements[cfg.encoder_layers:]
+    enc, dec = placements[: cfg.encoder_layers], placements[cfg.encoder_layers :]
     il = parallel.interleave_num
     specs = [(Embeddings, dict(cfg=cfg, parallel_config=parallel.embedding_dp_mp_config, ctx=ctx, seed=seed))]
-    specs += [(EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=enc[i].recomputed,
-                                  interleave_num=il))
-              for i in range(cfg.encoder_layers)]
+    specs += [
+        (EncoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, recompute=enc[i].recomputed, interleave_num=il))
+        for i in range(cfg.encoder_layers)
+    ]
     for i in range(cfg.decoder_layers):
         last_on_stage = i == cfg.decoder_layers - 1 or dec[i + 1].pipeline_stage != dec[i].pipeline_stage
-        specs.append((DecoderLayer, dict(cfg=cfg, ctx=ctx, seed=seed, index=i, last_on_stage=last_on_stage,
-                                         recompute=dec[i].recomputed, interleave_num=il)))
+        specs.append(
+            (
+                DecoderLayer,
+                dict(
+                    cfg=cfg,
+                    ctx=ctx,
+                    seed=seed,
+                    index=i,
+                    last_on_stage=last_on_stage,
+                    recompute=dec[i].recomputed,
+                    interleave_num=il,
+                ),
+            )
+        )
     specs.append((Head, dict(cfg=cfg, parallel=parallel, ctx=ctx, seed=seed)))
     return specs
 
@@ -382,9 +454,14 @@ class Seq2SeqTransformer(nn.Module):
     """All blocks in one process (serial, or TP/DP without pipelining). forward → this rank's logits shard.
     `pipeline_func` (model.pipeline; default: the seed's) still decides which blocks recompute."""
 
-    def __init__(self, cfg: ModelConfig, parallel: ParallelConfig | None = None,
-                 ctx: ParallelContext | None = None, seed: int = 1234,
-                 pipeline_func: Callable | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        parallel: ParallelConfig | None = None,
+        ctx: ParallelContext | None = None,
+        seed: int = 1234,
+        pipeline_func: Callable | None = None,
+    ):
         super().__init__()
         ctx = ctx or ParallelContext.serial()
         parallel = parallel if parallel is not None else ParallelConfig()

@@ -9,6 +9,7 @@ deleted file notices (another inode under the name) and tries again. Where the l
 folder) the build goes on unlocked and fails with its own one-line error. flock over NFS: Linux maps it to NFS byte-
 range locks (NFSv4, or v3 with lockd) that hold across clients; Lustre needs the `flock` mount option (docs/data.md).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,7 +48,7 @@ def _take(path: Path) -> int | None:
         same = os.stat(path).st_ino == os.fstat(fd).st_ino
     except FileNotFoundError:
         same = False
-    if not same:                                   # the last holder deleted the file we locked: a stale name
+    if not same:  # the last holder deleted the file we locked: a stale name
         os.close(fd)
         return None
     return fd
@@ -58,8 +59,9 @@ def _minutes(seconds: float) -> str:
 
 
 @contextlib.contextmanager
-def one_builder(target: Path, what: str, done: Callable[[], bool],
-                say: Callable[[str], None] = lambda line: print(line, flush=True)) -> Iterator[bool]:
+def one_builder(
+    target: Path, what: str, done: Callable[[], bool], say: Callable[[str], None] = lambda line: print(line, flush=True)
+) -> Iterator[bool]:
     """Yields True when this process must build `target` (holding the lock until the block ends), False when
     another process built it while this one waited. `what` names it in the waiting lines."""
     path = lock_path(target)
@@ -69,7 +71,7 @@ def one_builder(target: Path, what: str, done: Callable[[], bool],
     except OSError:
         fd = -1
     if fd == -1:
-        yield True                                 # no lock here (read-only folder): the build says why it fails
+        yield True  # no lock here (read-only folder): the build says why it fails
         return
     started = time.monotonic()
     reported = started
@@ -79,12 +81,14 @@ def one_builder(target: Path, what: str, done: Callable[[], bool],
             return
         if time.monotonic() - reported >= WAIT_REPORT:
             reported = time.monotonic()
-            say(f"waiting for {what}: {_holder(path)} is building it (waited {_minutes(reported - started)}; "
-                f"lock {path})")
+            say(
+                f"waiting for {what}: {_holder(path)} is building it (waited {_minutes(reported - started)}; "
+                f"lock {path})"
+            )
         time.sleep(POLL)
         fd = _take(path)
     try:
-        if done():                                 # built by the holder we waited for
+        if done():  # built by the holder we waited for
             yield False
             return
         os.ftruncate(fd, 0)
@@ -92,5 +96,5 @@ def one_builder(target: Path, what: str, done: Callable[[], bool],
         yield True
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(path)                        # before the unlock: a waiter then finds the name gone, not stale
+            os.unlink(path)  # before the unlock: a waiter then finds the name gone, not stale
         os.close(fd)

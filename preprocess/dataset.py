@@ -27,6 +27,7 @@ after step s is just calling `global_batch(step)` for step = s, s+1, ... — eve
 Stats:  python -m preprocess.dataset --file_path data/multi30k/train.fr_en.tsv \\
             --tokenizer data/multi30k/bpe8k/tokenizer.json --src_len 32 --tgt_len 32
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,12 +55,23 @@ from preprocess.tokenizer import TOKENIZER_FILE, load_tokenizer, special_ids
 CACHE_DIRNAME = ".tokcache"
 
 
-def cache_key(tsv_path: Path, tokenizer_path: Path, src_len: int, tgt_len: int, tsv_sha256: str | None = None,
-              version: int = FORMAT_VERSION) -> str:
+def cache_key(
+    tsv_path: Path,
+    tokenizer_path: Path,
+    src_len: int,
+    tgt_len: int,
+    tsv_sha256: str | None = None,
+    version: int = FORMAT_VERSION,
+) -> str:
     """The store's name: the TSV's and tokenizer's sha256, the lengths, the format version (`tsv_sha256`: the TSV's
     hash if already known)."""
-    parts = [tsv_sha256 or file_sha256(tsv_path), file_sha256(tokenizer_path), str(src_len), str(tgt_len),
-             f"v{version}"]
+    parts = [
+        tsv_sha256 or file_sha256(tsv_path),
+        file_sha256(tokenizer_path),
+        str(src_len),
+        str(tgt_len),
+        f"v{version}",
+    ]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:20]
 
 
@@ -72,9 +84,21 @@ class TranslationDataset:
     files against their sha256 and rebuild a damaged one (False for a node's other ranks, which open it after the
     one that verified it; they still make the structural checks, and refuse a damaged store)."""
 
-    def __init__(self, tsv_path, tokenizer_path, src_len, tgt_len, cache_dir=None, progress=True,
-                 num_proc: int | None = None, tsv_sha256: str | None = None, block_bytes: int | None = None,
-                 verify: bool = True, corpus: CorpusOptions | None = None, batch_rows: int | None = None):
+    def __init__(
+        self,
+        tsv_path,
+        tokenizer_path,
+        src_len,
+        tgt_len,
+        cache_dir=None,
+        progress=True,
+        num_proc: int | None = None,
+        tsv_sha256: str | None = None,
+        block_bytes: int | None = None,
+        verify: bool = True,
+        corpus: CorpusOptions | None = None,
+        batch_rows: int | None = None,
+    ):
         for name, value in (("src_len", src_len), ("tgt_len", tgt_len)):
             if int(value) != value or value < 2:
                 fail(f"{name}={value} must be an integer >= 2 (at least one token plus BOS/EOS)")
@@ -98,12 +122,24 @@ class TranslationDataset:
         key = cache_key(self.tsv_path, tokenizer_path, self.src_len, self.tgt_len, tsv_sha256=sha)
         self.cache_path = cache_root / f"{self.tsv_path.stem}-{key}"
         self.cache_hit = self.cache_path.is_dir()
-        self.build_info: dict | None = None          # how the store was built, when this object built it
+        self.build_info: dict | None = None  # how the store was built, when this object built it
 
         def build() -> dict:
-            return build_store(self.tsv_path, tokenizer_path, self.vocab_size, self.src_len, self.tgt_len,
-                               self.cache_path, sha, num_proc=num_proc, progress=progress, block_bytes=block_bytes,
-                               source=self.source, batch_rows=batch_rows)
+            return build_store(
+                self.tsv_path,
+                tokenizer_path,
+                self.vocab_size,
+                self.src_len,
+                self.tgt_len,
+                self.cache_path,
+                sha,
+                num_proc=num_proc,
+                progress=progress,
+                block_bytes=block_bytes,
+                source=self.source,
+                batch_rows=batch_rows,
+            )
+
         if not self.cache_hit:
             # one builder per store, also across nodes sharing the cache folder; a process that waited for another
             # one's build finds it done and only opens it
@@ -119,23 +155,28 @@ class TranslationDataset:
                 raise
             self._set_aside(damage)
             self.cache_hit, self.build_info = False, build()
-            self.store = TokenStore(self.cache_path)      # damaged again: raised, never a second rebuild
+            self.store = TokenStore(self.cache_path)  # damaged again: raised, never a second rebuild
         self.num_samples = self.store.pairs
 
     def _set_aside(self, damage: DamagedStore) -> None:
         """Say what is damaged, and move the store out of its name (a rename, so another node's builder never finds
         half of it) before deleting it, for build_store to write it anew."""
-        print(f"warning: token store {self.cache_path}: {damage.name} {damage.reason}; rebuilding it from "
-              f"{self.tsv_path}", flush=True)
+        print(
+            f"warning: token store {self.cache_path}: {damage.name} {damage.reason}; rebuilding it from "
+            f"{self.tsv_path}",
+            flush=True,
+        )
         aside = self.cache_path.parent / f".damaged-{self.cache_path.name}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             os.rename(self.cache_path, aside)
         except FileNotFoundError:
-            return                                      # another process set it aside first
+            return  # another process set it aside first
         except OSError as exc:
-            raise UserError(f"token store {self.cache_path}: {damage.name} {damage.reason}, and it cannot be rebuilt "
-                            f"there ({exc.strerror or exc}); pass --cache_dir DIR, a folder this process can write, "
-                            f"to build a new one there") from None
+            raise UserError(
+                f"token store {self.cache_path}: {damage.name} {damage.reason}, and it cannot be rebuilt "
+                f"there ({exc.strerror or exc}); pass --cache_dir DIR, a folder this process can write, "
+                f"to build a new one there"
+            ) from None
         shutil.rmtree(aside, ignore_errors=True)
 
     # -- access ---------------------------------------------------------------------------------------------
@@ -191,7 +232,7 @@ class TranslationDataset:
         meta = self.store.meta
         counts, n = meta["counts"], self.num_samples
         stored = meta["tokens"]["src"] + meta["tokens"]["tgt"]
-        real = stored + 2 * n                                   # + EOS on the source, EOS on the labels
+        real = stored + 2 * n  # + EOS on the source, EOS on the labels
         return {
             "samples": n,
             "src_truncated_pct": 100.0 * counts["src_truncated"] / n,
@@ -245,8 +286,10 @@ class GlobalBatchSchedule:
         if global_batch_size <= 0:
             fail(f"global batch size {global_batch_size} must be positive")
         if global_batch_size > num_samples:
-            fail(f"global batch size {global_batch_size} exceeds the {num_samples} samples of the dataset; "
-                 "lower the batch size or use more data")
+            fail(
+                f"global batch size {global_batch_size} exceeds the {num_samples} samples of the dataset; "
+                "lower the batch size or use more data"
+            )
         self.num_samples = int(num_samples)
         self.global_batch_size = int(global_batch_size)
         self.seed = int(seed)
@@ -260,7 +303,7 @@ class GlobalBatchSchedule:
 
     def _order(self, epoch: int) -> np.ndarray:
         if self._epoch_order is None or self._epoch_order[0] != epoch:
-            self._epoch_order = None                         # the old epoch's order goes before the new one comes
+            self._epoch_order = None  # the old epoch's order goes before the new one comes
             self._epoch_order = (epoch, compact_permutation([self.seed, epoch], self.num_samples))
         return self._epoch_order[1]
 
@@ -281,8 +324,10 @@ def dp_slice(indices, dp_rank: int, dp_size: int) -> np.ndarray:
     if dp_size <= 0 or not 0 <= dp_rank < dp_size:
         fail(f"dp_rank {dp_rank} must be in [0, {dp_size}) and dp_size must be positive")
     if len(indices) % dp_size:
-        fail(f"global batch of {len(indices)} samples does not divide evenly over {dp_size} data-parallel ranks; "
-             "choose a global batch size that is a multiple of the data-parallel size")
+        fail(
+            f"global batch of {len(indices)} samples does not divide evenly over {dp_size} data-parallel ranks; "
+            "choose a global batch size that is a multiple of the data-parallel size"
+        )
     per_rank = len(indices) // dp_size
     return indices[dp_rank * per_rank : (dp_rank + 1) * per_rank]
 
@@ -293,8 +338,10 @@ def micro_slices(indices, micro_batch_num: int) -> list[np.ndarray]:
     if micro_batch_num <= 0:
         fail(f"micro_batch_num {micro_batch_num} must be positive")
     if len(indices) % micro_batch_num:
-        fail(f"batch of {len(indices)} samples does not divide into {micro_batch_num} equal micro-batches; "
-             "choose a global batch size that is a multiple of data-parallel size x micro_batch_num")
+        fail(
+            f"batch of {len(indices)} samples does not divide into {micro_batch_num} equal micro-batches; "
+            "choose a global batch size that is a multiple of data-parallel size x micro_batch_num"
+        )
     size = len(indices) // micro_batch_num
     return [indices[i * size : (i + 1) * size] for i in range(micro_batch_num)]
 
@@ -312,46 +359,72 @@ def main(prog: str = "python -m preprocess.dataset") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Tokenize a source<TAB>target TSV into a token store (compact, memory-mapped ids; or open the "
-                    "one already built) and print statistics: samples, truncation, mean lengths, size, time taken. "
-                    "The TSV is read in chunks over --num_proc processes, in bounded memory, however large it is.",
+        "one already built) and print statistics: samples, truncation, mean lengths, size, time taken. "
+        "The TSV is read in chunks over --num_proc processes, in bounded memory, however large it is.",
         epilog=f"examples:\n  {prog} --file_path data/multi30k/train.fr_en.tsv "
-               "--tokenizer data/multi30k/bpe8k/tokenizer.json --src_len 32 --tgt_len 32\n"
-               f"  {prog} --file_path /readonly/wmt14.tsv --tokenizer bpe/tokenizer.json "
-               "--src_len 128 --tgt_len 128 --cache_dir /scratch/tokcache --num_proc 8",
+        "--tokenizer data/multi30k/bpe8k/tokenizer.json --src_len 32 --tgt_len 32\n"
+        f"  {prog} --file_path /readonly/wmt14.tsv --tokenizer bpe/tokenizer.json "
+        "--src_len 128 --tgt_len 128 --cache_dir /scratch/tokcache --num_proc 8",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--file_path", required=True, metavar="PATH",
-                        help="source<TAB>target TSV; or a datasets save_to_disk folder, or a .jsonl/.json/.csv/"
-                             ".parquet file, with the column flags below")
-    parser.add_argument("--tokenizer", required=True, metavar="tokenizer.json",
-                        help="from dstr-prepare-tokenizer (the file or its directory)")
+    parser.add_argument(
+        "--file_path",
+        required=True,
+        metavar="PATH",
+        help="source<TAB>target TSV; or a datasets save_to_disk folder, or a .jsonl/.json/.csv/"
+        ".parquet file, with the column flags below",
+    )
+    parser.add_argument(
+        "--tokenizer",
+        required=True,
+        metavar="tokenizer.json",
+        help="from dstr-prepare-tokenizer (the file or its directory)",
+    )
     parser.add_argument("--src_len", type=int, required=True, help="source length incl. EOS")
     parser.add_argument("--tgt_len", type=int, required=True, help="target length incl. BOS (input) / EOS (labels)")
-    parser.add_argument("--cache_dir", default=None,
-                        help=f"where the token store goes (default: <TSV dir>/{CACHE_DIRNAME}); pass the same "
-                             f"--cache_dir to train.py")
-    parser.add_argument("--num_proc", type=int, default=None,
-                        help="tokenizer processes (default: the cores this process may use, at most 8; 1: this "
-                             "process alone)")
+    parser.add_argument(
+        "--cache_dir",
+        default=None,
+        help=f"where the token store goes (default: <TSV dir>/{CACHE_DIRNAME}); pass the same --cache_dir to train.py",
+    )
+    parser.add_argument(
+        "--num_proc",
+        type=int,
+        default=None,
+        help="tokenizer processes (default: the cores this process may use, at most 8; 1: this process alone)",
+    )
     parser.add_argument("--no_progress", action="store_true", help="hide progress bars")
     add_corpus_flags(parser.add_argument_group("table input (not for a TSV): docs/data.md, Input formats"))
     args = parser.parse_args()
     start = time.perf_counter()
-    dataset = TranslationDataset(args.file_path, args.tokenizer, args.src_len, args.tgt_len,
-                                 cache_dir=args.cache_dir, progress=not args.no_progress, num_proc=args.num_proc,
-                                 corpus=options_from_args(args))
+    dataset = TranslationDataset(
+        args.file_path,
+        args.tokenizer,
+        args.src_len,
+        args.tgt_len,
+        cache_dir=args.cache_dir,
+        progress=not args.no_progress,
+        num_proc=args.num_proc,
+        corpus=options_from_args(args),
+    )
     seconds = time.perf_counter() - start
     stats = dataset.stats()
-    print(f"{'loaded cache' if dataset.cache_hit else 'tokenized'} {dataset.tsv_path} in {seconds:.2f} s "
-          f"({dataset.cache_path})")
-    print(f"samples {stats['samples']}  vocab {dataset.vocab_size}  "
-          f"src truncated {stats['src_truncated_pct']:.2f}%  tgt truncated {stats['tgt_truncated_pct']:.2f}%  "
-          f"mean tokens before truncation: src {stats['mean_src_tokens']:.2f} tgt {stats['mean_tgt_tokens']:.2f}  "
-          f"unk {stats['unk_pct']:.3f}%  target tokens {stats['target_tokens']}")
+    print(
+        f"{'loaded cache' if dataset.cache_hit else 'tokenized'} {dataset.tsv_path} in {seconds:.2f} s "
+        f"({dataset.cache_path})"
+    )
+    print(
+        f"samples {stats['samples']}  vocab {dataset.vocab_size}  "
+        f"src truncated {stats['src_truncated_pct']:.2f}%  tgt truncated {stats['tgt_truncated_pct']:.2f}%  "
+        f"mean tokens before truncation: src {stats['mean_src_tokens']:.2f} tgt {stats['mean_tgt_tokens']:.2f}  "
+        f"unk {stats['unk_pct']:.3f}%  target tokens {stats['target_tokens']}"
+    )
     itemsize = np.dtype(stats["token_dtype"]).itemsize
-    print(f"store {human_bytes(stats['store_bytes'], base=1000)} ({stats['token_dtype']} ids): "
-          f"{stats['store_bytes'] / (stats['real_tokens'] * itemsize):.2f}x its {stats['real_tokens']} real tokens "
-          f"x {itemsize} bytes")
+    print(
+        f"store {human_bytes(stats['store_bytes'], base=1000)} ({stats['token_dtype']} ids): "
+        f"{stats['store_bytes'] / (stats['real_tokens'] * itemsize):.2f}x its {stats['real_tokens']} real tokens "
+        f"x {itemsize} bytes"
+    )
     return 0
 
 

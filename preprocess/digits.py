@@ -6,6 +6,7 @@ that network unchanged: each 8×8 image is scaled to [0, 1] (÷16), resized to 2
 the seed's MNIST mean and std and flattened to 784 values. The first `train_size` samples train, the rest are held
 out for the accuracy figure.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,8 @@ SIDE = 28
 
 @dataclass
 class Digits:
-    images: torch.Tensor        # [N, 784] float32
-    labels: torch.Tensor        # [N] int64
+    images: torch.Tensor  # [N, 784] float32
+    labels: torch.Tensor  # [N] int64
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -37,7 +38,7 @@ def load_digits_28x28(train_size: int = 1500) -> tuple[Digits, Digits]:
     raw = load_digits()
     if not 0 < train_size < len(raw.target):
         raise UserError(f"train_size {train_size} must be between 1 and {len(raw.target) - 1}")
-    x = torch.tensor(raw.images, dtype=torch.float32).unsqueeze(1) / 16.0                 # [N, 1, 8, 8] in [0, 1]
+    x = torch.tensor(raw.images, dtype=torch.float32).unsqueeze(1) / 16.0  # [N, 1, 8, 8] in [0, 1]
     x = F.interpolate(x, size=(SIDE, SIDE), mode="bilinear", align_corners=False)
     x = ((x - MNIST_MEAN) / MNIST_STD).flatten(1)
     y = torch.tensor(raw.target, dtype=torch.int64)

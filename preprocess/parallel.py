@@ -8,6 +8,7 @@ empty or not UTF-8.
 Run:  python -m preprocess.parallel --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz \\
           --output data/multi30k/train.fr_en.tsv
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,8 +45,10 @@ def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: b
             src_text, tgt_text = src_line.strip(), tgt_line.strip()
             for name, raw in ((src, src_line), (tgt, tgt_line)):
                 if "\t" in raw:
-                    fail(f"{name}:{lineno}: sentence contains a tab, which would break the TSV format; "
-                         "replace it with a space")
+                    fail(
+                        f"{name}:{lineno}: sentence contains a tab, which would break the TSV format; "
+                        "replace it with a space"
+                    )
             if not src_text or not tgt_text:
                 if skip_empty:
                     dropped += 1
@@ -55,8 +58,10 @@ def make_tsv(src: str | Path, tgt: str | Path, output: str | Path, skip_empty: b
             out.write(f"{src_text}\t{tgt_text}\n")
             written += 1
         if src_count != tgt_count:
-            fail(f"line counts differ: {src} has {src_count} lines, {tgt} has {tgt_count} lines; "
-                 "the files must be line-aligned translations")
+            fail(
+                f"line counts differ: {src} has {src_count} lines, {tgt} has {tgt_count} lines; "
+                "the files must be line-aligned translations"
+            )
         if written == 0:
             fail(f"no pairs left to write from {src} and {tgt} (all {dropped} had an empty side)")
     return written, dropped
@@ -68,18 +73,22 @@ def main(prog: str = "python -m preprocess.parallel") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Join two line-aligned parallel text files (plain or .gz, UTF-8) into one "
-                    "source<TAB>target TSV file.",
+        "source<TAB>target TSV file.",
         epilog="example (Multi30k French→English):\n"
-               f"  {prog} --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz "
-               "--output data/multi30k/train.fr_en.tsv",
+        f"  {prog} --src data/multi30k/train.fr.gz --tgt data/multi30k/train.en.gz "
+        "--output data/multi30k/train.fr_en.tsv",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--src", required=True, metavar="FILE[.gz]", help="source-language sentences, one a line")
     parser.add_argument("--tgt", required=True, metavar="FILE[.gz]", help="target-language sentences, one a line")
-    parser.add_argument("--output", required=True, metavar="OUT.tsv",
-                        help="TSV to write (parent directories are created)")
-    parser.add_argument("--skip_empty", action="store_true",
-                        help="drop pairs where either side is empty instead of stopping with an error")
+    parser.add_argument(
+        "--output", required=True, metavar="OUT.tsv", help="TSV to write (parent directories are created)"
+    )
+    parser.add_argument(
+        "--skip_empty",
+        action="store_true",
+        help="drop pairs where either side is empty instead of stopping with an error",
+    )
     args = parser.parse_args()
     written, dropped = make_tsv(args.src, args.tgt, args.output, skip_empty=args.skip_empty)
     note = f" (dropped {dropped} pairs with an empty side)" if args.skip_empty else ""

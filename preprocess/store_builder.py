@@ -15,6 +15,7 @@ A failure ends the build at once, never in a hang: a bad line or a full disk ter
 take the default signal handlers, not the parent's), a killed worker breaks the pool (BrokenProcessPool: one line
 naming the signal), and the workers die with their parent.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,8 +40,8 @@ from preprocess.textio import LineBlocks, split_tsv_block
 from preprocess.token_store import UINT16_IDS, StoreWriter, TokenChunk, token_dtype
 from preprocess.tokenizer import load_tokenizer, special_ids
 
-BLOCK_BYTES = 4 << 20                   # ~15,000 WMT-sized pairs a block
-MAX_WORKERS = 8                         # beyond this the single reader/writer process is the limit
+BLOCK_BYTES = 4 << 20  # ~15,000 WMT-sized pairs a block
+MAX_WORKERS = 8  # beyond this the single reader/writer process is the limit
 
 
 class ChunkEncoder:
@@ -72,9 +73,13 @@ class ChunkEncoder:
         src_ids, src_kept, src_before, src_cut = self._side(sources, self.keep["src"])
         tgt_ids, tgt_kept, tgt_before, tgt_cut = self._side(targets, self.keep["tgt"])
         flags = src_cut.astype(np.uint8) | (tgt_cut.astype(np.uint8) << 1)
-        stats = {"src_tokens_before_cut": int(src_before.sum()), "tgt_tokens_before_cut": int(tgt_before.sum()),
-                 "src_truncated": int(src_cut.sum()), "tgt_truncated": int(tgt_cut.sum()),
-                 "unk": int(np.count_nonzero(src_ids == self.unk) + np.count_nonzero(tgt_ids == self.unk))}
+        stats = {
+            "src_tokens_before_cut": int(src_before.sum()),
+            "tgt_tokens_before_cut": int(tgt_before.sum()),
+            "src_truncated": int(src_cut.sum()),
+            "tgt_truncated": int(tgt_cut.sum()),
+            "unk": int(np.count_nonzero(src_ids == self.unk) + np.count_nonzero(tgt_ids == self.unk)),
+        }
         return TokenChunk(src_ids, src_kept, tgt_ids, tgt_kept, flags, stats)
 
 
@@ -89,6 +94,7 @@ def _die_with_parent() -> None:
     leaves no worker behind blocked on a pipe nobody reads)."""
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(1, int(signal.SIGKILL), 0, 0, 0)
     except (OSError, AttributeError):
         pass
@@ -98,11 +104,11 @@ def _start_worker(parent: int, *args) -> None:
     global _worker
     for s in WORKER_DEFAULT_SIGNALS:
         signal.signal(s, signal.SIG_DFL)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)         # Ctrl-C: the parent stops the pool, no trace per worker
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C: the parent stops the pool, no trace per worker
     _die_with_parent()
-    if os.getppid() != parent:                           # the parent died before prctl took effect
+    if os.getppid() != parent:  # the parent died before prctl took effect
         os._exit(1)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"      # one thread per worker: the workers are the parallelism
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread per worker: the workers are the parallelism
     _worker = ChunkEncoder(*args)
 
 
@@ -127,12 +133,12 @@ def _environment(**values: str) -> Iterator[None]:
 def default_num_proc() -> int:
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:                               # not Linux
+    except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
     return max(1, min(cores, MAX_WORKERS))
 
 
-GZIP_RATIO = 10                         # text rarely packs tighter: a .gz's blocks are estimated from its size x this
+GZIP_RATIO = 10  # text rarely packs tighter: a .gz's blocks are estimated from its size x this
 
 
 def worker_count(num_proc: int | None, file_bytes: int, block_bytes: int, gzipped: bool = False) -> int:
@@ -176,12 +182,15 @@ def _lost_worker(workers: list, name: str) -> UserError:
         except ValueError:
             how = f" (killed by signal {code}"
         how += ": kill -9, or the kernel's out-of-memory killer: see `dmesg`)" if code == signal.SIGKILL else ")"
-    return UserError(f"a tokenizer worker process died while tokenizing {name}{how}; nothing was kept. Run again "
-                     f"(with fewer --num_proc if memory ran out)")
+    return UserError(
+        f"a tokenizer worker process died while tokenizing {name}{how}; nothing was kept. Run again "
+        f"(with fewer --num_proc if memory ran out)"
+    )
 
 
-def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tuple,
-                    workers: int) -> Iterator[tuple[TokenChunk, float]]:
+def _encoded_chunks(
+    blocks: Iterator[tuple[bytes, int, float]], encoder_args: tuple, workers: int
+) -> Iterator[tuple[TokenChunk, float]]:
     """The blocks' TokenChunks in file order, each with its fraction (`_with_fractions`), from `workers` processes
     (1: this one), two blocks per worker in flight at most. A worker that dies ends the build (BrokenProcessPool;
     multiprocessing.Pool replaced a killed worker and waited forever for its block)."""
@@ -191,9 +200,13 @@ def _encoded_chunks(blocks: Iterator[tuple[bytes, int, float]], encoder_args: tu
             yield encoder(block, lineno), fraction
         return
     method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
-    seen: dict = {}                                       # pid → worker process, for _lost_worker
-    pool = ProcessPoolExecutor(workers, mp_context=_RecordingContext(multiprocessing.get_context(method), seen),
-                               initializer=_start_worker, initargs=(os.getpid(), *encoder_args))
+    seen: dict = {}  # pid → worker process, for _lost_worker
+    pool = ProcessPoolExecutor(
+        workers,
+        mp_context=_RecordingContext(multiprocessing.get_context(method), seen),
+        initializer=_start_worker,
+        initargs=(os.getpid(), *encoder_args),
+    )
     try:
         pending: deque = deque()
         for block, lineno, read in blocks:
@@ -236,7 +249,7 @@ class _RecordingContext:
 
 
 def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    stop = getattr(pool, "terminate_workers", None)         # Python 3.14
+    stop = getattr(pool, "terminate_workers", None)  # Python 3.14
     if stop is not None:
         stop()
         return
@@ -258,14 +271,22 @@ class _Progress:
         total = max(done_pairs, int(round(done_pairs / fraction))) if fraction > 0 else done_pairs
         if self.bar is None:
             from tqdm import tqdm
-            self.bar = tqdm(total=total, unit=" pairs", unit_scale=True, desc=f"tokenizing {self.name}",
-                            dynamic_ncols=True, file=sys.stderr, smoothing=0.1)
+
+            self.bar = tqdm(
+                total=total,
+                unit=" pairs",
+                unit_scale=True,
+                desc=f"tokenizing {self.name}",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                smoothing=0.1,
+            )
         self.bar.total = total
         self.bar.update(pairs)
 
     def close(self, finished: bool = True) -> None:
         if self.bar is not None:
-            if finished:                      # (a build that stopped keeps its bar short of 100%)
+            if finished:  # (a build that stopped keeps its bar short of 100%)
                 self.bar.total = self.bar.n
             self.bar.close()
 
@@ -275,9 +296,20 @@ def _file_state(path: Path) -> tuple[int, int, int]:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
-def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: int, tgt_len: int, final: Path,
-                expected_sha256: str, num_proc: int | None = None, block_bytes: int | None = None,
-                progress: bool = True, source=None, batch_rows: int | None = None) -> dict:
+def build_store(
+    tsv_path: Path,
+    tokenizer_path: Path,
+    vocab_size: int,
+    src_len: int,
+    tgt_len: int,
+    final: Path,
+    expected_sha256: str,
+    num_proc: int | None = None,
+    block_bytes: int | None = None,
+    progress: bool = True,
+    source=None,
+    batch_rows: int | None = None,
+) -> dict:
     """Tokenize `tsv_path` into a store at `final` (atomically). `expected_sha256`: the TSV hash the store's key
     was made from; the file is hashed again while read and must not differ. `source`: a table
     (preprocess.corpus_source.CorpusSource, not a TSV) read in batches of `batch_rows` rows instead; its files must
@@ -286,13 +318,16 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
     tsv_path = Path(tsv_path)
     dtype = token_dtype(vocab_size)
     if vocab_size > UINT16_IDS:
-        print(f"note: the vocabulary of {tokenizer_path} has {vocab_size} ids, more than 16 bits hold: token ids "
-              f"are stored as uint32 (4 bytes each instead of 2)", flush=True)
+        print(
+            f"note: the vocabulary of {tokenizer_path} has {vocab_size} ids, more than 16 bits hold: token ids "
+            f"are stored as uint32 (4 bytes each instead of 2)",
+            flush=True,
+        )
     if source is None or source.is_tsv:
         before = _file_state(tsv_path)
         block_bytes = block_bytes or BLOCK_BYTES
         blocks = LineBlocks(tsv_path, block_bytes)
-        workers = worker_count(num_proc, blocks.size, block_bytes, is_gzip(tsv_path))   # (num_proc >= 1: checked)
+        workers = worker_count(num_proc, blocks.size, block_bytes, is_gzip(tsv_path))  # (num_proc >= 1: checked)
         read = _with_fractions(blocks)
 
         def changed() -> bool:
@@ -307,15 +342,18 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
 
         def changed() -> bool:
             return source.state() != before
+
     ahead = list(islice(read, workers)) if workers > 1 else []
     if len(ahead) < workers:
-        workers = max(1, len(ahead))                     # fewer blocks than workers: one worker each
+        workers = max(1, len(ahead))  # fewer blocks than workers: one worker each
     encoder_args = (str(tokenizer_path), src_len, tgt_len, dtype.name, str(tsv_path))
     bar = _Progress(progress, tsv_path.name)
     finished = False
     try:
-        with StoreWriter(final, dtype, str(tsv_path)) as writer, \
-                contextlib.closing(_encoded_chunks(chain(ahead, read), encoder_args, workers)) as chunks:
+        with (
+            StoreWriter(final, dtype, str(tsv_path)) as writer,
+            contextlib.closing(_encoded_chunks(chain(ahead, read), encoder_args, workers)) as chunks,
+        ):
             count = 0
             for chunk, fraction in chunks:
                 count += 1
@@ -324,10 +362,19 @@ def build_store(tsv_path: Path, tokenizer_path: Path, vocab_size: int, src_len: 
             if writer.pairs == 0:
                 fail(f"{tsv_path}: file is empty" if source is None or source.is_tsv else f"{tsv_path}: no rows")
             if changed():
-                fail(f"{tsv_path} changed while it was being read (its contents, size or modification time differ "
-                     f"from when this run started); let whatever writes it finish, then run again")
-            writer.commit({"src_len": src_len, "tgt_len": tgt_len, "vocab_size": vocab_size,
-                           "source": str(tsv_path), "source_sha256": expected_sha256})
+                fail(
+                    f"{tsv_path} changed while it was being read (its contents, size or modification time differ "
+                    f"from when this run started); let whatever writes it finish, then run again"
+                )
+            writer.commit(
+                {
+                    "src_len": src_len,
+                    "tgt_len": tgt_len,
+                    "vocab_size": vocab_size,
+                    "source": str(tsv_path),
+                    "source_sha256": expected_sha256,
+                }
+            )
         finished = True
     finally:
         bar.close(finished)

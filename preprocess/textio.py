@@ -8,6 +8,7 @@
 Lines are read by the rules of common.text_lines (strict UTF-8, plain or .gz); outputs are written with
 common.staging.atomic_write. Library only; nothing to run.
 """
+
 from __future__ import annotations
 
 import gzip
@@ -31,8 +32,10 @@ def split_tsv_line(line: str, name: str, lineno: int) -> tuple[str, str]:
         what = "empty line" if not line.strip() else "no tab"
         fail(f"{name}:{lineno}: {what}; expected 'source<TAB>target'")
     if tabs > 1:
-        fail(f"{name}:{lineno}: {tabs} tabs; expected exactly one between source and target "
-             "(a sentence must not contain a tab)")
+        fail(
+            f"{name}:{lineno}: {tabs} tabs; expected exactly one between source and target "
+            "(a sentence must not contain a tab)"
+        )
     src, tgt = (side.strip() for side in line.split("\t"))
     if not src:
         fail(f"{name}:{lineno}: empty source side (before the tab)")
@@ -63,11 +66,11 @@ def split_tsv_block(block: bytes, name: str, first_lineno: int) -> tuple[list[st
     the file, for the messages."""
     try:
         text = block.decode("utf-8")
-    except UnicodeDecodeError:                     # find the line, for the message
+    except UnicodeDecodeError:  # find the line, for the message
         for offset, raw in enumerate(block.split(b"\n")):
             decode_line(raw, name, first_lineno + offset)
         raise
-    lines = text.split("\n")                       # only "\n" ends a line (see decode_line)
+    lines = text.split("\n")  # only "\n" ends a line (see decode_line)
     if lines[-1] == "":
         lines.pop()
     if first_lineno == 1 and lines and lines[0].startswith("\ufeff"):
@@ -125,15 +128,15 @@ class LineBlocks:
                     data = carry + data
                     cut = data.rfind(b"\n") + 1
                     if cut == 0:
-                        carry = data                  # a line longer than a block: read on
+                        carry = data  # a line longer than a block: read on
                         continue
                     block, carry = data[:cut], data[cut:]
                     yield block, lineno
                     lineno += block.count(b"\n")
             except (gzip.BadGzipFile, EOFError, zlib.error) as exc:
-                fail(f"{name}: not a valid gzip file ({exc}); re-download it or drop the .gz suffix if it is plain "
-                     "text")
+                fail(
+                    f"{name}: not a valid gzip file ({exc}); re-download it or drop the .gz suffix if it is plain text"
+                )
             if carry:
                 yield carry, lineno
             self.sha256 = hashing.digest.hexdigest()
-

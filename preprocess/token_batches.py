@@ -18,6 +18,7 @@ layout or iterator state: every layout trains on the same batches and a resume i
 Every batch holds a multiple of `batch_multiple` pairs, so data_parallel × micro_batch_num (× interleave_num) must
 divide batch_multiple (checked with the layout, `model.config.validate_layout`).
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -28,7 +29,7 @@ from common.errors import fail
 def compact_permutation(seed, n: int) -> np.ndarray:
     """`np.random.default_rng(seed).permutation(n)` — the same numbers, from the same shuffle — in int32 where n
     allows: half the memory of int64 for a corpus of millions of pairs."""
-    order = np.arange(n, dtype=np.int32 if n < 2 ** 31 else np.int64)
+    order = np.arange(n, dtype=np.int32 if n < 2**31 else np.int64)
     np.random.default_rng(seed).shuffle(order)
     return order
 
@@ -53,16 +54,16 @@ def length_buckets(padded: np.ndarray, n: int) -> np.ndarray:
 
     def cost(j: int) -> np.ndarray:
         """PAD positions added when lengths i..j (i = 0..j) all pad to values[j]: one column, O(v) memory."""
-        return values[j] * (cum_c[j + 1] - cum_c[:j + 1]) - (cum_cv[j + 1] - cum_cv[:j + 1])
+        return values[j] * (cum_c[j + 1] - cum_c[: j + 1]) - (cum_cv[j + 1] - cum_cv[: j + 1])
 
-    best = np.array([cost(j)[0] for j in range(v)])     # best[j]: lengths 0..j in one run
-    cut = [np.zeros(v, dtype=np.int64)]              # cut[k][j]: where the last of k+1 runs covering 0..j starts
+    best = np.array([cost(j)[0] for j in range(v)])  # best[j]: lengths 0..j in one run
+    cut = [np.zeros(v, dtype=np.int64)]  # cut[k][j]: where the last of k+1 runs covering 0..j starts
     for _ in range(1, n):
         # a last run i..j after the best k runs over 0..i-1 (i = 0: one run only)
         before = np.concatenate([[0.0], best[:-1]])
         start, new = np.zeros(v, dtype=np.int64), np.empty(v)
         for j in range(v):
-            total = before[:j + 1] + cost(j)
+            total = before[: j + 1] + cost(j)
             total[0] = cost(j)[0]
             start[j] = int(np.argmin(total))
             new[j] = total[start[j]]
@@ -89,13 +90,13 @@ def _sort_order(src_pad: np.ndarray, tgt_pad: np.ndarray, tie: np.ndarray) -> np
     dtype of `tie` (int32 below 2**31 pairs)."""
     n = len(tie)
     by_tie = np.empty(n, dtype=tie.dtype)
-    by_tie[tie] = np.arange(n, dtype=tie.dtype)         # by_tie[k]: the pair whose tie value is k
+    by_tie[tie] = np.arange(n, dtype=tie.dtype)  # by_tie[k]: the pair whose tie value is k
     s_span = int(src_pad.max()) + 1
-    bucket = tgt_pad[by_tie].astype(np.int64 if (int(tgt_pad.max()) + 1) * s_span >= 2 ** 31 else np.int32)
+    bucket = tgt_pad[by_tie].astype(np.int64 if (int(tgt_pad.max()) + 1) * s_span >= 2**31 else np.int32)
     bucket *= s_span
     bucket += src_pad[by_tie]
-    if n and bucket.max() < 2 ** 16:
-        bucket = bucket.astype(np.uint16)                # radix sort
+    if n and bucket.max() < 2**16:
+        bucket = bucket.astype(np.uint16)  # radix sort
     return by_tie[np.argsort(bucket, kind="stable")]
 
 
@@ -115,11 +116,24 @@ def _pack(group_src: list, group_tgt: list, multiple: int, max_tokens: int) -> l
 
 
 class TokenBatchSchedule:
-    def __init__(self, src_real: np.ndarray, tgt_real: np.ndarray, max_tokens: int, batch_multiple: int, seed: int,
-                 src_len: int, tgt_len: int, pad_multiple: int = 8, num_buckets: int = 0):
+    def __init__(
+        self,
+        src_real: np.ndarray,
+        tgt_real: np.ndarray,
+        max_tokens: int,
+        batch_multiple: int,
+        seed: int,
+        src_len: int,
+        tgt_len: int,
+        pad_multiple: int = 8,
+        num_buckets: int = 0,
+    ):
         """src_real / tgt_real: each pair's real (non-PAD) source and target length, as stored (with EOS)."""
-        for name, value in (("max_tokens", max_tokens), ("batch_multiple", batch_multiple),
-                            ("pad_multiple", pad_multiple)):
+        for name, value in (
+            ("max_tokens", max_tokens),
+            ("batch_multiple", batch_multiple),
+            ("pad_multiple", pad_multiple),
+        ):
             if value < 1:
                 fail(f"--{name} {value} must be >= 1")
         if num_buckets < 0:
@@ -128,7 +142,7 @@ class TokenBatchSchedule:
         # small integer types throughout: for 10 M pairs every byte per pair is 10 MB of each rank's memory
         src_pad = padded_length(np.asarray(src_real, dtype=np.int32), pad_multiple, src_len)
         tgt_pad = padded_length(np.asarray(tgt_real, dtype=np.int32), pad_multiple, tgt_len)
-        if max(src_len, tgt_len) < 2 ** 16:
+        if max(src_len, tgt_len) < 2**16:
             src_pad, tgt_pad = src_pad.astype(np.uint16), tgt_pad.astype(np.uint16)
         n = len(src_pad)
         if num_buckets and n:
@@ -139,7 +153,7 @@ class TokenBatchSchedule:
         groups = n // batch_multiple
         if groups == 0:
             fail(f"--batch_multiple {batch_multiple} exceeds the {n} pairs of the dataset")
-        tie = compact_permutation([self.seed, 2 ** 31], n)
+        tie = compact_permutation([self.seed, 2**31], n)
         order = _sort_order(src_pad, tgt_pad, tie)[: groups * batch_multiple]
         del tie
         # each group's longest padded source and target (groups are consecutive pairs of the sorted order)
@@ -147,15 +161,18 @@ class TokenBatchSchedule:
         group_tgt = tgt_pad[order].reshape(groups, batch_multiple).max(axis=1).astype(np.int64)
         widest = int(np.max(np.maximum(group_src, group_tgt)))
         if batch_multiple * widest > max_tokens:
-            fail(f"--max_tokens {max_tokens} cannot hold batch_multiple {batch_multiple} pairs of the longest padded "
-                 f"length {widest} ({batch_multiple * widest} tokens): raise --max_tokens to at least "
-                 f"{batch_multiple * widest} or lower --batch_multiple")
+            fail(
+                f"--max_tokens {max_tokens} cannot hold batch_multiple {batch_multiple} pairs of the longest padded "
+                f"length {widest} ({batch_multiple * widest} tokens): raise --max_tokens to at least "
+                f"{batch_multiple * widest} or lower --batch_multiple"
+            )
         starts = np.asarray(_pack(group_src.tolist(), group_tgt.tolist(), batch_multiple, max_tokens), dtype=np.int64)
         # batch b is order[self._starts[b]:self._starts[b + 1]], padded to self._shapes[b]
         self._order = order
         self._starts = starts * batch_multiple
-        self._shapes = np.stack([np.maximum.reduceat(group_src, starts[:-1]),
-                                 np.maximum.reduceat(group_tgt, starts[:-1])], axis=1).astype(np.int32)
+        self._shapes = np.stack(
+            [np.maximum.reduceat(group_src, starts[:-1]), np.maximum.reduceat(group_tgt, starts[:-1])], axis=1
+        ).astype(np.int32)
         self.batches_per_epoch = len(starts) - 1
         self._epoch_order: tuple[int, np.ndarray] | None = None
 
@@ -173,7 +190,7 @@ class TokenBatchSchedule:
     def global_batch(self, step: int) -> np.ndarray:
         """Sample indices (int64) of global batch `step`: a multiple of batch_multiple pairs of similar length."""
         b = self._batch_id(step)
-        return self._order[self._starts[b]:self._starts[b + 1]].astype(np.int64)
+        return self._order[self._starts[b] : self._starts[b + 1]].astype(np.int64)
 
     def shape(self, step: int) -> tuple[int, int]:
         """(source, target) length global batch `step` is padded to."""
@@ -183,5 +200,10 @@ class TokenBatchSchedule:
     def stats(self) -> dict:
         """Batch sizes and shapes of one epoch (every epoch has the same batches)."""
         sizes = np.diff(self._starts)
-        return {"batches": self.batches_per_epoch, "pairs": int(sizes.sum()), "min_pairs": int(sizes.min()),
-                "max_pairs": int(sizes.max()), "shapes": sorted({(int(s), int(t)) for s, t in self._shapes.tolist()})}
+        return {
+            "batches": self.batches_per_epoch,
+            "pairs": int(sizes.sum()),
+            "min_pairs": int(sizes.min()),
+            "max_pairs": int(sizes.max()),
+            "shapes": sorted({(int(s), int(t)) for s, t in self._shapes.tolist()}),
+        }

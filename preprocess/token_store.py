@@ -39,6 +39,7 @@ would keep it), as git treats "racily clean" files. A file the verdict vouches f
 between the sampled places with the size and time kept. A damaged file raises `DamagedStore` naming it;
 preprocess.dataset.TranslationDataset, which has the TSV, rebuilds the store.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -58,13 +59,13 @@ from common.staging import atomic_write
 from common.units import human_bytes
 from preprocess.trusted_files import trust
 
-FORMAT_VERSION = 3                      # 2 had no checksums; 1 was three padded int64 Arrow columns
+FORMAT_VERSION = 3  # 2 had no checksums; 1 was three padded int64 Arrow columns
 META_FILE = "meta.json"
 VERIFIED_FILE = "verified.json"
 SIDES = ("src", "tgt")
 FLAGS_FILE = "truncated.flags"
 UINT16_IDS = 1 << 16
-CHECK_CHUNK = 1 << 22                   # offsets compared this many at a time: bounded temporary memory
+CHECK_CHUNK = 1 << 22  # offsets compared this many at a time: bounded temporary memory
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -90,19 +91,22 @@ class DamagedStore(UserError):
     def __init__(self, folder: Path, name: str, reason: str, source: str | None = None):
         self.folder, self.name, self.reason = Path(folder), name, reason
         tsv = f"its TSV ({source})" if source else "the TSV it was built from"
-        super().__init__(f"token store {self.folder}: {name} {reason}; delete the folder and run train.py or "
-                         f"python -m preprocess.dataset with {tsv}, which rebuild it")
+        super().__init__(
+            f"token store {self.folder}: {name} {reason}; delete the folder and run train.py or "
+            f"python -m preprocess.dataset with {tsv}, which rebuild it"
+        )
 
 
 @dataclass
 class TokenChunk:
     """One chunk of consecutive pairs, tokenized and cut: what a worker sends back to the writer."""
-    src_ids: np.ndarray                 # token dtype, the kept source tokens back to back
-    src_lengths: np.ndarray             # int64 [pairs]: kept source tokens per pair
+
+    src_ids: np.ndarray  # token dtype, the kept source tokens back to back
+    src_lengths: np.ndarray  # int64 [pairs]: kept source tokens per pair
     tgt_ids: np.ndarray
     tgt_lengths: np.ndarray
-    flags: np.ndarray                   # uint8 [pairs]
-    stats: dict = field(default_factory=dict)   # counts summed over chunks (STAT_COUNTS)
+    flags: np.ndarray  # uint8 [pairs]
+    stats: dict = field(default_factory=dict)  # counts summed over chunks (STAT_COUNTS)
 
     @property
     def pairs(self) -> int:
@@ -110,8 +114,12 @@ class TokenChunk:
 
     @property
     def nbytes(self) -> int:
-        return (self.src_ids.nbytes + self.tgt_ids.nbytes + 8 * (len(self.src_lengths) + len(self.tgt_lengths))
-                + self.flags.nbytes)
+        return (
+            self.src_ids.nbytes
+            + self.tgt_ids.nbytes
+            + 8 * (len(self.src_lengths) + len(self.tgt_lengths))
+            + self.flags.nbytes
+        )
 
 
 # counts every chunk reports, summed into meta.json's "counts" (stats() turns them into the printed figures)
@@ -119,8 +127,10 @@ STAT_COUNTS = ("src_tokens_before_cut", "tgt_tokens_before_cut", "src_truncated"
 
 
 def cannot_write(folder: Path, exc: OSError) -> UserError:
-    return UserError(f"cannot write the token store under {folder} ({exc.strerror or exc}); pass --cache_dir DIR, "
-                     f"a folder this process can write (the data folder may stay read-only)")
+    return UserError(
+        f"cannot write the token store under {folder} ({exc.strerror or exc}); pass --cache_dir DIR, "
+        f"a folder this process can write (the data folder may stay read-only)"
+    )
 
 
 class StoreWriter:
@@ -143,8 +153,8 @@ class StoreWriter:
         except OSError as exc:
             self.abort()
             raise cannot_write(self.final.parent, exc) from None
-        self.digests = {name: hashlib.sha256() for name in self.files}    # of the bytes written, as they go
-        self.position = {side: 0 for side in SIDES}   # tokens written per side
+        self.digests = {name: hashlib.sha256() for name in self.files}  # of the bytes written, as they go
+        self.position = {side: 0 for side in SIDES}  # tokens written per side
         self.pairs, self.written = 0, 0
         self.counts = {name: 0 for name in STAT_COUNTS}
         for side in SIDES:
@@ -177,15 +187,17 @@ class StoreWriter:
 
     def _no_room(self, exc: OSError) -> None:
         self.abort()
-        raise UserError(f"{NO_ROOM[exc.errno]} writing the token store for {self.source_name} in "
-                        f"{self.final.parent} ({human_bytes(self._free() or 0, base=1000)} free there, "
-                        f"{human_bytes(self.written, base=1000)} written); free space or pass --cache_dir DIR on a "
-                        f"larger disk") from None
+        raise UserError(
+            f"{NO_ROOM[exc.errno]} writing the token store for {self.source_name} in "
+            f"{self.final.parent} ({human_bytes(self._free() or 0, base=1000)} free there, "
+            f"{human_bytes(self.written, base=1000)} written); free space or pass --cache_dir DIR on a "
+            f"larger disk"
+        ) from None
 
     def append(self, chunk: TokenChunk, fraction_read: float) -> None:
         """Write one chunk. `fraction_read`: how much of the input has been read so far (0..1): with the bytes
         written it projects the store's size, and a store that cannot fit stops now rather than at a full disk."""
-        free = self._free()                   # None: no figure to check against; the writes themselves will tell
+        free = self._free()  # None: no figure to check against; the writes themselves will tell
         expected_more = chunk.nbytes
         if fraction_read > 0:
             projected = (self.written + chunk.nbytes) / fraction_read
@@ -193,10 +205,14 @@ class StoreWriter:
         if free is not None and expected_more > free:
             self.abort()
             need = human_bytes(self.written + expected_more, base=1000)
-            fail(f"the token store for {self.source_name} needs about {need} but {self.final.parent} has "
-                 f"{human_bytes(free, base=1000)} free; free space there or pass --cache_dir DIR on a larger disk")
-        for side, ids, lengths in (("src", chunk.src_ids, chunk.src_lengths), ("tgt", chunk.tgt_ids,
-                                                                               chunk.tgt_lengths)):
+            fail(
+                f"the token store for {self.source_name} needs about {need} but {self.final.parent} has "
+                f"{human_bytes(free, base=1000)} free; free space there or pass --cache_dir DIR on a larger disk"
+            )
+        for side, ids, lengths in (
+            ("src", chunk.src_ids, chunk.src_lengths),
+            ("tgt", chunk.tgt_ids, chunk.tgt_lengths),
+        ):
             self._write(tokens_file(side), ids.astype(self.dtype, copy=False))
             self._write(offsets_file(side), self.position[side] + np.cumsum(lengths, dtype=np.int64))
             self.position[side] += int(ids.size)
@@ -211,11 +227,17 @@ class StoreWriter:
         try:
             for handle in self.files.values():
                 handle.flush()
-                os.fsync(handle.fileno())     # the data is on disk before the name says it is complete
+                os.fsync(handle.fileno())  # the data is on disk before the name says it is complete
                 handle.close()
-            full = {"format": FORMAT_VERSION, "pairs": self.pairs, "token_dtype": self.dtype.name,
-                    "tokens": dict(self.position), "counts": self.counts,
-                    "sha256": {name: digest.hexdigest() for name, digest in self.digests.items()}, **meta}
+            full = {
+                "format": FORMAT_VERSION,
+                "pairs": self.pairs,
+                "token_dtype": self.dtype.name,
+                "tokens": dict(self.position),
+                "counts": self.counts,
+                "sha256": {name: digest.hexdigest() for name, digest in self.digests.items()},
+                **meta,
+            }
             with open(self.tmp / META_FILE, "w", encoding="utf-8") as f:
                 json.dump(full, f, indent=1)
                 f.write("\n")
@@ -232,7 +254,7 @@ class StoreWriter:
         except OSError:
             if not (self.final / META_FILE).is_file():
                 raise
-            self.abort()                       # an identical store finished first (another rank or node)
+            self.abort()  # an identical store finished first (another rank or node)
 
     def abort(self) -> None:
         for handle in self.files.values():
@@ -247,7 +269,7 @@ class TokenStore:
 
     def __init__(self, folder: Path, verify: bool = True):
         self.folder = Path(folder)
-        self.meta: dict = {}                      # until it is read: a damaged meta.json names no TSV
+        self.meta: dict = {}  # until it is read: a damaged meta.json names no TSV
         self.meta = self._read_meta()
         self.pairs = int(self.meta["pairs"])
         self.dtype = np.dtype(self.meta["token_dtype"])
@@ -287,7 +309,7 @@ class TokenStore:
         if size != count * dtype.itemsize:
             raise self._damaged(name, f"holds {size} bytes, {count * dtype.itemsize} expected")
         if count == 0:
-            return np.zeros(0, dtype=dtype)       # mmap cannot map an empty file
+            return np.zeros(0, dtype=dtype)  # mmap cannot map an empty file
         return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
     def _check_offsets(self, side: str) -> None:
@@ -295,10 +317,11 @@ class TokenStore:
         a slice of its side's tokens (a damaged offset would make garbled pairs, or an IndexError steps later)."""
         off, count, name = self.offsets[side], len(self.tokens[side]), offsets_file(side)
         if off[0] != 0 or off[-1] != count:
-            raise self._damaged(name, f"runs from {off[0]} to {off[-1]}, not from 0 to the {count} tokens of "
-                                      f"{tokens_file(side)}")
+            raise self._damaged(
+                name, f"runs from {off[0]} to {off[-1]}, not from 0 to the {count} tokens of {tokens_file(side)}"
+            )
         for start in range(0, self.pairs, CHECK_CHUNK):
-            part = off[start:start + CHECK_CHUNK + 1]
+            part = off[start : start + CHECK_CHUNK + 1]
             down = np.flatnonzero(part[1:] < part[:-1])
             if down.size:
                 pair = start + int(down[0])
@@ -310,15 +333,17 @@ class TokenStore:
         top = int(ids.max()) if len(ids) else 0
         if top >= vocab:
             where = int(np.argmax(ids >= vocab))
-            raise self._damaged(tokens_file(side), f"holds id {top} (first past the vocabulary at token {where}), "
-                                                   f"but the vocabulary has {vocab} ids")
+            raise self._damaged(
+                tokens_file(side),
+                f"holds id {top} (first past the vocabulary at token {where}), but the vocabulary has {vocab} ids",
+            )
 
     def verify(self) -> list[str]:
         """Compare each file with the sha256 its writer recorded, skipping those verified.json vouches for at their
         current size, modification time and sample (trusted instead: hashed in full later, once per job, by
         train.py); record the verdict. Returns the files hashed."""
         recorded = self.meta["sha256"]
-        stats = _stats(self.folder)                   # before hashing: a file that changes meanwhile is hashed again
+        stats = _stats(self.folder)  # before hashing: a file that changes meanwhile is hashed again
         samples = _samples(self.folder)
         trusted = _trusted(self.folder, recorded, stats, samples)
         hashed = []
@@ -339,9 +364,11 @@ class TokenStore:
         with contextlib.suppress(OSError):
             (self.folder / VERIFIED_FILE).unlink()
         source = self.meta.get("source") or "the TSV it was built from"
-        return (f"token store {self.folder}: {name} does not match the sha256 recorded when the store was built, "
-                f"though its size and modification time are the ones its last check saw (ids changed in place); its "
-                f"verdict is dropped: run the same command again and train.py rebuilds the store from {source}")
+        return (
+            f"token store {self.folder}: {name} does not match the sha256 recorded when the store was built, "
+            f"though its size and modification time are the ones its last check saw (ids changed in place); its "
+            f"verdict is dropped: run the same command again and train.py rebuilds the store from {source}"
+        )
 
     def lengths(self, side: str, idx: np.ndarray | None = None) -> np.ndarray:
         """Stored (kept) tokens per pair, int64: all pairs, or those of `idx`."""
@@ -353,8 +380,9 @@ class TokenStore:
     def nbytes(self) -> int:
         return sum(p.stat().st_size for p in self.folder.iterdir() if p.is_file())
 
-    def padded_rows(self, side: str, idx: np.ndarray, width: int, pad: int, lead: int | None = None,
-                    end: int | None = None) -> np.ndarray:
+    def padded_rows(
+        self, side: str, idx: np.ndarray, width: int, pad: int, lead: int | None = None, end: int | None = None
+    ) -> np.ndarray:
         """int64 [len(idx), width]: each pair's ids, after `lead` (BOS) if given and followed by `end` (EOS) if
         given, then `pad`; positions past `width` are cut."""
         off, tokens = self.offsets[side], self.tokens[side]
@@ -401,11 +429,16 @@ def _trusted(folder: Path, recorded: dict, stats: dict, samples: dict) -> set:
         when = path.stat().st_mtime_ns
         with open(path, encoding="utf-8") as f:
             verdict = json.load(f)
-        return {name for name in DATA_FILES
-                if verdict["sha256"].get(name) == recorded[name] and verdict["files"].get(name) == stats.get(name)
-                and stats[name][1] < when and verdict["samples"].get(name) == samples.get(name)}
+        return {
+            name
+            for name in DATA_FILES
+            if verdict["sha256"].get(name) == recorded[name]
+            and verdict["files"].get(name) == stats.get(name)
+            and stats[name][1] < when
+            and verdict["samples"].get(name) == samples.get(name)
+        }
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return set()                              # no verdict (or an unreadable one): hash
+        return set()  # no verdict (or an unreadable one): hash
 
 
 def record_verified(folder: Path, recorded: dict, stats: dict, samples: dict) -> None:

@@ -19,6 +19,7 @@ Run:  python -m preprocess.tokenizer --input data/multi30k/train.fr_en.tsv --out
 Load: `load_tokenizer(path)`, or transformers.PreTrainedTokenizerFast(tokenizer_file=path, pad_token="<pad>",
       unk_token="<unk>", bos_token="<s>", eos_token="</s>").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,18 +92,26 @@ def sample_pairs(total: int, sample_size: int | None) -> np.ndarray | None:
     return np.sort(np.random.default_rng(0).choice(total, size=sample_size, replace=False))
 
 
-def _train_bpe(sentences: Iterable[str], count: int | None, vocab_size: int, min_frequency: int, progress: bool,
-               split_punctuation: bool = False) -> Tokenizer:
+def _train_bpe(
+    sentences: Iterable[str],
+    count: int | None,
+    vocab_size: int,
+    min_frequency: int,
+    progress: bool,
+    split_punctuation: bool = False,
+) -> Tokenizer:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.normalizer = normalizers.NFKC()
     metaspace = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="always")
     # split_punctuation: "▁bleu," → "▁bleu" + "," — one vocabulary entry per word instead of one per word ×
     # following punctuation; the Metaspace decoder still restores the exact spacing (no "▁" before the comma)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation("isolated")])
-                         if split_punctuation else metaspace)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([metaspace, pre_tokenizers.Punctuation("isolated")]) if split_punctuation else metaspace
+    )
     tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="always")
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=list(BPE_SPECIALS), show_progress=progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=list(BPE_SPECIALS), show_progress=progress
+    )
     # from an iterator: the trainer keeps word counts (bounded by the distinct words), not the sentences
     tok.train_from_iterator(sentences, trainer=trainer, length=count)
     return tok
@@ -128,8 +137,10 @@ def _train_word(sentences: Iterable[str], vocab_size: int, min_frequency: int) -
 
 
 def _cannot_write(folder: Path, why: str) -> None:
-    fail(f"cannot write the tokenizer to {folder} ({why}); choose a folder this process can write (train.py: "
-         f"--cache_dir DIR, or a --tokenizer made elsewhere)")
+    fail(
+        f"cannot write the tokenizer to {folder} ({why}); choose a folder this process can write (train.py: "
+        f"--cache_dir DIR, or a --tokenizer made elsewhere)"
+    )
 
 
 def _check_writable(folder: Path) -> None:
@@ -141,9 +152,16 @@ def _check_writable(folder: Path) -> None:
         _cannot_write(folder, f"{existing} is not writable")
 
 
-def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, type: str = "bpe",
-                    vocab_size: int | None = None, min_frequency: int = 2, progress: bool = False,
-                    split_punctuation: bool = False, sample_size: int | None = None) -> Path:
+def train_tokenizer(
+    tsv_paths: Sequence[str | Path],
+    output_dir: str | Path,
+    type: str = "bpe",
+    vocab_size: int | None = None,
+    min_frequency: int = 2,
+    progress: bool = False,
+    split_punctuation: bool = False,
+    sample_size: int | None = None,
+) -> Path:
     """Train a `bpe` or `word` tokenizer on both sides of the TSVs; return the path of DIR/tokenizer.json.
     The text is streamed: memory holds word counts, not the corpus. `sample_size`: train on that many pairs drawn
     uniformly (fixed seed) from all the files, instead of all of them."""
@@ -165,14 +183,15 @@ def train_tokenizer(tsv_paths: Sequence[str | Path], output_dir: str | Path, typ
     if split_punctuation and type != "bpe":
         fail("--split_punctuation applies to --type bpe only")
     output_dir = Path(output_dir)
-    _check_writable(output_dir)             # before the training, not after it
-    total = _count_pairs(tsv_paths) if sample_size is not None else None     # a pass over the text: only to sample
+    _check_writable(output_dir)  # before the training, not after it
+    total = _count_pairs(tsv_paths) if sample_size is not None else None  # a pass over the text: only to sample
     chosen = sample_pairs(total, sample_size) if total is not None else None
     used = total if chosen is None else len(chosen)
     sentences = _sentences(tsv_paths, chosen)
     if type == "bpe":
-        tok = _train_bpe(sentences, None if used is None else 2 * used, vocab_size, min_frequency, progress,
-                         split_punctuation)
+        tok = _train_bpe(
+            sentences, None if used is None else 2 * used, vocab_size, min_frequency, progress, split_punctuation
+        )
     else:
         tok = _train_word(sentences, vocab_size, min_frequency)
     for expected_id, token in enumerate(specials):
@@ -238,8 +257,9 @@ def special_ids(tok: Tokenizer) -> SpecialIds:
     return SpecialIds(pad=lookup["<pad>"], unk=lookup["<unk>"], bos=lookup[bos_token], eos=lookup[eos_token])
 
 
-def encode_sources(tok: Tokenizer, lines: Sequence[str], src_len: int,
-                   eos_id: int) -> tuple[list[list[int]], list[int]]:
+def encode_sources(
+    tok: Tokenizer, lines: Sequence[str], src_len: int, eos_id: int
+) -> tuple[list[list[int]], list[int]]:
     """Each line as preprocess.dataset lays out a source: its tokens, then EOS — at most src_len ids, the model's
     source positions. Returns the id lists and the indices of the lines that had more than src_len-1 tokens: those
     were cut to their first src_len-1 tokens (as the training data is), and the caller must say so."""
@@ -248,8 +268,9 @@ def encode_sources(tok: Tokenizer, lines: Sequence[str], src_len: int,
     return [enc.ids[: src_len - 1] + [eos_id] for enc in encoded], longer
 
 
-def decode_hypotheses(tok: Tokenizer, rows: Sequence[Sequence[int]], eos_id: int,
-                      pad_id: int) -> tuple[list[str], list[bool]]:
+def decode_hypotheses(
+    tok: Tokenizer, rows: Sequence[Sequence[int]], eos_id: int, pad_id: int
+) -> tuple[list[str], list[bool]]:
     """Generated id rows → detokenized text (up to the first EOS; PAD and special tokens dropped, one line each)
     and whether each row had produced its EOS."""
     kept, finished = [], []
@@ -274,20 +295,32 @@ def save_for_transformers(tokenizer: str | Path | Tokenizer, output_dir: str | P
     README's lines pass it — without it a longer source reaches the model's position table and generate() fails."""
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
-    tok = (Tokenizer.from_str(tokenizer.to_str()) if isinstance(tokenizer, Tokenizer)      # a copy: we change it
-           else load_tokenizer(tokenizer))
+
+    tok = (
+        Tokenizer.from_str(tokenizer.to_str())
+        if isinstance(tokenizer, Tokenizer)  # a copy: we change it
+        else load_tokenizer(tokenizer)
+    )
     ids = special_ids(tok)
     bos, eos, pad, unk = (tok.id_to_token(i) for i in (ids.bos, ids.eos, ids.pad, ids.unk))
-    tok.post_processor = processors.TemplateProcessing(single=f"$A {eos}", pair=f"$A $B {eos}",
-                                                       special_tokens=[(eos, ids.eos)])
-    tok.enable_truncation(max_length=model_max_length)     # counts the EOS the post-processor adds
-    hf = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=bos, eos_token=eos, pad_token=pad, unk_token=unk,
-                                 model_max_length=model_max_length, padding_side="right",
-                                 clean_up_tokenization_spaces=False)
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"$A {eos}", pair=f"$A $B {eos}", special_tokens=[(eos, ids.eos)]
+    )
+    tok.enable_truncation(max_length=model_max_length)  # counts the EOS the post-processor adds
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=eos,
+        pad_token=pad,
+        unk_token=unk,
+        model_max_length=model_max_length,
+        padding_side="right",
+        clean_up_tokenization_spaces=False,
+    )
     hf.save_pretrained(str(output_dir))
     config_path = Path(output_dir) / "tokenizer_config.json"
     config = json.loads(config_path.read_text(encoding="utf-8"))
-    config["tokenizer_class"] = "PreTrainedTokenizerFast"   # the name every transformers version resolves
+    config["tokenizer_class"] = "PreTrainedTokenizerFast"  # the name every transformers version resolves
     config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
@@ -297,40 +330,71 @@ def main(prog: str = "python -m preprocess.tokenizer") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Train one tokenizer over both sides of source<TAB>target TSV files and save it as "
-                    f"DIR/{TOKENIZER_FILE} (plus DIR/{META_FILE}).",
+        f"DIR/{TOKENIZER_FILE} (plus DIR/{META_FILE}).",
         epilog="examples:\n"
-               f"  {prog} --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k\n"
-               f"  {prog} --input output/wmt14.fr_en.txt --output output/word --type word",
+        f"  {prog} --input data/multi30k/train.fr_en.tsv --output data/multi30k/bpe8k\n"
+        f"  {prog} --input output/wmt14.fr_en.txt --output output/word --type word",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", required=True, nargs="+", metavar="PATH",
-                        help="training TSV file(s); or datasets save_to_disk folders / .jsonl/.json/.csv/.parquet "
-                             "files, with the column flags below")
+    parser.add_argument(
+        "--input",
+        required=True,
+        nargs="+",
+        metavar="PATH",
+        help="training TSV file(s); or datasets save_to_disk folders / .jsonl/.json/.csv/.parquet "
+        "files, with the column flags below",
+    )
     parser.add_argument("--output", required=True, metavar="DIR", help="directory for tokenizer.json")
     # Validated in train_tokenizer rather than with argparse choices, so a bad value gives the same one-line
     # "error: ..." as every other user mistake.
-    parser.add_argument("--type", default="bpe", metavar="{bpe,word}",
-                        help="bpe: joint subword BPE (default); word: the MindSpore seed's lowercased "
-                             "whitespace vocabulary with <unk>=0, <pad>=1, <eot>=2")
-    parser.add_argument("--vocab_size", type=int, default=None,
-                        help="vocabulary size including special tokens (default: 8000 for bpe, 20000 for word)")
-    parser.add_argument("--min_frequency", type=int, default=2,
-                        help="least count for a merge (bpe) or word (word) to enter the vocabulary (default: 2)")
-    parser.add_argument("--sample_size", type=int, default=None, metavar="PAIRS",
-                        help="train on this many pairs drawn uniformly (a fixed seed) from the inputs instead of all "
-                             "of them: a large corpus's vocabulary in a fraction of the time (default: all)")
-    parser.add_argument("--split_punctuation", action="store_true",
-                        help="bpe: split punctuation from words before learning merges (decoding still restores "
-                             "the original spacing)")
+    parser.add_argument(
+        "--type",
+        default="bpe",
+        metavar="{bpe,word}",
+        help="bpe: joint subword BPE (default); word: the MindSpore seed's lowercased "
+        "whitespace vocabulary with <unk>=0, <pad>=1, <eot>=2",
+    )
+    parser.add_argument(
+        "--vocab_size",
+        type=int,
+        default=None,
+        help="vocabulary size including special tokens (default: 8000 for bpe, 20000 for word)",
+    )
+    parser.add_argument(
+        "--min_frequency",
+        type=int,
+        default=2,
+        help="least count for a merge (bpe) or word (word) to enter the vocabulary (default: 2)",
+    )
+    parser.add_argument(
+        "--sample_size",
+        type=int,
+        default=None,
+        metavar="PAIRS",
+        help="train on this many pairs drawn uniformly (a fixed seed) from the inputs instead of all "
+        "of them: a large corpus's vocabulary in a fraction of the time (default: all)",
+    )
+    parser.add_argument(
+        "--split_punctuation",
+        action="store_true",
+        help="bpe: split punctuation from words before learning merges (decoding still restores the original spacing)",
+    )
     add_corpus_flags(parser.add_argument_group("table input (not for a TSV): docs/data.md, Input formats"))
     args = parser.parse_args()
     options = options_from_args(args)
     opened = [open_corpus(p, options, "--input") for p in args.input]
     # a TSV stays a path: read as before
     inputs = [p if source.is_tsv else source for p, source in zip(args.input, opened, strict=True)]
-    path = train_tokenizer(inputs, args.output, type=args.type, vocab_size=args.vocab_size,
-                           min_frequency=args.min_frequency, progress=sys.stderr.isatty(),
-                           split_punctuation=args.split_punctuation, sample_size=args.sample_size)
+    path = train_tokenizer(
+        inputs,
+        args.output,
+        type=args.type,
+        vocab_size=args.vocab_size,
+        min_frequency=args.min_frequency,
+        progress=sys.stderr.isatty(),
+        split_punctuation=args.split_punctuation,
+        sample_size=args.sample_size,
+    )
     tok = load_tokenizer(path)
     print(f"wrote {args.type} tokenizer with {tok.get_vocab_size()} tokens to {path}")
     return 0

@@ -10,6 +10,7 @@ makes the next start see the change (a new record, or no verdict), so that start
 
 A process that never runs the check (python -m preprocess.dataset) leaves its list unread: it only opens a store.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -22,11 +23,11 @@ from common.hashing import file_sha256
 @dataclass(frozen=True)
 class Trusted:
     path: Path
-    sha256: str                          # what the file must still hash to
-    mismatch: Callable[[str], str]       # given the sha256 found: forgets what trusted the file, returns the line
+    sha256: str  # what the file must still hash to
+    mismatch: Callable[[str], str]  # given the sha256 found: forgets what trusted the file, returns the line
 
 
-_trusted: dict[Path, Trusted] = {}       # by path: a file trusted twice (train and valid sets alike) is hashed once
+_trusted: dict[Path, Trusted] = {}  # by path: a file trusted twice (train and valid sets alike) is hashed once
 
 
 def trust(path: Path, sha256: str, mismatch: Callable[[str], str]) -> None:
@@ -48,8 +49,10 @@ def first_mismatch(files: list[Trusted]) -> str | None:
         try:
             found = file_sha256(entry.path)
         except OSError as exc:
-            return (f"{entry.path} cannot be read any more ({exc.strerror or exc}) — it was there when this run "
-                    f"started; put it back, or start again with the data as it is now")
+            return (
+                f"{entry.path} cannot be read any more ({exc.strerror or exc}) — it was there when this run "
+                f"started; put it back, or start again with the data as it is now"
+            )
         if found != entry.sha256:
             return entry.mismatch(found)
     return None

@@ -9,6 +9,7 @@ digest taken from the record is therefore `trust`ed (preprocess.trusted_files), 
 once per job beside its first steps. A folder that cannot be written keeps no record: the TSV is hashed at each
 start, as before. See docs/data.md.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ from common.hashing import file_sha256, sample_sha256
 from common.staging import atomic_write
 from preprocess.trusted_files import trust
 
-RECORDS = "tsv-sha256"                     # the records' folder inside the cache folder
+RECORDS = "tsv-sha256"  # the records' folder inside the cache folder
 
 
 def _stat(path: Path) -> dict:
@@ -42,8 +43,12 @@ def _recorded(record: Path, now: dict, tsv: Path):
         when = record.stat().st_mtime_ns
         with open(record, encoding="utf-8") as f:
             saved = json.load(f)
-        if saved["file"] == now and now["mtime_ns"] < when and isinstance(saved["sha256"], str) \
-                and saved["sample"] == sample_sha256(tsv):
+        if (
+            saved["file"] == now
+            and now["mtime_ns"] < when
+            and isinstance(saved["sha256"], str)
+            and saved["sample"] == sample_sha256(tsv)
+        ):
             return saved["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -59,10 +64,12 @@ def _changed(tsv: Path, record: Path, recorded: dict, found: str) -> str:
     else:
         with contextlib.suppress(OSError):
             record.unlink()
-    return (f"{tsv} has changed since its sha256 was recorded ({record}): its size and modification time are the "
-            f"recorded ones but its bytes are not (an edit that kept them: cp + touch -r, rsync -t, os.utime), so "
-            f"this run opened the token store of the file as it was. Run the same command again: the record now "
-            f"follows the file, and the next start builds a new token store from it")
+    return (
+        f"{tsv} has changed since its sha256 was recorded ({record}): its size and modification time are the "
+        f"recorded ones but its bytes are not (an edit that kept them: cp + touch -r, rsync -t, os.utime), so "
+        f"this run opened the token store of the file as it was. Run the same command again: the record now "
+        f"follows the file, and the next start builds a new token store from it"
+    )
 
 
 def _record(record: Path, now: dict, digest: str, sample: str) -> None:
@@ -83,6 +90,6 @@ def tsv_sha256(tsv_path, cache_root) -> tuple[str, dict]:
         return digest, now
     sample = sample_sha256(tsv)
     digest = file_sha256(tsv)
-    if _stat(tsv) == now:                    # not changed while it was read: the digest (and sample) are the file's
+    if _stat(tsv) == now:  # not changed while it was read: the digest (and sample) are the file's
         _record(record, now, digest, sample)
     return digest, now

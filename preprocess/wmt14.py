@@ -11,6 +11,7 @@ whitespace and writes, atomically:
 
 Run:  python -m preprocess.wmt14 --input test-full.tgz --output data/wmt14
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,11 +49,15 @@ class SgmFile:
 def _find_in_directory(root: Path, filename: str) -> SgmFile:
     matches = sorted(p for p in root.rglob(filename) if p.is_file())
     if not matches:
-        fail(f"{root}: {filename} not found anywhere below this directory "
-             "(extract test-full.tgz from http://statmt.org/wmt14/ or pass the .tgz itself)")
+        fail(
+            f"{root}: {filename} not found anywhere below this directory "
+            "(extract test-full.tgz from http://statmt.org/wmt14/ or pass the .tgz itself)"
+        )
     if len(matches) > 1:
-        fail(f"{root}: {filename} found {len(matches)} times ({', '.join(map(str, matches))}); "
-             "pass the directory that holds exactly one copy")
+        fail(
+            f"{root}: {filename} found {len(matches)} times ({', '.join(map(str, matches))}); "
+            "pass the directory that holds exactly one copy"
+        )
     path = check_readable(matches[0])
     return SgmFile(str(path), path.read_bytes())
 
@@ -65,14 +70,15 @@ def _find_in_archive(archive: Path, filenames: list[str]) -> list[SgmFile]:
                 base = member.name.rsplit("/", 1)[-1]
                 if member.isfile() and base in filenames:
                     if base in members:
-                        fail(f"{archive}: {base} occurs twice in the archive "
-                             f"({members[base].name} and {member.name})")
+                        fail(f"{archive}: {base} occurs twice in the archive ({members[base].name} and {member.name})")
                     members[base] = member
             found = []
             for filename in filenames:
                 if filename not in members:
-                    fail(f"{archive}: {filename} not found in the archive "
-                         "(expected WMT14 test-full.tgz, which holds it under test-full/)")
+                    fail(
+                        f"{archive}: {filename} not found in the archive "
+                        "(expected WMT14 test-full.tgz, which holds it under test-full/)"
+                    )
                 member = members[filename]
                 handle = tar.extractfile(member)
                 found.append(SgmFile(f"{archive}:{member.name}", handle.read()))
@@ -105,13 +111,15 @@ def parse_sgm(sgm: SgmFile) -> dict[Key, str]:
         if _SEG_OPEN_RE.search(line):
             seg = _SEG_RE.search(line)
             if seg is None:
-                fail(f"{sgm.name}:{lineno}: malformed <seg> (expected <seg id=\"N\">text</seg> on one line)")
+                fail(f'{sgm.name}:{lineno}: malformed <seg> (expected <seg id="N">text</seg> on one line)')
             if docid is None:
-                fail(f"{sgm.name}:{lineno}: <seg> outside any <doc docid=\"...\">")
+                fail(f'{sgm.name}:{lineno}: <seg> outside any <doc docid="...">')
             key = (docid, seg.group(1))
             if key in segments:
-                fail(f"{sgm.name}:{lineno}: duplicate segment (doc {key[0]!r}, seg {key[1]!r}); "
-                     f"first seen at line {first_line[key]}")
+                fail(
+                    f"{sgm.name}:{lineno}: duplicate segment (doc {key[0]!r}, seg {key[1]!r}); "
+                    f"first seen at line {first_line[key]}"
+                )
             # Entities such as &amp; &quot; &#39; are SGML escapes, not part of the sentence; a tab produced by
             # &#9; would break the TSV format and carries no meaning, so it becomes a space.
             text = html.unescape(seg.group(2)).replace("\t", " ").strip()
@@ -131,8 +139,10 @@ def pair_segments(en: dict[Key, str], fr: dict[Key, str], en_name: str, fr_name:
     for keys, have, lacks, other in ((en, en_name, fr_name, fr), (fr, fr_name, en_name, en)):
         for key in keys:
             if key not in other:
-                fail(f"{lacks}: lacks doc {key[0]!r} seg {key[1]!r}, which {have} has; "
-                     "the two files must contain the same (docid, seg id) pairs")
+                fail(
+                    f"{lacks}: lacks doc {key[0]!r} seg {key[1]!r}, which {have} has; "
+                    "the two files must contain the same (docid, seg id) pairs"
+                )
     return [(en[key], fr[key]) for key in tqdm(en, desc="pairing segments", unit="seg", disable=None)]
 
 
@@ -156,14 +166,18 @@ def main(prog: str = "python -m preprocess.wmt14") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Convert WMT14 newstest2014 En-Fr reference SGML files into the MindSpore tutorial's TSV files "
-                    f"({OUTPUT_EN_FR}: english<TAB>french, {OUTPUT_FR_EN}: french<TAB>english), pairing segments "
-                    "by (docid, seg id).",
+        f"({OUTPUT_EN_FR}: english<TAB>french, {OUTPUT_FR_EN}: french<TAB>english), pairing segments "
+        "by (docid, seg id).",
         epilog=f"example:\n  {prog} --input test-full.tgz --output data/wmt14\n"
-               f"  {prog} --input ./test-full --output data/wmt14",
+        f"  {prog} --input ./test-full --output data/wmt14",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--input", required=True, metavar="DIR_OR_TGZ",
-                        help=f"test-full.tgz, or a directory with {EN_NAME} and {FR_NAME} anywhere below it")
+    parser.add_argument(
+        "--input",
+        required=True,
+        metavar="DIR_OR_TGZ",
+        help=f"test-full.tgz, or a directory with {EN_NAME} and {FR_NAME} anywhere below it",
+    )
     parser.add_argument("--output", required=True, metavar="DIR", help="output directory (created if missing)")
     args = parser.parse_args()
     count, en_fr, fr_en = convert(args.input, args.output)

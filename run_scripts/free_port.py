@@ -6,6 +6,7 @@
 Without --master_port the launcher takes 29500, which another job on the node may hold (train.py then stops in one
 line naming the port). run.sh and run_cluster.sh choose their port the same way (launch_common.sh's free_port).
 """
+
 import socket
 import sys
 

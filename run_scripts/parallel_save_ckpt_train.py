@@ -6,15 +6,19 @@
         --output_dir out/save
 Any train.py flag works and overrides these defaults (e.g. --save_checkpoint_steps 100).
 """
+
 import sys
 
 try:
     from common.script_entry import require_own_checkout
-except ModuleNotFoundError:         # no package to import: one line, not a traceback
-    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
-          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+except ModuleNotFoundError:  # no package to import: one line, not a traceback
+    print(
+        "error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+        "in the checkout (README), or set PYTHONPATH to its folder",
+        file=sys.stderr,
+    )
     sys.exit(2)
-require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
+require_own_checkout(__file__)  # and it is this checkout's (common/script_entry.py)
 
 from common.errors import run_cli  # after the checkout check
 from training.cli.train import main  # after the checkout check

@@ -10,6 +10,7 @@ bytes, an activation estimate and the communication per step. No process group, 
 Flags as train.py (they override the recipe), plus --world_size / --hostfile / --gpus_per_node / --json / --check.
 The computation lives in training/plan/planner.py; `--help` lists every flag.
 """
+
 from __future__ import annotations
 
 import os
@@ -17,11 +18,14 @@ import sys
 
 try:
     from common.script_entry import require_own_checkout
-except ModuleNotFoundError:         # no package to import: one line, not a traceback
-    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
-          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+except ModuleNotFoundError:  # no package to import: one line, not a traceback
+    print(
+        "error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+        "in the checkout (README), or set PYTHONPATH to its folder",
+        file=sys.stderr,
+    )
     sys.exit(2)
-require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
+require_own_checkout(__file__)  # and it is this checkout's (common/script_entry.py)
 
 # Planning never touches a GPU (it runs on login nodes too): DeepSpeed's CPU accelerator, without its
 # "unable to detect" warning on stdout, which would also break --json.

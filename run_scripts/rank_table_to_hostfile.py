@@ -10,6 +10,7 @@ that numbers them otherwise (or misses server_id / device / rank_id, or disagree
 with one `error:` line naming the entry. device_ip and host_nic_ip (HCCL settings) have no DeepSpeed counterpart:
 NCCL finds the network itself (set NCCL_SOCKET_IFNAME to pin an interface).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,11 +19,14 @@ import sys
 
 try:
     from common.script_entry import require_own_checkout
-except ModuleNotFoundError:         # no package to import: one line, not a traceback
-    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
-          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+except ModuleNotFoundError:  # no package to import: one line, not a traceback
+    print(
+        "error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+        "in the checkout (README), or set PYTHONPATH to its folder",
+        file=sys.stderr,
+    )
     sys.exit(2)
-require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
+require_own_checkout(__file__)  # and it is this checkout's (common/script_entry.py)
 
 from common.errors import UserError, run_cli
 from common.user_files import refuse_output_over_inputs
@@ -35,8 +39,11 @@ def main(argv=None) -> int:
     p.add_argument("-o", "--output", default="-", help="hostfile to write (default: standard output)")
     args = p.parse_args(argv)
     hosts = read_rank_table(args.rank_table)
-    text = format_hostfile(hosts, header=f"DeepSpeed hostfile from {os.path.basename(args.rank_table)}: "
-                                        f"{len(hosts)} node(s), {sum(h.slots for h in hosts)} ranks")
+    text = format_hostfile(
+        hosts,
+        header=f"DeepSpeed hostfile from {os.path.basename(args.rank_table)}: "
+        f"{len(hosts)} node(s), {sum(h.slots for h in hosts)} ranks",
+    )
     if args.output == "-":
         sys.stdout.write(text)
         return 0

@@ -9,6 +9,7 @@
 
 recipes/sharded-mlp/run.sh wraps the launches. The work is in demos/sharded_mlp/train.py and demos/strategy/.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,12 +17,15 @@ import sys
 
 try:
     from common.script_entry import require_own_checkout
-except ModuleNotFoundError:         # no package to import: one line, not a traceback
-    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
-          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+except ModuleNotFoundError:  # no package to import: one line, not a traceback
+    print(
+        "error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+        "in the checkout (README), or set PYTHONPATH to its folder",
+        file=sys.stderr,
+    )
     sys.exit(2)
-require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
-os.environ.setdefault("DS_ACCELERATOR", "cpu")      # DTensor on CPU/gloo here; nothing in it needs a GPU
+require_own_checkout(__file__)  # and it is this checkout's (common/script_entry.py)
+os.environ.setdefault("DS_ACCELERATOR", "cpu")  # DTensor on CPU/gloo here; nothing in it needs a GPU
 
 from common.errors import run_cli
 from demos.sharded_mlp.train import main

@@ -3,15 +3,19 @@
 
 This file stays for the commands, recipes and launchers that name it (`--help` lists the flags).
 """
+
 import sys
 
 try:
     from common.script_entry import require_own_checkout
-except ModuleNotFoundError:         # no package to import: one line, not a traceback
-    print("error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
-          "in the checkout (README), or set PYTHONPATH to its folder", file=sys.stderr)
+except ModuleNotFoundError:  # no package to import: one line, not a traceback
+    print(
+        "error: this checkout's Python packages are not installed (or an older copy is): run `pip install -e .` "
+        "in the checkout (README), or set PYTHONPATH to its folder",
+        file=sys.stderr,
+    )
     sys.exit(2)
-require_own_checkout(__file__)      # and it is this checkout's (common/script_entry.py)
+require_own_checkout(__file__)  # and it is this checkout's (common/script_entry.py)
 
 from common.errors import run_cli  # after the checkout check
 from training.cli.train import main  # after the checkout check

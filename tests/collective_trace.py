@@ -11,6 +11,7 @@ optimizer step. Used by tests/drivers/train_many.py --trace_collectives (tests/t
         ...train...
     trace.records   # [{"op": "allreduce_", "dtype": "float32", "numel": 1234, "ranks": [0, 1]}, ...]
 """
+
 from __future__ import annotations
 
 import torch
@@ -20,12 +21,27 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.device_check import _tensors  # every tensor in a collective's (nested) arguments
 
 # the c10d ops that combine values from several ranks (as opposed to moving them: gathers, broadcasts, sends)
-REDUCTIONS = {"allreduce_", "allreduce_coalesced_", "reduce_", "reduce_scatter_", "_reduce_scatter_base_",
-              "reduce_scatter_tensor_coalesced_"}
+REDUCTIONS = {
+    "allreduce_",
+    "allreduce_coalesced_",
+    "reduce_",
+    "reduce_scatter_",
+    "_reduce_scatter_base_",
+    "reduce_scatter_tensor_coalesced_",
+}
 HALF = {"float16", "bfloat16"}
 # the c10d ops whose first argument is what the rank contributes (the others take their output first)
-INPUT_FIRST = {"allreduce_", "allreduce_coalesced_", "reduce_", "broadcast_", "send", "recv_", "recv_any_source_",
-               "barrier", "monitored_barrier_"}
+INPUT_FIRST = {
+    "allreduce_",
+    "allreduce_coalesced_",
+    "reduce_",
+    "broadcast_",
+    "send",
+    "recv_",
+    "recv_any_source_",
+    "barrier",
+    "monitored_barrier_",
+}
 
 
 def _group_ranks(args) -> list[int]:
@@ -34,7 +50,7 @@ def _group_ranks(args) -> list[int]:
         if isinstance(a, torch.ScriptObject):
             try:
                 return sorted(dist.get_process_group_ranks(dist.ProcessGroup.unbox(a)))
-            except RuntimeError:                 # another boxed argument (the ReduceOp)
+            except RuntimeError:  # another boxed argument (the ReduceOp)
                 continue
     return []
 
@@ -56,6 +72,12 @@ class CollectiveTrace(TorchDispatchMode):
             op = func.__name__.split(".")[0]
             tensors = _input(op, args)
             if tensors:
-                self.records.append({"op": op, "dtype": str(tensors[0].dtype).replace("torch.", ""),
-                                     "numel": sum(t.numel() for t in tensors), "ranks": _group_ranks(args)})
+                self.records.append(
+                    {
+                        "op": op,
+                        "dtype": str(tensors[0].dtype).replace("torch.", ""),
+                        "numel": sum(t.numel() for t in tensors),
+                        "ranks": _group_ranks(args),
+                    }
+                )
         return func(*args, **(kwargs or {}))

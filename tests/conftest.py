@@ -12,6 +12,7 @@
 - `assert_user_error(result, *needles)`: the one-line `error: ...` contract of every CLI (tests/launch.py's
   one_error, its stderr that line alone).
 """
+
 from __future__ import annotations
 
 import os
@@ -95,7 +96,7 @@ def corpus(tmp_path_factory) -> Path:
     picks = rng.integers(0, len(fr), size=sum(joins)).tolist()
     lines, k = [], 0
     for j in joins:
-        chosen = picks[k:k + j]
+        chosen = picks[k : k + j]
         k += j
         lines.append(" ".join(fr[i] for i in chosen) + "\t" + " ".join(en[i] for i in chosen) + "\n")
     path = tmp_path_factory.mktemp("corpus") / "big.fr_en.tsv"
@@ -115,6 +116,7 @@ def run_module():
     def run(module: str, *args) -> subprocess.CompletedProcess:
         env = dict(os.environ, PYTHONPATH=str(REPO_ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
         from tests.launch import run_python
+
         return run_python([sys.executable, "-m", module, *map(str, args)], env=env)
 
     return run
@@ -132,11 +134,20 @@ def assert_user_error():
 
 # The files that take longest (minutes each, measured with --durations), started first: with two workers a file runs
 # whole on one worker (--dist loadfile), and a long file drawn last leaves the other worker idle at the end.
-SLOW_FILES_FIRST = ("test_slurm.py", "test_faults.py", "test_multinode.py", "test_parity.py", "test_recipes.py",
-                    "test_readme_chain.py", "test_checkpoint.py", "test_background_save.py", "test_sharded_mlp.py",
-                    "test_shared_machine.py")
+SLOW_FILES_FIRST = (
+    "test_slurm.py",
+    "test_faults.py",
+    "test_multinode.py",
+    "test_parity.py",
+    "test_recipes.py",
+    "test_readme_chain.py",
+    "test_checkpoint.py",
+    "test_background_save.py",
+    "test_sharded_mlp.py",
+    "test_shared_machine.py",
+)
 
 
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))      # stable: the rest keep their order
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order

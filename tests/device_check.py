@@ -16,6 +16,7 @@ raises `HostTensorInCollective` naming the collective, the tensor and the caller
     ...train...
     checker.uninstall(); print(checker.checked)
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,12 +27,43 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 MARK = "_dsr_made_on_host"
-COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "reduce_scatter",
-               "reduce_scatter_tensor", "broadcast", "reduce", "send", "recv", "isend", "irecv", "all_to_all",
-               "all_to_all_single", "gather", "scatter", "batch_isend_irecv")
-FACTORIES = {torch.tensor, torch.as_tensor, torch.from_numpy, torch.zeros, torch.ones, torch.empty, torch.full,
-             torch.arange, torch.linspace, torch.eye, torch.rand, torch.randn, torch.randint, torch.randperm,
-             torch.empty_strided, torch.scalar_tensor}
+COLLECTIVES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "broadcast",
+    "reduce",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "all_to_all",
+    "all_to_all_single",
+    "gather",
+    "scatter",
+    "batch_isend_irecv",
+)
+FACTORIES = {
+    torch.tensor,
+    torch.as_tensor,
+    torch.from_numpy,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.arange,
+    torch.linspace,
+    torch.eye,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.empty_strided,
+    torch.scalar_tensor,
+}
 
 
 class HostTensorInCollective(RuntimeError):
@@ -47,7 +79,7 @@ def _tensors(obj):
     elif isinstance(obj, dict):
         for item in obj.values():
             yield from _tensors(item)
-    elif hasattr(obj, "tensor") and isinstance(obj.tensor, torch.Tensor):   # dist.P2POp
+    elif hasattr(obj, "tensor") and isinstance(obj.tensor, torch.Tensor):  # dist.P2POp
         yield obj.tensor
 
 
@@ -66,6 +98,7 @@ class HostTensorChecker(TorchFunctionMode):
         super().__init__()
         if engine_device is None:
             from deepspeed.accelerator import get_accelerator
+
             engine_device = get_accelerator().current_device_name()
         self.engine_device = torch.device(engine_device)
         self.checked = 0
@@ -99,9 +132,12 @@ class HostTensorChecker(TorchFunctionMode):
             _set_mark(out, not (func is torch.Tensor.cuda or self._on_engine(device)))
         elif func in FACTORIES:
             _set_mark(out, True)
-        elif name.endswith("_") and not name.endswith("__") or name in ("__setitem__", "__iadd__", "__isub__",
-                                                                         "__imul__", "__itruediv__"):
-            pass                                     # in place: the target keeps its mark
+        elif (
+            name.endswith("_")
+            and not name.endswith("__")
+            or name in ("__setitem__", "__iadd__", "__isub__", "__imul__", "__itruediv__")
+        ):
+            pass  # in place: the target keeps its mark
         elif any(is_marked(t) for t in _tensors((args, kwargs))):
             _set_mark(out, True)
         return out
@@ -115,9 +151,11 @@ class HostTensorChecker(TorchFunctionMode):
                     raise HostTensorInCollective(
                         f"torch.distributed.{name} was given a host tensor (shape {tuple(t.shape)}, {t.dtype}); "
                         f"nccl accepts only tensors on the engine's device {self.engine_device}. Called from:\n"
-                        f"{caller}")
+                        f"{caller}"
+                    )
             self.checked += 1
             return original(*args, **kwargs)
+
         checked.__name__ = name
         return checked
 

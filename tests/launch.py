@@ -6,6 +6,7 @@ wrote; the helpers the test files share (defined here once: tests/test_repositor
 - one_error, usage_error: the one `error: ` line of a refused command (conftest's assert_user_error: the
   strict form).
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,36 @@ SPAWN = str(REPO_ROOT / "tests" / "drivers" / "spawn_ranks.py")
 FORK_SERVER = str(REPO_ROOT / "tests" / "drivers" / "fork_server.py")
 
 # Tiny but complete: 2 encoder + 2 decoder blocks, 4 heads, padded sentences, real Multi30k batches.
-TINY = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
-        "--src_len", "12", "--tgt_len", "12", "--batch_size", "16", "--lr", "1e-3", "--seed", "7",
-        "--dropout", "0", "--tensorboard", "0", "--log_interval", "5"]
+TINY = [
+    "--d_model",
+    "32",
+    "--num_heads",
+    "4",
+    "--ffn_size",
+    "64",
+    "--encoder_layer",
+    "2",
+    "--decoder_layer",
+    "2",
+    "--src_len",
+    "12",
+    "--tgt_len",
+    "12",
+    "--batch_size",
+    "16",
+    "--lr",
+    "1e-3",
+    "--seed",
+    "7",
+    "--dropout",
+    "0",
+    "--tensorboard",
+    "0",
+    "--log_interval",
+    "5",
+]
 
-_fork_server: dict = {}                            # the session's server: its process, socket path, a start lock
+_fork_server: dict = {}  # the session's server: its process, socket path, a start lock
 
 
 def _fork_server_socket():
@@ -36,6 +62,7 @@ def _fork_server_socket():
     import socket
     import tempfile
     import threading
+
     if os.environ.get("DSR_TEST_FORK", "1") == "0" or not hasattr(socket, "send_fds"):
         return None
     lock = _fork_server.setdefault("lock", threading.Lock())
@@ -44,20 +71,27 @@ def _fork_server_socket():
             return None
         proc = _fork_server.get("proc")
         if proc is None or proc.poll() is not None:
-            path = os.path.join(tempfile.mkdtemp(prefix="dsr-fork-", dir="/tmp" if os.path.isdir("/tmp") else None),
-                                "socket")
-            proc = subprocess.Popen([sys.executable, FORK_SERVER, path], cwd=REPO_ROOT, env=env(),
-                                    stdout=subprocess.PIPE, text=True)
-            for line in proc.stdout:                 # DeepSpeed's import logs to stdout first
+            path = os.path.join(
+                tempfile.mkdtemp(prefix="dsr-fork-", dir="/tmp" if os.path.isdir("/tmp") else None), "socket"
+            )
+            proc = subprocess.Popen(
+                [sys.executable, FORK_SERVER, path], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE, text=True
+            )
+            for line in proc.stdout:  # DeepSpeed's import logs to stdout first
                 if line.strip() == "ready":
                     break
-            else:                                    # e.g. a socket path too long: every command starts its own
-                print(f"tests: the fork server did not start (rc={proc.wait()}); starting a new interpreter for "
-                      f"every command", file=sys.stderr, flush=True)
+            else:  # e.g. a socket path too long: every command starts its own
+                print(
+                    f"tests: the fork server did not start (rc={proc.wait()}); starting a new interpreter for "
+                    f"every command",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 _fork_server["failed"] = True
                 return None
             proc.stdout.close()
             import atexit
+
             atexit.register(proc.kill)
             _fork_server.update(proc=proc, path=path)
         return _fork_server["path"]
@@ -69,13 +103,15 @@ def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300)
     exit code and output, without importing torch and DeepSpeed again: tests/drivers/fork_server.py)."""
     import signal
     import tempfile
+
     cmd = [str(c) for c in cmd]
-    rest = cmd[2:] if cmd[1:2] == ["-u"] else cmd[1:]          # `python [-u] SCRIPT|-m MODULE ...`
+    rest = cmd[2:] if cmd[1:2] == ["-u"] else cmd[1:]  # `python [-u] SCRIPT|-m MODULE ...`
     forkable = cmd[0] == sys.executable and bool(rest) and (rest[0] == "-m" or not rest[0].startswith("-"))
     path = _fork_server_socket() if forkable else None
     if path is None:
         return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
     from tests.drivers.fork_server import request_fork
+
     # the ranks a spawner starts are forks too (tests/drivers/spawn_ranks.py reads DSR_FORK_SERVER)
     child_env = dict(os.environ if env is None else env, DSR_FORK_SERVER=path)
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
@@ -92,14 +128,15 @@ def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300)
             raise RuntimeError(f"the fork server went away while {cmd} ran")
         out.seek(0)
         err.seek(0)
-        return subprocess.CompletedProcess(cmd, int(line), out.read().decode(errors="replace"),
-                                           err.read().decode(errors="replace"))
+        return subprocess.CompletedProcess(
+            cmd, int(line), out.read().decode(errors="replace"), err.read().decode(errors="replace")
+        )
 
 
 def env() -> dict:
     e = dict(os.environ)
     e["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + e.get("PYTHONPATH", "")
-    e.setdefault("OMP_NUM_THREADS", "1")           # 8 ranks on 2 cores: no thread oversubscription
+    e.setdefault("OMP_NUM_THREADS", "1")  # 8 ranks on 2 cores: no thread oversubscription
     e.pop("WORLD_SIZE", None)
     e.pop("RANK", None)
     e.pop("LOCAL_RANK", None)
@@ -122,24 +159,45 @@ def launch_cmd(nproc: int, script: str = TRAIN, launcher: str = "spawn", port: i
     if launcher == "spawn":
         return [sys.executable, SPAWN, f"--nproc={nproc}", f"--master_port={port}", script]
     from deepspeed.launcher.runner import encode_world_info
+
     world = encode_world_info({"localhost": list(range(nproc))})
-    return [sys.executable, "-u", "-m", "deepspeed.launcher.launch", f"--world_info={world}",
-            "--master_addr=127.0.0.1", f"--master_port={port}", script]
+    return [
+        sys.executable,
+        "-u",
+        "-m",
+        "deepspeed.launcher.launch",
+        f"--world_info={world}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={port}",
+        script,
+    ]
 
 
 def train_flags(tsv, tok, out, *extra, cache=None) -> list:
     """train.py's flags for a TINY run on `tsv` with tokenizer `tok` into `out` (then `extra`); `cache`: its
     --cache_dir."""
-    return ["--file_path", tsv, "--tokenizer", tok, *(["--cache_dir", cache] if cache is not None else []),
-            "--output_dir", out, *TINY, *extra]
+    return [
+        "--file_path",
+        tsv,
+        "--tokenizer",
+        tok,
+        *(["--cache_dir", cache] if cache is not None else []),
+        "--output_dir",
+        out,
+        *TINY,
+        *extra,
+    ]
 
 
-def run_train(nproc: int, args: list, timeout: float = 300, check: bool = True,
-              launcher: str = "spawn") -> subprocess.CompletedProcess:
+def run_train(
+    nproc: int, args: list, timeout: float = 300, check: bool = True, launcher: str = "spawn"
+) -> subprocess.CompletedProcess:
     proc = run_python(launch_cmd(nproc, launcher=launcher) + [str(a) for a in args], env=env(), timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"train.py on {nproc} process(es) failed (rc={proc.returncode}):\n"
-                             f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        raise AssertionError(
+            f"train.py on {nproc} process(es) failed (rc={proc.returncode}):\n"
+            f"{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -148,12 +206,22 @@ def run_many(nproc: int, runs: list, workdir, *driver_flags, timeout: float = 90
     of train.py argument lists (or {"load_and_save": argv}: see the driver). Raises with the launch's output if any
     run fails."""
     runs_file = Path(workdir) / f"runs-{nproc}-{os.getpid()}-{len(runs)}.json"
-    runs_file.write_text(json.dumps([{k: [str(a) for a in v] for k, v in entry.items()} if isinstance(entry, dict)
-                                     else [str(a) for a in entry] for entry in runs]))
+    runs_file.write_text(
+        json.dumps(
+            [
+                {k: [str(a) for a in v] for k, v in entry.items()}
+                if isinstance(entry, dict)
+                else [str(a) for a in entry]
+                for entry in runs
+            ]
+        )
+    )
     proc = run_python(launch_cmd(nproc, TRAIN_MANY) + [str(runs_file), *driver_flags], env=env(), timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"train_many on {nproc} process(es) failed (rc={proc.returncode}):\n"
-                             f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"train_many on {nproc} process(es) failed (rc={proc.returncode}):\n"
+            f"{proc.stdout[-6000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
@@ -162,6 +230,7 @@ def attempt_dir(root, what: str) -> Path:
     for a run the failure left undone) never writes into the failed attempt's output folders, which train.py would
     refuse ("already holds checkpoints") — one failure must not fail every later case."""
     import tempfile
+
     return Path(tempfile.mkdtemp(prefix=f"{what}-", dir=root))
 
 
@@ -170,6 +239,7 @@ def concurrently(*calls, workers: int = 2) -> list:
     order. A single-process CLI run spends most of its time importing torch on one core: two at once keep both of
     a 2-core machine busy. Only for runs that touch disjoint files."""
     from concurrent.futures import ThreadPoolExecutor
+
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return [f.result() for f in [pool.submit(call) for call in calls]]
 
@@ -182,13 +252,17 @@ def step_dir(out, step: int) -> Path:
 def merged(ckpt) -> dict:
     """A checkpoint folder's full state with the optimizer's (dstr-merge-checkpoint's merge)."""
     from training.cli.merge_checkpoint import merge
+
     return merge(str(ckpt), with_optimizer=True)
 
 
 def run_tool(script, *args, cwd=REPO_ROOT, stdin=None) -> subprocess.CompletedProcess:
     """run_scripts/SCRIPT (or a path) with ARGS, captured; `stdin`: a file to redirect it from (a shell's `< FILE`)."""
-    cmd = [sys.executable, str(script if os.path.isabs(str(script)) else REPO_ROOT / "run_scripts" / script),
-           *map(str, args)]
+    cmd = [
+        sys.executable,
+        str(script if os.path.isabs(str(script)) else REPO_ROOT / "run_scripts" / script),
+        *map(str, args),
+    ]
     if stdin is None:
         return run_python(cmd, cwd=cwd, env=env())
     with open(stdin, "rb") as f:
@@ -238,16 +312,27 @@ def script_env(runs_dir, **extra) -> dict:
     e = env()
     for key in ("LAUNCHER", "LAUNCHER_ARGS", "DRY_RUN", "RUN_NAME", "MASTER_ADDR"):
         e.pop(key, None)
-    e.update(PYTHON=sys.executable, DEEPSPEED=f"{sys.executable} -m deepspeed.launcher.runner",
-             MASTER_PORT=str(free_port()), RUNS_DIR=str(runs_dir), QUIET="1")
+    e.update(
+        PYTHON=sys.executable,
+        DEEPSPEED=f"{sys.executable} -m deepspeed.launcher.runner",
+        MASTER_PORT=str(free_port()),
+        RUNS_DIR=str(runs_dir),
+        QUIET="1",
+    )
     e.update({k: str(v) for k, v in extra.items()})
     return {k: v for k, v in e.items() if v != ""}
 
 
 def run_script(script: str, args: list, env_: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     """`bash SCRIPT ARGS...` from the repository root (script relative to it)."""
-    return subprocess.run(["bash", str(REPO_ROOT / script), *map(str, args)], cwd=REPO_ROOT, env=env_,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        ["bash", str(REPO_ROOT / script), *map(str, args)],
+        cwd=REPO_ROOT,
+        env=env_,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def only_run_dir(runs_dir) -> Path:

@@ -4,6 +4,7 @@ Forked (not spawned) so the children reuse the parent's imports: a 4-rank run co
 start-up. A rank that raises sends its traceback to the parent, which fails the test with it; a rank that hangs
 is killed after `timeout` seconds, so a broken collective fails the test instead of stalling the suite.
 """
+
 from __future__ import annotations
 
 import collections
@@ -25,12 +26,12 @@ import traceback
 PORT_RANGE = (30000, 32700)
 PORT_LOCKS = os.path.join("/tmp" if os.path.isdir("/tmp") else tempfile.gettempdir(), "dsr-test-ports")
 KEPT = 64
-_held: collections.deque = collections.deque()      # (port, open lock file) of this process, oldest first
+_held: collections.deque = collections.deque()  # (port, open lock file) of this process, oldest first
 
 
 def _bindable(port: int) -> bool:
     with socket.socket() as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)      # as torch's store binds
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's store binds
         try:
             s.bind(("", port))
             return True
@@ -66,8 +67,15 @@ def free_port() -> int:
 def _child(rank, world, port, fn, args, queue):
     import torch
     import torch.distributed as dist
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), LOCAL_SIZE=str(world))
+
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_SIZE=str(world),
+    )
     torch.set_num_threads(1)
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -99,6 +107,7 @@ def run_ranks(world: int, fn, *args, timeout: float = 180.0) -> list:
             rank, status, payload = queue.get(timeout=timeout if not errors else 5.0)
             if status == "ok":
                 import torch
+
                 results[rank] = torch.load(io.BytesIO(payload), weights_only=False)
             else:
                 errors.append(f"rank {rank}:\n{payload}")

@@ -1,5 +1,6 @@
 """Counting the aten ops a piece of code runs (torch's dispatch mode), for tests of what a GPU would pay for: host
 synchronisations such as nonzero(), per-tensor kernels a fused one should replace, copies."""
+
 from torch.utils._python_dispatch import TorchDispatchMode
 
 

@@ -32,7 +32,7 @@ def raises_on_decoder(network, layer_id, offset, parallel_config, layers):
 
 
 def out_of_range(network, layer_id, offset, parallel_config, layers):
-    network.pipeline_stage = layer_id + offset + 1          # one past the last stage for the last block
+    network.pipeline_stage = layer_id + offset + 1  # one past the last stage for the last block
 
 
 def decreasing(network, layer_id, offset, parallel_config, layers):
@@ -40,7 +40,7 @@ def decreasing(network, layer_id, offset, parallel_config, layers):
 
 
 def float_stage(network, layer_id, offset, parallel_config, layers):
-    network.pipeline_stage = (layer_id + offset) / layers    # forgot int()
+    network.pipeline_stage = (layer_id + offset) / layers  # forgot int()
 
 
 def skips_a_stage(network, layer_id, offset, parallel_config, layers):

@@ -6,6 +6,7 @@ load 10-20 on 2 cores: everything took 5-10× longer, nothing hung). `scaled(lim
 seen so far (load average ÷ cores, at least 1); `wait_exit` waits for a process under it and, past it, kills the
 process tree and fails with each process's state, CPU time and command, and the end of the job's output.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -17,7 +18,7 @@ from pathlib import Path
 import psutil
 
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-_worst = [1.0]                       # the highest load factor this test process has seen
+_worst = [1.0]  # the highest load factor this test process has seen
 
 
 def load_factor() -> float:
@@ -42,8 +43,7 @@ def describe(pid: int, files=()) -> str:
     for p in tree:
         with contextlib.suppress(psutil.Error):
             cpu = p.cpu_times()
-            lines.append(f"  pid {p.pid} {p.status()} cpu {cpu.user + cpu.system:.1f}s: "
-                         f"{' '.join(p.cmdline())[:200]}")
+            lines.append(f"  pid {p.pid} {p.status()} cpu {cpu.user + cpu.system:.1f}s: {' '.join(p.cmdline())[:200]}")
     for f in files:
         path = Path(f)
         if path.is_file():
@@ -70,8 +70,10 @@ def wait_exit(popen: subprocess.Popen, limit: float, what: str, files=()) -> int
             report = describe(popen.pid, files)
             kill_tree(popen.pid)
             popen.wait()
-            raise AssertionError(f"{what} did not end within {time.monotonic() - start:.0f} s ({limit:.0f} s × "
-                                 f"load factor {load_factor():.1f}); it was doing:\n{report}")
+            raise AssertionError(
+                f"{what} did not end within {time.monotonic() - start:.0f} s ({limit:.0f} s × "
+                f"load factor {load_factor():.1f}); it was doing:\n{report}"
+            )
 
 
 def wait_until(ready, popen: subprocess.Popen, limit: float, what: str, files=()) -> None:
@@ -81,6 +83,8 @@ def wait_until(ready, popen: subprocess.Popen, limit: float, what: str, files=()
         if popen.poll() is not None:
             raise AssertionError(f"{what}: the job ended early (rc={popen.returncode}):\n{describe(popen.pid, files)}")
         if time.monotonic() - start > scaled(limit):
-            raise AssertionError(f"{what}: not within {time.monotonic() - start:.0f} s ({limit:.0f} s × load factor "
-                                 f"{load_factor():.1f}); the job was doing:\n{describe(popen.pid, files)}")
+            raise AssertionError(
+                f"{what}: not within {time.monotonic() - start:.0f} s ({limit:.0f} s × load factor "
+                f"{load_factor():.1f}); the job was doing:\n{describe(popen.pid, files)}"
+            )
         time.sleep(0.2)

@@ -8,6 +8,7 @@ One run saved under two layouts: 4 steps in one process (checkpoints at steps 2 
   export_hf.py take the averaged file as --ckpt_file;
 - bad input (more checkpoints asked than kept, checkpoints of different models): one `error:` line, nothing written.
 """
+
 import json
 
 import pytest
@@ -20,6 +21,7 @@ AVERAGE = str(REPO_ROOT / "run_scripts" / "average_checkpoints.py")
 
 def full_weights(step_dir) -> dict:
     from training.checkpoint.format import load_full_state, read_meta
+
     return {name: v["param"] for name, v in load_full_state(str(step_dir), read_meta(str(step_dir))).items()}
 
 
@@ -40,12 +42,33 @@ def assert_is_mean(averaged_file, step_dirs):
 @pytest.fixture(scope="module")
 def two_layouts(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     serial = tmp_path_factory.mktemp("avg-serial")
-    common = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--save_checkpoint_steps", 2,
-              "--keep_checkpoint_max", 5]
+    common = [
+        "--file_path",
+        multi30k_tsv,
+        "--tokenizer",
+        bpe_tokenizer,
+        *TINY,
+        "--save_checkpoint_steps",
+        2,
+        "--keep_checkpoint_max",
+        5,
+    ]
     run_train(1, [*common, "--output_dir", serial, "--steps", 4])
     tp2 = tmp_path_factory.mktemp("avg-tp2")
-    run_train(2, [*common, "--output_dir", tp2, "--mp", 2, "--steps", 6,
-                  "--ckpt_file", serial / "checkpoints" / "step_00000004"])
+    run_train(
+        2,
+        [
+            *common,
+            "--output_dir",
+            tp2,
+            "--mp",
+            2,
+            "--steps",
+            6,
+            "--ckpt_file",
+            serial / "checkpoints" / "step_00000004",
+        ],
+    )
     return serial / "checkpoints", tp2 / "checkpoints"
 
 
@@ -68,9 +91,22 @@ def test_average_across_layouts_and_use_it(two_layouts, bpe_tokenizer, multi30k_
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert_is_mean(out, [serial / "step_00000004", tp2 / "step_00000006"])
 
-    proc = run_tool("evaluate.py", "--ckpt_file", out, "--tokenizer", bpe_tokenizer, "--src",
-                    multi30k_dir / "val.fr.gz", "--ref", multi30k_dir / "val.en.gz", "--limit", 8, "--beam", 2,
-                    "--no_progress")
+    proc = run_tool(
+        "evaluate.py",
+        "--ckpt_file",
+        out,
+        "--tokenizer",
+        bpe_tokenizer,
+        "--src",
+        multi30k_dir / "val.fr.gz",
+        "--ref",
+        multi30k_dir / "val.en.gz",
+        "--limit",
+        8,
+        "--beam",
+        2,
+        "--no_progress",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert summary["step"] == 6 and [a["step"] for a in summary["averaged"]] == [4, 6]
@@ -84,11 +120,31 @@ def test_average_errors_are_one_line(two_layouts, multi30k_tsv, bpe_tokenizer, t
     serial, tp2 = two_layouts
     out = tmp_path / "avg.pt"
     other = tmp_path / "other"
-    too_few, _ = concurrently(   # the first case needs nothing of the second's run
+    too_few, _ = concurrently(  # the first case needs nothing of the second's run
         lambda: run_tool("average_checkpoints.py", serial.parent, "--last", 3, "--output", out),
-        lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--d_model", 16,
-                              "--steps", 1, "--save_checkpoint_steps", 1, "--output_dir", other]))
+        lambda: run_train(
+            1,
+            [
+                "--file_path",
+                multi30k_tsv,
+                "--tokenizer",
+                bpe_tokenizer,
+                *TINY,
+                "--d_model",
+                16,
+                "--steps",
+                1,
+                "--save_checkpoint_steps",
+                1,
+                "--output_dir",
+                other,
+            ],
+        ),
+    )
     assert_user_error(too_few, "--last 3", "holds 2 complete checkpoint(s)")
-    assert_user_error(run_tool("average_checkpoints.py", serial / "step_00000004", other, "--output", out),
-                      "different model", "d_model: checkpoint 16 vs now 32")
+    assert_user_error(
+        run_tool("average_checkpoints.py", serial / "step_00000004", other, "--output", out),
+        "different model",
+        "d_model: checkpoint 16 vs now 32",
+    )
     assert not out.exists()

@@ -13,6 +13,7 @@ back out, must equal what was saved, tensor for tensor. Runs of one world size s
     continuations   2 processes: same-layout resumes, reshards, load-and-save round trips, resumes after kill -9;
                     1 process: the reshards and round trips into the serial layout
 """
+
 import json
 import os
 import shutil
@@ -43,21 +44,21 @@ from tests.launch import (
 
 STEPS, CUT = 4, 2
 LR = float(TINY[TINY.index("--lr") + 1])
-DROPOUT = ["--dropout", "0.1"]                    # TINY sets 0; later flags win
+DROPOUT = ["--dropout", "0.1"]  # TINY sets 0; later flags win
 PP2 = ["--pipeline_stage", "2", "--micro_batch_num", "2"]
 
 # name: (processes, precision, flags, the optimizer DeepSpeed builds for it — read back from run.json)
 LAYOUTS = {
-    "serial":         (1, "fp32", [], "ClippingAdamW"),
-    "tp2":            (2, "fp32", ["--mp", "2"], "ClippingAdamW"),
-    "pp2":            (2, "fp32", PP2, "ClippingAdamW"),
-    "dp2":            (2, "fp32", [], "ClippingAdamW"),
-    "dp2-zero1":      (2, "fp32", ["--zero_stage", "1"], "DeepSpeedZeroOptimizer"),
-    "dp2-zero2":      (2, "fp32", ["--zero_stage", "2"], "DeepSpeedZeroOptimizer"),
-    "dp2-zero3":      (2, "fp32", ["--zero_stage", "3"], "DeepSpeedZeroOptimizer_Stage3"),
-    "tp4":            (4, "fp32", ["--mp", "4"], "ClippingAdamW"),
-    "bf16-tp2":       (2, "bf16", ["--mp", "2"], "BF16_Optimizer"),
-    "bf16-pp2":       (2, "bf16", PP2, "BF16_Optimizer"),
+    "serial": (1, "fp32", [], "ClippingAdamW"),
+    "tp2": (2, "fp32", ["--mp", "2"], "ClippingAdamW"),
+    "pp2": (2, "fp32", PP2, "ClippingAdamW"),
+    "dp2": (2, "fp32", [], "ClippingAdamW"),
+    "dp2-zero1": (2, "fp32", ["--zero_stage", "1"], "DeepSpeedZeroOptimizer"),
+    "dp2-zero2": (2, "fp32", ["--zero_stage", "2"], "DeepSpeedZeroOptimizer"),
+    "dp2-zero3": (2, "fp32", ["--zero_stage", "3"], "DeepSpeedZeroOptimizer_Stage3"),
+    "tp4": (4, "fp32", ["--mp", "4"], "ClippingAdamW"),
+    "bf16-tp2": (2, "bf16", ["--mp", "2"], "BF16_Optimizer"),
+    "bf16-pp2": (2, "bf16", PP2, "BF16_Optimizer"),
     "bf16-dp2-zero1": (2, "bf16", ["--zero_stage", "1"], "BF16_Optimizer"),
     "bf16-dp2-zero2": (2, "bf16", ["--zero_stage", "2"], "DeepSpeedZeroOptimizer"),
     "bf16-dp2-zero3": (2, "bf16", ["--zero_stage", "3"], "DeepSpeedZeroOptimizer_Stage3"),
@@ -66,22 +67,46 @@ LAYOUTS = {
 # uninterrupted references: (layout, dropout). Same-layout resumes of the dropout ones also prove the RNG streams
 # are restored; the dropout-free ones double as reshard sources (another layout draws other dropout masks).
 REFERENCES = {
-    "tp2-drop": ("tp2", True), "pp2-drop": ("pp2", True), "dp2-zero1-drop": ("dp2-zero1", True),
-    "dp2": ("dp2", False), "dp2-zero2": ("dp2-zero2", False), "dp2-zero3": ("dp2-zero3", False),
-    "tp2": ("tp2", False), "pp2": ("pp2", False), "tp4": ("tp4", False),
-    "bf16-pp2": ("bf16-pp2", False), "bf16-dp2-zero1": ("bf16-dp2-zero1", False),
-    "bf16-dp2-zero2": ("bf16-dp2-zero2", False), "bf16-dp2-zero3": ("bf16-dp2-zero3", False),
+    "tp2-drop": ("tp2", True),
+    "pp2-drop": ("pp2", True),
+    "dp2-zero1-drop": ("dp2-zero1", True),
+    "dp2": ("dp2", False),
+    "dp2-zero2": ("dp2-zero2", False),
+    "dp2-zero3": ("dp2-zero3", False),
+    "tp2": ("tp2", False),
+    "pp2": ("pp2", False),
+    "tp4": ("tp4", False),
+    "bf16-pp2": ("bf16-pp2", False),
+    "bf16-dp2-zero1": ("bf16-dp2-zero1", False),
+    "bf16-dp2-zero2": ("bf16-dp2-zero2", False),
+    "bf16-dp2-zero3": ("bf16-dp2-zero3", False),
     "fp16-dp2-zero1": ("fp16-dp2-zero1", False),
 }
 # every optimizer DeepSpeed builds here, each resumed on its own layout
-SAME_LAYOUT = ["tp2-drop", "pp2-drop", "dp2", "dp2-zero1-drop", "dp2-zero2", "dp2-zero3", "bf16-pp2",
-               "bf16-dp2-zero1", "bf16-dp2-zero2", "bf16-dp2-zero3", "fp16-dp2-zero1"]
+SAME_LAYOUT = [
+    "tp2-drop",
+    "pp2-drop",
+    "dp2",
+    "dp2-zero1-drop",
+    "dp2-zero2",
+    "dp2-zero3",
+    "bf16-pp2",
+    "bf16-dp2-zero1",
+    "bf16-dp2-zero2",
+    "bf16-dp2-zero3",
+    "fp16-dp2-zero1",
+]
 RESHARD = [  # (reference saved under, layout loaded under)
-    ("tp2", "pp2"), ("pp2", "serial"), ("tp4", "tp2"),
-    ("tp2", "dp2-zero1"), ("pp2", "dp2-zero2"), ("tp2", "dp2-zero3"), ("dp2-zero3", "tp2"),
+    ("tp2", "pp2"),
+    ("pp2", "serial"),
+    ("tp4", "tp2"),
+    ("tp2", "dp2-zero1"),
+    ("pp2", "dp2-zero2"),
+    ("tp2", "dp2-zero3"),
+    ("dp2-zero3", "tp2"),
     ("bf16-pp2", "bf16-dp2-zero2"),
 ]
-ACROSS_PRECISION = [("bf16-pp2", "pp2"), ("tp2", "bf16-tp2")]    # (reference, layout of the other precision)
+ACROSS_PRECISION = [("bf16-pp2", "pp2"), ("tp2", "bf16-tp2")]  # (reference, layout of the other precision)
 CRASHES = ["train:3", "save:3"]
 
 
@@ -127,8 +152,17 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
     def ref_args(name, out):
         layout, dropout = REFERENCES[name]
-        return train_flags(*data, out / name, "--steps", STEPS, "--save_checkpoint_steps", 1, "--keep_checkpoint_max",
-                     10, *layout_flags(layout, dropout))
+        return train_flags(
+            *data,
+            out / name,
+            "--steps",
+            STEPS,
+            "--save_checkpoint_steps",
+            1,
+            "--keep_checkpoint_max",
+            10,
+            *layout_flags(layout, dropout),
+        )
 
     def launch(what, nproc, batch, out):
         start = time.time()
@@ -137,7 +171,7 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
     def references(nproc):
         names = [n for n in REFERENCES if LAYOUTS[REFERENCES[n][0]][0] == nproc and runnable(n)]
-        out = attempt_dir(root, f"references{nproc}")     # a retry after a failed launch starts in new folders
+        out = attempt_dir(root, f"references{nproc}")  # a retry after a failed launch starts in new folders
         launch("references", nproc, [ref_args(n, out) for n in names], out)
         for n in names:
             done[n] = out / n
@@ -148,13 +182,22 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         out = attempt / f"kill-{crash.replace(':', '-')}"
         argv = train_flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1, *layout_flags("tp2", True))
         start = time.time()
-        proc = subprocess.run(launch_cmd(2) + [str(a) for a in argv], cwd=REPO_ROOT,
-                              env=dict(env(), DSR_CRASH_AT=crash), capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            launch_cmd(2) + [str(a) for a in argv],
+            cwd=REPO_ROOT,
+            env=dict(env(), DSR_CRASH_AT=crash),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         print(f"[kill -9 at {crash}: {time.time() - start:.0f} s]")
         ckpts = out / "checkpoints"
-        done[f"kill {crash}"] = {"returncode": proc.returncode, "latest": (ckpts / "latest").read_text(),
-                                 "tmp": (ckpts / f"step_{3:08d}.tmp").is_dir(),
-                                 "final": (ckpts / f"step_{3:08d}").exists()}
+        done[f"kill {crash}"] = {
+            "returncode": proc.returncode,
+            "latest": (ckpts / "latest").read_text(),
+            "tmp": (ckpts / f"step_{3:08d}.tmp").is_dir(),
+            "final": (ckpts / f"step_{3:08d}").exists(),
+        }
         return out
 
     def continuations():
@@ -172,22 +215,62 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         for name in SAME_LAYOUT:
             if runnable(name):
                 layout, dropout = REFERENCES[name]
-                add(f"resume {name}", layout, train_flags(*data, attempt / f"resume-{name}", "--steps", STEPS,
-                                                          "--ckpt_file", step_dir(done[name], CUT),
-                                                          "--save_checkpoint_steps", 1, *layout_flags(layout, dropout)))
+                add(
+                    f"resume {name}",
+                    layout,
+                    train_flags(
+                        *data,
+                        attempt / f"resume-{name}",
+                        "--steps",
+                        STEPS,
+                        "--ckpt_file",
+                        step_dir(done[name], CUT),
+                        "--save_checkpoint_steps",
+                        1,
+                        *layout_flags(layout, dropout),
+                    ),
+                )
         for src, dst in RESHARD + ACROSS_PRECISION:
             if runnable(src) and runnable(dst):
                 tag = f"{src}-to-{dst}"
                 if (src, dst) in RESHARD:
-                    add(f"reshard {src}->{dst}", dst, train_flags(*data, attempt / f"reshard-{tag}", "--steps",
-                                                            STEPS, "--ckpt_file", step_dir(done[src], CUT),
-                                                            "--save_checkpoint_steps", 1, *layout_flags(dst)))
-                add(f"load+save {src}->{dst}", dst, train_flags(*data, attempt / f"resave-{tag}", "--steps", STEPS,
-                                                          "--ckpt_file", step_dir(done[src], CUT), *layout_flags(dst)),
-                    resave=True)
+                    add(
+                        f"reshard {src}->{dst}",
+                        dst,
+                        train_flags(
+                            *data,
+                            attempt / f"reshard-{tag}",
+                            "--steps",
+                            STEPS,
+                            "--ckpt_file",
+                            step_dir(done[src], CUT),
+                            "--save_checkpoint_steps",
+                            1,
+                            *layout_flags(dst),
+                        ),
+                    )
+                add(
+                    f"load+save {src}->{dst}",
+                    dst,
+                    train_flags(
+                        *data,
+                        attempt / f"resave-{tag}",
+                        "--steps",
+                        STEPS,
+                        "--ckpt_file",
+                        step_dir(done[src], CUT),
+                        *layout_flags(dst),
+                    ),
+                    resave=True,
+                )
         for crash, out in killed.items():
-            add(f"resume {crash}", "tp2", train_flags(*data, out, "--steps", STEPS, "--save_checkpoint_steps", 1,
-                                                *layout_flags("tp2", True), "--resume"))
+            add(
+                f"resume {crash}",
+                "tp2",
+                train_flags(
+                    *data, out, "--steps", STEPS, "--save_checkpoint_steps", 1, *layout_flags("tp2", True), "--resume"
+                ),
+            )
         for nproc, batch in batches.items():
             if batch:
                 launch("continuations", nproc, batch, attempt)
@@ -199,6 +282,7 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
             else:
                 continuations()
         return done[name]
+
     return get
 
 
@@ -237,8 +321,10 @@ def test_reshard_onto_another_layout(src, dst, runs):
     worst_loss = max(abs(a - b) / b for a, b in zip(got_losses, ref_losses, strict=False))
     a, b = merged(ref), merged(got)
     worst_step = max(float((a["model"][n] - b["model"][n]).abs().max()) for n in a["model"]) / LR
-    print(f"RESHARD {src}->{dst}: next-step loss rel {first:.2e}, worst loss rel {worst_loss:.2e}, "
-          f"largest weight difference after {STEPS - CUT} steps = {worst_step:.2e} × lr")
+    print(
+        f"RESHARD {src}->{dst}: next-step loss rel {first:.2e}, worst loss rel {worst_loss:.2e}, "
+        f"largest weight difference after {STEPS - CUT} steps = {worst_step:.2e} × lr"
+    )
     if half:
         assert worst_loss <= 5e-4
         assert worst_step <= 0.5
@@ -270,36 +356,40 @@ def test_kill_9_then_resume_matches_uninterrupted(crash, runs):
         # and then step 1 stays the latest (tests/test_background_save.py: such a kill resumes exactly)
         assert killed["latest"] in (f"step_{1:08d}", f"step_{2:08d}")
     else:
-        assert killed["latest"] == f"step_{2:08d}"                # the crashed step never became 'latest'
+        assert killed["latest"] == f"step_{2:08d}"  # the crashed step never became 'latest'
     if crash.startswith("save"):
         assert killed["tmp"] and not killed["final"]
     a, b = merged(runs("tp2-drop")), merged(resumed)
     assert a["step"] == b["step"] == STEPS
     for name in a["model"]:
         assert torch.equal(a["model"][name], b["model"][name]), name
-    assert not list((resumed / "checkpoints").glob("*.tmp"))         # the partial save was cleaned up
+    assert not list((resumed / "checkpoints").glob("*.tmp"))  # the partial save was cleaned up
 
 
 def test_merged_checkpoint_loads_into_serial_model(runs, tmp_path):
     ref = runs("tp2-drop")
     out = tmp_path / "model.pt"
-    proc = run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), str(ref),
-                       "--output", str(out)], env=env())
+    proc = run_python(
+        [sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), str(ref), "--output", str(out)],
+        env=env(),
+    )
     assert proc.returncode == 0, proc.stderr
     obj = torch.load(out, weights_only=True)
     from model.config import ModelConfig
     from model.transformer import Seq2SeqTransformer
+
     model = Seq2SeqTransformer(ModelConfig(**obj["model_config"]))
     model.load_state_dict(obj["model"], strict=True)
     assert obj["step"] == STEPS
 
 
-CONSOLIDATED = ["tp2", "pp2", "dp2-zero2", "dp2-zero3"]       # saved by real 2-rank runs (the references)
+CONSOLIDATED = ["tp2", "pp2", "dp2-zero2", "dp2-zero3"]  # saved by real 2-rank runs (the references)
 
 
 def merge_cli(*args, cwd=REPO_ROOT) -> subprocess.CompletedProcess:
-    return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), *map(str, args)],
-                      cwd=cwd, env=env())
+    return run_python(
+        [sys.executable, str(REPO_ROOT / "run_scripts" / "merge_checkpoint.py"), *map(str, args)], cwd=cwd, env=env()
+    )
 
 
 def test_consolidated_safetensors_is_the_serial_state_dict_of_every_layout(runs, tmp_path):
@@ -312,12 +402,13 @@ def test_consolidated_safetensors_is_the_serial_state_dict_of_every_layout(runs,
     from model.config import ModelConfig
     from model.transformer import Seq2SeqTransformer
     from training.checkpoint import consolidated
+
     for name in CONSOLIDATED:
         ckpt = step_dir(runs(name), STEPS)
         pt, st = tmp_path / f"{name}.pt", tmp_path / f"{name}.safetensors"
-        if name == CONSOLIDATED[0]:                               # the command itself once, the function after
+        if name == CONSOLIDATED[0]:  # the command itself once, the function after
             for out in (pt, st):
-                proc = merge_cli(runs(name), "--output", out)     # a run's folder → its latest
+                proc = merge_cli(runs(name), "--output", out)  # a run's folder → its latest
                 assert proc.returncode == 0, proc.stderr[-3000:]
         else:
             merged = consolidated.merge(str(ckpt))
@@ -337,10 +428,10 @@ def test_consolidated_safetensors_is_the_serial_state_dict_of_every_layout(runs,
         assert json.loads(info["step"]) == STEPS and json.loads(info["model_config"]) == meta["model"], name
         assert json.loads(info["source_sha256"]) == meta["sha256"] and json.loads(info["checkpoint"]) == str(ckpt)
         assert json.loads(info["saved_layout"]) == meta["parallel"] and len(info["tensors_sha256"]) == 64
-        loaded = consolidated.load(str(st))                      # what evaluate.py / translate.py / export_hf.py do
+        loaded = consolidated.load(str(st))  # what evaluate.py / translate.py / export_hf.py do
         assert loaded["tokenizer_json"] == obj["tokenizer_json"] and loaded["step"] == STEPS
         assert all(torch.equal(loaded["model"][k], v) for k, v in obj["model"].items())
-    assert oct(os.stat(st).st_mode & 0o777) == oct(0o666 & ~current_umask())   # not safetensors' own 0600
+    assert oct(os.stat(st).st_mode & 0o777) == oct(0o666 & ~current_umask())  # not safetensors' own 0600
 
 
 def test_consolidation_refuses_damage_in_one_line(runs, tmp_path, assert_user_error):
@@ -352,9 +443,10 @@ def test_consolidation_refuses_damage_in_one_line(runs, tmp_path, assert_user_er
     data = bytearray(shard.read_bytes())
     data[-5] ^= 0x01
     shard.write_bytes(bytes(data))
-    for proc in (merge_cli(ckpt, "--output", tmp_path / "out.safetensors"),
-                 run_python([sys.executable, ckpt / "zero_to_fp32.py", ".", tmp_path / "out.safetensors"], cwd=ckpt,
-                            env=env())):
+    for proc in (
+        merge_cli(ckpt, "--output", tmp_path / "out.safetensors"),
+        run_python([sys.executable, ckpt / "zero_to_fp32.py", ".", tmp_path / "out.safetensors"], cwd=ckpt, env=env()),
+    ):
         assert_user_error(proc, "shard_pp0_tp0.safetensors", "sha256")
         assert not list(tmp_path.glob("out.safetensors*"))
     good = tmp_path / "good.safetensors"
@@ -363,8 +455,17 @@ def test_consolidation_refuses_damage_in_one_line(runs, tmp_path, assert_user_er
     data[-5] ^= 0x01
     good.write_bytes(bytes(data))
     (tmp_path / "in.fr").write_text("Un homme en vélo.\n", encoding="utf-8")
-    proc = run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--ckpt_file", good,
-                       "--input", tmp_path / "in.fr"], env=env())
+    proc = run_python(
+        [
+            sys.executable,
+            str(REPO_ROOT / "run_scripts" / "translate.py"),
+            "--ckpt_file",
+            good,
+            "--input",
+            tmp_path / "in.fr",
+        ],
+        env=env(),
+    )
     assert_user_error(proc, "good.safetensors does not match the tensors_sha256 in its header")
 
 
@@ -375,9 +476,10 @@ def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, a
     from safetensors.torch import load_file
 
     from training.checkpoint import consolidated
+
     ckpt = step_dir(runs("pp2"), STEPS)
     script = ckpt / "zero_to_fp32.py"
-    assert os.stat(script).st_mode & 0o100                      # executable, as DeepSpeed makes its copy
+    assert os.stat(script).st_mode & 0o100  # executable, as DeepSpeed makes its copy
     want = consolidated.merge(str(ckpt))["model"]
     for out in ("model.safetensors", "model.bin", "folder"):
         proc = run_python([sys.executable, script, ".", tmp_path / out], cwd=ckpt, env=env())
@@ -386,12 +488,22 @@ def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, a
         got = load_file(str(path)) if out.endswith(".safetensors") else torch.load(path, weights_only=True)
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want), out
     # -S -E: no site-packages (no editable install) and no PYTHONPATH, run from the folder: not importable
-    proc = subprocess.run([sys.executable, "-S", "-E", "zero_to_fp32.py", ".", str(tmp_path / "x.pt")], cwd=ckpt,
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-S", "-E", "zero_to_fp32.py", ".", str(tmp_path / "x.pt")],
+        cwd=ckpt,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_user_error(proc, "needs the ds-transformer-recipes package", "pip install", "merge_checkpoint.py")
-    proc = subprocess.run([sys.executable, "-m", "deepspeed.utils.zero_to_fp32", str(ckpt.parent),
-                           str(tmp_path / "ds.bin")], cwd=tmp_path, env=env(), capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "deepspeed.utils.zero_to_fp32", str(ckpt.parent), str(tmp_path / "ds.bin")],
+        cwd=tmp_path,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode != 0
     assert "NOT-A-DEEPSPEED-CHECKPOINT_run-zero_to_fp32.py-in-this-folder" in proc.stderr.strip().splitlines()[-1]
 
@@ -399,18 +511,18 @@ def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, a
 def test_shards_are_safetensors_with_format_and_identity(runs):
     """Other tools read the shards: plain safetensors, weights and moments by name, metadata in the header."""
     from safetensors import safe_open
+
     ckpt = step_dir(runs("tp2-drop"), CUT)
     meta = json.loads((ckpt / "meta.json").read_text())
-    assert meta["format_version"] == 2 and meta["shards"] == ["shard_pp0_tp0.safetensors",
-                                                              "shard_pp0_tp1.safetensors"]
+    assert meta["format_version"] == 2 and meta["shards"] == ["shard_pp0_tp0.safetensors", "shard_pp0_tp1.safetensors"]
     with safe_open(str(ckpt / meta["shards"][1]), framework="pt") as f:
         info = f.metadata()
         assert info["format_version"] == "2" and info["checkpoint_id"] == meta["checkpoint_id"]
         assert info["tp_rank"] == "1" and info["step"] == str(CUT)
-        name = "blocks.3.self_attn.qkv.weight"                  # column-parallel: split along dim 0
+        name = "blocks.3.self_attn.qkv.weight"  # column-parallel: split along dim 0
         assert {f"param/{name}", f"exp_avg/{name}", f"exp_avg_sq/{name}"} <= set(f.keys())
         assert json.loads(info["params"])[name]["partition_dim"] == 0
-        assert f.get_slice(f"param/{name}").get_shape() == [48, 32]           # 3 × 32 rows / tp2
+        assert f.get_slice(f"param/{name}").get_shape() == [48, 32]  # 3 × 32 rows / tp2
 
 
 def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path):
@@ -419,6 +531,7 @@ def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path)
     from model.parallel.sharding import take_shard
     from training.checkpoint.format import ShardIndex, load_full_state, read_meta
     from training.checkpoint.shard_io import read_header
+
     ckpt = tmp_path / "ckpt"
     shutil.copytree(step_dir(runs("tp4"), CUT), ckpt)
     meta = read_meta(str(ckpt))
@@ -449,8 +562,9 @@ def test_a_rank_reads_only_the_saved_slices_that_overlap_its_own(runs, tmp_path)
             checked += dim is not None
     assert checked >= 10
     name = next(n for n, e in index.entries.items() if e["partition_dim"] is not None)
-    dim, want = rank_shape(name, 1)                     # rank 1's rows are in the overwritten shards: read them,
+    dim, want = rank_shape(name, 1)  # rank 1's rows are in the overwritten shards: read them,
     from common.errors import UserError  # and the damage is found (their checksums, then the NaNs)
+
     with pytest.raises(UserError, match=r"shard_pp0_tp2.safetensors does not match the checksum saved with it"):
         index.read_local(name, "param", dim, 1, tuple(want.shape))
     with pytest.raises(UserError, match=rf"{name} holds \d+ non-finite value"):
@@ -494,13 +608,16 @@ def test_bad_checkpoints_are_refused_with_the_reason(ckpt_copy, tmp_path):
     shard.unlink()
     with pytest.raises(UserError, match="incomplete: missing shard_pp0_tp1.safetensors"):
         read_meta(str(ckpt_copy))
-    for cut in (100, len(saved) - 4):                   # inside the header; inside the tensors
+    for cut in (100, len(saved) - 4):  # inside the header; inside the tensors
         shard.write_bytes(saved[:cut])
         with pytest.raises(UserError, match="shard_pp0_tp1.safetensors is corrupt or truncated"):
             load_full_state(str(ckpt_copy), meta)
     other = ModelConfig(**meta["model"]).replace(d_model=64, vocab_size=9000)
-    with pytest.raises(UserError, match=r"different model — vocab_size: checkpoint 8000 vs now 9000; d_model: "
-                                        r"checkpoint 32 vs now 64"):
+    with pytest.raises(
+        UserError,
+        match=r"different model — vocab_size: checkpoint 8000 vs now 9000; d_model: "
+        r"checkpoint 32 vs now 64",
+    ):
         check_compatible(meta, other, "ckpt")
     (ckpt_copy / "meta.json").write_text("{not json")
     with pytest.raises(UserError, match="meta.json is corrupt"):
@@ -512,23 +629,40 @@ def test_a_shard_from_another_checkpoint_is_refused(runs, ckpt_copy, tmp_path, m
     identity (the shapes alone would load it silently)."""
     from common.errors import UserError
     from training.checkpoint.format import load_full_state, read_meta
+
     meta = read_meta(str(ckpt_copy))
     own = (ckpt_copy / "shard_pp0_tp1.safetensors").read_bytes()
     shutil.copy(step_dir(runs("tp2-drop"), 3) / "shard_pp0_tp1.safetensors", ckpt_copy)
-    with pytest.raises(UserError, match=r"shard_pp0_tp1.safetensors belongs to step 3 of the same run, not to this "
-                                        r"checkpoint \(run [0-9a-f]+, step 2\)"):
+    with pytest.raises(
+        UserError,
+        match=r"shard_pp0_tp1.safetensors belongs to step 3 of the same run, not to this "
+        r"checkpoint \(run [0-9a-f]+, step 2\)",
+    ):
         load_full_state(str(ckpt_copy), meta)
     (ckpt_copy / "shard_pp0_tp1.safetensors").write_bytes(own)
-    load_full_state(str(ckpt_copy), meta)                         # its own file again: fine
+    load_full_state(str(ckpt_copy), meta)  # its own file again: fine
     shutil.copy(step_dir(runs("tp2"), CUT) / "shard_pp0_tp1.safetensors", ckpt_copy)
-    proc = run_python(launch_cmd(1) + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "run",
-                                                             "--steps", STEPS, "--ckpt_file", ckpt_copy)], env=env())
-    _expect_error(proc, "shard_pp0_tp1.safetensors belongs to another run (run ", "step 2)",
-                  "a file was copied in from another checkpoint")
+    proc = run_python(
+        launch_cmd(1)
+        + [
+            str(a)
+            for a in train_flags(
+                multi30k_tsv, bpe_tokenizer, tmp_path / "run", "--steps", STEPS, "--ckpt_file", ckpt_copy
+            )
+        ],
+        env=env(),
+    )
+    _expect_error(
+        proc,
+        "shard_pp0_tp1.safetensors belongs to another run (run ",
+        "step 2)",
+        "a file was copied in from another checkpoint",
+    )
 
 
 def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_path):
     from preprocess.tokenizer import train_tokenizer
+
     word = train_tokenizer([multi30k_tsv], tmp_path / "word", type="word", vocab_size=8000)
     src = runs("tp2-drop")
 
@@ -536,18 +670,26 @@ def test_resume_from_cli_errors_and_auto(runs, multi30k_tsv, bpe_tokenizer, tmp_
         args = train_flags(multi30k_tsv, tokenizer, tmp_path / name, "--steps", 1, *extra)
         return lambda: run_python(launch_cmd(1) + [str(a) for a in args], env=env())
 
-    no_ckpt, auto, model, batch, tokens, vocab = concurrently(   # each into its own folder, two at a time
-        run("a", "--resume"), run("b", "--resume", "auto"), run("c", "--ckpt_file", src, "--d_model", "64"),
-        run("d", "--ckpt_file", src, "--batch_size", "8"), run("e", "--ckpt_file", src, "--max_tokens", "512"),
+    no_ckpt, auto, model, batch, tokens, vocab = concurrently(  # each into its own folder, two at a time
+        run("a", "--resume"),
+        run("b", "--resume", "auto"),
+        run("c", "--ckpt_file", src, "--d_model", "64"),
+        run("d", "--ckpt_file", src, "--batch_size", "8"),
+        run("e", "--ckpt_file", src, "--max_tokens", "512"),
         # a different vocabulary: a word-level tokenizer of the same data
-        run("f", "--ckpt_file", src, "--vocab_size", "8000", tokenizer=word))
+        run("f", "--ckpt_file", src, "--vocab_size", "8000", tokenizer=word),
+    )
     _expect_error(no_ckpt, "--resume: no checkpoint in", "--resume auto")
     assert auto.returncode == 0, auto.stderr[-2000:]
-    _expect_error(model, "--d_model 64 conflicts with checkpoint", "whose weights have d_model=32",
-                  "Leave --d_model out")
+    _expect_error(
+        model, "--d_model 64 conflicts with checkpoint", "whose weights have d_model=32", "Leave --d_model out"
+    )
     _expect_error(batch, "batch_size=16", "--batch_size 16")
-    _expect_error(tokens, "trained with fixed batches batch_size=16 seed=7; resuming with token batches max_tokens=512",
-                  "would change the data order. Pass --batch_size 16 --seed 7 (and no --max_tokens)")
+    _expect_error(
+        tokens,
+        "trained with fixed batches batch_size=16 seed=7; resuming with token batches max_tokens=512",
+        "would change the data order. Pass --batch_size 16 --seed 7 (and no --max_tokens)",
+    )
     _expect_error(vocab, f"--tokenizer {word} is not the tokenizer checkpoint", "sha256 differs")
 
 
@@ -556,22 +698,74 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
     them, and its tokenizer copy) — the same losses as the uninterrupted run — and says which settings it took; a
     flag that may change (dropout) overrides it and is named; one whose weights could not load (heads; a recipe's
     d_model) is refused in one line naming it, before anything is built."""
-    model = ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
-             "--src_len", "12", "--tgt_len", "12", "--batch_size", "16", "--seed", "7", "--dropout", "0.1"]
+    model = [
+        "--d_model",
+        "32",
+        "--num_heads",
+        "4",
+        "--ffn_size",
+        "64",
+        "--encoder_layer",
+        "2",
+        "--decoder_layer",
+        "2",
+        "--src_len",
+        "12",
+        "--tgt_len",
+        "12",
+        "--batch_size",
+        "16",
+        "--seed",
+        "7",
+        "--dropout",
+        "0.1",
+    ]
     rest = ["--lr", "1e-3", "--tensorboard", "0", "--log_interval", "1"]
     full, cut = tmp_path / "full", tmp_path / "cut"
     whole, first = concurrently(
-        lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", full,
-                              *model, *rest, "--steps", 3]),
-        lambda: run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", cut,
-                              *model, *rest, "--steps", 2, "--save_checkpoint_steps", 2]))
+        lambda: run_train(
+            1,
+            [
+                "--file_path",
+                multi30k_tsv,
+                "--tokenizer",
+                bpe_tokenizer,
+                "--output_dir",
+                full,
+                *model,
+                *rest,
+                "--steps",
+                3,
+            ],
+        ),
+        lambda: run_train(
+            1,
+            [
+                "--file_path",
+                multi30k_tsv,
+                "--tokenizer",
+                bpe_tokenizer,
+                "--output_dir",
+                cut,
+                *model,
+                *rest,
+                "--steps",
+                2,
+                "--save_checkpoint_steps",
+                2,
+            ],
+        ),
+    )
     bare = ["--file_path", multi30k_tsv, "--output_dir", cut, "--resume", *rest]
     resumed = run_train(1, [*bare, "--steps", 3, "--save_checkpoint_steps", 3])
-    assert losses(cut) == losses(full)                      # bit for bit: the same model, data order and dropout
+    assert losses(cut) == losses(full)  # bit for bit: the same model, data order and dropout
     line = next(row for row in resumed.stdout.splitlines() if row.startswith("starting from checkpoint "))
-    for setting in ("vocab_size=8000 d_model=32 num_heads=4 ffn_size=64 encoder_layer=2 decoder_layer=2 src_len=12 "
-                    "tgt_len=12 share_embeddings=false dropout=0.1 attention_dropout=0.1 label_smoothing=0.0",
-                    "/checkpoints/step_00000002/tokenizer.json", "batch_size=16 seed=7"):
+    for setting in (
+        "vocab_size=8000 d_model=32 num_heads=4 ffn_size=64 encoder_layer=2 decoder_layer=2 src_len=12 "
+        "tgt_len=12 share_embeddings=false dropout=0.1 attention_dropout=0.1 label_smoothing=0.0",
+        "/checkpoints/step_00000002/tokenizer.json",
+        "batch_size=16 seed=7",
+    ):
         assert setting in line, line
     assert "overridden" not in resumed.stdout
 
@@ -586,7 +780,7 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
     assert "overridden by flags: dropout=0.0 (checkpoint 0.1)" in override.stdout
     info = json.loads((cut / "run.json").read_text())
     assert info["config"]["model"]["attention_dropout"] == 0.0
-    assert info["started_from"]["how"] == "--resume"                  # rank 0's start point, recorded
+    assert info["started_from"]["how"] == "--resume"  # rank 0's start point, recorded
     assert info["started_from"]["checkpoint"].endswith("checkpoints/step_00000003"), info["started_from"]
     _expect_error(heads, "--num_heads 2 conflicts with checkpoint", "num_heads=4", "Leave --num_heads out")
     _expect_error(from_recipe, f"recipe {recipe}'s d_model 64 conflicts with checkpoint")
@@ -598,6 +792,7 @@ def _write_format_1(src, dst):
     {name: {"param", "exp_avg", "exp_avg_sq", "partition_dim", "full_size"}}, rng_rank{R}.pt, meta.json v1."""
     from training.checkpoint.format import read_shard
     from training.checkpoint.shard_io import read_all
+
     meta = json.loads((src / "meta.json").read_text())
     dst.mkdir()
     for p in range(meta["parallel"]["pipeline_stage"]):
@@ -606,10 +801,16 @@ def _write_format_1(src, dst):
     for r in range(meta["world_size"]):
         flat = read_all(str(src / f"rng_rank{r}.safetensors"))
         torch.save({"default": {"cpu": flat["default/cpu"]}, "tp": {"cpu": flat["tp/cpu"]}}, dst / f"rng_rank{r}.pt")
-    old = {k: v for k, v in meta.items()          # format 1 recorded no tokenizer copy either
-           if k not in ("checkpoint_id", "run_id", "optimizer", "skipped_steps", "tokenizer")}
-    old.update(format_version=1, shards=[s.replace(".safetensors", ".pt") for s in meta["shards"]],
-               rng=[s.replace(".safetensors", ".pt") for s in meta["rng"]])
+    old = {
+        k: v
+        for k, v in meta.items()  # format 1 recorded no tokenizer copy either
+        if k not in ("checkpoint_id", "run_id", "optimizer", "skipped_steps", "tokenizer")
+    }
+    old.update(
+        format_version=1,
+        shards=[s.replace(".safetensors", ".pt") for s in meta["shards"]],
+        rng=[s.replace(".safetensors", ".pt") for s in meta["rng"]],
+    )
     (dst / "meta.json").write_text(json.dumps(old))
 
 
@@ -617,17 +818,23 @@ def test_format_1_checkpoint_gets_the_convert_command_and_converts_exactly(runs,
     from common.errors import UserError
     from training.checkpoint.format import read_meta
     from training.checkpoint.shard_io import read_all
+
     src = step_dir(runs("tp2-drop"), CUT)
     old, new = tmp_path / "old" / "step_00000002", tmp_path / "old" / "v2-step_00000002"
     old.parent.mkdir()
     _write_format_1(src, old)
-    with pytest.raises(UserError, match=r"format-1 checkpoint \(torch .pt shards\).*convert it once with "
-                                        r"`python run_scripts/convert_checkpoint.py \S+step_00000002 \S+v2-step_"):
+    with pytest.raises(
+        UserError,
+        match=r"format-1 checkpoint \(torch .pt shards\).*convert it once with "
+        r"`python run_scripts/convert_checkpoint.py \S+step_00000002 \S+v2-step_",
+    ):
         read_meta(str(old))
 
     def convert(*args):
-        return run_python([sys.executable, str(REPO_ROOT / "run_scripts" / "convert_checkpoint.py"), *map(str, args)],
-                          env=env())
+        return run_python(
+            [sys.executable, str(REPO_ROOT / "run_scripts" / "convert_checkpoint.py"), *map(str, args)], env=env()
+        )
+
     proc = convert(old, new)
     assert proc.returncode == 0, proc.stderr
     assert_same_state(merged(src), merged(new), "converted")
@@ -635,8 +842,18 @@ def test_format_1_checkpoint_gets_the_convert_command_and_converts_exactly(runs,
         a, b = read_all(str(src / f"rng_rank{r}.safetensors")), read_all(str(new / f"rng_rank{r}.safetensors"))
         assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     a, b = read_meta(str(src)), read_meta(str(new))
-    for key in ("step", "optimizer_step", "model", "parallel", "lr_scheduler", "batch_size", "seed", "samples_seen",
-                "tokenizer_sha256", "world_size"):
+    for key in (
+        "step",
+        "optimizer_step",
+        "model",
+        "parallel",
+        "lr_scheduler",
+        "batch_size",
+        "seed",
+        "samples_seen",
+        "tokenizer_sha256",
+        "world_size",
+    ):
         assert a[key] == b[key], key
     _expect_error(convert(old, new), "already exists")
     _expect_error(convert(src, tmp_path / "x"), "is not a format-1 checkpoint")
@@ -654,9 +871,13 @@ def test_an_optimizer_the_checkpoint_code_does_not_know_is_refused():
     from model.config import ParallelConfig
     from training.checkpoint.optimizer_state import UnsupportedOptimizer, for_engine
     from training.core.engine import deepspeed_config
+
     sgd = torch.optim.SGD([torch.nn.Parameter(torch.zeros(2))], lr=0.1)
-    with pytest.raises(UnsupportedOptimizer, match=r"cannot checkpoint DeepSpeed's torch.optim.sgd.SGD: the "
-                                                   r"checkpoint code knows .* only for torch AdamW at ZeRO 0"):
+    with pytest.raises(
+        UnsupportedOptimizer,
+        match=r"cannot checkpoint DeepSpeed's torch.optim.sgd.SGD: the "
+        r"checkpoint code knows .* only for torch AdamW at ZeRO 0",
+    ):
         for_engine(SimpleNamespace(ds=SimpleNamespace(optimizer=sgd)))
     unfused = FP16_UnfusedOptimizer.__new__(FP16_UnfusedOptimizer)
     with pytest.raises(UnsupportedOptimizer, match="FP16_UnfusedOptimizer.*choose the precision with --precision"):
@@ -677,40 +898,57 @@ def test_merge_drops_vocab_padding_of_any_tp_size(tmp_path):
     from model.transformer import Seq2SeqTransformer
     from training.checkpoint.format import canonical_name, load_full_state, write_shard_file
 
-    cfg = ModelConfig(vocab_size=51, d_model=16, num_heads=4, ffn_size=24, encoder_layers=1, decoder_layers=1,
-                      src_len=6, tgt_len=6)
+    cfg = ModelConfig(
+        vocab_size=51, d_model=16, num_heads=4, ffn_size=24, encoder_layers=1, decoder_layers=1, src_len=6, tgt_len=6
+    )
     serial = dict(Seq2SeqTransformer(cfg, ParallelConfig(vocab_emb_dp=False), seed=5).named_parameters())
     for t in range(4):
-        shard = Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=4, vocab_emb_dp=False),
-                                   ParallelContext(tp_size=4, tp_rank=t), seed=5)
-        entries = {canonical_name(n): {"param": p.data, "exp_avg": p.data * 2, "exp_avg_sq": p.data ** 2,
-                                       "partition_dim": partition_dim(p), "full_size": getattr(p, "full_size", None)}
-                   for n, p in shard.named_parameters()}
+        shard = Seq2SeqTransformer(
+            cfg, ParallelConfig(model_parallel=4, vocab_emb_dp=False), ParallelContext(tp_size=4, tp_rank=t), seed=5
+        )
+        entries = {
+            canonical_name(n): {
+                "param": p.data,
+                "exp_avg": p.data * 2,
+                "exp_avg_sq": p.data**2,
+                "partition_dim": partition_dim(p),
+                "full_size": getattr(p, "full_size", None),
+            }
+            for n, p in shard.named_parameters()
+        }
         write_shard_file(str(tmp_path / f"shard_pp0_tp{t}.safetensors"), entries, {"checkpoint_id": "c"})
     meta = {"parallel": {"model_parallel": 4, "pipeline_stage": 1}, "checkpoint_id": "c"}
     full = load_full_state(str(tmp_path), meta)
-    assert full["blocks.3.proj.weight"]["param"].shape == (51, 16)       # padded row 52 dropped
+    assert full["blocks.3.proj.weight"]["param"].shape == (51, 16)  # padded row 52 dropped
     for name, p in serial.items():
         assert torch.equal(full[name]["param"], p.data), name
         assert torch.equal(full[name]["exp_avg"], p.data * 2), name
     # and read lazily onto the last rank of tp 2 (rows 26-50 + one zero row) and of tp 8 (rows 49-50 + 5 zero rows)
     from model.parallel.sharding import take_shard
     from training.checkpoint.format import ShardIndex
+
     index = ShardIndex(str(tmp_path), meta)
     for tp in (2, 8):
-        shard = dict(Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=tp, vocab_emb_dp=False),
-                                        ParallelContext(tp_size=tp, tp_rank=tp - 1), seed=5).named_parameters())
+        shard = dict(
+            Seq2SeqTransformer(
+                cfg,
+                ParallelConfig(model_parallel=tp, vocab_emb_dp=False),
+                ParallelContext(tp_size=tp, tp_rank=tp - 1),
+                seed=5,
+            ).named_parameters()
+        )
         for name, p in shard.items():
             dim, key = partition_dim(p), canonical_name(name)
             want = take_shard(serial[key].data, dim, tp - 1, tp, p.shape[dim]) if dim is not None else p.data
             assert torch.equal(index.read_local(key, "param", dim, tp - 1, tuple(p.shape)), want), (tp, name)
-            assert torch.equal(want, p.data), (tp, name)           # what that layout itself builds
+            assert torch.equal(want, p.data), (tp, name)  # what that layout itself builds
 
 
 def test_saved_pieces_follow_take_shard():
     """The rows a rank reads (model.parallel.sharding.shard_rows + saved_pieces) are take_shard(merge_shards(...)), for
     every saved/new TP size pair up to 4 and a length that needs padding."""
     from model.parallel.sharding import merge_shards, saved_pieces, shard_rows, take_shard
+
     full = torch.arange(51.0).reshape(51, 1)
     for saved_tp in (1, 2, 3, 4):
         saved_len = -(-51 // saved_tp)
@@ -735,9 +973,10 @@ def test_a_restored_adamw_step_counter_is_where_torchs_own_step_puts_it(fused):
 
     from training.checkpoint.optimizer_state import for_engine
     from training.core.grad_norm import ClippingAdamW
+
     p = torch.nn.Parameter(torch.empty(3, device="meta"))
     opt = ClippingAdamW([p], max_norm=0.0, tp_rank=0, norm_group=None, lr=0.1)
-    opt.param_groups[0]["fused"] = fused          # torch refuses fused=True for meta tensors at construction
+    opt.param_groups[0]["fused"] = fused  # torch refuses fused=True for meta tensors at construction
     opt.state[p].update(exp_avg=torch.empty(3, device="meta"), exp_avg_sq=torch.empty(3, device="meta"))
     view = for_engine(SimpleNamespace(ds=SimpleNamespace(optimizer=opt)))
     view.set_step(7)

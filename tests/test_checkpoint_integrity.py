@@ -6,6 +6,7 @@ export_hf.py, average_checkpoints.py. Damage made here: bytes flipped inside a s
 longer matches), a NaN written into a weight with the checksum updated to match (what a version without the
 non-finite checks could have saved), `latest` naming a step that is gone, a field of meta.json of the wrong type.
 """
+
 from __future__ import annotations
 
 import json
@@ -84,7 +85,7 @@ def test_every_file_carries_the_sha256_its_writer_computed(saved_run):
         meta = json.loads((ckpt / "meta.json").read_text())
         assert set(meta["sha256"]) == set(meta["shards"] + meta["rng"])
         assert all(meta["sha256"][n] == file_sha256(ckpt / n) for n in meta["sha256"])
-        assert not list(ckpt.glob("*.sha256"))                         # the writers' notes were folded in
+        assert not list(ckpt.glob("*.sha256"))  # the writers' notes were folded in
 
 
 def test_flipped_bytes_are_refused_and_resume_auto_takes_the_newest_intact(run_copy, multi30k_tsv, bpe_tokenizer):
@@ -93,16 +94,21 @@ def test_flipped_bytes_are_refused_and_resume_auto_takes_the_newest_intact(run_c
     write_float(step_dir(run_copy, 4) / SHARD, WEIGHT, 1.98e34)
     base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     proc = run_train(1, base + ["--resume"], check=False)
-    one_error(proc, f"checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match the checksum saved with it",
-              "--resume auto picks the newest intact one")
+    one_error(
+        proc,
+        f"checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match the checksum saved with it",
+        "--resume auto picks the newest intact one",
+    )
     unchecked = run_train(1, base + ["--resume", "--verify", "0", "--steps", "4"], check=False)
     assert unchecked.returncode == 0 and "nothing to train" in unchecked.stdout, unchecked.stderr[-2000:]
     auto = run_train(1, base + ["--resume", "auto"], check=False)
     assert auto.returncode == 0, auto.stderr[-3000:]
-    assert f"--resume auto: skipping step_00000004: checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match" \
+    assert (
+        f"--resume auto: skipping step_00000004: checkpoint {step_dir(run_copy, 4)}: {SHARD} does not match"
         in auto.stdout
+    )
     assert f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout
-    meta = json.loads((step_dir(run_copy, 4) / "meta.json").read_text())      # step 4 saved again, intact
+    meta = json.loads((step_dir(run_copy, 4) / "meta.json").read_text())  # step 4 saved again, intact
     assert meta["sha256"][SHARD] == file_sha256(step_dir(run_copy, 4) / SHARD)
 
 
@@ -113,12 +119,25 @@ def test_a_damaged_checkpoint_is_refused_by_evaluate_export_and_averaging(run_co
     want = f"{SHARD} does not match the checksum saved with it"
     scripts = REPO_ROOT / "run_scripts"
     tok = bpe_tokenizer
-    for cmd in ([scripts / "evaluate.py", "--ckpt_file", run_copy, "--tokenizer", tok, "--src", src, "--ref", src],
-                [scripts / "export_hf.py", "--ckpt_file", run_copy, "--tokenizer", tok, "--output", tmp_path / "hf"],
-                [scripts / "average_checkpoints.py", run_copy, "--last", "2", "--output", tmp_path / "avg.pt"]):
+    for cmd in (
+        [scripts / "evaluate.py", "--ckpt_file", run_copy, "--tokenizer", tok, "--src", src, "--ref", src],
+        [scripts / "export_hf.py", "--ckpt_file", run_copy, "--tokenizer", tok, "--output", tmp_path / "hf"],
+        [scripts / "average_checkpoints.py", run_copy, "--last", "2", "--output", tmp_path / "avg.pt"],
+    ):
         one_error(run_python([sys.executable, *map(str, cmd)], env=env()), want)
-    ok = run_python([sys.executable, str(scripts / "average_checkpoints.py"), str(run_copy), "--last", "2",
-                     "--output", str(tmp_path / "avg.pt"), "--no_verify"], env=env())
+    ok = run_python(
+        [
+            sys.executable,
+            str(scripts / "average_checkpoints.py"),
+            str(run_copy),
+            "--last",
+            "2",
+            "--output",
+            str(tmp_path / "avg.pt"),
+            "--no_verify",
+        ],
+        env=env(),
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
 
 
@@ -132,11 +151,11 @@ def test_non_finite_weights_are_refused_at_every_load(run_copy, multi30k_tsv, bp
     scripts = REPO_ROOT / "run_scripts"
     src = tmp_path / "src.txt"
     src.write_text("un chien .\n")
-    for cmd in ([scripts / "evaluate.py", "--ckpt_file", run_copy, "--tokenizer", bpe_tokenizer, "--src", src,
-                 "--ref", src],
-                [scripts / "export_hf.py", "--ckpt_file", run_copy, "--tokenizer", bpe_tokenizer, "--output",
-                 tmp_path / "hf"],
-                [scripts / "average_checkpoints.py", run_copy, "--last", "2", "--output", tmp_path / "avg.pt"]):
+    for cmd in (
+        [scripts / "evaluate.py", "--ckpt_file", run_copy, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", src],
+        [scripts / "export_hf.py", "--ckpt_file", run_copy, "--tokenizer", bpe_tokenizer, "--output", tmp_path / "hf"],
+        [scripts / "average_checkpoints.py", run_copy, "--last", "2", "--output", tmp_path / "avg.pt"],
+    ):
         one_error(run_python([sys.executable, *map(str, cmd)], env=env()), want)
 
 
@@ -145,11 +164,12 @@ def test_latest_naming_a_missing_step_gives_advice_that_works(run_copy, multi30k
     base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     line = one_error(run_train(1, base + ["--resume"], check=False), "names step_00000004, which does not exist")
     assert "--resume auto" in line
-    auto = run_train(1, base + ["--resume", "auto"], check=False)                      # the advice, followed
-    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
-        auto.stderr[-3000:]
+    auto = run_train(1, base + ["--resume", "auto"], check=False)  # the advice, followed
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, auto.stderr[
+        -3000:
+    ]
     named = run_train(1, base + ["--resume", str(step_dir(run_copy, 4)), "--steps", "6"], check=False)
-    assert named.returncode == 0 and "at step 4" in named.stdout, named.stderr[-3000:]   # and the other advice
+    assert named.returncode == 0 and "at step 4" in named.stdout, named.stderr[-3000:]  # and the other advice
 
 
 def test_a_meta_json_field_of_the_wrong_type_is_one_line(run_copy, multi30k_tsv, bpe_tokenizer):
@@ -157,15 +177,23 @@ def test_a_meta_json_field_of_the_wrong_type_is_one_line(run_copy, multi30k_tsv,
     meta = json.loads(meta_path.read_text())
     meta["optimizer_step"] = "four"
     meta_path.write_text(json.dumps(meta))
-    one_error(run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False),
-              f"{meta_path}: field 'optimizer_step' is \"four\", not an integer")
+    one_error(
+        run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume"), check=False),
+        f"{meta_path}: field 'optimizer_step' is \"four\", not an integer",
+    )
 
 
-@pytest.mark.parametrize("field,value,kind", [("vocab_size", 500.0, "an integer"),
-                                              ("dropout", "0.1", "a finite number"),
-                                              ("share_embeddings", 0, "true or false")])
-def test_a_model_field_of_the_wrong_type_is_one_line_and_resume_auto_passes_it(field, value, kind, run_copy,
-                                                                              multi30k_tsv, bpe_tokenizer):
+@pytest.mark.parametrize(
+    "field,value,kind",
+    [
+        ("vocab_size", 500.0, "an integer"),
+        ("dropout", "0.1", "a finite number"),
+        ("share_embeddings", 0, "true or false"),
+    ],
+)
+def test_a_model_field_of_the_wrong_type_is_one_line_and_resume_auto_passes_it(
+    field, value, kind, run_copy, multi30k_tsv, bpe_tokenizer
+):
     """`vocab_size: 500.0` or `dropout: "0.1"` in meta.json traced back when the model was built, and --resume auto
     did not skip the checkpoint."""
     meta_path = step_dir(run_copy, 4) / "meta.json"
@@ -173,11 +201,14 @@ def test_a_model_field_of_the_wrong_type_is_one_line_and_resume_auto_passes_it(f
     meta["model"][field] = value
     meta_path.write_text(json.dumps(meta))
     base = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
-    one_error(run_train(1, base + ["--resume"], check=False),
-              f"{meta_path}: field 'model.{field}' is {json.dumps(value)}, not {kind}")
+    one_error(
+        run_train(1, base + ["--resume"], check=False),
+        f"{meta_path}: field 'model.{field}' is {json.dumps(value)}, not {kind}",
+    )
     auto = run_train(1, base + ["--resume", "auto"], check=False)
-    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
-        auto.stderr[-3000:]
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, auto.stderr[
+        -3000:
+    ]
     assert f"--resume auto: skipping step_00000004: {meta_path}: field 'model.{field}'" in auto.stdout
 
 
@@ -187,33 +218,45 @@ def test_a_damaged_tokenizer_copy_gives_advice_that_works(run_copy, multi30k_tsv
     (step_dir(run_copy, 4) / "tokenizer.json").unlink()
     given = train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS)
     i = given.index("--tokenizer")
-    base = given[:i] + given[i + 2:]                       # the checkpoint's own tokenizer, as a resume takes it
+    base = given[:i] + given[i + 2 :]  # the checkpoint's own tokenizer, as a resume takes it
     line = one_error(run_train(1, base + ["--resume"], check=False), "its tokenizer copy tokenizer.json is missing")
     assert "(--tokenizer)" in line
-    named = run_train(1, given + ["--resume", "--steps", "6"], check=False)            # the advice, followed
-    assert named.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in named.stdout, \
-        named.stderr[-3000:]
+    named = run_train(1, given + ["--resume", "--steps", "6"], check=False)  # the advice, followed
+    assert named.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in named.stdout, named.stderr[
+        -3000:
+    ]
     src = tmp_path / "in.fr"
     src.write_text("un homme sur un vélo .\n", encoding="utf-8")
-    translate = [sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--ckpt_file",
-                 str(step_dir(run_copy, 4)), "--input", str(src)]
-    one_error(subprocess.run(translate, capture_output=True, text=True, timeout=300, env=env()),
-              "its tokenizer copy tokenizer.json is missing")
-    proc = subprocess.run(translate + ["--tokenizer", str(bpe_tokenizer)], capture_output=True, text=True,
-                          timeout=300, env=env())
+    translate = [
+        sys.executable,
+        str(REPO_ROOT / "run_scripts" / "translate.py"),
+        "--ckpt_file",
+        str(step_dir(run_copy, 4)),
+        "--input",
+        str(src),
+    ]
+    one_error(
+        subprocess.run(translate, capture_output=True, text=True, timeout=300, env=env()),
+        "its tokenizer copy tokenizer.json is missing",
+    )
+    proc = subprocess.run(
+        translate + ["--tokenizer", str(bpe_tokenizer)], capture_output=True, text=True, timeout=300, env=env()
+    )
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
 
 
 def test_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(run_copy, multi30k_tsv, bpe_tokenizer):
     (step_dir(run_copy, 4) / "tokenizer.json").unlink()
     auto = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, run_copy, *STEPS, "--resume", "auto"), check=False)
-    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
-        auto.stderr[-3000:]
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, auto.stderr[
+        -3000:
+    ]
     assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout
 
 
-def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(run_copy, multi30k_tsv, bpe_tokenizer,
-                                                                            tmp_path):
+def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(
+    run_copy, multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """meta.json says step 5 in step_00000004 (a valid integer, another step): --resume resumed "at step 5" on step-4
     weights. Refused in one line by --resume, --ckpt_file, merging and decoding; --resume auto skips it, saying why.
     The folder renamed to match (step_00000005, `latest` too): the shards' headers still say step 4."""
@@ -226,38 +269,50 @@ def test_a_meta_json_step_that_is_not_the_checkpoints_is_refused_everywhere(run_
     src.write_text("un chien .\n")
     resume, fresh, merged, decoded = concurrently(
         lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
-        lambda: run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
-                                   ckpt), check=False),
+        lambda: run_train(
+            1,
+            train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file", ckpt),
+            check=False,
+        ),
         lambda: run_tool("merge_checkpoint.py", ckpt, "--output", tmp_path / "m.pt"),
-        lambda: run_tool("evaluate.py", "--ckpt_file", run_copy, "--src", src))
+        lambda: run_tool("evaluate.py", "--ckpt_file", run_copy, "--src", src),
+    )
     for proc in (resume, fresh, merged, decoded):
         one_error(proc, want, "put the value back, or use another checkpoint")
     auto = run_train(1, base + ["--resume", "auto"], check=False)
-    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, \
-        auto.stderr[-3000:]
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 2)} at step 2" in auto.stdout, auto.stderr[
+        -3000:
+    ]
     assert f"--resume auto: skipping step_00000004: {want}" in auto.stdout
 
     renamed = step_dir(run_copy, 5)
-    os.rename(ckpt, renamed)                               # the step 4 auto saved again, whole
+    os.rename(ckpt, renamed)  # the step 4 auto saved again, whole
     meta = json.loads((renamed / "meta.json").read_text())
     (renamed / "meta.json").write_text(json.dumps({**meta, "step": 5}))
     (run_copy / "checkpoints" / "latest").write_text(renamed.name)
-    headers = (f"checkpoint {renamed}: meta.json says step 5, but shard_pp0_tp0.safetensors was saved at step 4 (its "
-               f"header)")
-    resume, merged = concurrently(lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
-                                  lambda: run_tool("merge_checkpoint.py", renamed, "--output", tmp_path / "m.pt"))
+    headers = (
+        f"checkpoint {renamed}: meta.json says step 5, but shard_pp0_tp0.safetensors was saved at step 4 (its header)"
+    )
+    resume, merged = concurrently(
+        lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
+        lambda: run_tool("merge_checkpoint.py", renamed, "--output", tmp_path / "m.pt"),
+    )
     one_error(resume, headers, 'Put back "step": 4')
     one_error(merged, headers)
     assert not (tmp_path / "m.pt").exists()
 
 
-@pytest.mark.parametrize("field,value,needle", [
-    ("parallel", {"pipeline_stage": "1"}, "field 'parallel.pipeline_stage' is \"1\", not an integer >= 1"),
-    ("world_size", 2, "world_size is 2 but parallel's data_parallel × model_parallel × pipeline_stage say 1"),
-    ("sha256", {}, "sha256 is [\"shard_pp0_tp0.safetensors\"] but shards and rng list"),
-    ("lr_scheduler", {"last_epoch": 4}, "field 'lr_scheduler' is {\"last_epoch\": 4}, not"),
-    ("seed", 8, "seed is 8 but data_order says 7"),
-], ids=["stage-as-text", "world", "a-digest-dropped", "no-last-lr", "seed"])
+@pytest.mark.parametrize(
+    "field,value,needle",
+    [
+        ("parallel", {"pipeline_stage": "1"}, "field 'parallel.pipeline_stage' is \"1\", not an integer >= 1"),
+        ("world_size", 2, "world_size is 2 but parallel's data_parallel × model_parallel × pipeline_stage say 1"),
+        ("sha256", {}, 'sha256 is ["shard_pp0_tp0.safetensors"] but shards and rng list'),
+        ("lr_scheduler", {"last_epoch": 4}, "field 'lr_scheduler' is {\"last_epoch\": 4}, not"),
+        ("seed", 8, "seed is 8 but data_order says 7"),
+    ],
+    ids=["stage-as-text", "world", "a-digest-dropped", "no-last-lr", "seed"],
+)
 def test_a_layout_or_a_value_stated_twice_that_disagrees_is_one_line(field, value, needle, run_copy, tmp_path):
     """Read as the loaders read meta.json: "pipeline_stage": "1" traced back in range(); a world_size, a sha256 list
     missing a file (that file then went unchecked) or a seed that the rest of meta.json contradicts were loaded."""
@@ -272,16 +327,20 @@ def test_a_layout_or_a_value_stated_twice_that_disagrees_is_one_line(field, valu
 
 
 @pytest.mark.parametrize("kind", ["relative", "absolute", "link"])
-def test_latest_naming_a_folder_outside_the_run_is_refused(kind, saved_run, run_copy, multi30k_tsv, bpe_tokenizer,
-                                                           tmp_path):
+def test_latest_naming_a_folder_outside_the_run_is_refused(
+    kind, saved_run, run_copy, multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """checkpoints/latest naming another run's step folder — a path up and out, an absolute path, or a step folder
     of its own name that links out — was followed by --resume (which then continued the other run's weights in this
     folder) and by --ckpt_file RUN. Every reader of `latest` refuses it; the advice (--resume auto) works."""
     other = tmp_path / "other"
     shutil.copytree(saved_run, other)
     root = run_copy / "checkpoints"
-    pointer = {"relative": "../../other/checkpoints/step_00000004",
-               "absolute": str(step_dir(other, 4)), "link": "step_00000006"}[kind]
+    pointer = {
+        "relative": "../../other/checkpoints/step_00000004",
+        "absolute": str(step_dir(other, 4)),
+        "link": "step_00000006",
+    }[kind]
     if kind == "link":
         (root / "step_00000006").symlink_to(step_dir(other, 4))
     (root / "latest").write_text(pointer)
@@ -291,21 +350,26 @@ def test_latest_naming_a_folder_outside_the_run_is_refused(kind, saved_run, run_
     src.write_text("un chien .\n")
     results = concurrently(
         lambda: run_train(1, base + ["--resume", "--steps", "6"], check=False),
-        lambda: run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file",
-                                   run_copy), check=False),
+        lambda: run_train(
+            1,
+            train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / "new", "--steps", "6", "--ckpt_file", run_copy),
+            check=False,
+        ),
         lambda: run_tool("evaluate.py", "--ckpt_file", run_copy / "latest", "--src", src),
         lambda: run_tool("translate.py", "--ckpt_file", root / "latest", "--input", src),
-        lambda: run_tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"))
+        lambda: run_tool("merge_checkpoint.py", run_copy, "--output", tmp_path / "m.pt"),
+    )
     for proc in results:
         one_error(proc, want, "`latest` must name a checkpoint of this run (a step_N folder of", "--resume auto")
     assert not (tmp_path / "new" / "checkpoints").exists() and not (tmp_path / "m.pt").exists()
     if kind == "link":
-        return                        # --resume auto would take step_00000006, whose meta.json says step 4: refused
+        return  # --resume auto would take step_00000006, whose meta.json says step 4: refused
     auto = run_train(1, base + ["--resume", "auto", "--steps", "6"], check=False)
-    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in auto.stdout, \
-        auto.stderr[-3000:]
-    assert (root / "latest").read_text() == "step_00000006"                 # its own, once more
-    named = run_tool("translate.py", "--ckpt_file", root / "latest", "--input", src)       # the pointer file itself
+    assert auto.returncode == 0 and f"resumed from {step_dir(run_copy, 4)} at step 4" in auto.stdout, auto.stderr[
+        -3000:
+    ]
+    assert (root / "latest").read_text() == "step_00000006"  # its own, once more
+    named = run_tool("translate.py", "--ckpt_file", root / "latest", "--input", src)  # the pointer file itself
     assert named.returncode == 0 and "step_00000006 (step 6; latest" in named.stderr, named.stderr[-2000:]
 
 
@@ -325,9 +389,15 @@ def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokeni
     out = tmp_path / "run"
     limit = 6 << 10
     argv = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", "60")
-    proc = subprocess.run(launch_cmd(1) + [str(a) for a in argv],
-                          cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=300,
-                          preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+    proc = subprocess.run(
+        launch_cmd(1) + [str(a) for a in argv],
+        cwd=REPO_ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+    )
     line = one_error(proc, f"writing {out / 'metrics.jsonl'} failed at step ", "continue with --resume")
     failed = int(line.split("failed at step ")[1].split()[0])
     text = (out / "metrics.jsonl").read_text()
@@ -343,7 +413,8 @@ def saved_tp2_run(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
 
 def test_on_two_ranks_the_damage_one_rank_finds_is_every_ranks_line_and_resume_auto_falls_back(
-        saved_tp2_run, multi30k_tsv, bpe_tokenizer, tmp_path):
+    saved_tp2_run, multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """Each file is hashed by one rank (training.checkpoint.spread_verify): TP rank 1's shard by rank 1. Its
     verdict reaches rank 0, so --resume stops with one line naming the file, and --resume auto skips step 4 (saying
     why, on rank 0) and resumes every rank from step 2."""
@@ -353,24 +424,29 @@ def test_on_two_ranks_the_damage_one_rank_finds_is_every_ranks_line_and_resume_a
     damaged = "shard_pp0_tp1.safetensors"
     write_float(step_dir(out, 4) / damaged, WEIGHT, 1.98e34)
     base = train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2")
-    one_error(run_train(2, base + ["--resume"], check=False),
-              f"checkpoint {step_dir(out, 4)}: {damaged} does not match the checksum saved with it")
+    one_error(
+        run_train(2, base + ["--resume"], check=False),
+        f"checkpoint {step_dir(out, 4)}: {damaged} does not match the checksum saved with it",
+    )
     auto = run_train(2, base + ["--resume", "auto"], check=False)
     assert auto.returncode == 0, auto.stderr[-3000:]
-    assert f"--resume auto: skipping step_00000004: checkpoint {step_dir(out, 4)}: {damaged} does not match" \
-        in auto.stdout
+    assert (
+        f"--resume auto: skipping step_00000004: checkpoint {step_dir(out, 4)}: {damaged} does not match" in auto.stdout
+    )
     assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout
 
 
-def test_on_two_ranks_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(saved_tp2_run, multi30k_tsv,
-                                                                                   bpe_tokenizer, tmp_path):
+def test_on_two_ranks_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_gone(
+    saved_tp2_run, multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """The spread verification (several ranks) checks the tokenizer copy as the one-process one does."""
     out = tmp_path / "run"
     shutil.copytree(saved_tp2_run, out)
     (out / ".train.lock").unlink(missing_ok=True)
     (step_dir(out, 4) / "tokenizer.json").unlink()
-    auto = run_train(2, train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2", "--resume", "auto"),
-                     check=False)
+    auto = run_train(
+        2, train_flags(multi30k_tsv, bpe_tokenizer, out, *STEPS, "--mp", "2", "--resume", "auto"), check=False
+    )
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout
     assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout

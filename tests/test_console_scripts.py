@@ -7,6 +7,7 @@
   line and the examples name the dstr-* command (not `python run_scripts/X.py`, `python -m preprocess.X`);
 - DeepSpeed's launcher runs the installed train command on two ranks (`deepspeed --num_gpus 2 $(which dstr-train)`).
 """
+
 import ast
 import configparser
 import importlib
@@ -42,9 +43,21 @@ def resolve(target: str):
 def test_every_tool_has_a_command_with_the_prefix():
     names = entry_points()
     assert all(name.startswith("dstr-") for name in names), names
-    wanted = {"train", "translate", "evaluate", "plan", "export-hf", "average-checkpoints", "merge-checkpoint",
-              "convert-checkpoint", "plot-metrics", "prepare-tsv", "prepare-tokenizer", "prepare-dataset",
-              "prepare-wmt14"}
+    wanted = {
+        "train",
+        "translate",
+        "evaluate",
+        "plan",
+        "export-hf",
+        "average-checkpoints",
+        "merge-checkpoint",
+        "convert-checkpoint",
+        "plot-metrics",
+        "prepare-tsv",
+        "prepare-tokenizer",
+        "prepare-dataset",
+        "prepare-wmt14",
+    }
     assert {f"dstr-{w}" for w in wanted} <= set(names), sorted(names)
 
 
@@ -59,10 +72,11 @@ def test_entry_points_resolve_inside_the_installed_packages_and_leave_through_ru
         assert module.split(".")[0] in packages, (name, target)
         # the function's own body calls run_cli: one exit path, user mistakes in one line
         tree = ast.parse(textwrap.dedent(inspect.getsource(function)))
-        calls = {getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(tree)
-                 if isinstance(n, ast.Call)}
+        calls = {
+            getattr(n.func, "id", getattr(n.func, "attr", None)) for n in ast.walk(tree) if isinstance(n, ast.Call)
+        }
         assert "run_cli" in calls, (name, target)
-        wrapped = getattr(function, "main", None)       # common.errors.console_script(main)
+        wrapped = getattr(function, "main", None)  # common.errors.console_script(main)
         assert wrapped is None or wrapped is importlib.import_module(module).main, (name, target)
 
 
@@ -71,11 +85,11 @@ def test_no_installed_distribution_uses_our_names():
     taken = {}
     for dist in distributions():
         if (dist.metadata["Name"] or "").lower() == OURS:
-            continue                         # this repository, installed editable: its own commands
+            continue  # this repository, installed editable: its own commands
         for ep in dist.entry_points:
             if ep.group == "console_scripts":
                 taken[ep.name] = dist.metadata["Name"]
-        for file in dist.files or ():            # plain scripts (setup.py's scripts=: DeepSpeed's ds, dsr, ...)
+        for file in dist.files or ():  # plain scripts (setup.py's scripts=: DeepSpeed's ds, dsr, ...)
             if file.parent.name == "bin":
                 taken[file.name] = dist.metadata["Name"]
     assert {"deepspeed", "ds", "dsr"} <= set(taken), "DeepSpeed's commands are not seen: the check would be empty"
@@ -90,13 +104,15 @@ def scripts(tmp_path_factory):
     interpreter: pip's vendored distlib imports the standard library's distutils, after which setuptools (which
     test_repository_layout imports) refuses to load in this process."""
     folder = tmp_path_factory.mktemp("bin")
-    code = ("import sys\n"
-            "from pip._vendor.distlib.scripts import ScriptMaker\n"
-            "maker = ScriptMaker(None, sys.argv[1])\n"
-            "maker.executable = sys.executable\n"
-            "maker.variants = {''}\n"
-            "for spec in sys.argv[2:]:\n"
-            "    maker.make(spec)\n")
+    code = (
+        "import sys\n"
+        "from pip._vendor.distlib.scripts import ScriptMaker\n"
+        "maker = ScriptMaker(None, sys.argv[1])\n"
+        "maker.executable = sys.executable\n"
+        "maker.variants = {''}\n"
+        "for spec in sys.argv[2:]:\n"
+        "    maker.make(spec)\n"
+    )
     specs = [f"{name} = {target}" for name, target in entry_points().items()]
     subprocess.run([sys.executable, "-c", code, str(folder), *specs], check=True, timeout=120)
     return folder
@@ -104,8 +120,9 @@ def scripts(tmp_path_factory):
 
 def run_script(path, *args, cwd=None, timeout=300):
     # a fresh interpreter, through the script's #! line, as a user's shell runs it
-    return subprocess.run([str(path), *map(str, args)], cwd=cwd, env=env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [str(path), *map(str, args)], cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_installed_commands_answer_help(scripts, tmp_path):
@@ -116,8 +133,13 @@ def test_the_installed_commands_answer_help(scripts, tmp_path):
         assert proc.stdout.startswith(f"usage: {name} "), (name, proc.stdout[:500])
         assert not older_names(proc.stdout), (name, older_names(proc.stdout))
     # the command and the repository's script are one tool: the same flags, the same name
-    shim = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--help"], env=env(),
-                          capture_output=True, text=True, timeout=300)
+    shim = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run_scripts" / "translate.py"), "--help"],
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     command = results[names.index("dstr-translate")]
     assert flag_names(shim.stdout) == flag_names(command.stdout) and "--ckpt_file" in flag_names(command.stdout)
     assert shim.stdout.startswith("usage: dstr-translate ")
@@ -138,8 +160,9 @@ def flag_names(help_text: str) -> list[str]:
 def test_a_user_mistake_is_one_line(scripts, tmp_path):
     proc = run_script(scripts / "dstr-plot-metrics", tmp_path / "nothing-here", cwd=tmp_path)
     assert proc.returncode == 2, proc.stderr
-    assert proc.stderr.strip().splitlines() == [f"error: {tmp_path / 'nothing-here'}: no metrics.jsonl (give a "
-                                                f"run's --output_dir or its metrics.jsonl)"]
+    assert proc.stderr.strip().splitlines() == [
+        f"error: {tmp_path / 'nothing-here'}: no metrics.jsonl (give a run's --output_dir or its metrics.jsonl)"
+    ]
 
 
 @pytest.mark.slow
@@ -147,11 +170,31 @@ def test_deepspeed_launches_the_installed_train_command(scripts, multi30k_tsv, b
     """`deepspeed --num_gpus 2 $(which dstr-train) ...`: the launcher runs `python -u SCRIPT`, and the console
     script is a Python file — two tensor-parallel ranks train and save."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
-           str(scripts / "dstr-train"), "--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--mp", "2",
-           "--output_dir", out, *TINY, "--steps", "2", "--save_checkpoint_steps", "2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(scripts / "dstr-train"),
+        "--file_path",
+        multi30k_tsv,
+        "--tokenizer",
+        bpe_tokenizer,
+        "--mp",
+        "2",
+        "--output_dir",
+        out,
+        *TINY,
+        "--steps",
+        "2",
+        "--save_checkpoint_steps",
+        "2",
+    ]
     proc = subprocess.run(list(map(str, cmd)), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2]
     assert (out / "checkpoints" / "step_00000002" / "meta.json").is_file()
-    assert os.path.basename(str(scripts / "dstr-train")) in proc.stdout + proc.stderr   # the launcher ran it
+    assert os.path.basename(str(scripts / "dstr-train")) in proc.stdout + proc.stderr  # the launcher ran it

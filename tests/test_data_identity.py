@@ -3,6 +3,7 @@ as if it were the old one: a start samples 1 MiB of each file it takes on its re
 `cp` + `touch -r` is hashed again at once, and gets its own store), and the full sha256 of those files, checked once
 per job beside the first steps, stops the run in one line (an edit between the sampled places, ids changed in place
 in the store) — after which the same command rebuilds what the file feeds. Real train.py processes on Multi30k."""
+
 from __future__ import annotations
 
 import json
@@ -46,7 +47,7 @@ def swap_letter(path: Path, offset: int) -> None:
         data = f.read(64)
         at = next(i for i, c in enumerate(data) if chr(c).isalpha())
         f.seek(offset + at)
-        f.write(b"q" if data[at:at + 1] != b"q" else b"z")
+        f.write(b"q" if data[at : at + 1] != b"q" else b"z")
 
 
 def swap_id(path: Path, offset: int, dtype=np.uint16) -> None:
@@ -62,7 +63,7 @@ def swap_id(path: Path, offset: int, dtype=np.uint16) -> None:
 def tsv(multi30k_tsv, tmp_path) -> Path:
     path = tmp_path / "train.tsv"
     shutil.copyfile(multi30k_tsv, path)
-    os.utime(path, ns=(1, 1_000_000_000))              # older than the records every run writes
+    os.utime(path, ns=(1, 1_000_000_000))  # older than the records every run writes
     return path
 
 
@@ -73,7 +74,7 @@ def test_a_corpus_copied_over_with_its_size_and_time_kept_gets_its_own_store(tsv
     run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "a", "--steps", 1, cache=cache))
     other = tmp_path / "other.tsv"
     shutil.copyfile(tsv, other)
-    swap_letter(other, 0)                                 # the first line: inside the sample's first block
+    swap_letter(other, 0)  # the first line: inside the sample's first block
     keep_stat(tsv, lambda path: shutil.copyfile(other, path))
     run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", 1, cache=cache))
     built = stores(cache)
@@ -83,8 +84,9 @@ def test_a_corpus_copied_over_with_its_size_and_time_kept_gets_its_own_store(tsv
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_an_edit_between_the_sampled_places_stops_the_run_and_the_next_start_rebuilds(nproc, tsv, bpe_tokenizer,
-                                                                                      tmp_path):
+def test_an_edit_between_the_sampled_places_stops_the_run_and_the_next_start_rebuilds(
+    nproc, tsv, bpe_tokenizer, tmp_path
+):
     """An in-place edit with os.utime, where the sample does not look: the start trusts the record, the full hash
     beside the steps finds the change and stops the run in one line naming the file and the fix (1 rank: at its
     last step, where every rank waits for the check; 2 ranks: after a step, the others stopped by the job watch).
@@ -94,17 +96,20 @@ def test_an_edit_between_the_sampled_places_stops_the_run_and_the_next_start_reb
     run_train(nproc, train_flags(tsv, bpe_tokenizer, tmp_path / "a", "--steps", 1, *layout, cache=cache))
     keep_stat(tsv, lambda path: swap_letter(path, gap(path.stat().st_size)))
     steps = 3 if nproc == 2 else 1
-    proc = run_train(nproc, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", steps, *layout, cache=cache),
-                     check=False)
-    line = one_error(proc, str(tsv.resolve()), "has changed since its sha256 was recorded",
-                     "Run the same command again")
+    proc = run_train(
+        nproc, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", steps, *layout, cache=cache), check=False
+    )
+    line = one_error(
+        proc, str(tsv.resolve()), "has changed since its sha256 was recorded", "Run the same command again"
+    )
     assert line.startswith("error: stopped after step "), line
     if nproc == 2:
         return
     run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "c", "--steps", 1, cache=cache))
     built = stores(cache)
-    assert len(built) == 2 and file_sha256(tsv) in {json.loads((s / "meta.json").read_text())["source_sha256"]
-                                                     for s in built}, built
+    assert len(built) == 2 and file_sha256(tsv) in {
+        json.loads((s / "meta.json").read_text())["source_sha256"] for s in built
+    }, built
 
 
 def test_store_ids_changed_with_size_and_time_kept_are_rebuilt_at_start(tsv, bpe_tokenizer, tmp_path):
@@ -118,8 +123,9 @@ def test_store_ids_changed_with_size_and_time_kept_are_rebuilt_at_start(tsv, bpe
     assert f"warning: token store {store}: src.tokens does not match the sha256 recorded" in proc.stdout, proc.stdout
 
 
-def test_store_ids_changed_between_the_sampled_places_stop_the_run_and_the_store_is_rebuilt(multi30k_tsv,
-                                                                                           bpe_tokenizer, tmp_path):
+def test_store_ids_changed_between_the_sampled_places_stop_the_run_and_the_store_is_rebuilt(
+    multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """A store whose src.tokens is larger than the sample (Multi30k three times over: 1.9 MB): an id changed where
     the sample does not look is found by the full check beside the first step; the run stops naming the file, the
     verdict is dropped, and the next start hashes the store, finds the change and rebuilds it."""
@@ -129,8 +135,7 @@ def test_store_ids_changed_between_the_sampled_places_stop_the_run_and_the_store
     [store] = stores(cache)
     keep_stat(store / "src.tokens", lambda path: swap_id(path, gap(path.stat().st_size)))
     proc = run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "b", "--steps", 1, cache=cache), check=False)
-    one_error(proc, f"token store {store}: src.tokens does not match the sha256 recorded",
-              "run the same command again")
+    one_error(proc, f"token store {store}: src.tokens does not match the sha256 recorded", "run the same command again")
     assert not (store / VERIFIED_FILE).exists()
     proc = run_train(1, train_flags(tsv, bpe_tokenizer, tmp_path / "c", "--steps", 1, cache=cache))
     assert f"warning: token store {store}: src.tokens does not match" in proc.stdout, proc.stdout

@@ -2,6 +2,7 @@
 builder per cache folder (a lock), and every failure of the build — a bad line, a full disk, a killed worker — ends
 train.py on 2 ranks within seconds in one line, never a hang. Also: --num_proc never forks more workers than blocks.
 Real processes throughout (train.py through the launcher, real worker processes, kill -9, a small tmpfs)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -29,8 +30,22 @@ def test_a_first_build_longer_than_comm_timeout_starts_training_on_2_ranks(corpu
     """Before: local rank 1 waited for rank 0's build in a barrier bounded by --comm_timeout, and the job stopped
     ("no answer from the other ranks within --comm_timeout 2 s"). Now it waits on the job's store."""
     started = time.monotonic()
-    proc = run_train(2, train_flags(corpus, bpe_tokenizer, tmp_path / "out", "--mp", 2,
-                                    "--steps", 2, "--comm_timeout", 2, cache=tmp_path / "cache"), timeout=240)
+    proc = run_train(
+        2,
+        train_flags(
+            corpus,
+            bpe_tokenizer,
+            tmp_path / "out",
+            "--mp",
+            2,
+            "--steps",
+            2,
+            "--comm_timeout",
+            2,
+            cache=tmp_path / "cache",
+        ),
+        timeout=240,
+    )
     took = time.monotonic() - started
     assert [r["step"] for r in read_metrics(tmp_path / "out")] == [1, 2]
     stores = [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name != TSV_RECORDS]
@@ -39,16 +54,19 @@ def test_a_first_build_longer_than_comm_timeout_starts_training_on_2_ranks(corpu
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
 
 
-def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv, bpe_tokenizer, tmp_path, monkeypatch,
-                                                               capsys):
+def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv, bpe_tokenizer, tmp_path, monkeypatch, capsys):
     """Another process (another node sharing the cache folder) holds the store's lock: this one waits, says who
     builds what, and opens the store once the builder has renamed it into place — without building it again."""
     cache = tmp_path / "cache"
-    first = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "elsewhere",
-                               progress=False)
+    first = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "elsewhere", progress=False)
     target = cache / first.cache_path.name
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(target), str(first.cache_path)], cwd=REPO_ROOT,
-                              env=env(), stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(target), str(first.cache_path)],
+        cwd=REPO_ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     monkeypatch.setattr("preprocess.build_lock.WAIT_REPORT", 0.5)
     capsys.readouterr()
@@ -77,8 +95,13 @@ with one_builder(target, "the store", target.is_dir) as mine:
 def test_a_killed_builder_leaves_no_stale_lock(tmp_path):
     """flock ends with its holder: after kill -9 of the builder the next process takes the lock at once."""
     target = tmp_path / "store"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(target), "/nonexistent"], cwd=REPO_ROOT,
-                              env=env(), stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_LOCK, str(target), "/nonexistent"],
+        cwd=REPO_ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert holder.stdout.readline().strip() == "locked"
     holder.kill()
     holder.wait()
@@ -117,8 +140,9 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
             cache = disk.path
         out = tmp_path / "out"
         out.mkdir()
-        job = Job(launch_cmd(2) + train_flags(tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2, cache=cache), tmp_path,
-                  env())
+        job = Job(
+            launch_cmd(2) + train_flags(tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2, cache=cache), tmp_path, env()
+        )
         # from the moment the workers run (the build has started) to the end of the job
         deadline = time.monotonic() + scaled(120)
         while not _workers_of_rank_0(job) and job.popen.poll() is None and time.monotonic() < deadline:
@@ -128,8 +152,11 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
             _workers_of_rank_0(job)[0].kill()
         proc = job.finish(90)
         took = time.monotonic() - started
-        needle = {"bad line": "bad.tsv:11: no tab", "full disk": "free space there or pass --cache_dir DIR",
-                  "killed worker": "a tokenizer worker process died while tokenizing"}[case]
+        needle = {
+            "bad line": "bad.tsv:11: no tab",
+            "full disk": "free space there or pass --cache_dir DIR",
+            "killed worker": "a tokenizer worker process died while tokenizing",
+        }[case]
         one_error(proc, needle)
         print(f"{case}: train.py ended {took:.1f} s after the build started")
         # the hang this replaced lasted forever; alone a few seconds, 15.3 s once with two training jobs beside the
@@ -146,9 +173,11 @@ def test_a_build_that_fails_ends_train_py_in_one_line(case, corpus, bpe_tokenize
 def test_num_proc_never_forks_more_workers_than_blocks(val_tsv, bpe_tokenizer, tmp_path):
     """--num_proc 1000 for a file of 3 blocks: 3 workers (before: 1000 forked)."""
     block = val_tsv.stat().st_size // 3 + 1
-    ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "c", progress=False,
-                            num_proc=1000, block_bytes=block)
+    ds = TranslationDataset(
+        val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "c", progress=False, num_proc=1000, block_bytes=block
+    )
     assert ds.build_info == {"workers": 3, "chunks": 3}
-    one = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "d", progress=False,
-                             num_proc=2, block_bytes=1 << 30)
+    one = TranslationDataset(
+        val_tsv, bpe_tokenizer, 16, 16, cache_dir=tmp_path / "d", progress=False, num_proc=2, block_bytes=1 << 30
+    )
     assert one.build_info == {"workers": 1, "chunks": 1}

@@ -1,5 +1,6 @@
 """preprocess.dataset: padded batches from the token store, the cache, seed fields and the layout-invariant batch
 schedule (the store itself, its preprocessing and its failures: tests/test_data_store.py)."""
+
 from __future__ import annotations
 
 import time
@@ -37,8 +38,11 @@ def expected_rows(ds, tsv, i):
     s = tok.encode(sources[i], add_special_tokens=False).ids[: ds.src_len - 1]
     y = tok.encode(targets[i], add_special_tokens=False).ids[: ds.tgt_len - 1]
     pad_s, pad_t = ds.src_len - len(s) - 1, ds.tgt_len - len(y) - 1
-    return (s + [ds.eos_id] + [ds.pad_id] * pad_s, [ds.bos_id] + y + [ds.pad_id] * pad_t,
-            y + [ds.eos_id] + [ds.pad_id] * pad_t)
+    return (
+        s + [ds.eos_id] + [ds.pad_id] * pad_s,
+        [ds.bos_id] + y + [ds.pad_id] * pad_t,
+        y + [ds.eos_id] + [ds.pad_id] * pad_t,
+    )
 
 
 def _check_layout(ds, tsv, rows):
@@ -79,7 +83,7 @@ def test_truncation(multi30k_dataset_factory, multi30k_tsv):
     tok = load_tokenizer(ds.tokenizer_path)
     sources = read_tsv_pairs(multi30k_tsv)[0]
     cut = [len(e.ids) > 7 for e in tok.encode_batch(sources, add_special_tokens=False)]
-    assert ds.src_truncated.tolist() == cut                             # flagged exactly where the tokenizer overflows
+    assert ds.src_truncated.tolist() == cut  # flagged exactly where the tokenizer overflows
     stats = ds.stats()
     assert stats["src_truncated_pct"] == pytest.approx(100 * len(long_src) / 29000)
 
@@ -120,8 +124,9 @@ def test_default_cache_dir_and_stale_temp_is_ignored(multi30k_dir, bpe_tokenizer
     assert not grown.cache_hit and grown.num_samples == 1015
 
 
-def test_a_cache_with_missing_files_is_refused_alone_and_rebuilt_from_its_tsv(multi30k_dir, bpe_tokenizer, tmp_path,
-                                                                            capsys):
+def test_a_cache_with_missing_files_is_refused_alone_and_rebuilt_from_its_tsv(
+    multi30k_dir, bpe_tokenizer, tmp_path, capsys
+):
     """(Every other kind of damage: tests/test_data_store.py.)"""
     tsv = tmp_path / "val.fr_en.tsv"
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", tsv)
@@ -129,8 +134,11 @@ def test_a_cache_with_missing_files_is_refused_alone_and_rebuilt_from_its_tsv(mu
     want = padded(built)
     for tokens in built.cache_path.glob("*.tokens"):
         tokens.unlink()
-    with pytest.raises(UserError, match=r"src\.tokens cannot be read \(No such file or directory\); delete the "
-                                        r"folder and run train\.py or python -m preprocess\.dataset with its TSV"):
+    with pytest.raises(
+        UserError,
+        match=r"src\.tokens cannot be read \(No such file or directory\); delete the "
+        r"folder and run train\.py or python -m preprocess\.dataset with its TSV",
+    ):
         TokenStore(built.cache_path)
     capsys.readouterr()
     rebuilt = TranslationDataset(tsv, bpe_tokenizer, 16, 16, progress=False)
@@ -163,8 +171,16 @@ def test_batch_and_seed_fields(multi30k_dataset_factory, multi30k_tsv):
     assert torch.equal(ds.batch([-1])["src_ids"], ds.batch([28_999])["src_ids"])
 
     fields = seed_fields(batch, ds.pad_id)
-    assert set(fields) == {"src_ids", "src_position", "src_mask", "tgt_ids", "tgt_position", "tgt_mask",
-                           "memory_mask", "label"}
+    assert set(fields) == {
+        "src_ids",
+        "src_position",
+        "src_mask",
+        "tgt_ids",
+        "tgt_position",
+        "tgt_mask",
+        "memory_mask",
+        "label",
+    }
     assert fields["src_mask"].shape == (4, 32, 32) and fields["tgt_mask"].shape == (4, 32, 32)
     assert fields["memory_mask"].shape == (4, 32, 32)
     assert torch.equal(fields["src_position"][2], torch.arange(32))
@@ -194,10 +210,11 @@ def test_count_target_tokens(multi30k_dataset_factory, multi30k_tsv, bpe_tokeniz
 
     def real(texts, length):
         return sum(min(len(tok.encode(t, add_special_tokens=False).ids), length - 1) + 1 for t in texts[:10])
+
     expected = real(targets, 32)
     assert count_target_tokens(batch["labels"], ds.pad_id) == expected
     assert count_target_tokens(batch["labels"].numpy(), ds.pad_id) == expected
-    assert ds.target_tokens(np.arange(10)) == expected                 # from the store's offsets
+    assert ds.target_tokens(np.arange(10)) == expected  # from the store's offsets
     assert ds.source_tokens(np.arange(10)) == real(sources, 32)
     assert count_target_tokens(np.array([[5, 3, 0, 0]]), 0) == 2
 
@@ -221,14 +238,48 @@ def test_cli_stats_and_error(run_module, assert_user_error, multi30k_tsv, bpe_to
     empty.write_text("")
     help_result, result, error, shown, workers = concurrently(
         lambda: run_module("preprocess.dataset", "--help"),
-        lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
-                           "--src_len", 32, "--tgt_len", 32, "--no_progress"),
-        lambda: run_module("preprocess.dataset", "--file_path", empty, "--tokenizer", bpe_tokenizer,
-                           "--src_len", 32, "--tgt_len", 32),
-        lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
-                           "--src_len", 16, "--tgt_len", 16, "--cache_dir", tmp_path / "shown"),
-        lambda: run_module("preprocess.dataset", "--file_path", tsv, "--tokenizer", bpe_tokenizer,
-                           "--src_len", 32, "--tgt_len", 32, "--num_proc", 0))
+        lambda: run_module(
+            "preprocess.dataset",
+            "--file_path",
+            tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--src_len",
+            32,
+            "--tgt_len",
+            32,
+            "--no_progress",
+        ),
+        lambda: run_module(
+            "preprocess.dataset", "--file_path", empty, "--tokenizer", bpe_tokenizer, "--src_len", 32, "--tgt_len", 32
+        ),
+        lambda: run_module(
+            "preprocess.dataset",
+            "--file_path",
+            tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--src_len",
+            16,
+            "--tgt_len",
+            16,
+            "--cache_dir",
+            tmp_path / "shown",
+        ),
+        lambda: run_module(
+            "preprocess.dataset",
+            "--file_path",
+            tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--src_len",
+            32,
+            "--tgt_len",
+            32,
+            "--num_proc",
+            0,
+        ),
+    )
     assert help_result.returncode == 0 and "--src_len" in help_result.stdout and "example" in help_result.stdout
     assert "--cache_dir" in help_result.stdout and "--num_proc" in help_result.stdout
     assert result.returncode == 0, result.stderr

@@ -6,6 +6,7 @@ reduction this repository used to do on a host float64 tensor), then every train
 each ZeRO stage, pipelines, tensor parallelism, fp32/bf16/fp16, clipping, checkpoint save and load — runs under it
 on 2 and 4 processes.
 """
+
 import re
 
 import pytest
@@ -21,7 +22,7 @@ from tests.multiproc import run_ranks
 def _host_reduction_is_caught(rank, world):
     checker = HostTensorChecker("cpu").install()
     try:
-        model = torch.nn.Linear(3, 1).to("cpu")                        # engine-side: moved to the device
+        model = torch.nn.Linear(3, 1).to("cpu")  # engine-side: moved to the device
         loss = model(torch.ones(2, 3).to("cpu")).sum()
         # the old training/core/step.py:_dp_mean, verbatim in spirit: a host float64 accumulator, all-reduced
         total = torch.zeros((), dtype=torch.float64)
@@ -31,6 +32,7 @@ def _host_reduction_is_caught(rank, world):
             dist.all_reduce(value)
         # today's rule (training.core.objective.GlobalTokenMean.reported) keeps the reduction on the engine's device
         from training.core.objective import GlobalTokenMean
+
         return GlobalTokenMean(dp_size=world, micro_batches=1).reported([loss], None), checker.checked
     finally:
         checker.uninstall()
@@ -49,30 +51,91 @@ def test_every_training_path_keeps_collectives_on_the_device(nproc, multi30k_tsv
 
     def run(name, *flags):
         return base + ["--output_dir", tmp_path / name, *flags]
+
     if nproc == 2:
-        runs = [run("dp2", "--save_checkpoint_steps", 3, "--clip_grad", 0.5),
-                run("dp2-eval", "--train", 0, "--ckpt_file", tmp_path / "dp2"),
-                *([run("dp2-zero1-fp16", "--zero_stage", 1, "--precision", "fp16")]
-                  if accelerator.supported("fp16") else []),         # fp16 only where the CPU computes in it
-                run("dp2-zero2-bf16", "--zero_stage", 2, "--precision", "bf16", "--clip_grad", 0.5),
-                run("dp2-zero3", "--zero_stage", 3, "--save_checkpoint_steps", 3),
-                run("dp2-zero3-resume", "--zero_stage", 3, "--steps", 4, "--ckpt_file", tmp_path / "dp2-zero3"),
-                run("pp2-bf16", "--pipeline_stage", 2, "--micro_batch_num", 2, "--precision", "bf16",
-                    "--clip_grad", 0.5, "--save_checkpoint_steps", 3),
-                run("share-pp2", "--share_embeddings", 1, "--pipeline_stage", 2, "--micro_batch_num", 2,
-                    "--save_checkpoint_steps", 3),
-                run("share-pp2-to-tp2", "--share_embeddings", 1, "--mp", 2, "--vocab_emb_dp", 0, "--steps", 4,
-                    "--ckpt_file", tmp_path / "share-pp2"),
-                run("tp2", "--mp", 2, "--dropout", 0.1, "--save_checkpoint_steps", 3),
-                run("tp2-resume", "--mp", 2, "--dropout", 0.1, "--steps", 4, "--ckpt_file", tmp_path / "tp2")]
-    else:   # the pipeline engine's data-parallel loss reduction, a 3-axis checkpoint round trip, split boundaries
-        runs = [run("dp2xpp2-zero1", "--pipeline_stage", 2, "--micro_batch_num", 2, "--zero_stage", 1,
-                    "--clip_grad", 0.5, "--save_checkpoint_steps", 3),
-                run("dp2xpp2-resume", "--pipeline_stage", 2, "--micro_batch_num", 2, "--zero_stage", 1,
-                    "--steps", 4, "--ckpt_file", tmp_path / "dp2xpp2-zero1"),
-                run("dp2xtp2-bf16", "--mp", 2, "--precision", "bf16"),
-                # stage boundaries split over the TP ranks and all-gathered by the receiving stage (pipe_partitioned)
-                run("tp2xpp2", "--mp", 2, "--pipeline_stage", 2, "--micro_batch_num", 2)]
+        runs = [
+            run("dp2", "--save_checkpoint_steps", 3, "--clip_grad", 0.5),
+            run("dp2-eval", "--train", 0, "--ckpt_file", tmp_path / "dp2"),
+            *(
+                [run("dp2-zero1-fp16", "--zero_stage", 1, "--precision", "fp16")]
+                if accelerator.supported("fp16")
+                else []
+            ),  # fp16 only where the CPU computes in it
+            run("dp2-zero2-bf16", "--zero_stage", 2, "--precision", "bf16", "--clip_grad", 0.5),
+            run("dp2-zero3", "--zero_stage", 3, "--save_checkpoint_steps", 3),
+            run("dp2-zero3-resume", "--zero_stage", 3, "--steps", 4, "--ckpt_file", tmp_path / "dp2-zero3"),
+            run(
+                "pp2-bf16",
+                "--pipeline_stage",
+                2,
+                "--micro_batch_num",
+                2,
+                "--precision",
+                "bf16",
+                "--clip_grad",
+                0.5,
+                "--save_checkpoint_steps",
+                3,
+            ),
+            run(
+                "share-pp2",
+                "--share_embeddings",
+                1,
+                "--pipeline_stage",
+                2,
+                "--micro_batch_num",
+                2,
+                "--save_checkpoint_steps",
+                3,
+            ),
+            run(
+                "share-pp2-to-tp2",
+                "--share_embeddings",
+                1,
+                "--mp",
+                2,
+                "--vocab_emb_dp",
+                0,
+                "--steps",
+                4,
+                "--ckpt_file",
+                tmp_path / "share-pp2",
+            ),
+            run("tp2", "--mp", 2, "--dropout", 0.1, "--save_checkpoint_steps", 3),
+            run("tp2-resume", "--mp", 2, "--dropout", 0.1, "--steps", 4, "--ckpt_file", tmp_path / "tp2"),
+        ]
+    else:  # the pipeline engine's data-parallel loss reduction, a 3-axis checkpoint round trip, split boundaries
+        runs = [
+            run(
+                "dp2xpp2-zero1",
+                "--pipeline_stage",
+                2,
+                "--micro_batch_num",
+                2,
+                "--zero_stage",
+                1,
+                "--clip_grad",
+                0.5,
+                "--save_checkpoint_steps",
+                3,
+            ),
+            run(
+                "dp2xpp2-resume",
+                "--pipeline_stage",
+                2,
+                "--micro_batch_num",
+                2,
+                "--zero_stage",
+                1,
+                "--steps",
+                4,
+                "--ckpt_file",
+                tmp_path / "dp2xpp2-zero1",
+            ),
+            run("dp2xtp2-bf16", "--mp", 2, "--precision", "bf16"),
+            # stage boundaries split over the TP ranks and all-gathered by the receiving stage (pipe_partitioned)
+            run("tp2xpp2", "--mp", 2, "--pipeline_stage", 2, "--micro_batch_num", 2),
+        ]
     proc = run_many(nproc, runs, tmp_path, "--check_devices")
     counts = [int(n) for n in re.findall(r"device check: (\d+) collective calls", proc.stdout)]
     assert len(counts) == nproc and min(counts) > 100, proc.stdout[-2000:]

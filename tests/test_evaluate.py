@@ -10,6 +10,7 @@
   → the Translator's translations, one per line, empty lines kept; evaluate.py without --tokenizer and --ref; a
   checkpoint from before tokenizers were recorded asks for --tokenizer in one line.
 """
+
 import gzip
 import json
 import shutil
@@ -32,8 +33,20 @@ EVALUATE = str(REPO_ROOT / "run_scripts" / "evaluate.py")
 
 def tiny_model(seed: int) -> Seq2SeqTransformer:
     # init_std 0.5: well-separated logits, so the argmax is not decided by rounding; dropout on, to check eval mode
-    cfg = ModelConfig(vocab_size=V, d_model=16, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
-                      src_len=S, tgt_len=T, dropout=0.1, attention_dropout=0.1, init_std=0.5, pad_id=PAD)
+    cfg = ModelConfig(
+        vocab_size=V,
+        d_model=16,
+        num_heads=4,
+        ffn_size=24,
+        encoder_layers=2,
+        decoder_layers=2,
+        src_len=S,
+        tgt_len=T,
+        dropout=0.1,
+        attention_dropout=0.1,
+        init_std=0.5,
+        pad_id=PAD,
+    )
     return Seq2SeqTransformer(cfg, seed=seed).double()
 
 
@@ -55,7 +68,7 @@ def first_eos(row: list) -> int:
 
 def test_stops_at_eos_per_row_and_is_batch_independent():
     mixed = None
-    for seed in range(30):                                  # a random model where some rows stop early, some don't
+    for seed in range(30):  # a random model where some rows stop early, some don't
         model = tiny_model(seed)
         out = greedy_decode(model, sources(seed), BOS, EOS, T)
         ended = [EOS in row for row in out.tolist()]
@@ -64,37 +77,37 @@ def test_stops_at_eos_per_row_and_is_batch_independent():
             break
     assert mixed, "no seed gave a batch with both finished and unfinished rows"
     seed, model, out = mixed
-    assert model.training                                   # the caller's mode is restored
-    assert out.dtype == torch.long and out.shape[0] == B and out.shape[1] == T   # an unfinished row runs to max_len
+    assert model.training  # the caller's mode is restored
+    assert out.dtype == torch.long and out.shape[0] == B and out.shape[1] == T  # an unfinished row runs to max_len
     for row in out.tolist():
         n = first_eos(row)
-        assert PAD not in row[:n]                            # PAD is never generated
-        assert all(t == PAD for t in row[n:])                # nothing after EOS
+        assert PAD not in row[:n]  # PAD is never generated
+        assert all(t == PAD for t in row[n:])  # nothing after EOS
     src = sources(seed)
-    for i in range(B):                                       # alone in its batch: the same tokens
-        alone = greedy_decode(model, src[i:i + 1], BOS, EOS, T)[0].tolist()
-        assert alone == out[i].tolist()[:len(alone)] and all(t == PAD for t in out[i].tolist()[len(alone):])
+    for i in range(B):  # alone in its batch: the same tokens
+        alone = greedy_decode(model, src[i : i + 1], BOS, EOS, T)[0].tolist()
+        assert alone == out[i].tolist()[: len(alone)] and all(t == PAD for t in out[i].tolist()[len(alone) :])
 
 
 def test_all_rows_finished_stops_early_and_max_len_is_respected():
     model = tiny_model(0)
     head = model.blocks[-1]
-    with torch.no_grad():                                   # LayerNorm output ≡ its bias; the head maps it to logits
+    with torch.no_grad():  # LayerNorm output ≡ its bias; the head maps it to logits
         head.ln.weight.zero_()
         head.ln.bias.copy_(torch.linspace(-1, 1, 16, dtype=torch.float64))
         head.proj.weight.zero_()
         head.proj.weight[EOS] = 10 * head.ln.bias
     out = greedy_decode(model, sources(0), BOS, EOS, T)
-    assert out.tolist() == [[EOS]] * B                      # every row ends at once: the loop stops after 1 step
+    assert out.tolist() == [[EOS]] * B  # every row ends at once: the loop stops after 1 step
     with torch.no_grad():
-        head.proj.weight[EOS] = -10 * head.ln.bias           # EOS never wins: rows run to max_len
+        head.proj.weight[EOS] = -10 * head.ln.bias  # EOS never wins: rows run to max_len
         head.proj.weight[5] = 5 * head.ln.bias
     for max_len in (1, 3, T):
         out = greedy_decode(model, sources(0), BOS, EOS, max_len)
         assert out.shape == (B, max_len) and bool((out == 5).all())
     with pytest.raises(ValueError, match="max_len"):
         greedy_decode(model, sources(0), BOS, EOS, T + 1)
-    out = greedy_decode(model, sources(0), BOS, EOS, T, vocab_limit=5)   # ids >= 5 may not be generated
+    out = greedy_decode(model, sources(0), BOS, EOS, T, vocab_limit=5)  # ids >= 5 may not be generated
     assert bool((out < 5).all()) and bool((out != PAD).all())
 
 
@@ -106,9 +119,9 @@ def test_greedy_tokens_are_the_teacher_forced_argmax(seed):
     model.eval()
     with torch.no_grad():
         for i, row in enumerate(out):
-            y = row[:first_eos(row)]
-            prefix = torch.tensor([[BOS] + y[:-1]])          # unbatched and unpadded: nothing shared with decoding
-            logits = model.logits(src[i:i + 1], prefix)[0]   # [len(y), V], one full teacher-forced pass
+            y = row[: first_eos(row)]
+            prefix = torch.tensor([[BOS] + y[:-1]])  # unbatched and unpadded: nothing shared with decoding
+            logits = model.logits(src[i : i + 1], prefix)[0]  # [len(y), V], one full teacher-forced pass
             logits[:, PAD] = float("-inf")
             assert logits.argmax(-1).tolist() == y, f"row {i}"
 
@@ -117,8 +130,22 @@ def test_greedy_tokens_are_the_teacher_forced_argmax(seed):
 @pytest.fixture(scope="module")
 def trained(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     out = tmp_path_factory.mktemp("eval-run")
-    run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
-                  "--steps", 3, "--save_checkpoint_steps", 3])
+    run_train(
+        1,
+        [
+            "--file_path",
+            multi30k_tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--output_dir",
+            out,
+            *TINY,
+            "--steps",
+            3,
+            "--save_checkpoint_steps",
+            3,
+        ],
+    )
     return out
 
 
@@ -139,27 +166,43 @@ def evaluate(*args):
 def long_sources(tokenizer_path, lines, src_len) -> int:
     """Sources with more tokens than the model's src_len-1 (+ EOS) positions, counted here with tokenizers."""
     from tokenizers import Tokenizer
+
     tok = Tokenizer.from_file(str(tokenizer_path))
     return sum(len(e.ids) > src_len - 1 for e in tok.encode_batch(lines, add_special_tokens=False))
 
 
 def test_evaluate_end_to_end_bleu_matches_sacrebleu(trained, bpe_tokenizer, val50, tmp_path):
     import sacrebleu
+
     src, ref = val50
     refs = ref.read_text(encoding="utf-8").splitlines()
-    n_long = long_sources(bpe_tokenizer, src.read_text(encoding="utf-8").splitlines(), 12)   # TINY: src_len 12
+    n_long = long_sources(bpe_tokenizer, src.read_text(encoding="utf-8").splitlines(), 12)  # TINY: src_len 12
     assert 0 < n_long < 50
     outputs = {}
     for name, flags in (("greedy", []), ("greedy-uncached", ["--no_cache"]), ("beam", ["--beam", 4, "--lenpen", 0.8])):
         hyp_file = tmp_path / "hyps" / f"val50.{name}.en"
-        proc = evaluate("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref,
-                        "--batch_size", 16, "--output", hyp_file, "--no_progress", *flags)
+        proc = evaluate(
+            "--ckpt_file",
+            trained,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--src",
+            src,
+            "--ref",
+            ref,
+            "--batch_size",
+            16,
+            "--output",
+            hyp_file,
+            "--no_progress",
+            *flags,
+        )
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         lines = proc.stdout.splitlines()
         bleu_line = next(row for row in lines if row.startswith("BLEU = "))
         summary = json.loads(lines[-1])
         hyps = hyp_file.read_text(encoding="utf-8").split("\n")
-        assert hyps[-1] == "" and len(hyps) == 51                # 50 lines, each ending in a newline
+        assert hyps[-1] == "" and len(hyps) == 51  # 50 lines, each ending in a newline
         expected = sacrebleu.corpus_bleu(hyps[:-1], [refs])
         assert bleu_line == str(expected)
         assert summary["bleu"] == pytest.approx(expected.score, abs=1e-4)
@@ -167,8 +210,8 @@ def test_evaluate_end_to_end_bleu_matches_sacrebleu(trained, bpe_tokenizer, val5
         assert summary["sentences"] == 50 and summary["seconds"] > 0 and summary["step"] == 3
         assert summary["sentences_per_second"] > 0 and summary["kv_cache"] == (name != "greedy-uncached")
         assert summary["beam"] == (4 if name == "beam" else 1)
-        assert "nrefs:1|case:mixed" in proc.stdout               # the signature is printed
-        assert summary["truncated_sources"] == n_long            # counted, and said on stderr
+        assert "nrefs:1|case:mixed" in proc.stdout  # the signature is printed
+        assert summary["truncated_sources"] == n_long  # counted, and said on stderr
         assert f"warning: {n_long} of 50 sources have more than src_len-1 = 11 tokens" in proc.stderr
         outputs[name] = hyps
     assert outputs["greedy"] == outputs["greedy-uncached"]
@@ -178,6 +221,7 @@ def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, multi30k_tsv, val5
     from tokenizers import Tokenizer
 
     from preprocess.tokenizer import train_tokenizer
+
     src, ref = val50
     short = tmp_path / "short.en"
     short.write_text("".join(ref.read_text(encoding="utf-8").splitlines(keepends=True)[:49]), encoding="utf-8")
@@ -186,21 +230,45 @@ def test_evaluate_errors_are_one_line(trained, bpe_tokenizer, multi30k_tsv, val5
     bigger.save(str(tmp_path / "bigger.json"))
     other = train_tokenizer([multi30k_tsv], tmp_path / "bpe4k", vocab_size=4000)
     out = tmp_path / "hyp.en"
-    cases = [   # (evaluate.py arguments, what its one error line must say)
-        (("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", short),
-         ("has 50 lines", "has 49")),
-        (("--ckpt_file", tmp_path / "nope", "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref),
-         ("not found",)),
-        (("--ckpt_file", trained, "--tokenizer", tmp_path / "none.json", "--src", src, "--ref", ref),
-         ("tokenizer file not found",)),
-        (("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", tmp_path / "x.fr", "--ref", ref),
-         ("file not found",)),
-        (("--ckpt_file", trained, "--tokenizer", tmp_path / "bigger.json", "--src", src, "--ref", ref),
-         ("8010 tokens", "vocab_size 8000")),
-        (("--ckpt_file", trained, "--tokenizer", other, "--src", src, "--ref", ref, "--output", out),
-         ("sha256 differs",)),
-        (("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref, "--beam", 0,
-          "--output", out), ("--beam 0",)),
+    cases = [  # (evaluate.py arguments, what its one error line must say)
+        (
+            ("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", src, "--ref", short),
+            ("has 50 lines", "has 49"),
+        ),
+        (("--ckpt_file", tmp_path / "nope", "--tokenizer", bpe_tokenizer, "--src", src, "--ref", ref), ("not found",)),
+        (
+            ("--ckpt_file", trained, "--tokenizer", tmp_path / "none.json", "--src", src, "--ref", ref),
+            ("tokenizer file not found",),
+        ),
+        (
+            ("--ckpt_file", trained, "--tokenizer", bpe_tokenizer, "--src", tmp_path / "x.fr", "--ref", ref),
+            ("file not found",),
+        ),
+        (
+            ("--ckpt_file", trained, "--tokenizer", tmp_path / "bigger.json", "--src", src, "--ref", ref),
+            ("8010 tokens", "vocab_size 8000"),
+        ),
+        (
+            ("--ckpt_file", trained, "--tokenizer", other, "--src", src, "--ref", ref, "--output", out),
+            ("sha256 differs",),
+        ),
+        (
+            (
+                "--ckpt_file",
+                trained,
+                "--tokenizer",
+                bpe_tokenizer,
+                "--src",
+                src,
+                "--ref",
+                ref,
+                "--beam",
+                0,
+                "--output",
+                out,
+            ),
+            ("--beam 0",),
+        ),
     ]
     results = concurrently(*[lambda a=argv: evaluate(*a) for argv, _ in cases])
     for (_, needles), result in zip(cases, results):
@@ -215,11 +283,18 @@ TRANSLATE = str(REPO_ROOT / "run_scripts" / "translate.py")
 def translate(*args, stdin=None):
     if stdin is None:
         return run_python([sys.executable, TRANSLATE, *map(str, args)], env=env())
-    return subprocess.run([sys.executable, TRANSLATE, *map(str, args)], input=stdin, env=env(), cwd=REPO_ROOT,
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, TRANSLATE, *map(str, args)],
+        input=stdin,
+        env=env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
-DECODING_VALUES = [   # (script, flags, the start of its one error line)
+DECODING_VALUES = [  # (script, flags, the start of its one error line)
     ("translate", ["--beam", "3", "--lenpen", "nan"], "error: --lenpen nan must be a finite number in [0, 5]"),
     ("translate", ["--beam", "3", "--lenpen", "-1e30"], "error: --lenpen -1e30 must be in [0, 5]"),
     ("translate", ["--beam", "3", "--lenpen=inf"], "error: --lenpen inf must be a finite number in [0, 5]"),
@@ -232,8 +307,9 @@ DECODING_VALUES = [   # (script, flags, the start of its one error line)
 ]
 
 
-@pytest.mark.parametrize("script,flags,start", DECODING_VALUES,
-                         ids=[f"{s} {' '.join(f)}" for s, f, _ in DECODING_VALUES])
+@pytest.mark.parametrize(
+    "script,flags,start", DECODING_VALUES, ids=[f"{s} {' '.join(f)}" for s, f, _ in DECODING_VALUES]
+)
 def test_a_decoding_value_the_flag_does_not_accept_is_one_line(script, flags, start, trained, val50, tmp_path):
     """Each would decode (a real checkpoint and input): NaN made every beam score NaN, -1e30 every translation
     empty, exit 0. Refused while the flags are parsed, nothing written."""
@@ -257,6 +333,7 @@ def test_translate_needs_only_the_checkpoint(trained, bpe_tokenizer, val50, tmp_
     from training.checkpoint import consolidated
     from training.checkpoint.folder import resolve
     from training.evaluation.translator import Translator
+
     src, _ = val50
     sources = src.read_text(encoding="utf-8").splitlines()[:12]
     step = resolve(str(trained))
@@ -264,39 +341,43 @@ def test_translate_needs_only_the_checkpoint(trained, bpe_tokenizer, val50, tmp_
     reference = Translator.load(str(trained), str(bpe_tokenizer), device="cpu")
     want = {beam: reference.translate(sources, beam=beam).hypotheses for beam in (1, 3)}
 
-    stdin = "\n".join(sources[:6] + [""] + sources[6:]) + "\n"      # an empty line stays an empty line
+    stdin = "\n".join(sources[:6] + [""] + sources[6:]) + "\n"  # an empty line stays an empty line
     proc = translate("--ckpt_file", trained, stdin=stdin)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.splitlines() == want[1][:6] + [""] + want[1][6:]
     assert f"tokenizer {step} (recorded)" in proc.stderr
 
-    avg = tmp_path / "avg.pt"                                       # an averaged .pt carries the tokenizer's text
+    avg = tmp_path / "avg.pt"  # an averaged .pt carries the tokenizer's text
     consolidated.save(consolidated.average([str(trained)]), str(avg))
     (tmp_path / "in.fr").write_text("\n".join(sources) + "\n", encoding="utf-8")
-    out = tmp_path / "new" / "folder" / "out.en"              # missing folders are made (it traced back)
+    out = tmp_path / "new" / "folder" / "out.en"  # missing folders are made (it traced back)
     proc = translate("--ckpt_file", avg, "--input", tmp_path / "in.fr", "--beam", 3, "--output", out)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert out.read_text(encoding="utf-8").splitlines() == want[3] and proc.stdout == ""
     # the text an averaged .pt carries is checked against the tokenizer's sha256 recorded with it, as a file is
     state = torch.load(avg, weights_only=False)
-    state["tokenizer_json"] += "\n"                 # the same vocabulary, other bytes: only the sha256 tells
+    state["tokenizer_json"] += "\n"  # the same vocabulary, other bytes: only the sha256 tells
     torch.save(state, tmp_path / "changed.pt")
-    assert_user_error(translate("--ckpt_file", tmp_path / "changed.pt", "--input", tmp_path / "in.fr"),
-                      "is not the one checkpoint", "sha256 differs")
+    assert_user_error(
+        translate("--ckpt_file", tmp_path / "changed.pt", "--input", tmp_path / "in.fr"),
+        "is not the one checkpoint",
+        "sha256 differs",
+    )
 
-    proc = evaluate("--ckpt_file", trained, "--src", tmp_path / "in.fr", "--no_progress")     # no --tokenizer, --ref
+    proc = evaluate("--ckpt_file", trained, "--src", tmp_path / "in.fr", "--no_progress")  # no --tokenizer, --ref
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(proc.stdout.splitlines()[-1])
     assert "bleu" not in summary and summary["sentences"] == 12 and "BLEU = " not in proc.stdout
 
-    old = tmp_path / "old"                                          # a checkpoint saved before this change
+    old = tmp_path / "old"  # a checkpoint saved before this change
     shutil.copytree(step, old)
     meta = json.loads((old / "meta.json").read_text())
     del meta["tokenizer"]
     (old / "meta.json").write_text(json.dumps(meta))
     (old / "tokenizer.json").unlink()
-    assert_user_error(translate("--ckpt_file", old, "--input", tmp_path / "in.fr"),
-                      "does not hold its tokenizer", "--tokenizer")
+    assert_user_error(
+        translate("--ckpt_file", old, "--input", tmp_path / "in.fr"), "does not hold its tokenizer", "--tokenizer"
+    )
     proc = translate("--ckpt_file", old, "--input", tmp_path / "in.fr", "--tokenizer", bpe_tokenizer)
     assert proc.returncode == 0 and proc.stdout.splitlines() == want[1], proc.stderr[-2000:]
     assert_user_error(translate("--ckpt_file", trained, "--input", tmp_path / "none.fr"), "not found")

@@ -6,6 +6,7 @@ the same writes with EFBIG instead of ENOSPC). Two faults are injected, as tests
 DSR_CRASH_AT: DSR_NAN_AT turns one step's loss into nan on every rank (the engine then meets a real non-finite
 gradient), and DSR_CRASH_AT kills a run mid-training. The divergence case is the operator's own: --lr 1e12.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -46,8 +47,10 @@ pytestmark = pytest.mark.usefixtures("real_interpreters")
 
 def strict_metrics(out) -> list[dict]:
     """metrics.jsonl as strict JSON (NaN or Infinity would raise)."""
+
     def refuse(token):
         raise ValueError(f"{token} in metrics.jsonl")
+
     return [json.loads(line, parse_constant=refuse) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
 
 
@@ -56,9 +59,12 @@ def error_lines(proc) -> list[str]:
 
 
 def same_weights(a, b) -> bool:
-    return all(torch.equal(a["model"][n], b["model"][n]) and
-               torch.equal(a["optimizer"][n]["exp_avg"], b["optimizer"][n]["exp_avg"]) and
-               torch.equal(a["optimizer"][n]["exp_avg_sq"], b["optimizer"][n]["exp_avg_sq"]) for n in a["model"])
+    return all(
+        torch.equal(a["model"][n], b["model"][n])
+        and torch.equal(a["optimizer"][n]["exp_avg"], b["optimizer"][n]["exp_avg"])
+        and torch.equal(a["optimizer"][n]["exp_avg_sq"], b["optimizer"][n]["exp_avg_sq"])
+        for n in a["model"]
+    )
 
 
 def latest(out) -> str:
@@ -66,34 +72,66 @@ def latest(out) -> str:
 
 
 # ------------------------------------------------------------------------------------------- non-finite steps
-def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(multi30k_tsv, bpe_tokenizer, tmp_path,
-                                                                            monkeypatch):
+def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(
+    multi30k_tsv, bpe_tokenizer, tmp_path, monkeypatch
+):
     """One launch of 2 processes. Under tp2 (fp32 ZeRO-0: our ClippingAdamW) and dp2 with ZeRO-1 (DeepSpeed's
     optimizer), --nan_policy skip with step 3's loss made nan on every rank (DSR_NAN_AT): weights and AdamW moments
     after step 3 equal those after step 2 bit for bit, the schedule holds for the skipped step, training goes on
     and skipped_steps counts it. Then the operator's case, --lr 1e12 under tp2 with the default policy: step 2's
     loss is nan and the run stops there — one line from the two ranks, metrics.jsonl strict JSON, step 2's update
     dropped, and step 1's checkpoint stays the latest, unpruned."""
-    common = ["--save_checkpoint_steps", 1, "--nan_policy", "skip", "--lr_schedule", "inverse_sqrt",
-              "--warmup_steps", 4, "--steps", 5]
+    common = [
+        "--save_checkpoint_steps",
+        1,
+        "--nan_policy",
+        "skip",
+        "--lr_schedule",
+        "inverse_sqrt",
+        "--warmup_steps",
+        4,
+        "--steps",
+        5,
+    ]
     layouts = {"tp2": ["--mp", 2], "dp2-zero1": ["--enable_parallel_optimizer", 1]}
-    runs = [train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra)
-            for name, extra in layouts.items()]
+    runs = [
+        train_flags(multi30k_tsv, bpe_tokenizer, tmp_path / name, *common, *extra) for name, extra in layouts.items()
+    ]
     diverging = tmp_path / "lr1e12"
-    runs.append(train_flags(multi30k_tsv, bpe_tokenizer, diverging, "--mp", 2, "--lr", "1e12", "--steps", 6,
-                      "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 1))
+    runs.append(
+        train_flags(
+            multi30k_tsv,
+            bpe_tokenizer,
+            diverging,
+            "--mp",
+            2,
+            "--lr",
+            "1e12",
+            "--steps",
+            6,
+            "--save_checkpoint_steps",
+            1,
+            "--keep_checkpoint_max",
+            1,
+        )
+    )
     runs_file = tmp_path / "runs.json"
     runs_file.write_text(json.dumps([[str(a) for a in r] for r in runs]))
     monkeypatch.setenv("DSR_NAN_AT", "3")
-    proc = subprocess.run(launch_cmd(2, TRAIN_MANY, launcher="deepspeed") + [str(runs_file)], cwd=REPO_ROOT,
-                          env=env(), capture_output=True, text=True, timeout=600)
-    one_error(proc, "step 2: the loss is nan", "--nan_policy stop",
-              f"latest checkpoint stays {step_dir(diverging, 1)}")
+    proc = subprocess.run(
+        launch_cmd(2, TRAIN_MANY, launcher="deepspeed") + [str(runs_file)],
+        cwd=REPO_ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    one_error(proc, "step 2: the loss is nan", "--nan_policy stop", f"latest checkpoint stays {step_dir(diverging, 1)}")
     for name in layouts:
         records = strict_metrics(tmp_path / name)
         assert [r["skipped_steps"] for r in records] == [0, 0, 1, 1, 1], name
         assert [r["loss"] is None for r in records] == [False, False, True, False, False], name
-        assert records[3]["lr"] == records[2]["lr"] != records[1]["lr"], name        # the schedule held
+        assert records[3]["lr"] == records[2]["lr"] != records[1]["lr"], name  # the schedule held
         two, three, four = (merged(step_dir(tmp_path / name, s)) for s in (2, 3, 4))
         assert same_weights(two, three), name
         assert not same_weights(three, four), name
@@ -101,18 +139,37 @@ def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(mul
     assert [(r["step"], r["loss"] is None, r["skipped_steps"]) for r in records] == [(1, False, 0), (2, True, 1)]
     assert latest(diverging) == "step_00000001"
     from training.checkpoint.recovery_script import HINT, SCRIPT
-    assert sorted(p.name for p in (diverging / "checkpoints").iterdir()) == sorted(["latest", "step_00000001", HINT,
-                                                                                       SCRIPT])
+
+    assert sorted(p.name for p in (diverging / "checkpoints").iterdir()) == sorted(
+        ["latest", "step_00000001", HINT, SCRIPT]
+    )
 
 
 def test_skip_limit_stops_a_run_that_does_not_recover(multi30k_tsv, bpe_tokenizer, tmp_path):
     """--lr 1e12 with --nan_policy skip: every step from 2 on is non-finite and dropped (their checkpoints hold
     step 1's weights); after --nan_skip_limit 3 in a row the run stops."""
     out = tmp_path / "run"
-    proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, out, "--lr", "1e12", "--steps", 10, "--nan_policy",
-                                    "skip",
-                              "--nan_skip_limit", 3, "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 5),
-                     check=False)
+    proc = run_train(
+        1,
+        train_flags(
+            multi30k_tsv,
+            bpe_tokenizer,
+            out,
+            "--lr",
+            "1e12",
+            "--steps",
+            10,
+            "--nan_policy",
+            "skip",
+            "--nan_skip_limit",
+            3,
+            "--save_checkpoint_steps",
+            1,
+            "--keep_checkpoint_max",
+            5,
+        ),
+        check=False,
+    )
     one_error(proc, "step 4: 3 non-finite steps in a row (--nan_skip_limit 3)", f"{step_dir(out, 3)}")
     assert [r["skipped_steps"] for r in strict_metrics(out)] == [0, 1, 2, 3]
     one = merged(step_dir(out, 1))
@@ -127,26 +184,58 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
     out = tmp_path / "run"
     # synchronous saves: step 4's is committed before step 5 (a background one may still be in flight when rank 0
     # dies: tests/test_background_save.py)
-    args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 8, "--save_checkpoint_steps", 2,
-                 "--keep_checkpoint_max", 2, "--tensorboard", 1, "--save_mode", "sync")
-    crashed = subprocess.run(launch_cmd(1) + [str(a) for a in args], cwd=REPO_ROOT,
-                             env=dict(env(), DSR_CRASH_AT="train:5"), capture_output=True, text=True, timeout=300)
+    args = train_flags(
+        multi30k_tsv,
+        bpe_tokenizer,
+        out,
+        "--steps",
+        8,
+        "--save_checkpoint_steps",
+        2,
+        "--keep_checkpoint_max",
+        2,
+        "--tensorboard",
+        1,
+        "--save_mode",
+        "sync",
+    )
+    crashed = subprocess.run(
+        launch_cmd(1) + [str(a) for a in args],
+        cwd=REPO_ROOT,
+        env=dict(env(), DSR_CRASH_AT="train:5"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
-    resumed = subprocess.run(launch_cmd(1) + [str(a) for a in args + ["--resume", step_dir(out, 4)]], cwd=REPO_ROOT,
-                             env=dict(env(), DSR_INF_WEIGHT_AT="8"), capture_output=True, text=True, timeout=300)
-    assert f"resumed from {step_dir(out, 4)} at step 4" in resumed.stdout            # --resume PATH is used
+    resumed = subprocess.run(
+        launch_cmd(1) + [str(a) for a in args + ["--resume", step_dir(out, 4)]],
+        cwd=REPO_ROOT,
+        env=dict(env(), DSR_INF_WEIGHT_AT="8"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert f"resumed from {step_dir(out, 4)} at step 4" in resumed.stdout  # --resume PATH is used
     assert "removed 1 records after step 4" in resumed.stdout
     assert [r["step"] for r in strict_metrics(out)] == list(range(1, 9))
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
     events = EventAccumulator(str(out / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/loss")] == list(range(1, 9))
-    one_error(resumed, "step 8: the weights are not finite (", "so the checkpoint was not written",
-              f"{step_dir(out, 6)} stays the latest")
+    one_error(
+        resumed,
+        "step 8: the weights are not finite (",
+        "so the checkpoint was not written",
+        f"{step_dir(out, 6)} stays the latest",
+    )
     assert latest(out) == "step_00000006"
     from training.checkpoint.recovery_script import HINT, SCRIPT
-    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(["latest", "step_00000004",
-                                                                              "step_00000006", HINT, SCRIPT])
+
+    assert sorted(p.name for p in (out / "checkpoints").iterdir()) == sorted(
+        ["latest", "step_00000004", "step_00000006", HINT, SCRIPT]
+    )
 
 
 def test_a_save_refuses_tied_copies_that_differ(multi30k_tsv, bpe_tokenizer, tmp_path):
@@ -155,12 +244,34 @@ def test_a_save_refuses_tied_copies_that_differ(multi30k_tsv, bpe_tokenizer, tmp
     parity tests check the same in fp32 and bf16); after step 3 the replica is nudged (DSR_UNTIE_AT, as an
     optimizer that skipped the sum would leave it) and the step-4 save is refused on both ranks in one line."""
     out = tmp_path / "run"
-    args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 4, "--save_checkpoint_steps", 2,
-                       "--share_embeddings", 1, "--pipeline_stage", 2, "--micro_batch_num", 2)
-    proc = subprocess.run(launch_cmd(2) + [str(a) for a in args], cwd=REPO_ROOT, env=dict(env(), DSR_UNTIE_AT="3"),
-                          capture_output=True, text=True, timeout=300)
-    one_error(proc, "step 4: the two copies of the shared embedding table (stage 0's and the last stage's) differ",
-              f"{step_dir(out, 2)} stays the latest")
+    args = train_flags(
+        multi30k_tsv,
+        bpe_tokenizer,
+        out,
+        "--steps",
+        4,
+        "--save_checkpoint_steps",
+        2,
+        "--share_embeddings",
+        1,
+        "--pipeline_stage",
+        2,
+        "--micro_batch_num",
+        2,
+    )
+    proc = subprocess.run(
+        launch_cmd(2) + [str(a) for a in args],
+        cwd=REPO_ROOT,
+        env=dict(env(), DSR_UNTIE_AT="3"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    one_error(
+        proc,
+        "step 4: the two copies of the shared embedding table (stage 0's and the last stage's) differ",
+        f"{step_dir(out, 2)} stays the latest",
+    )
     assert latest(out) == "step_00000002"
 
 
@@ -169,10 +280,15 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
     """While run 1 trains, the same command again is refused at once, naming run 1's pid; run 1 goes on
     untouched. Afterwards the folder's start-point rules (the real functions, on run 1's real checkpoints)."""
     out = tmp_path / "run"
-    args = [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--save_checkpoint_steps", 1,
-                                  "--keep_checkpoint_max", 3)]
-    first = subprocess.Popen(launch_cmd(1) + args, cwd=REPO_ROOT, env=env(), stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    args = [
+        str(a)
+        for a in train_flags(
+            multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--save_checkpoint_steps", 1, "--keep_checkpoint_max", 3
+        )
+    ]
+    first = subprocess.Popen(
+        launch_cmd(1) + args, cwd=REPO_ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
     try:
         deadline = time.time() + 120
         while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
@@ -180,13 +296,13 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
             time.sleep(0.5)
         second = run_train(1, args, check=False)
         one_error(second, f"--output_dir {out} is in use by another training run (pid {first.pid} on")
-        assert first.poll() is None                                        # run 1 still training
+        assert first.poll() is None  # run 1 still training
         assert (out / ".train.lock").read_text().startswith(f"pid {first.pid} ")
     finally:
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=60)
     steps = [r["step"] for r in strict_metrics(out)]
-    assert steps == list(range(1, len(steps) + 1))                          # nothing written twice
+    assert steps == list(range(1, len(steps) + 1))  # nothing written twice
 
     from common.errors import UserError
     from training.config.flags import parse_args
@@ -194,7 +310,7 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
     from training.run.output_lock import claim_output_dir
     from training.run.start_point import decide
 
-    base = args[:-6]                                         # without --steps / --save_checkpoint_steps / --keep
+    base = args[:-6]  # without --steps / --save_checkpoint_steps / --keep
 
     def claim(*extra, output_dir=out):
         """What rank 0 does: claim the folder, then decide the start point under its lock."""
@@ -207,17 +323,18 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
             lock.release()
 
     newest = max(int(p.name[5:]) for p in (out / "checkpoints").glob("step_*") if p.name[5:].isdigit())
-    with pytest.raises(UserError, match=f"already holds checkpoints up to step_{newest:08d} and this run starts "
-                                        f"fresh.*--resume"):
+    with pytest.raises(
+        UserError, match=f"already holds checkpoints up to step_{newest:08d} and this run starts fresh.*--resume"
+    ):
         claim()
-    claim("--resume")                                                       # the folder's own run continues
-    claim("--resume", latest_path := out / "checkpoints" / latest(out))     # ...also named as a PATH
+    claim("--resume")  # the folder's own run continues
+    claim("--resume", latest_path := out / "checkpoints" / latest(out))  # ...also named as a PATH
     with pytest.raises(UserError, match="also holds later checkpoints"):
         claim("--resume", step_dir(out, newest - 2))
     shutil.copytree(latest_path, tmp_path / "elsewhere" / latest_path.name)
     with pytest.raises(UserError, match="of its own; continuing .* would mix two runs"):
         claim("--ckpt_file", tmp_path / "elsewhere" / latest_path.name)
-    claim("--resume", out, output_dir=tmp_path / "new")                    # --resume PATH into a new folder
+    claim("--resume", out, output_dir=tmp_path / "new")  # --resume PATH into a new folder
     with pytest.raises(UserError, match="both name a checkpoint"):
         claim("--resume", out, "--ckpt_file", out)
 
@@ -228,10 +345,11 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     start = time.time()
     proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, a_file / "run", "--steps", 1), check=False)
     one_error(proc, f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file")
-    assert "layout:" not in proc.stdout and time.time() - start < 60               # no model was built
+    assert "layout:" not in proc.stdout and time.time() - start < 60  # no model was built
 
     from common.errors import UserError
     from training.run.output_lock import check_writable_folder
+
     with pytest.raises(UserError, match="is a file; choose a folder"):
         check_writable_folder(str(a_file))
     (tmp_path / "d1" / "checkpoints").parent.mkdir()
@@ -243,8 +361,12 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
         check_writable_folder(str(tmp_path / "d2"))
     with _read_only_folder(tmp_path / "ro") as ro:
         from training.run.output_lock import OutputDirLock
-        with pytest.raises(UserError, match=r"cannot be (written|created) \((Read-only file system|Permission "
-                                            r"denied)"):
+
+        with pytest.raises(
+            UserError,
+            match=r"cannot be (written|created) \((Read-only file system|Permission "
+            r"denied)",
+        ):
             OutputDirLock(check_writable_folder(str(ro / "run")), str(ro / "run"))
 
 
@@ -260,8 +382,12 @@ class _read_only_folder:
         if os.geteuid() != 0:
             self.path.chmod(0o555)
             return self.path
-        if subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(self.path)],
-                          capture_output=True).returncode != 0:
+        if (
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(self.path)], capture_output=True
+            ).returncode
+            != 0
+        ):
             pytest.skip("running as root without permission to mount a read-only tmpfs")
         self.mounted = True
         return self.path
@@ -281,8 +407,9 @@ class Job:
         """new_session: the job gets a process group of its own, as a terminal's foreground job has."""
         self.out, self.err = folder / "job.stdout", folder / "job.stderr"
         with open(self.out, "w") as out, open(self.err, "w") as err:
-            self.popen = subprocess.Popen([str(c) for c in cmd], cwd=REPO_ROOT, env=env_, stdout=out, stderr=err,
-                                          start_new_session=new_session)
+            self.popen = subprocess.Popen(
+                [str(c) for c in cmd], cwd=REPO_ROOT, env=env_, stdout=out, stderr=err, start_new_session=new_session
+            )
         self.pid = self.popen.pid
 
     def processes(self) -> list:
@@ -299,16 +426,22 @@ class Job:
         """Wait for the end; past `timeout` (grown with the machine's load) kill what is left and fail, saying
         what the job was doing."""
         wait_exit(self.popen, timeout, "the job", (self.out, self.err))
-        return subprocess.CompletedProcess(self.popen.args, self.popen.returncode, self.out.read_text(),
-                                           self.err.read_text())
+        return subprocess.CompletedProcess(
+            self.popen.args, self.popen.returncode, self.out.read_text(), self.err.read_text()
+        )
 
 
 def _start_tp2(tsv, tok, out, *extra, new_session: bool = False) -> Job:
     out.mkdir(parents=True)
-    job = Job(launch_cmd(2, launcher="deepspeed") + train_flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra),
-              out.parent, env(), new_session=new_session)
-    job.wait_for(lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2,
-                 "training")
+    job = Job(
+        launch_cmd(2, launcher="deepspeed") + train_flags(tsv, tok, out, "--mp", 2, "--steps", 2000, *extra),
+        out.parent,
+        env(),
+        new_session=new_session,
+    )
+    job.wait_for(
+        lambda: (out / "metrics.jsonl").is_file() and (out / "metrics.jsonl").read_text().count("\n") >= 2, "training"
+    )
     return job
 
 
@@ -347,7 +480,7 @@ def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenize
     job = _start_tp2(multi30k_tsv, bpe_tokenizer, tmp_path / "run", "--comm_timeout", timeout)
     victim = _training_process(job, 1)
     try:
-        victim.suspend()                                                   # SIGSTOP
+        victim.suspend()  # SIGSTOP
         stopped_at = time.time()
         proc = job.finish(90)
     finally:
@@ -355,8 +488,9 @@ def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenize
             victim.kill()
     assert proc.returncode != 0 and "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     lines = error_lines(proc)
-    assert lines[0].startswith(f"error: rank 0: no answer from the other ranks within --comm_timeout {timeout} s"), \
+    assert lines[0].startswith(f"error: rank 0: no answer from the other ranks within --comm_timeout {timeout} s"), (
         lines
+    )
     assert lines[1].startswith(f"error: rank 1 (pid {victim.pid} on ") and "stopped by SIGSTOP" in lines[1], lines
     assert len(lines) == 2 and time.time() - stopped_at < timeout + 30
 
@@ -372,10 +506,15 @@ def test_sigterm_to_deepspeeds_node_launcher_saves_without_native_frames(multi30
     proc = job.finish(60)
     text = proc.stdout + proc.stderr
     step = _logged_step(out)
-    assert _stopped_line(text) == f"stopped by SIGTERM at step {step}; checkpoint step_{step:08d} saved; resume " \
-                                  f"with --resume"
-    assert not [line for line in text.splitlines() if "frame #" in line or "[c10d]" in line or
-                line.startswith(("error:", "Traceback"))], text[-3000:]
+    assert (
+        _stopped_line(text) == f"stopped by SIGTERM at step {step}; checkpoint step_{step:08d} saved; resume "
+        f"with --resume"
+    )
+    assert not [
+        line
+        for line in text.splitlines()
+        if "frame #" in line or "[c10d]" in line or line.startswith(("error:", "Traceback"))
+    ], text[-3000:]
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1], ids=lambda s: s.name)
@@ -383,11 +522,30 @@ def test_a_stop_signal_to_run_sh_stops_every_rank_with_a_save(sig, multi30k_tsv,
     """`kill -TERM` (or -HUP: its terminal closed; or -USR1: a batch script's `--signal=B:USR1`) of run.sh reaches
     the launcher and every rank: the step is saved, the ranks' one line names the signal, nothing is left running."""
     runs = tmp_path / "runs"
-    job = Job(["bash", REPO_ROOT / "run_scripts/run.sh", multi30k_tsv, 2, "--steps", 2000, "--d_model", 32,
-               "--vocab_size", 8000, "--tokenizer", bpe_tokenizer, "--tensorboard", 0], tmp_path, script_env(runs))
+    job = Job(
+        [
+            "bash",
+            REPO_ROOT / "run_scripts/run.sh",
+            multi30k_tsv,
+            2,
+            "--steps",
+            2000,
+            "--d_model",
+            32,
+            "--vocab_size",
+            8000,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--tensorboard",
+            0,
+        ],
+        tmp_path,
+        script_env(runs),
+    )
 
     def job_processes():
         return _processes_naming(runs)
+
     try:
         job.wait_for(lambda: list(runs.glob("*/output/metrics.jsonl")), "training")
         job.popen.send_signal(sig)
@@ -401,8 +559,9 @@ def test_a_stop_signal_to_run_sh_stops_every_rank_with_a_save(sig, multi30k_tsv,
         assert f"training stopped by {sig.name}; no rank is left running" in proc.stderr
         output = next(runs.glob("*/output"))
         step = _logged_step(output)
-        assert _stopped_line(proc.stderr) == (f"stopped by {sig.name} at step {step}; checkpoint step_{step:08d} "
-                                              f"saved; resume with --resume")
+        assert _stopped_line(proc.stderr) == (
+            f"stopped by {sig.name} at step {step}; checkpoint step_{step:08d} saved; resume with --resume"
+        )
         assert latest(output) == f"step_{step:08d}" and _lock_is_free(output)
     finally:
         for p in job_processes():
@@ -424,6 +583,7 @@ def _logged_step(out) -> int:
 
 def _lock_is_free(out) -> bool:
     import fcntl
+
     with open(Path(out) / ".train.lock") as f:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -440,8 +600,9 @@ STOP_SIGNALS = [(signal.SIGUSR1, "rank 1"), (signal.SIGHUP, "rank 1"), (signal.S
 
 
 @pytest.mark.parametrize("sig,target", STOP_SIGNALS, ids=[f"{s.name} to {t}" for s, t in STOP_SIGNALS])
-def test_a_stop_signal_saves_the_step_on_every_rank_and_the_run_resumes(sig, target, multi30k_tsv, bpe_tokenizer,
-                                                                        tmp_path):
+def test_a_stop_signal_saves_the_step_on_every_rank_and_the_run_resumes(
+    sig, target, multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """SLURM's `--signal=USR1@T` (or a SIGTERM, or a SIGHUP) to one rank: every rank finishes the step it is in, they
     agree on it, the job saves it, says so in one line and exits non-zero; `--resume` continues with the next step.
     A closed terminal sends SIGHUP to its whole foreground process group — DeepSpeed's launch.py, which has no handler
@@ -452,8 +613,8 @@ def test_a_stop_signal_saves_the_step_on_every_rank_and_the_run_resumes(sig, tar
     at = _logged_step(out)
     if target == "process group":
         os.killpg(job.pid, sig)
-        job.popen.wait(timeout=30)                      # launch.py dies of it at once...
-        deadline = time.time() + 60                     # ...and the ranks follow, having saved
+        job.popen.wait(timeout=30)  # launch.py dies of it at once...
+        deadline = time.time() + 60  # ...and the ranks follow, having saved
         while _processes_naming(out) and time.time() < deadline:
             time.sleep(0.5)
         proc = job.finish(5)
@@ -502,22 +663,27 @@ def test_a_closed_terminal_saves_the_step(multi30k_tsv, bpe_tokenizer, tmp_path)
     with exit 1 before its save. Now the step is saved, the exit status is 128 + SIGHUP and the lock is free."""
     import pty
     import threading
+
     out = tmp_path / "run"
     master, terminal = pty.openpty()
     # the child becomes a session leader (start_new_session) and takes the pty as its controlling terminal
-    take_terminal = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); "
-                     "os.execv(sys.argv[1], sys.argv[1:])")
-    cmd = [sys.executable, "-c", take_terminal, *launch_cmd(1)] + [str(a) for a in train_flags(
-        multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--log_interval", 1)]
-    popen = subprocess.Popen(cmd, cwd=REPO_ROOT, env=env(), stdin=terminal, stdout=terminal, stderr=terminal,
-                             start_new_session=True)
+    take_terminal = (
+        "import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCTTY, 0); os.execv(sys.argv[1], sys.argv[1:])"
+    )
+    cmd = [sys.executable, "-c", take_terminal, *launch_cmd(1)] + [
+        str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, "--log_interval", 1)
+    ]
+    popen = subprocess.Popen(
+        cmd, cwd=REPO_ROOT, env=env(), stdin=terminal, stdout=terminal, stderr=terminal, start_new_session=True
+    )
     os.close(terminal)
-    shown = []                                  # what the terminal showed (read, or the run would block writing)
+    shown = []  # what the terminal showed (read, or the run would block writing)
 
     def read_terminal():
         with contextlib.suppress(OSError):
             while chunk := os.read(master, 65536):
                 shown.append(chunk)
+
     reader = threading.Thread(target=read_terminal, daemon=True)
     reader.start()
     try:
@@ -525,7 +691,7 @@ def test_a_closed_terminal_saves_the_step(multi30k_tsv, bpe_tokenizer, tmp_path)
         while _logged_step(out) < 2:
             assert popen.poll() is None and time.time() < deadline, b"".join(shown)[-3000:]
             time.sleep(0.5)
-        os.close(master)                        # the terminal closes: hangup
+        os.close(master)  # the terminal closes: hangup
         rc = popen.wait(timeout=60)
     finally:
         if popen.poll() is None:
@@ -541,6 +707,7 @@ def test_a_stop_signal_ignored_at_start_stays_ignored():
     signal ignored (the rank supervisor forwards only what it handles, and its child inherits the original
     dispositions)."""
     from training.run.stop_request import StopRequest
+
     before = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGTERM, signal.SIGUSR1)}
     try:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)
@@ -552,27 +719,41 @@ def test_a_stop_signal_ignored_at_start_stays_ignored():
             signal.signal(s, handler)
 
 
-def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_save(multi30k_tsv, bpe_tokenizer,
-                                                                                    tmp_path):
+def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_save(
+    multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """`kill -TERM` of the `deepspeed` command (what `timeout` and schedulers do) ends only DeepSpeed's runner: its
     launch.py and ranks would train on with no parent, holding the output folder. The ranks notice their launcher's
     end, save the step and stop; the folder is free again."""
     from tests.multiproc import free_port
+
     out = tmp_path / "run"
     out.mkdir()
-    runner = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(free_port()),
-              str(REPO_ROOT / "run_scripts/train.py")]
-    job = Job(runner + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2000)],
-              tmp_path, env())
+    runner = [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        "2",
+        "--master_port",
+        str(free_port()),
+        str(REPO_ROOT / "run_scripts/train.py"),
+    ]
+    job = Job(
+        runner + [str(a) for a in train_flags(multi30k_tsv, bpe_tokenizer, out, "--mp", 2, "--steps", 2000)],
+        tmp_path,
+        env(),
+    )
 
     def ours():
         return _processes_naming(out)
+
     try:
         job.wait_for(lambda: _logged_step(out) >= 2, "training")
         at = _logged_step(out)
         job.popen.send_signal(signal.SIGTERM)
-        job.popen.wait(timeout=30)                           # the runner is gone at once...
-        deadline = time.time() + 45                          # ...and its orphans follow, having saved
+        job.popen.wait(timeout=30)  # the runner is gone at once...
+        deadline = time.time() + 45  # ...and its orphans follow, having saved
         while ours() and time.time() < deadline:
             time.sleep(0.5)
         assert not ours(), [command_line(p)[:160] for p in ours()]
@@ -584,9 +765,10 @@ def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_
     line = _stopped_line(text)
     assert line.startswith(f"stopped by the end of its launcher (deepspeed.launcher.runner, pid {job.pid}) ")
     assert line.endswith(f") at step {step}; checkpoint step_{step:08d} saved; resume with --resume"), line
-    assert at <= step and latest(out) == f"step_{step:08d}"     # (the launcher is checked on once a second)
+    assert at <= step and latest(out) == f"step_{step:08d}"  # (the launcher is checked on once a second)
     import fcntl
-    with open(out / ".train.lock") as f:                    # released: the next run may have the folder
+
+    with open(out / ".train.lock") as f:  # released: the next run may have the folder
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
@@ -595,8 +777,7 @@ def test_save_on_signal_0_stops_without_a_save_and_ctrl_c_stays_quick(multi30k_t
         out = tmp_path / sig.name
         out.mkdir()
         args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 2000, *extra)
-        job = Job(launch_cmd(1) + [str(a) for a in args],
-                  out, env())
+        job = Job(launch_cmd(1) + [str(a) for a in args], out, env())
         job.wait_for(lambda out=out: _logged_step(out) >= 1, "training")
         job.popen.send_signal(sig)
         proc = job.finish(60)
@@ -605,8 +786,9 @@ def test_save_on_signal_0_stops_without_a_save_and_ctrl_c_stays_quick(multi30k_t
         if sig == signal.SIGTERM:
             step = _logged_step(out)
             assert proc.returncode == 128 + signal.SIGTERM
-            assert _stopped_line(proc.stderr) == (f"stopped by SIGTERM at step {step}; no checkpoint saved "
-                                                  f"(--save_on_signal 0); nothing to resume")
+            assert _stopped_line(proc.stderr) == (
+                f"stopped by SIGTERM at step {step}; no checkpoint saved (--save_on_signal 0); nothing to resume"
+            )
         else:
             assert proc.returncode == 130 and proc.stderr.strip().splitlines()[-1] == "interrupted"
 
@@ -629,17 +811,22 @@ def test_comm_timeout_reaches_every_process_group_nccl_ones_too(tmp_path):
         "init_deepspeed_comm('gloo', 42.0)\n"
         "group = dist.new_group([0])\n"
         "print(c10d._get_default_timeout(dist.Backend.NCCL).total_seconds(),\n"
-        "      c10d._get_default_timeout(dist.Backend.GLOO).total_seconds())\n")
+        "      c10d._get_default_timeout(dist.Backend.GLOO).total_seconds())\n"
+    )
     from tests.multiproc import free_port
-    proc = subprocess.run([sys.executable, str(script), str(free_port())], capture_output=True, text=True,
-                          timeout=120, env=env())
+
+    proc = subprocess.run(
+        [sys.executable, str(script), str(free_port())], capture_output=True, text=True, timeout=120, env=env()
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["42.0", "42.0"]
 
 
-WATCHDOG_LINE = ("[rank1]:[E1125 06:00:00.000000 ProcessGroupNCCL.cpp:685] [PG ID 2 PG GUID 5(TP) Rank 1] Watchdog "
-                 "caught collective operation timeout: WorkNCCL(SeqNum=17, OpType=ALLREDUCE, NumelIn=4096, "
-                 "NumelOut=4096, Timeout(ms)=60000) ran for 60012 milliseconds before timing out.")
+WATCHDOG_LINE = (
+    "[rank1]:[E1125 06:00:00.000000 ProcessGroupNCCL.cpp:685] [PG ID 2 PG GUID 5(TP) Rank 1] Watchdog "
+    "caught collective operation timeout: WorkNCCL(SeqNum=17, OpType=ALLREDUCE, NumelIn=4096, "
+    "NumelOut=4096, Timeout(ms)=60000) ran for 60012 milliseconds before timing out."
+)
 
 
 def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path):
@@ -653,16 +840,20 @@ def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path)
         "from training.run.rank_supervisor import supervise_rank\n"
         "supervise_rank()\n"
         f"print({WATCHDOG_LINE!r}, file=sys.stderr, flush=True)\n"
-        "os.abort()\n")
+        "os.abort()\n"
+    )
     e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                          env=dict(e, WORLD_SIZE="2", RANK="1"))
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=dict(e, WORLD_SIZE="2", RANK="1")
+    )
     assert proc.returncode == -signal.SIGABRT
-    assert WATCHDOG_LINE in proc.stderr                                  # relayed as it was written
+    assert WATCHDOG_LINE in proc.stderr  # relayed as it was written
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith("error: rank 1 (pid "), proc.stderr
-    assert errors[0].endswith("was ended by NCCL's watchdog: ALLREDUCE #17 on process group 2 (TP) timed out after "
-                              "60 s (--comm_timeout); a rank did not join it (paused, hung, or its node is down)")
+    assert errors[0].endswith(
+        "was ended by NCCL's watchdog: ALLREDUCE #17 on process group 2 (TP) timed out after "
+        "60 s (--comm_timeout); a rank did not join it (paused, hung, or its node is down)"
+    )
 
 
 def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
@@ -675,9 +866,9 @@ def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
 
     from tests.multiproc import free_port
     from training.run.job_watch import ABORT
+
     port = free_port()
-    store = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10),
-                     wait_for_workers=False)
+    store = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=10), wait_for_workers=False)
     script = tmp_path / "rank.py"
     script.write_text(
         "import sys\n"
@@ -685,10 +876,16 @@ def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
         "from training.run.rank_supervisor import supervise_rank\n"
         "supervise_rank()\n"
         "print('stopped by SIGTERM at step 6; checkpoint step_00000006 saved; resume with --resume', flush=True)\n"
-        f"sys.exit(128 + {int(signal.SIGTERM)})\n")
+        f"sys.exit(128 + {int(signal.SIGTERM)})\n"
+    )
     e = {k: v for k, v in env().items() if k != "DSR_SUPERVISED"}
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60,
-                          env=dict(e, WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)))
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(e, WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
+    )
     assert proc.returncode == 128 + signal.SIGTERM and not store.check([ABORT]), proc.stderr
     assert "error" not in proc.stderr
 
@@ -701,8 +898,10 @@ def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
     disk.mkdir()
     out = disk / "run"
     args = train_flags(multi30k_tsv, bpe_tokenizer, out, "--steps", 3, "--save_checkpoint_steps", 1)
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=14m", "tmpfs", str(disk)],
-                             capture_output=True).returncode == 0
+    mounted = (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=14m", "tmpfs", str(disk)], capture_output=True).returncode
+        == 0
+    )
     try:
         if mounted:
             proc = run_train(1, args, check=False)
@@ -710,13 +909,19 @@ def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
         else:
             run_train(1, args[:-4] + ["--steps", 1, "--save_checkpoint_steps", 1])
             limit = 4 << 20
-            proc = subprocess.run(launch_cmd(1) + [str(a) for a in args + ["--resume"]], cwd=REPO_ROOT, env=env(),
-                                  capture_output=True, text=True, timeout=300,
-                                  preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)))
+            proc = subprocess.run(
+                launch_cmd(1) + [str(a) for a in args + ["--resume"]],
+                cwd=REPO_ROOT,
+                env=env(),
+                capture_output=True,
+                text=True,
+                timeout=300,
+                preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
+            )
             line = one_error(proc, "a file-size limit was reached: saving checkpoint step_00000002")
         assert "The partial save was removed and step_00000001 is still the latest checkpoint" in line
         assert latest(out) == "step_00000001"
-        assert merged(step_dir(out, 1))["step"] == 1                       # complete and loadable
+        assert merged(step_dir(out, 1))["step"] == 1  # complete and loadable
         left = [p.name for p in out.rglob("*") if p.name.endswith((".tmp", ".part"))]
         assert not left and not step_dir(out, 2).exists(), left
     finally:
@@ -753,12 +958,21 @@ SWEEP = [  # (CLI, arguments with {d} = the inputs folder, what the one line mus
     ("train", ["--recipe", "{d}/ds_typo.json"], "zero_optimization.stag is not a DeepSpeed setting"),
     ("train", ["--recipe", "{d}/ds_bf16.json"], "bf16.enabled is true but --precision is fp32"),
     # gradients are reduced in fp32 under every precision: a half (or DeepSpeed's precision default, null) is refused
-    ("train", ["--recipe", "{d}/ds_comm.json", "--precision", "bf16"],
-     'deepspeed: communication_data_type is "bf16", but gradients are averaged over the data-parallel ranks in fp32'),
-    ("train", ["--deepspeed_config", "{d}/ds_comm_file.json"],
-     "ds_comm_file.json: communication_data_type is null, but gradients are averaged over the data-parallel ranks"),
-    ("plan", ["--world_size", "2", "--vocab_size", "64", "--recipe", "{d}/ds_comm.json"],
-     'remove the key or set it to "fp32"'),
+    (
+        "train",
+        ["--recipe", "{d}/ds_comm.json", "--precision", "bf16"],
+        'deepspeed: communication_data_type is "bf16", but gradients are averaged over the data-parallel ranks in fp32',
+    ),
+    (
+        "train",
+        ["--deepspeed_config", "{d}/ds_comm_file.json"],
+        "ds_comm_file.json: communication_data_type is null, but gradients are averaged over the data-parallel ranks",
+    ),
+    (
+        "plan",
+        ["--world_size", "2", "--vocab_size", "64", "--recipe", "{d}/ds_comm.json"],
+        'remove the key or set it to "fp32"',
+    ),
     ("train", ["--deepspeed_config", "{d}/folder"], "--deepspeed_config {d}/folder is a folder"),
     ("train", ["--deepspeed_config", "{d}/binary"], "--deepspeed_config {d}/binary is not UTF-8 text"),
     ("plan", ["--world_size", "2", "--vocab_size", "64", "--recipe", "{d}/dup.json"], "appears twice"),
@@ -767,8 +981,22 @@ SWEEP = [  # (CLI, arguments with {d} = the inputs folder, what the one line mus
     ("merge", ["{d}/file", "--output", "{d}/m.pt"], "checkpoint {d}/file is a file"),
     ("merge", ["{d}/folder", "--output", "{d}/folder"], "--output {d}/folder is a folder"),
     ("merge", ["{d}/folder", "--output", "{d}/file/m.pt"], "{d}/file is a file, not a folder"),
-    ("evaluate", ["--ckpt_file", "{d}/folder", "--tokenizer", "{d}/file", "--src", "{d}/file", "--ref", "{d}/file",
-                  "--output", "{d}/folder"], "--output {d}/folder is a folder"),
+    (
+        "evaluate",
+        [
+            "--ckpt_file",
+            "{d}/folder",
+            "--tokenizer",
+            "{d}/file",
+            "--src",
+            "{d}/file",
+            "--ref",
+            "{d}/file",
+            "--output",
+            "{d}/folder",
+        ],
+        "--output {d}/folder is a folder",
+    ),
 ]
 
 
@@ -776,10 +1004,12 @@ SWEEP = [  # (CLI, arguments with {d} = the inputs folder, what the one line mus
 def test_cli_mistakes_are_one_line(cli, argv, needle, bad_inputs, tmp_path):
     """Each CLI's main on the mistake, in-process: a UserError (run_cli prints it as the one `error:` line)."""
     from common.errors import UserError
+
     argv = [a.format(d=bad_inputs) for a in argv]
     sys.path.insert(0, str(REPO_ROOT / "run_scripts"))
     if cli == "train":
         from training.config.flags import parse_args
+
         argv = argv + ["--output_dir", str(tmp_path / "out")]
         main = parse_args
     elif cli == "plan":
@@ -793,11 +1023,15 @@ def test_cli_mistakes_are_one_line(cli, argv, needle, bad_inputs, tmp_path):
     assert needle.format(d=bad_inputs) in str(err.value)
 
 
-@pytest.mark.parametrize("script,args,needle", [
-    ("run_scripts/run.sh", ["{tsv}", "2", "{d}/dup.json"], 'the key "d_model" appears twice'),
-    ("run_scripts/run.sh", ["{tsv}", "2", "{d}/ds_int.json"], "zero_optimization is 1"),
-    ("run_scripts/run_cluster.sh", ["{tsv}", "{d}/hostfile"], "hostfile {d}/hostfile is not UTF-8 text"),
-], ids=["run.sh duplicate key", "run.sh deepspeed type", "run_cluster.sh undecodable hostfile"])
+@pytest.mark.parametrize(
+    "script,args,needle",
+    [
+        ("run_scripts/run.sh", ["{tsv}", "2", "{d}/dup.json"], 'the key "d_model" appears twice'),
+        ("run_scripts/run.sh", ["{tsv}", "2", "{d}/ds_int.json"], "zero_optimization is 1"),
+        ("run_scripts/run_cluster.sh", ["{tsv}", "{d}/hostfile"], "hostfile {d}/hostfile is not UTF-8 text"),
+    ],
+    ids=["run.sh duplicate key", "run.sh deepspeed type", "run_cluster.sh undecodable hostfile"],
+)
 def test_launch_script_mistakes_are_one_line(script, args, needle, bad_inputs, tmp_path, assert_user_error):
     tsv = bad_inputs / "data.tsv"
     tsv.write_text("bonjour\thello\n")
@@ -815,11 +1049,13 @@ def test_a_full_disk_anywhere_is_one_line(capsys):
     def save_to_full_disk():
         with open("/dev/full", "wb") as f:
             torch.save({"w": torch.zeros(100_000)}, f)
+
     with pytest.raises(SystemExit) as exit_:
         run_cli(save_to_full_disk)
     assert exit_.value.code == 2
     assert capsys.readouterr().err.splitlines() == [
-        "error: no space left on the device: free space (or raise the limit), or write to another disk"]
+        "error: no space left on the device: free space (or raise the limit), or write to another disk"
+    ]
 
 
 LEAVE_SCRIPT = """
@@ -842,8 +1078,13 @@ def test_a_launched_rank_leaves_without_interpreter_teardown(world, code, tmp_pa
     script = tmp_path / "leave.py"
     script.write_text(LEAVE_SCRIPT.format(root=str(REPO_ROOT)))
     e = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK")}
-    proc = subprocess.run([sys.executable, str(script)], env=dict(e, WORLD_SIZE=world, RANK="1", CODE=code),
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        env=dict(e, WORLD_SIZE=world, RANK="1", CODE=code),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == int(code), proc.stderr
     assert proc.stdout.startswith("rank output")
     assert ("interpreter teardown ran" in proc.stdout) == (world == "1"), proc.stdout

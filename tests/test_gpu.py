@@ -5,6 +5,7 @@ Skipped on a machine without CUDA (CI has none). Run it on a GPU machine with `p
 size 1: the backend, its device-tensor rule and every CUDA kernel are real, the multi-rank traffic is not); with two
 or more GPUs the data- and tensor-parallel cases run too.
 """
+
 import pytest
 import torch
 
@@ -13,14 +14,33 @@ from tests.launch import TINY, read_metrics, run_train
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (the GPU tier)")
 
 STEPS, CUT = 20, 10
-HALF_LOSS_TOL = 5e-4      # the same bound as tests/test_parity.py: bf16/fp16 rounding vs fp32
+HALF_LOSS_TOL = 5e-4  # the same bound as tests/test_parity.py: bf16/fp16 rounding vs fp32
 
 
 def _train(nproc, data, out, *flags, check=True):
     tsv, tok = data
-    return run_train(nproc, ["--file_path", tsv, "--tokenizer", tok, "--output_dir", out, *TINY, "--steps", STEPS,
-                             "--clip_grad", 0.5, "--save_checkpoint_steps", CUT, "--keep_checkpoint_max", 4,
-                             *flags], check=check)
+    return run_train(
+        nproc,
+        [
+            "--file_path",
+            tsv,
+            "--tokenizer",
+            tok,
+            "--output_dir",
+            out,
+            *TINY,
+            "--steps",
+            STEPS,
+            "--clip_grad",
+            0.5,
+            "--save_checkpoint_steps",
+            CUT,
+            "--keep_checkpoint_max",
+            4,
+            *flags,
+        ],
+        check=check,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +63,10 @@ def test_train_save_resume_on_gpu(precision, data, fp32_run, tmp_path):
     full = read_metrics(first)
     assert len(full) == STEPS and full[-1]["loss"] < full[0]["loss"] - 0.5
     worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(full, fp32_run))
-    print(f"GPU {precision}: final loss {full[-1]['loss']:.4f}, worst relative difference from fp32 {worst:.2e}, "
-          f"median step {sorted(r['step_time'] for r in full)[STEPS // 2] * 1000:.1f} ms")
+    print(
+        f"GPU {precision}: final loss {full[-1]['loss']:.4f}, worst relative difference from fp32 {worst:.2e}, "
+        f"median step {sorted(r['step_time'] for r in full)[STEPS // 2] * 1000:.1f} ms"
+    )
     assert worst <= (1e-5 if precision == "fp32" else HALF_LOSS_TOL)
     if precision == "fp16":
         assert all(r["loss_scale"] >= 1 for r in full)
@@ -60,8 +82,9 @@ def test_train_save_resume_on_gpu(precision, data, fp32_run, tmp_path):
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs (nccl over several ranks)")
-@pytest.mark.parametrize("flags", [[], ["--mp", "2"], ["--pipeline_stage", "2", "--micro_batch_num", "2"]],
-                         ids=["dp2", "tp2", "pp2"])
+@pytest.mark.parametrize(
+    "flags", [[], ["--mp", "2"], ["--pipeline_stage", "2", "--micro_batch_num", "2"]], ids=["dp2", "tp2", "pp2"]
+)
 def test_two_gpu_layouts_match_one_gpu(flags, data, fp32_run, tmp_path):
     _train(2, data, tmp_path, "--precision", "fp32", *flags)
     got = read_metrics(tmp_path)
@@ -77,11 +100,22 @@ def test_greedy_decoding_reads_the_gpu_once_per_eight_tokens():
     from model.config import ModelConfig
     from model.inference import SYNC_EVERY, greedy_decode
     from model.transformer import Seq2SeqTransformer
-    cfg = ModelConfig(vocab_size=50, d_model=32, num_heads=4, ffn_size=64, encoder_layers=1, decoder_layers=1,
-                      src_len=12, tgt_len=32, dropout=0.0, attention_dropout=0.0)
+
+    cfg = ModelConfig(
+        vocab_size=50,
+        d_model=32,
+        num_heads=4,
+        ffn_size=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        src_len=12,
+        tgt_len=32,
+        dropout=0.0,
+        attention_dropout=0.0,
+    )
     model = Seq2SeqTransformer(cfg, seed=3).cuda()
     src = torch.randint(4, 50, (6, 12), device="cuda")
-    greedy_decode(model, src, bos_id=2, eos_id=3, max_len=32)                  # warm-up: kernels, allocator
+    greedy_decode(model, src, bos_id=2, eos_id=3, max_len=32)  # warm-up: kernels, allocator
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -102,8 +136,19 @@ def _training_step_syncs(layers: int) -> int:
 
     from model.config import ModelConfig, ParallelConfig
     from model.transformer import Seq2SeqTransformer
-    cfg = ModelConfig(vocab_size=50, d_model=32, num_heads=4, ffn_size=64, encoder_layers=layers,
-                      decoder_layers=layers, src_len=12, tgt_len=12, dropout=0.1, attention_dropout=0.1)
+
+    cfg = ModelConfig(
+        vocab_size=50,
+        d_model=32,
+        num_heads=4,
+        ffn_size=64,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        src_len=12,
+        tgt_len=12,
+        dropout=0.1,
+        attention_dropout=0.1,
+    )
     model = Seq2SeqTransformer(cfg, ParallelConfig(interleave_num=2, recompute=True), seed=3).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     g = torch.Generator().manual_seed(0)
@@ -118,7 +163,8 @@ def _training_step_syncs(layers: int) -> int:
             model.loss_sum(src, tgt, labels).backward()
         opt.step()
         opt.zero_grad()
-    step()                                                            # warm-up: kernels, allocator, optimizer state
+
+    step()  # warm-up: kernels, allocator, optimizer state
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("warn")
     try:
@@ -135,8 +181,10 @@ def test_a_training_steps_host_syncs_do_not_grow_with_the_layers():
     `model.packing`), never per layer or recomputation: a 4+4-layer model's training step synchronizes exactly as
     often as a 2+2-layer one's. (On CPU the same count is checked by tests/test_interleave.py.)"""
     small, large = _training_step_syncs(2), _training_step_syncs(4)
-    print(f"one training step, 2 micro-batches, interleave 2, recompute: {small} synchronizing calls with 2+2 "
-          f"layers, {large} with 4+4")
+    print(
+        f"one training step, 2 micro-batches, interleave 2, recompute: {small} synchronizing calls with 2+2 "
+        f"layers, {large} with 4+4"
+    )
     assert large == small, (small, large)
 
 
@@ -146,6 +194,7 @@ def test_host_batches_reach_the_gpu_through_pinned_memory():
     from torch.profiler import ProfilerActivity, profile
 
     from training.core.data import to_device
+
     host = torch.randint(0, 8000, (64, 128))
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         on_gpu = to_device(host, torch.device("cuda"))

@@ -10,6 +10,7 @@ here and a lot on a GPU, where every host read of a device value waits for the q
 
 The packing of the real tokens (a `nonzero()` per micro-batch, part and side) is counted in tests/test_interleave.py,
 greedy decoding's host reads on a GPU in tests/test_gpu.py."""
+
 from types import SimpleNamespace
 
 import torch
@@ -22,6 +23,7 @@ def test_clipping_is_one_fused_multiply_not_one_per_parameter():
     """24 parameters: the clip multiplies every gradient with one `_foreach_mul_` and no per-tensor `mul_`, and the
     clipped gradients are the per-parameter loop's bit for bit."""
     from training.core.grad_norm import ClippingAdamW
+
     g = torch.Generator().manual_seed(0)
     params = [torch.nn.Parameter(torch.randn(5, 3, generator=g)) for _ in range(24)]
     for p in params:
@@ -30,7 +32,7 @@ def test_clipping_is_one_fused_multiply_not_one_per_parameter():
     norm = torch.stack([p.grad.square().sum() for p in params]).sum().sqrt()
     coef = torch.clamp(0.5 / (norm + 1e-6), max=1.0)
     want = [p.grad * coef for p in params]
-    assert float(coef) < 1                                       # the clip acts
+    assert float(coef) < 1  # the clip acts
     with OpCounter() as ops:
         opt.step()
     assert ops.counts.get("_foreach_mul_") == 1 and not ops.counts.get("mul_"), ops.counts
@@ -40,11 +42,12 @@ def test_clipping_is_one_fused_multiply_not_one_per_parameter():
 def _finiteness_reads(rank, world, poison):
     from common.errors import UserError
     from training.checkpoint.nonfinite import refuse_non_finite_weights
+
     torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)])        # 20 parameters
+    model = torch.nn.Sequential(*[torch.nn.Linear(4, 4) for _ in range(10)])  # 20 parameters
     if poison and rank == 1:
         model[7].bias.data[2] = float("inf")
-    engine = SimpleNamespace(module=model, device=torch.device("cpu"))   # what the check reads of the engine
+    engine = SimpleNamespace(module=model, device=torch.device("cpu"))  # what the check reads of the engine
     with OpCounter() as ops:
         try:
             refuse_non_finite_weights(engine, 5, None)
@@ -67,19 +70,20 @@ def test_the_finiteness_check_before_a_save_reads_the_device_once():
 def _row_parallel_copies(rank, world):
     from model.parallel.layers import RowParallelLinear
     from tests.test_tp_layers import tp_context
+
     ctx = tp_context(world)
     layer = RowParallelLinear(8, 6, ctx, gen=torch.Generator().manual_seed(1))
     x = torch.randn(3, 5, 8 // world, generator=torch.Generator().manual_seed(2 + rank), requires_grad=True)
     with OpCounter() as ops:
         y = layer(x)
-    y.sum().backward()                    # the in-place sum does not break the backward (autograd would refuse)
+    y.sum().backward()  # the in-place sum does not break the backward (autograd would refuse)
     return ops.counts, y.detach(), x.grad is not None
 
 
 def test_row_parallel_all_reduce_sums_in_place_without_a_copy():
     (ops, y0, grad0), (_, y1, grad1) = run_ranks(2, _row_parallel_copies)
     assert not ops.get("clone") and not ops.get("copy_"), ops
-    assert torch.equal(y0, y1) and grad0 and grad1                # both ranks hold the summed output
+    assert torch.equal(y0, y1) and grad0 and grad1  # both ranks hold the summed output
 
 
 def test_kv_cache_writes_into_buffers_allocated_once():
@@ -87,6 +91,7 @@ def test_kv_cache_writes_into_buffers_allocated_once():
     `keys` / `values` stay views of the same storage (no concatenation per token) and hold every position so far;
     past its capacity it still grows (by concatenation)."""
     from model.inference import KVCache
+
     cache, g = KVCache(capacity=6), torch.Generator().manual_seed(0)
     steps = [(torch.randn(2, 4, 1, 8, generator=g), torch.randn(2, 4, 1, 8, generator=g)) for _ in range(6)]
     storage = None

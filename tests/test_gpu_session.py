@@ -2,6 +2,7 @@
 the plumbing the GPU will use (SIZE=tiny on the CPU), within its budget, and bring back only the files named. A
 device call has minutes, not retries: whatever breaks (a missing package, the `transformers` reference, a cut), our
 own figures must already be on disk."""
+
 import json
 import os
 import shutil
@@ -22,14 +23,23 @@ ROW = "tiny fp32 recompute=0 max_tokens=512"
 
 
 def _env(tmp_path, **extra):
-    (tmp_path / "no-wheels").mkdir(exist_ok=True)       # the checkout's own .whl/ is not installed by a test
-    return {**env(), "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "SIZE": "tiny", "TOKENS": "512",
-            "STEPS": "1", "WHEELS": str(tmp_path / "no-wheels"), **extra}
+    (tmp_path / "no-wheels").mkdir(exist_ok=True)  # the checkout's own .whl/ is not installed by a test
+    return {
+        **env(),
+        "OUT": str(tmp_path / "out"),
+        "WORK": str(tmp_path / "work"),
+        "SIZE": "tiny",
+        "TOKENS": "512",
+        "STEPS": "1",
+        "WHEELS": str(tmp_path / "no-wheels"),
+        **extra,
+    }
 
 
 def _run(tmp_path, *stages, **extra):
-    return subprocess.run(["bash", SCRIPT, *stages], env=_env(tmp_path, **extra), capture_output=True, text=True,
-                          timeout=600)
+    return subprocess.run(
+        ["bash", SCRIPT, *stages], env=_env(tmp_path, **extra), capture_output=True, text=True, timeout=600
+    )
 
 
 def _broken_packages(tmp_path, **packages) -> str:
@@ -42,7 +52,7 @@ def _broken_packages(tmp_path, **packages) -> str:
 
 
 @pytest.mark.slow
-@skip_unless("bf16")     # the stage measures bf16, as on the GPU; train.py refuses it where the CPU lacks it
+@skip_unless("bf16")  # the stage measures bf16, as on the GPU; train.py refuses it where the CPU lacks it
 def test_the_headline_stage_runs_ours_and_transformers_on_the_cpu(tmp_path):
     proc = _run(tmp_path, "headline")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -58,8 +68,10 @@ def test_without_datasets_and_with_a_broken_transformers_our_row_and_profile_sti
     headline row, its profile and the reference's error are written — on old main the import gate exited 2 with OUT
     empty, and our row was only written after transformers' run."""
     pythonpath = _broken_packages(
-        tmp_path, datasets="ModuleNotFoundError(\"No module named 'datasets'\", name='datasets')",
-        transformers="ImportError('transformers is broken here (a test)')")
+        tmp_path,
+        datasets="ModuleNotFoundError(\"No module named 'datasets'\", name='datasets')",
+        transformers="ImportError('transformers is broken here (a test)')",
+    )
     proc = _run(tmp_path, "headline", PRECISION="fp32", PYTHONPATH=pythonpath)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     out = tmp_path / "out"
@@ -70,15 +82,20 @@ def test_without_datasets_and_with_a_broken_transformers_our_row_and_profile_sti
     assert (out / "profile" / "trace.json.gz").stat().st_size > 0
     log = (out / "session.log").read_text().splitlines()
     assert log[0].startswith("env: ") and any(line.startswith("env: datasets missing") for line in log)
-    assert sorted(os.listdir(out)) == ["headline.json", "profile", "session.log"]      # the data went to WORK
+    assert sorted(os.listdir(out)) == ["headline.json", "profile", "session.log"]  # the data went to WORK
 
 
 @pytest.mark.slow
 def test_the_log_streams_so_a_call_cut_mid_stage_keeps_the_rows_already_printed(tmp_path):
     """Our row reaches session.log while its stage still runs (the profile and the reference come after it); the
     whole session is then killed, as a device call at its limit is, and the log keeps the row."""
-    proc = subprocess.Popen(["bash", SCRIPT, "headline"], env=_env(tmp_path, PRECISION="fp32", STEPS="2"),
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        ["bash", SCRIPT, "headline"],
+        env=_env(tmp_path, PRECISION="fp32", STEPS="2"),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     log, seen = tmp_path / "out" / "session.log", None
     try:
         deadline = time.monotonic() + 300
@@ -92,7 +109,7 @@ def test_the_log_streams_so_a_call_cut_mid_stage_keeps_the_rows_already_printed(
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert seen is not None, "our row never reached session.log while the stage ran"
-    assert "== headline: exit" not in seen                     # it came while the stage was running
+    assert "== headline: exit" not in seen  # it came while the stage was running
     assert ROW in log.read_text()
 
 
@@ -122,18 +139,23 @@ def test_a_stage_whose_packages_are_missing_is_skipped_naming_them(tmp_path):
 
 
 def test_the_headline_model_has_the_recipes_vocabulary():
-    recipe = json.loads((REPO_ROOT / "recipes" / "transformer-big-wmt14-en-fr" /
-                         "transformer-big-wmt14-en-fr.json").read_text())
+    recipe = json.loads(
+        (REPO_ROOT / "recipes" / "transformer-big-wmt14-en-fr" / "transformer-big-wmt14-en-fr.json").read_text()
+    )
     big = [str(f) for f in gpu_step.SIZES["big"]]
     assert big[big.index("--vocab_size") + 1] == str(recipe["model"]["vocab_size"]) == "32000"
 
 
-@pytest.mark.parametrize("message, lost", [
-    ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", False),
-    ("CUDA error: out of memory", False),
-    ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", False),
-    ("CUDA error: an illegal memory access was encountered", True),
-    ("CUDA error: unspecified launch failure", True)])
+@pytest.mark.parametrize(
+    "message, lost",
+    [
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", False),
+        ("CUDA error: out of memory", False),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", False),
+        ("CUDA error: an illegal memory access was encountered", True),
+        ("CUDA error: unspecified launch failure", True),
+    ],
+)
 def test_an_allocation_failure_is_not_a_lost_device(message, lost):
     assert gpu_step._device_lost(RuntimeError(message)) is lost
 
@@ -147,10 +169,15 @@ def test_gpu_wheels_on_a_python_without_the_packages_leaves_the_wheels_that_were
     (repo / ".whl" / "kept-1.0-py3-none-any.whl").write_text("a wheel made earlier")
     shim = tmp_path / "bin"
     shim.mkdir()
-    (shim / "python3").write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")    # -S: no site-packages
+    (shim / "python3").write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')  # -S: no site-packages
     (shim / "python3").chmod(0o755)
-    proc = subprocess.run(["bash", str(repo / "benchmarks" / "gpu_wheels.sh")], capture_output=True, text=True,
-                          env={**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"}, timeout=120)
+    proc = subprocess.run(
+        ["bash", str(repo / "benchmarks" / "gpu_wheels.sh")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"},
+        timeout=120,
+    )
     assert proc.returncode == 2 and "has no deepspeed" in proc.stderr, proc.stderr
     assert os.listdir(repo / ".whl") == ["kept-1.0-py3-none-any.whl"]
-    assert sorted(os.listdir(repo)) == [".whl", "benchmarks"]                  # no staging folder left
+    assert sorted(os.listdir(repo)) == [".whl", "benchmarks"]  # no staging folder left

@@ -9,6 +9,7 @@
 Beam search's semantics (what it returns for a length penalty) are checked against transformers' generate() in
 tests/test_hf_export.py.
 """
+
 import pytest
 import torch
 
@@ -22,9 +23,21 @@ B, S, T, V = 6, 7, 9, 14
 
 def tiny_model(seed: int, share: bool = False, dtype=torch.float64) -> Seq2SeqTransformer:
     # init_std 0.5: well-separated logits; dropout on, to check that decoding runs in eval mode
-    cfg = ModelConfig(vocab_size=V, d_model=16, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
-                      src_len=S, tgt_len=T, dropout=0.1, attention_dropout=0.1, init_std=0.5, pad_id=PAD,
-                      share_embeddings=share)
+    cfg = ModelConfig(
+        vocab_size=V,
+        d_model=16,
+        num_heads=4,
+        ffn_size=24,
+        encoder_layers=2,
+        decoder_layers=2,
+        src_len=S,
+        tgt_len=T,
+        dropout=0.1,
+        attention_dropout=0.1,
+        init_std=0.5,
+        pad_id=PAD,
+        share_embeddings=share,
+    )
     return Seq2SeqTransformer(cfg, seed=seed).to(dtype)
 
 
@@ -57,10 +70,10 @@ def test_cached_step_logits_equal_the_full_prefix_forward(share, dtype, tol):
     tgt = torch.randint(4, V, (B, T), generator=g)
     tgt[:, 0] = BOS
     with torch.no_grad():
-        reference = full_logits(model, src, tgt)                      # [B, T, V], one pass
+        reference = full_logits(model, src, tgt)  # [B, T, V], one pass
         state = DecoderState(model, src, use_cache=True)
         for t in range(1, T + 1):
-            step = state.next_logits(tgt[:, :t])                      # one new position per call
+            step = state.next_logits(tgt[:, :t])  # one new position per call
             assert state.caches[0].self_attn.length == t
             err = (step - reference[:, t - 1]).abs().max().item()
             assert err <= tol * reference.abs().max().item(), f"position {t - 1}: {err}"
@@ -80,7 +93,7 @@ def test_decoding_with_rows_leaving_equals_the_teacher_forced_forward():
         for t in range(1, T + 1):
             step = state.next_logits(tgt[rows, :t])
             assert (step - reference[rows, t - 1]).abs().max().item() < 1e-12
-            if t in (3, 6):                                           # drop the first row, reverse the rest
+            if t in (3, 6):  # drop the first row, reverse the rest
                 keep = torch.arange(len(rows) - 1, 0, -1)
                 rows = rows[keep]
                 state.select(keep)
@@ -97,11 +110,12 @@ def test_cached_decoding_gives_the_uncached_tokens_and_beam_1_is_greedy(share):
         assert torch.equal(greedy, beam_decode(model, src, BOS, EOS, T, beam=1)), seed
         for lenpen in (0.0, 1.0, 2.0):
             beam = beam_decode(model, src, BOS, EOS, T, beam=3, length_penalty=lenpen)
-            assert torch.equal(beam, beam_decode(model, src, BOS, EOS, T, beam=3, length_penalty=lenpen,
-                                                 use_cache=False)), (seed, lenpen)
+            assert torch.equal(
+                beam, beam_decode(model, src, BOS, EOS, T, beam=3, length_penalty=lenpen, use_cache=False)
+            ), (seed, lenpen)
             ended += int((beam == EOS).any(1).sum())
-        assert model.training                                            # the caller's mode is restored
-    assert ended > 0                                                     # some hypotheses ended with EOS
+        assert model.training  # the caller's mode is restored
+    assert ended > 0  # some hypotheses ended with EOS
 
 
 def test_beam_search_is_batch_independent_and_respects_max_len_and_pad():
@@ -113,9 +127,9 @@ def test_beam_search_is_batch_independent_and_respects_max_len_and_pad():
         for i, row in enumerate(out.tolist()):
             n = row.index(EOS) + 1 if EOS in row else len(row)
             assert PAD not in row[:n] and all(t == PAD for t in row[n:])
-            alone = beam_decode(model, src[i:i + 1], BOS, EOS, max_len, beam=4, length_penalty=1.0)[0].tolist()
-            assert alone == row[:len(alone)] and all(t == PAD for t in row[len(alone):]), (max_len, i)
-    out = beam_decode(model, src, BOS, EOS, T, beam=4, vocab_limit=6)   # ids >= 6 may not be generated
+            alone = beam_decode(model, src[i : i + 1], BOS, EOS, max_len, beam=4, length_penalty=1.0)[0].tolist()
+            assert alone == row[: len(alone)] and all(t == PAD for t in row[len(alone) :]), (max_len, i)
+    out = beam_decode(model, src, BOS, EOS, T, beam=4, vocab_limit=6)  # ids >= 6 may not be generated
     assert bool((out < 6).all())
     with pytest.raises(ValueError, match="beam=0"):
         beam_decode(model, src, BOS, EOS, T, beam=0)
@@ -125,6 +139,7 @@ def test_translator_sources_are_the_dataset_rows(multi30k_dataset_factory, multi
     """encode_sources lays out a source as preprocess.dataset does, and names exactly the lines it had to cut."""
     from preprocess.textio import read_tsv_pairs
     from preprocess.tokenizer import encode_sources, load_tokenizer
+
     data = multi30k_dataset_factory(12, 12)
     lines = read_tsv_pairs(multi30k_tsv)[0][:300]
     rows, cut = encode_sources(load_tokenizer(bpe_tokenizer), lines, 12, data.eos_id)

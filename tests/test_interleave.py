@@ -1,6 +1,7 @@
 """interleave_num (the seed's MicroBatchInterleaved) on the TP model, in real gloo processes: the same loss and
 gradients as interleave_num 1, the same collectives N times at 1/N the size, issued asynchronously, and in flight
 while the other part computes — in forward and in backward."""
+
 import json
 from pathlib import Path
 
@@ -20,17 +21,28 @@ B, S, T = 6, 7, 6
 
 
 def tiny(enc=2, dec=2, dropout=0.0):
-    return ModelConfig(vocab_size=50, d_model=16, num_heads=4, ffn_size=24, encoder_layers=enc, decoder_layers=dec,
-                       src_len=S, tgt_len=T, dropout=dropout, attention_dropout=dropout, pad_id=0)
+    return ModelConfig(
+        vocab_size=50,
+        d_model=16,
+        num_heads=4,
+        ffn_size=24,
+        encoder_layers=enc,
+        decoder_layers=dec,
+        src_len=S,
+        tgt_len=T,
+        dropout=dropout,
+        attention_dropout=dropout,
+        pad_id=0,
+    )
 
 
 def batch(seed=0):
     g = torch.Generator().manual_seed(seed)
     src, tgt, labels = (torch.randint(4, 50, (B, n), generator=g) for n in (S, T, T))
-    src[0, 4:] = 0                       # padded source (part 0) and target (part 0 of 2, part 1 of 3)
+    src[0, 4:] = 0  # padded source (part 0) and target (part 0 of 2, part 1 of 3)
     tgt[2, 3:] = 0
     labels[2, 3:] = 0
-    src[5, 2:] = 0                       # padded source in the last part
+    src[5, 2:] = 0  # padded source in the last part
     return src, tgt, labels
 
 
@@ -49,8 +61,9 @@ def _pair_case(rank, world, n, dtype, recompute, vocab_emb_dp):
     inputs = batch()
     runs = {}
     for il in (1, n):
-        parallel = ParallelConfig(model_parallel=world, interleave_num=il, recompute=recompute,
-                                  vocab_emb_dp=vocab_emb_dp)
+        parallel = ParallelConfig(
+            model_parallel=world, interleave_num=il, recompute=recompute, vocab_emb_dp=vocab_emb_dp
+        )
         model = Seq2SeqTransformer(tiny(), parallel, ctx, seed=42).to(dtype)
         runs[il] = _run(model, inputs)
     (l1, g1, f1, b1), (ln, gn, fn, bn) = runs[1], runs[n]
@@ -60,10 +73,12 @@ def _pair_case(rank, world, n, dtype, recompute, vocab_emb_dp):
 
 
 # (interleave_num, dtype, recompute, vocab_emb_dp): measured worst gradient difference in the comment
-CASES = [(2, torch.float32, False, True),     # 1.4e-7 (weight gradients summed over 2 parts: fp32 rounding)
-         (3, torch.float32, False, False),    # split embeddings too (their all-reduce is not interleaved)
-         (2, torch.float32, True, True),      # recompute: the interleaved block is recomputed in backward
-         (2, torch.float64, False, True)]     # 3e-16: no rounding left
+CASES = [
+    (2, torch.float32, False, True),  # 1.4e-7 (weight gradients summed over 2 parts: fp32 rounding)
+    (3, torch.float32, False, False),  # split embeddings too (their all-reduce is not interleaved)
+    (2, torch.float32, True, True),  # recompute: the interleaved block is recomputed in backward
+    (2, torch.float64, False, True),
+]  # 3e-16: no rounding left
 
 
 @pytest.mark.parametrize("n,dtype,recompute,vocab_emb_dp", CASES)
@@ -82,10 +97,15 @@ def _stage_split_case(rank, world, n):
     block in one process: what each stage runs, without the send/receive."""
     from model.placement import BlockPlacement
     from model.transformer import TokenLoss, block_specs
+
     ctx = tp_context(world)
     cfg = tiny(enc=1, dec=3)
-    placements = [BlockPlacement("encoder", 0, 0), BlockPlacement("decoder", 0, 0),
-                  BlockPlacement("decoder", 1, 1, recomputed=True), BlockPlacement("decoder", 2, 1)]
+    placements = [
+        BlockPlacement("encoder", 0, 0),
+        BlockPlacement("decoder", 0, 0),
+        BlockPlacement("decoder", 1, 1, recomputed=True),
+        BlockPlacement("decoder", 2, 1),
+    ]
     out = {}
     for il in (1, n):
         parallel = ParallelConfig(model_parallel=world, interleave_num=il)
@@ -95,7 +115,7 @@ def _stage_split_case(rank, world, n):
         for block in blocks:
             x = block(x)
             if block is blocks[2]:
-                assert len(x) == 4                   # memory_tp dropped at the stage boundary
+                assert len(x) == 4  # memory_tp dropped at the stage boundary
         loss = TokenLoss(cfg, parallel.dp_mp_config, ctx).token_losses(x, labels).sum()
         loss.backward()
         out[il] = (loss.detach(), {k: p.grad for k, p in blocks.named_parameters()})
@@ -110,6 +130,7 @@ def test_stage_boundary_between_decoder_layers():
 
 def test_recipe_key_and_flag_reach_the_parallel_config(tmp_path):
     from training.config.flags import parse_config
+
     recipe = tmp_path / "r.json"
     recipe.write_text(json.dumps({"parallel": {"model_parallel": 2, "interleave_num": 4}}))
     assert parse_config(["--recipe", str(recipe)]).parallel.parallel_config(2).interleave_num == 4
@@ -133,9 +154,9 @@ def test_same_collectives_n_times_at_one_nth_the_size():
         return [int((part != 0).sum()) * h for part in ids.chunk(n)]
 
     src_parts, tgt_parts = real(src), real(tgt)
-    assert src_parts != [sum(src_parts) // n] * n           # the parts differ: sizes are really per part
+    assert src_parts != [sum(src_parts) // n] * n  # the parts differ: sizes are really per part
     layer_fwd = [src_parts] * (2 * enc) + [tgt_parts] * (3 * dec)
-    layer_bwd = layer_fwd + [[B * S * h // n] * n]           # + the memory's gradient, once per stage
+    layer_bwd = layer_fwd + [[B * S * h // n] * n]  # + the memory's gradient, once per stage
     for plain, inter, layer in ((f1, fn, layer_fwd), (b1, bn, layer_bwd)):
         want_async = sorted(("all_reduce", size) for parts in layer for size in parts)
         assert sorted(inter.async_calls) == want_async
@@ -147,9 +168,11 @@ def test_same_collectives_n_times_at_one_nth_the_size():
             sync.remove(call)
         assert sorted(sync) == sorted(rest) and not plain.async_calls
         assert len(inter.calls) == len(plain.calls) + (n - 1) * len(layer)
-    print(f"CommLog tp2, {enc}+{dec} layers, B={B}: forward {len(f1.calls)} collectives → {len(fn.calls)} with "
-          f"interleave {n} ({len(fn.async_calls)} async), backward {len(b1.calls)} → {len(bn.calls)} "
-          f"({len(bn.async_calls)} async)")
+    print(
+        f"CommLog tp2, {enc}+{dec} layers, B={B}: forward {len(f1.calls)} collectives → {len(fn.calls)} with "
+        f"interleave {n} ({len(fn.async_calls)} async), backward {len(b1.calls)} → {len(bn.calls)} "
+        f"({len(bn.async_calls)} async)"
+    )
 
 
 _MATMULS = ("mm", "bmm", "addmm", "scaled_dot_product")
@@ -215,16 +238,20 @@ def test_communication_is_in_flight_during_the_other_parts_compute():
     blocks = 4
     for direction, counts in between.items():
         idle = sum(c == 0 for c in counts)
-        print(f"{direction}: {len(counts) - idle} of {len(counts)} all-reduces overlap compute; products in flight "
-              f"per all-reduce {counts}")
+        print(
+            f"{direction}: {len(counts) - idle} of {len(counts)} all-reduces overlap compute; products in flight "
+            f"per all-reduce {counts}"
+        )
         assert idle == blocks, (direction, counts)
 
 
 def _dropout_case(rank, world, recompute, n=2):
     from model.parallel.random import RNG
+
     ctx = tp_context(world)
-    model = Seq2SeqTransformer(tiny(dropout=0.2), ParallelConfig(model_parallel=world, interleave_num=n,
-                                                                 recompute=recompute), ctx, seed=3)
+    model = Seq2SeqTransformer(
+        tiny(dropout=0.2), ParallelConfig(model_parallel=world, interleave_num=n, recompute=recompute), ctx, seed=3
+    )
     model.train()
     RNG.seed(123, tp_rank=ctx.tp_rank)
     loss, grads, _, _ = _run(model, batch())
@@ -238,7 +265,7 @@ def test_recompute_replays_interleaved_dropout_exactly():
     for (l0, g0), (l1, g1) in zip(plain, recomputed):
         assert l0 == l1
         assert all(torch.equal(g0[k], g1[k]) for k in g0)
-    assert plain[0][0] == plain[1][0]                   # the TP ranks drew the same residual dropout masks
+    assert plain[0][0] == plain[1][0]  # the TP ranks drew the same residual dropout masks
 
 
 @pytest.mark.parametrize("n", [2, 3])
@@ -270,9 +297,11 @@ def _packings_case(rank, world, n, recompute, micro_batches):
     how often the layers ran (recompute: twice per micro-batch)."""
     from model import interleave
     from model.packing import Packing
+
     ctx = tp_context(world)
-    model = Seq2SeqTransformer(tiny(enc=3, dec=3), ParallelConfig(model_parallel=world, interleave_num=n,
-                                                                  recompute=recompute), ctx, seed=5)
+    model = Seq2SeqTransformer(
+        tiny(enc=3, dec=3), ParallelConfig(model_parallel=world, interleave_num=n, recompute=recompute), ctx, seed=5
+    )
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     built, layer_runs = [0], [0]
     real_init, real_enc, real_dec = Packing.__init__, interleave.encoder_layer, interleave.decoder_layer
@@ -285,7 +314,9 @@ def _packings_case(rank, world, n, recompute, micro_batches):
         def run(*args):
             layer_runs[0] += 1
             return real(*args)
+
         return run
+
     Packing.__init__ = counted_init
     interleave.encoder_layer, interleave.decoder_layer = counted(real_enc), counted(real_dec)
     try:
@@ -309,9 +340,11 @@ def test_packing_is_built_once_per_micro_batch_part_and_side(n, recompute):
     recompute, instead of 8 and 4.)"""
     micro, layers = 2, 6
     built, nonzero, layer_runs = run_ranks(2, _packings_case, n, recompute, micro)[0]
-    print(f"tp2, {layers} layers, interleave {n}, recompute {recompute}: {built} packings, {nonzero} nonzero() "
-          f"in one step of {micro} micro-batches")
-    if n > 1:   # the interleaved layers ran, and with recompute ran again in backward
+    print(
+        f"tp2, {layers} layers, interleave {n}, recompute {recompute}: {built} packings, {nonzero} nonzero() "
+        f"in one step of {micro} micro-batches"
+    )
+    if n > 1:  # the interleaved layers ran, and with recompute ran again in backward
         assert layer_runs == micro * layers * (2 if recompute else 1), layer_runs
     assert built == micro * n * 2, built
     assert nonzero == built, nonzero
@@ -334,12 +367,26 @@ def test_train_py_interleave_2_equals_1_per_layout(multi30k_tsv, bpe_tokenizer, 
     Measured: loss ≤ 1.1e-7, grad_norm ≤ 1.1e-7, weights RMS ≤ 6e-4·lr (the near-zero key biases)."""
     from tests.launch import TINY, read_metrics, run_many
     from tests.test_checkpoint import merged
+
     LR = float(TINY[TINY.index("--lr") + 1])
 
     def argv(name, il):
-        return ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--steps", STEPS, *TINY,
-                "--output_dir", tmp_path / f"{name}-il{il}", "--interleave_num", il, "--save_checkpoint_steps", STEPS,
-                *LAYOUTS[name][1]]
+        return [
+            "--file_path",
+            multi30k_tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--steps",
+            STEPS,
+            *TINY,
+            "--output_dir",
+            tmp_path / f"{name}-il{il}",
+            "--interleave_num",
+            il,
+            "--save_checkpoint_steps",
+            STEPS,
+            *LAYOUTS[name][1],
+        ]
 
     runs = [(name, il) for name in LAYOUTS for il in ((2,) if "recompute" in name else (1, 2))]
     for nproc in (2, 4):
@@ -359,6 +406,8 @@ def test_train_py_interleave_2_equals_1_per_layout(multi30k_tsv, bpe_tokenizer, 
         # RMS weight difference in units of lr, as tests/test_parity.py: Adam turns the rounding noise of gradients
         # that are ~0 (attention key biases) into O(lr) steps; a missing or doubled part would be O(lr) everywhere
         weights = max(float((a[k] - b[k]).pow(2).mean().sqrt()) / LR for k in b)
-        print(f"INTERLEAVE {name}: interleave 2 vs 1 over {STEPS} steps — loss {loss:.1e}, grad_norm {norm:.1e}, "
-              f"weights RMS {weights:.1e}·lr")
+        print(
+            f"INTERLEAVE {name}: interleave 2 vs 1 over {STEPS} steps — loss {loss:.1e}, grad_norm {norm:.1e}, "
+            f"weights RMS {weights:.1e}·lr"
+        )
         assert loss <= 1e-6 and norm <= 1e-6 and weights <= 1e-2

@@ -1,6 +1,7 @@
 """The seed's MicroBatchInterleaved example: its MLP on real handwritten digits (scikit-learn's bundled set),
 tensor-parallel with interleave_num 2 — exact against interleave_num 1 and the serial network, and the recipe
 trains through DeepSpeed's launcher with the loss falling as in the seed's log."""
+
 import re
 
 import pytest
@@ -54,11 +55,13 @@ def test_mlp_tp2_interleaved_equals_plain_and_serial():
     assert out[1][0] <= 1e-6 and out[2][0] <= 1e-6
     # fc2's forward all-reduce and fc3's input-gradient all-reduce: once each at 32 × 512 → twice each at 16 × 512,
     # asynchronous; the loss's 3 statistics all-reduces unchanged
-    assert sorted(out[1][1]) == sorted([("all_reduce", 32 * 512)] * 2 + [("loss_all_reduce", 32)] * 2
-                                       + [("loss_all_reduce", 64)])
+    assert sorted(out[1][1]) == sorted(
+        [("all_reduce", 32 * 512)] * 2 + [("loss_all_reduce", 32)] * 2 + [("loss_all_reduce", 64)]
+    )
     assert sorted(out[2][2]) == [("all_reduce", 16 * 512)] * 4
     assert sorted(c for c in out[2][1] if c[0] == "loss_all_reduce") == sorted(
-        c for c in out[1][1] if c[0] == "loss_all_reduce")
+        c for c in out[1][1] if c[0] == "loss_all_reduce"
+    )
 
 
 @pytest.mark.slow
@@ -70,10 +73,10 @@ def test_recipe_trains_with_the_loss_falling(tmp_path):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "interleave_num=2" in proc.stdout
     lines = re.findall(r"epoch: (\d+) step: (\d+), loss is ([0-9.]+)", proc.stdout)
-    assert [(int(e), int(s)) for e, s, _ in lines] == [(3, 8), (5, 16), (7, 24), (9, 32)]   # 46 steps/epoch
+    assert [(int(e), int(s)) for e, s, _ in lines] == [(3, 8), (5, 16), (7, 24), (9, 32)]  # 46 steps/epoch
     losses = [r["loss"] for r in read_metrics(tmp_path / "out")]
     print("MLP recipe loss every 100 steps:", [round(float(v), 3) for _, _, v in lines], "final", losses[-1])
     assert len(losses) == 460 and abs(losses[0] - 2.3026) < 0.05
-    assert losses[-1] < 1.0                                          # measured 0.81
+    assert losses[-1] < 1.0  # measured 0.81
     accuracy = float(re.search(r'"held_out_accuracy": ([0-9.]+)', proc.stdout).group(1))
-    assert accuracy > 0.7                                            # measured 0.79
+    assert accuracy > 0.7  # measured 0.79

@@ -1,5 +1,6 @@
 """run_scripts/run.sh and run_cluster.sh (usage, layout pre-check, the commands they build, the OpenMPI path),
 the rank-table → hostfile converter, hostfile parsing, and train.py's adoption of mpirun's environment."""
+
 import json
 import os
 import re
@@ -52,21 +53,38 @@ def assert_usage_error(proc, *needles):
 
 # ----------------------------------------------------------------------------------------------------- usage
 
-@pytest.mark.parametrize("args,needle", [
-    ([], "missing arguments"),
-    (["{tsv}"], "missing arguments"),
-    (["{tmp}/nope.tsv", "2"], "is not a file"),
-    (["{tmp}", "2"], "is a folder but not one written by datasets' save_to_disk"),
-    (["{tsv}", "0"], "RANK_SIZE '0' is not a positive integer"),
-    (["{tsv}", "two"], "RANK_SIZE 'two' is not a positive integer"),
-    (["{tsv}", "-2"], "is not a positive integer"),
-    (["{tsv}", "2.5"], "is not a positive integer"),
-    (["{tsv}", "2", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
-    (["{tsv}", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
-    (["{tsv}", "2", "--launcher", "slurm"], "unknown launcher 'slurm'"),
-    (["{tsv}", "2", "--launcher"], "--launcher needs a value"),
-], ids=["none", "one", "data-missing", "data-folder", "zero", "word", "negative", "fraction", "recipe-missing",
-        "recipe-only-missing", "launcher", "launcher-empty"])
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        ([], "missing arguments"),
+        (["{tsv}"], "missing arguments"),
+        (["{tmp}/nope.tsv", "2"], "is not a file"),
+        (["{tmp}", "2"], "is a folder but not one written by datasets' save_to_disk"),
+        (["{tsv}", "0"], "RANK_SIZE '0' is not a positive integer"),
+        (["{tsv}", "two"], "RANK_SIZE 'two' is not a positive integer"),
+        (["{tsv}", "-2"], "is not a positive integer"),
+        (["{tsv}", "2.5"], "is not a positive integer"),
+        (["{tsv}", "2", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
+        (["{tsv}", "{tmp}/nope.json"], "recipe '{tmp}/nope.json' is not a file"),
+        (["{tsv}", "2", "--launcher", "slurm"], "unknown launcher 'slurm'"),
+        (["{tsv}", "2", "--launcher"], "--launcher needs a value"),
+    ],
+    ids=[
+        "none",
+        "one",
+        "data-missing",
+        "data-folder",
+        "zero",
+        "word",
+        "negative",
+        "fraction",
+        "recipe-missing",
+        "recipe-only-missing",
+        "launcher",
+        "launcher-empty",
+    ],
+)
 def test_run_sh_usage(args, needle, tsv, tmp_path):
     fill = {"tsv": tsv, "tmp": tmp_path}
     proc = run_script(RUN, [a.format(**fill) for a in args], script_env(tmp_path / "runs"))
@@ -74,15 +92,19 @@ def test_run_sh_usage(args, needle, tsv, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    ([], "missing arguments"),
-    (["{tsv}"], "missing arguments"),
-    (["{tsv}", "{tmp}/nohosts"], "HOSTFILE '{tmp}/nohosts' not found"),
-    (["{tmp}/nope.tsv", "{hf}"], "DATA_PATH '{tmp}/nope.tsv' is not a file"),
-    (["{tmp}", "{hf}"], "DATA_PATH {tmp} is a folder but not one written by datasets' save_to_disk"),
-    (["{tsv}", "{hf}", "{tmp}/nope.json"], "is not a file"),
-    (["{tsv}", "{hf}", "--launcher=mvapich"], "unknown launcher 'mvapich'"),
-], ids=["none", "one", "hostfile-missing", "data-missing", "data-folder", "recipe-missing", "launcher"])
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        ([], "missing arguments"),
+        (["{tsv}"], "missing arguments"),
+        (["{tsv}", "{tmp}/nohosts"], "HOSTFILE '{tmp}/nohosts' not found"),
+        (["{tmp}/nope.tsv", "{hf}"], "DATA_PATH '{tmp}/nope.tsv' is not a file"),
+        (["{tmp}", "{hf}"], "DATA_PATH {tmp} is a folder but not one written by datasets' save_to_disk"),
+        (["{tsv}", "{hf}", "{tmp}/nope.json"], "is not a file"),
+        (["{tsv}", "{hf}", "--launcher=mvapich"], "unknown launcher 'mvapich'"),
+    ],
+    ids=["none", "one", "hostfile-missing", "data-missing", "data-folder", "recipe-missing", "launcher"],
+)
 def test_run_cluster_usage(args, needle, tsv, tmp_path):
     fill = {"tsv": tsv, "tmp": tmp_path, "hf": HOSTFILES / "hostfile_2nodes"}
     proc = run_script(CLUSTER, [a.format(**fill) for a in args], script_env(tmp_path / "runs"))
@@ -95,6 +117,7 @@ def saved_to_disk(multi30k_dir, tmp_path_factory) -> Path:
     import datasets
 
     from common.text_lines import read_lines
+
     sides = {lang: [line.strip() for line in read_lines(multi30k_dir / f"val.{lang}.gz")] for lang in ("fr", "en")}
     folder = tmp_path_factory.mktemp("saved") / "val"
     datasets.Dataset.from_dict(sides).save_to_disk(str(folder))
@@ -107,24 +130,32 @@ def test_a_recipe_launches_on_a_datasets_save_to_disk_folder(saved_to_disk, tmp_
     run_cluster.sh takes it too (its launcher stood in for)."""
     runs = tmp_path / "runs"
     env = script_env(runs)
-    env.pop("OMP_NUM_THREADS", None)                     # the recipe's launcher sets it
-    proc = run_script("recipes/cpu-tiny/run.sh", [saved_to_disk, "--src_field", "fr", "--tgt_field", "en",
-                                                  "--steps", 2], env, timeout=600)
+    env.pop("OMP_NUM_THREADS", None)  # the recipe's launcher sets it
+    proc = run_script(
+        "recipes/cpu-tiny/run.sh",
+        [saved_to_disk, "--src_field", "fr", "--tgt_field", "en", "--steps", 2],
+        env,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = only_run_dir(runs)
     assert [r["step"] for r in read_metrics(run_dir / "output")] == [1, 2]
     assert f"--file_path {saved_to_disk} " in (only_launch(run_dir) / "command.sh").read_text()
-    echo = tmp_path / "ds.py"                            # stands in for the deepspeed command
+    echo = tmp_path / "ds.py"  # stands in for the deepspeed command
     echo.write_text("import sys\nprint(sys.argv[1:])\n")
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=2\n")
-    proc = run_script(CLUSTER, [saved_to_disk, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"],
-                      script_env(tmp_path / "cluster", DEEPSPEED=f"{sys.executable} {echo}"))
+    proc = run_script(
+        CLUSTER,
+        [saved_to_disk, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"],
+        script_env(tmp_path / "cluster", DEEPSPEED=f"{sys.executable} {echo}"),
+    )
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.parametrize("script", [RUN, CLUSTER, "recipes/2pcs/run.sh", "recipes/16pcs/run.sh",
-                                    "recipes/cpu-tiny/run.sh"])
+@pytest.mark.parametrize(
+    "script", [RUN, CLUSTER, "recipes/2pcs/run.sh", "recipes/16pcs/run.sh", "recipes/cpu-tiny/run.sh"]
+)
 def test_help_and_recipe_launcher_usage(script, tmp_path):
     proc = run_script(script, [], script_env(tmp_path))
     assert proc.returncode == 2 and "usage: bash " in proc.stderr
@@ -133,8 +164,10 @@ def test_help_and_recipe_launcher_usage(script, tmp_path):
         assert proc.returncode == 0 and proc.stdout.startswith("usage: bash " + script)
 
 
-SHELL_SCRIPTS = sorted(p.relative_to(REPO_ROOT).as_posix() for p in [*(REPO_ROOT / "run_scripts").glob("*.sh"),
-                                                                    *(REPO_ROOT / "recipes").glob("*/run.sh")])
+SHELL_SCRIPTS = sorted(
+    p.relative_to(REPO_ROOT).as_posix()
+    for p in [*(REPO_ROOT / "run_scripts").glob("*.sh"), *(REPO_ROOT / "recipes").glob("*/run.sh")]
+)
 PY_SCRIPTS = sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "run_scripts").glob("*.py"))
 
 
@@ -154,11 +187,10 @@ def test_every_launcher_answers_help_and_starts_nothing(script, tmp_path):
     env = script_env(tmp_path / "runs")
     env.pop("MASTER_PORT")
     before = sorted(REPO_ROOT.joinpath("out").rglob("*")) if (REPO_ROOT / "out").exists() else []
-    proc = subprocess.run(["bash", str(path), "--help"], cwd=work, env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(["bash", str(path), "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert proc.stdout.startswith("usage: ") and proc.stderr == "", (proc.stdout, proc.stderr)
-    if script.startswith("recipes/"):       # a copy's usage names the copy, not the folder it was copied from
+    if script.startswith("recipes/"):  # a copy's usage names the copy, not the folder it was copied from
         assert f"bash {path} " in proc.stdout.splitlines()[0] and "recipes/" not in proc.stdout.splitlines()[0]
     assert not any(work.iterdir()) and not (tmp_path / "runs").exists()
     assert (sorted(REPO_ROOT.joinpath("out").rglob("*")) if (REPO_ROOT / "out").exists() else []) == before
@@ -167,6 +199,7 @@ def test_every_launcher_answers_help_and_starts_nothing(script, tmp_path):
 @pytest.mark.parametrize("script", PY_SCRIPTS)
 def test_every_python_script_answers_help(script, tmp_path):
     from tests.launch import env, run_python
+
     proc = run_python([sys.executable, REPO_ROOT / script, "--help"], cwd=tmp_path, env=env(), timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.startswith("usage: ") and "Traceback" not in proc.stderr
@@ -175,13 +208,15 @@ def test_every_python_script_answers_help(script, tmp_path):
 
 # ----------------------------------------------------------------------------------------- the master port
 
+
 def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, tmp_path):
     """Without MASTER_PORT the launchers pick a port nobody listens on (29500 was fixed: a second job on the
     machine failed at the rendezvous); a given port that is busy stops the launch with one line, nothing created."""
     import socket
+
     held = socket.socket()
     try:
-        held.bind(("", 29500))                     # the old default, busy (if another job does not hold it already)
+        held.bind(("", 29500))  # the old default, busy (if another job does not hold it already)
         held.listen()
     except OSError:
         pass
@@ -196,15 +231,21 @@ def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, 
         port = int(flag(shlex.split(proc.stdout.strip().splitlines()[-1]), "--master_port"))
         assert port != 29500
         with socket.socket() as probe:
-            probe.bind(("", port))                 # free
-        for script, args in ((RUN, [tsv, 2, "recipes/2pcs/2pcs.json"]), ("run_scripts/quickstart.sh", [tmp_path / "q"]),
-                             ("recipes/interleaved-mlp/run.sh", [])):
-            proc = run_script(script, args, script_env(tmp_path / "runs", MASTER_PORT=busy.getsockname()[1]),
-                              timeout=60)
+            probe.bind(("", port))  # free
+        for script, args in (
+            (RUN, [tsv, 2, "recipes/2pcs/2pcs.json"]),
+            ("run_scripts/quickstart.sh", [tmp_path / "q"]),
+            ("recipes/interleaved-mlp/run.sh", []),
+        ):
+            proc = run_script(
+                script, args, script_env(tmp_path / "runs", MASTER_PORT=busy.getsockname()[1]), timeout=60
+            )
             assert proc.returncode == 2, (script, proc.stdout[-2000:], proc.stderr[-2000:])
-            assert proc.stderr.splitlines() == [f"error: MASTER_PORT {busy.getsockname()[1]} is in use on this "
-                                                f"machine (another job's rendezvous?); leave MASTER_PORT unset to get "
-                                                f"a free port, or choose another"], script
+            assert proc.stderr.splitlines() == [
+                f"error: MASTER_PORT {busy.getsockname()[1]} is in use on this "
+                f"machine (another job's rendezvous?); leave MASTER_PORT unset to get "
+                f"a free port, or choose another"
+            ], script
             assert not (tmp_path / "runs").exists() and not (tmp_path / "q").exists()
         proc = run_script(RUN, [tsv, 2], script_env(tmp_path / "runs", MASTER_PORT="29x"))
         assert proc.returncode == 2 and proc.stderr.startswith("error: MASTER_PORT '29x' is not a port number")
@@ -214,6 +255,7 @@ def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, 
 
 
 # --------------------------------------------------------------------------- pre-check and the built commands
+
 
 def test_layout_precheck_stops_before_launch(tsv, tmp_path):
     proc = run_script(RUN, [tsv, 8, REPO_ROOT / "recipes/16pcs/16pcs.json"], script_env(tmp_path / "runs"))
@@ -234,7 +276,7 @@ def dry_run(script, args, tmp_path, **env):
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     assert lines[1].startswith("layout ok: ")
-    assert not (tmp_path / "runs").exists()          # a dry run creates nothing
+    assert not (tmp_path / "runs").exists()  # a dry run creates nothing
     return shlex.split(lines[-1]), lines[1]
 
 
@@ -243,15 +285,15 @@ def flag(cmd, name):
 
 
 def test_run_sh_commands(tsv, tmp_path):
-    cmd, layout = dry_run(RUN, [tsv, 8, "--steps", 3], tmp_path)          # the default recipe for 8
+    cmd, layout = dry_run(RUN, [tsv, 8, "--steps", 3], tmp_path)  # the default recipe for 8
     assert flag(cmd, "--num_gpus") == "8" and "--enable_each_rank_log" in cmd
     assert flag(cmd, "--recipe") == str(REPO_ROOT / "recipes/8pcs/8pcs.json")
     assert flag(cmd, "--distribute") == "true" and flag(cmd, "--file_path") == str(tsv)
     assert cmd[-2:] == ["--steps", "3"] and "dp 1 × mp 8 × pp 1" in layout
-    assert flag(cmd, "--world_size") == "8"                       # train.py hears the count the launcher starts
+    assert flag(cmd, "--world_size") == "8"  # train.py hears the count the launcher starts
     run_dir = Path(flag(cmd, "--output_dir")).parent
-    assert run_dir == tmp_path / "runs" / "8pcs"                  # runs/<recipe>: the same for every launch
-    assert re.fullmatch(r"\d{8}-\d{6}", Path(flag(cmd, "--enable_each_rank_log")).name)   # logs/<time>: this launch
+    assert run_dir == tmp_path / "runs" / "8pcs"  # runs/<recipe>: the same for every launch
+    assert re.fullmatch(r"\d{8}-\d{6}", Path(flag(cmd, "--enable_each_rank_log")).name)  # logs/<time>: this launch
     assert Path(flag(cmd, "--enable_each_rank_log")).parent == run_dir / "logs"
 
     cmd, layout = dry_run(RUN, [tsv, 4, "--launcher", "openmpi"], tmp_path)  # no 4pcs recipe: the seed's --mp 4
@@ -259,7 +301,7 @@ def test_run_sh_commands(tsv, tmp_path):
     assert flag(cmd, "--launcher") == "openmpi" and "--force_multi" in cmd
     mpi = flag(cmd, "--launcher_args").split()
     assert flag(mpi, "-x") == "MASTER_ADDR=127.0.0.1" and "--output-filename" in mpi
-    assert "--launcher" not in cmd[cmd.index(str(REPO_ROOT / "run_scripts/train.py")):]   # not passed to train.py
+    assert "--launcher" not in cmd[cmd.index(str(REPO_ROOT / "run_scripts/train.py")) :]  # not passed to train.py
 
 
 def test_a_copied_recipe_edited_to_2_ranks_launches_2(tsv, tmp_path):
@@ -270,8 +312,14 @@ def test_a_copied_recipe_edited_to_2_ranks_launches_2(tsv, tmp_path):
     raw = json.loads((copy / "8pcs.json").read_text())
     raw["parallel"].update(model_parallel=1, pipeline_stage=2, micro_batch_num=2, world_size=2)
     (copy / "8pcs.json").write_text(json.dumps(raw, indent=2))
-    proc = subprocess.run(["bash", str(copy / "run.sh"), str(tsv)], cwd=tmp_path, capture_output=True, text=True,
-                          env=script_env(tmp_path / "runs", DRY_RUN=1), timeout=120)
+    proc = subprocess.run(
+        ["bash", str(copy / "run.sh"), str(tsv)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=script_env(tmp_path / "runs", DRY_RUN=1),
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     cmd = shlex.split(lines[-1])
@@ -284,6 +332,7 @@ def test_rank_size_given_wins_over_the_recipes_world_size_and_run_name_names_a_s
     """run.sh DATA RECIPE.json starts the recipe's world_size (or --world_size among the flags); an explicit
     RANK_SIZE wins, as a flag wins over a recipe key, with a note; the two given apart and different, or a recipe
     that says nothing, is one line. RUN_NAME puts a second run of a recipe beside the first."""
+
     def dry(*args, **env):
         proc = run_script(RUN, list(args), script_env(tmp_path / "runs", DRY_RUN=1, **env))
         lines = proc.stdout.strip().splitlines()
@@ -301,30 +350,44 @@ def test_rank_size_given_wins_over_the_recipes_world_size_and_run_name_names_a_s
     assert proc.stderr.splitlines() == [f"note: RANK_SIZE 4 overrides the world_size 8 of {dp2mp4}: 4 processes"]
     proc, _ = dry(tsv, 2, tiny, "--world_size", 4)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
-        "error: RANK_SIZE 2 and --world_size 4 disagree: give the number of processes once"]
+        "error: RANK_SIZE 2 and --world_size 4 disagree: give the number of processes once"
+    ]
     en_fr = str(REPO_ROOT / "recipes/multi30k-en-fr/multi30k-en-fr.json")
     proc, _ = dry(tsv, en_fr)
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
-        f"error: recipe {en_fr} does not say how many processes it is written for: add \"world_size\": N to its "
-        f"\"parallel\" section, or give the count: bash run_scripts/run.sh DATA N {en_fr}"]
+        f'error: recipe {en_fr} does not say how many processes it is written for: add "world_size": N to its '
+        f'"parallel" section, or give the count: bash run_scripts/run.sh DATA N {en_fr}'
+    ]
     proc, cmd = dry(tsv, tiny, RUN_NAME="lr3e-3")
     assert Path(flag(cmd, "--output_dir")) == tmp_path / "runs" / "cpu-tiny-lr3e-3" / "output"
     proc, _ = dry(tsv, tiny, RUN_NAME="a/b")
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         "error: RUN_NAME 'a/b' must be a plain name (letters, digits, . _ -): it becomes part of the run folder's "
-        "name, cpu-tiny-RUN_NAME"]
+        "name, cpu-tiny-RUN_NAME"
+    ]
     assert not (tmp_path / "runs").exists()
     # run_cluster.sh: the hostfile's slots are the count, over the recipe's world_size (said in a note)
     hostfile = tmp_path / "hostfile"
     hostfile.write_text("127.0.0.1 slots=2\n")
     proc = run_script(CLUSTER, [tsv, hostfile, dp2mp4, "--mp", 2], script_env(tmp_path / "runs", DRY_RUN=1))
     assert proc.returncode == 0, proc.stderr
-    assert proc.stderr.splitlines() == [f"note: the hostfile's 2 slots override the world_size 8 of {dp2mp4}: 2 "
-                                        f"processes"]
+    assert proc.stderr.splitlines() == [
+        f"note: the hostfile's 2 slots override the world_size 8 of {dp2mp4}: 2 processes"
+    ]
     assert flag(launch_payload.decode(shlex.split(proc.stdout.splitlines()[-2])[-1])["argv"], "--world_size") == "2"
     # plan.py plans for the recipe's world size when none is given
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts/plan.py"), "--check", "--recipe",
-                           str(REPO_ROOT / "recipes/16pcs/16pcs.json")], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO_ROOT / "run_scripts/plan.py"),
+            "--check",
+            "--recipe",
+            str(REPO_ROOT / "recipes/16pcs/16pcs.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("layout ok: 16 ranks = dp 1 × mp 8 × pp 2"), proc.stderr
 
 
@@ -344,18 +407,25 @@ def test_run_cluster_commands(tsv, tmp_path):
     assert flag(cmd, "--hostfile") == str(HOSTFILES / "hostfile_2nodes")
     assert flag(cmd, "--master_addr") == "192.0.2.10" and flag(cmd, "--master_port") == "29777"
     argv = payload["argv"]
-    assert flag(argv, "--recipe") == str(REPO_ROOT / "recipes/16pcs/16pcs.json")      # the default recipe
+    assert flag(argv, "--recipe") == str(REPO_ROOT / "recipes/16pcs/16pcs.json")  # the default recipe
     assert flag(argv, "--file_path") == str(tsv) and flag(argv, "--distribute") == "true"
     run_dir = Path(flag(argv, "--output_dir")).parent
-    assert run_dir == tmp_path / "runs" / "16pcs" and flag(argv, "--world_size") == "16"     # the hostfile's slots
-    assert Path(payload["log_dir"]).parent == run_dir / "logs"                               # logs/<time>
-    assert payload["cwd"] == str(REPO_ROOT)                                                   # run_script runs there
+    assert run_dir == tmp_path / "runs" / "16pcs" and flag(argv, "--world_size") == "16"  # the hostfile's slots
+    assert Path(payload["log_dir"]).parent == run_dir / "logs"  # logs/<time>
+    assert payload["cwd"] == str(REPO_ROOT)  # run_script runs there
     # the ranks write their own logs (the payload says where): no log path crosses the remote shell
     assert "--enable_each_rank_log" not in cmd and "--no_ssh_check" not in cmd and "--launcher" not in cmd
     assert "16 ranks = dp 1 × mp 8 × pp 2" in layout
-    cmd, payload, _ = cluster_dry_run([tsv, HOSTFILES / "hostfile_2nodes"], tmp_path, LAUNCHER="openmpi",
-                                      LAUNCHER_ARGS="--allow-run-as-root", MASTER_ADDR="10.0.0.1",
-                                      OMP_NUM_THREADS="1", EXPORT_VARS="NCCL_IB_HCA DSR_UNSET", NCCL_IB_HCA="mlx5")
+    cmd, payload, _ = cluster_dry_run(
+        [tsv, HOSTFILES / "hostfile_2nodes"],
+        tmp_path,
+        LAUNCHER="openmpi",
+        LAUNCHER_ARGS="--allow-run-as-root",
+        MASTER_ADDR="10.0.0.1",
+        OMP_NUM_THREADS="1",
+        EXPORT_VARS="NCCL_IB_HCA DSR_UNSET",
+        NCCL_IB_HCA="mlx5",
+    )
     assert flag(cmd, "--launcher") == "openmpi" and flag(cmd, "--master_addr") == "10.0.0.1"
     mpi = flag(cmd, "--launcher_args").split()
     assert "-x" in mpi and "MASTER_ADDR=10.0.0.1" in mpi and mpi[-1] == "--allow-run-as-root"
@@ -372,45 +442,70 @@ def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):
     """What DeepSpeed's pdsh runner does to a command (joins it into one string that the remote shell parses)
     cannot touch the token: the shell hands train.py back exactly the arguments it was given, and runs nothing."""
     marker = tmp_path / "ran"
-    nasty = [f"a $(touch {marker}) b", f"`touch {marker}`", "it's", 'say "hi"', "$HOME", "tab\there", "ünï",
-             "--flag=x y"]
-    token = launch_payload.encode(nasty, env={"OMP_NUM_THREADS": "1"}, log_dir=str(tmp_path / "log s"),
-                                  cwd=str(tmp_path))
+    nasty = [
+        f"a $(touch {marker}) b",
+        f"`touch {marker}`",
+        "it's",
+        'say "hi"',
+        "$HOME",
+        "tab\there",
+        "ünï",
+        "--flag=x y",
+    ]
+    token = launch_payload.encode(
+        nasty, env={"OMP_NUM_THREADS": "1"}, log_dir=str(tmp_path / "log s"), cwd=str(tmp_path)
+    )
     assert re.fullmatch(r"[A-Za-z0-9_-]+", token)
-    script = ("import sys; sys.path.insert(0, sys.argv[1]); from common import launch_payload; "
-              "print(repr(launch_payload.apply(sys.argv[2:])), flush=True)")
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1]); from common import launch_payload; "
+        "print(repr(launch_payload.apply(sys.argv[2:])), flush=True)"
+    )
     line = f"{sys.executable} -c {shlex.quote(script)} {REPO_ROOT} --local_rank=0 --launch_payload {token}"
-    proc = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, RANK="3"))
+    proc = subprocess.run(
+        ["bash", "-c", line], capture_output=True, text=True, timeout=60, env=dict(os.environ, RANK="3")
+    )
     assert proc.returncode == 0 and not marker.exists(), proc.stderr
-    logs = list((tmp_path / "log s").glob("*_rank3.log"))        # stdout went to the rank's log
+    logs = list((tmp_path / "log s").glob("*_rank3.log"))  # stdout went to the rank's log
     assert len(logs) == 1 and logs[0].read_text().strip() == repr(["--local_rank=0"] + nasty)
 
 
-@pytest.mark.parametrize("payload,why", [({"argv": ["--steps", 3]}, '"argv" must be a list of strings'),
-                                         ({"argv": [], "cwd": 7}, '"cwd" must be a folder path'),
-                                         ({"argv": [], "env": ["A=1"]}, '"env" must map names to strings'),
-                                         ({"argv": [], "log_dir": ["x"]}, '"log_dir" must be a folder path')])
+@pytest.mark.parametrize(
+    "payload,why",
+    [
+        ({"argv": ["--steps", 3]}, '"argv" must be a list of strings'),
+        ({"argv": [], "cwd": 7}, '"cwd" must be a folder path'),
+        ({"argv": [], "env": ["A=1"]}, '"env" must map names to strings'),
+        ({"argv": [], "log_dir": ["x"]}, '"log_dir" must be a folder path'),
+    ],
+)
 def test_a_launch_payload_with_a_wrong_typed_field_is_one_line(payload, why):
     """A token with a field of the wrong type traced back in `apply` (os.chdir(7), env.items() of a list)."""
     import base64
+
     token = base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts/train.py"), "--launch_payload", token],
-                          capture_output=True, text=True, timeout=120, cwd=REPO_ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run_scripts/train.py"), "--launch_payload", token],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO_ROOT,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: --launch_payload: the token does not decode ({why}"), \
+    assert len(lines) == 1 and lines[0].startswith(f"error: --launch_payload: the token does not decode ({why}"), (
         proc.stderr
+    )
 
 
 def test_failed_run_reports_rank_errors(tsv, tmp_path):
     """When the launcher fails, the script exits with its status and shows the ranks' `error:` lines."""
     fake = tmp_path / "fake_deepspeed"
-    fake.write_text('while [ $# -gt 0 ]; do [ "$1" = --enable_each_rank_log ] && d=$2; shift; done\n'
-                    'mkdir -p "$d"; echo started > "$d/t_rank0.log"\n'
-                    'echo "error: --vocab_size 100 is too small" > "$d/t_rank1.log"; exit 3\n')
-    proc = run_script(RUN, [tsv, 2, "recipes/2pcs/2pcs.json"],
-                      script_env(tmp_path / "runs", DEEPSPEED=f"bash {fake}"))
+    fake.write_text(
+        'while [ $# -gt 0 ]; do [ "$1" = --enable_each_rank_log ] && d=$2; shift; done\n'
+        'mkdir -p "$d"; echo started > "$d/t_rank0.log"\n'
+        'echo "error: --vocab_size 100 is too small" > "$d/t_rank1.log"; exit 3\n'
+    )
+    proc = run_script(RUN, [tsv, 2, "recipes/2pcs/2pcs.json"], script_env(tmp_path / "runs", DEEPSPEED=f"bash {fake}"))
     assert proc.returncode == 3, proc.stderr
     assert "training failed (launcher exit status 3)" in proc.stderr
     assert "error: --vocab_size 100 is too small" in proc.stderr
@@ -428,15 +523,31 @@ def test_openmpi_launch_runs_with_mpirun_environment(multi30k_tsv, bpe_tokenizer
     hostfile.write_text("localhost slots=2\n")
     log = tmp_path / "mpirun.log"
     env = script_env(tmp_path / "runs", PATH=f"{FAKE_MPI}{os.pathsep}{os.environ['PATH']}", FAKE_MPIRUN_LOG=log)
-    proc = run_script(CLUSTER, [multi30k_tsv, hostfile, REPO_ROOT / "recipes/2pcs/2pcs.json", "--launcher",
-                                "openmpi", "--steps", 2, "--d_model", 32, "--tokenizer", bpe_tokenizer,
-                                "--tensorboard", 0], env)
+    proc = run_script(
+        CLUSTER,
+        [
+            multi30k_tsv,
+            hostfile,
+            REPO_ROOT / "recipes/2pcs/2pcs.json",
+            "--launcher",
+            "openmpi",
+            "--steps",
+            2,
+            "--d_model",
+            32,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--tensorboard",
+            0,
+        ],
+        env,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     mpirun = log.read_text().split()
     assert mpirun[:2] == ["-n", "2"] and "MASTER_ADDR=localhost" in mpirun
     run_dir = only_run_dir(tmp_path / "runs")
     assert [r["step"] for r in read_metrics(run_dir / "output")] == [1, 2]
-    host = socket.gethostname()          # each rank writes its own log (the launch payload says where)
+    host = socket.gethostname()  # each rank writes its own log (the launch payload says where)
     launch = only_launch(run_dir)
     rank0 = (launch / f"{host}_rank0.log").read_text()
     assert "layout: world=2 dp=1 mp=2 pp=1" in rank0
@@ -446,11 +557,18 @@ def test_openmpi_launch_runs_with_mpirun_environment(multi30k_tsv, bpe_tokenizer
 
 def test_adopt_mpi_env():
     from training.core.distributed import adopt_mpi_env
-    env = {"OMPI_COMM_WORLD_RANK": "3", "OMPI_COMM_WORLD_SIZE": "8", "OMPI_COMM_WORLD_LOCAL_RANK": "1",
-           "OMPI_COMM_WORLD_LOCAL_SIZE": "4", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500"}
+
+    env = {
+        "OMPI_COMM_WORLD_RANK": "3",
+        "OMPI_COMM_WORLD_SIZE": "8",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "1",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "4",
+        "MASTER_ADDR": "10.0.0.1",
+        "MASTER_PORT": "29500",
+    }
     assert adopt_mpi_env(env)
     assert (env["RANK"], env["WORLD_SIZE"], env["LOCAL_RANK"], env["LOCAL_SIZE"]) == ("3", "8", "1", "4")
-    assert not adopt_mpi_env({"WORLD_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "2"})     # a torch launcher came first
+    assert not adopt_mpi_env({"WORLD_SIZE": "2", "OMPI_COMM_WORLD_SIZE": "2"})  # a torch launcher came first
     assert not adopt_mpi_env({})
     with pytest.raises(UserError, match="without MASTER_ADDR and MASTER_PORT"):
         adopt_mpi_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "2"})
@@ -458,13 +576,19 @@ def test_adopt_mpi_env():
 
 # ------------------------------------------------------------------------------------- rank tables, hostfiles
 
+
 def convert(*args):
-    return subprocess.run([sys.executable, str(REPO_ROOT / "run_scripts/rank_table_to_hostfile.py"),
-                           *map(str, args)], capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, str(REPO_ROOT / "run_scripts/rank_table_to_hostfile.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
-@pytest.mark.parametrize("n,hosts", [(2, [("192.0.2.10", 2)]), (8, [("192.0.2.10", 8)]),
-                                     (16, [("192.0.2.10", 8), ("192.0.2.11", 8)])])
+@pytest.mark.parametrize(
+    "n,hosts", [(2, [("192.0.2.10", 2)]), (8, [("192.0.2.10", 8)]), (16, [("192.0.2.10", 8), ("192.0.2.11", 8)])]
+)
 def test_shipped_rank_tables_round_trip(n, hosts, tmp_path):
     table = TABLES / f"rank_table_{n}pcs.json"
     out = tmp_path / "hostfile"
@@ -478,7 +602,7 @@ def test_shipped_rank_tables_round_trip(n, hosts, tmp_path):
     assert data["server_count"] == str(len(hosts)) and data["status"] == "completed"
     assert [d["rank_id"] for s in data["server_list"] for d in s["device"]] == [str(r) for r in range(n)]
     assert convert(table).stdout.splitlines()[1:] == [f"{h} slots={s}" for h, s in hosts]
-    if n == 16:                                      # the shipped 2-node hostfile is the 16pcs table
+    if n == 16:  # the shipped 2-node hostfile is the 16pcs table
         assert read_hostfile(str(HOSTFILES / "hostfile_2nodes")) == got
 
 
@@ -494,20 +618,31 @@ def _table(**change):
 
 MALFORMED = [
     ("not-an-object", [1, 2], "expected a JSON object"),
-    ("no-server-list", {"version": "1.0"}, "missing \"server_list\""),
-    ("empty-server-list", _table(server_list=[], server_count="0"), "\"server_list\" is empty"),
+    ("no-server-list", {"version": "1.0"}, 'missing "server_list"'),
+    ("empty-server-list", _table(server_list=[], server_count="0"), '"server_list" is empty'),
     ("count-mismatch", _table(server_count="3"), "server_count is 3 but server_list has 2 servers"),
-    ("no-server-id", _table(mutate=lambda t: t["server_list"][1].pop("server_id")),
-     "server_list[1]: missing \"server_id\""),
-    ("no-devices", _table(mutate=lambda t: t["server_list"][0].update(device=[])), "\"device\" is empty"),
-    ("rank-order", _table(mutate=lambda t: t["server_list"][1]["device"].reverse()),
-     "rank_id 3, expected 2"),
-    ("rank-not-int", _table(mutate=lambda t: t["server_list"][0]["device"][0].update(rank_id="zero")),
-     "\"rank_id\" is 'zero', not an integer"),
-    ("duplicate-server", _table(mutate=lambda t: t["server_list"][1].update(server_id="192.0.2.10")),
-     "server_id 192.0.2.10 appears twice"),
-    ("duplicate-device", _table(mutate=lambda t: t["server_list"][0]["device"][1].update(device_id="0")),
-     "device_id repeated"),
+    (
+        "no-server-id",
+        _table(mutate=lambda t: t["server_list"][1].pop("server_id")),
+        'server_list[1]: missing "server_id"',
+    ),
+    ("no-devices", _table(mutate=lambda t: t["server_list"][0].update(device=[])), '"device" is empty'),
+    ("rank-order", _table(mutate=lambda t: t["server_list"][1]["device"].reverse()), "rank_id 3, expected 2"),
+    (
+        "rank-not-int",
+        _table(mutate=lambda t: t["server_list"][0]["device"][0].update(rank_id="zero")),
+        "\"rank_id\" is 'zero', not an integer",
+    ),
+    (
+        "duplicate-server",
+        _table(mutate=lambda t: t["server_list"][1].update(server_id="192.0.2.10")),
+        "server_id 192.0.2.10 appears twice",
+    ),
+    (
+        "duplicate-device",
+        _table(mutate=lambda t: t["server_list"][0]["device"][1].update(device_id="0")),
+        "device_id repeated",
+    ),
 ]
 
 
@@ -532,19 +667,26 @@ def test_hostfile_parsing():
     text = "# comment\n\nworker-0 slots=8\nworker-1   slots=4 max_slots=4\n"
     assert parse_hostfile_text(text) == [Host("worker-0", 8), Host("worker-1", 4)]
     assert parse_hostfile_text(format_hostfile([Host("a", 2)], header="x\ny")) == [Host("a", 2)]
-    for text, needle in [("worker-0\n", "line 1: 'worker-0' is not 'HOST slots=N'"),
-                         ("a slots=2\na slots=2\n", "line 2: host a is listed twice"),
-                         ("a slots=0\n", "has slots=0"), ("# nothing\n", "lists no hosts")]:
+    for text, needle in [
+        ("worker-0\n", "line 1: 'worker-0' is not 'HOST slots=N'"),
+        ("a slots=2\na slots=2\n", "line 2: host a is listed twice"),
+        ("a slots=0\n", "has slots=0"),
+        ("# nothing\n", "lists no hosts"),
+    ]:
         with pytest.raises(UserError, match=needle):
             parse_hostfile_text(text)
     # what editors and people write: a byte-order mark, CRLF, tabs, comments after an entry — read as meant
     messy = "\ufeff# nodes\r\nworker-0\tslots=8  # the first\r\n\t\r\nworker-1 slots=4\r\n"
     assert parse_hostfile_text(messy) == [Host("worker-0", 8), Host("worker-1", 4)]
-    for text, needle in [("a\u200b slots=2\n", r"line 1: host 'a\\u200b' holds characters a terminal does not "
-                                                  r"show \(U\+200B\)"),
-                         ("a;touch${IFS}x slots=2\n", "holds characters other than letters"),
-                         ("x slots=1\na slots=2\n\na slots=2\n",
-                          "line 4: host a is listed twice \\(first on line 2\\)")]:
+    for text, needle in [
+        (
+            "a\u200b slots=2\n",
+            r"line 1: host 'a\\u200b' holds characters a terminal does not "
+            r"show \(U\+200B\)",
+        ),
+        ("a;touch${IFS}x slots=2\n", "holds characters other than letters"),
+        ("x slots=1\na slots=2\n\na slots=2\n", "line 4: host a is listed twice \\(first on line 2\\)"),
+    ]:
         with pytest.raises(UserError, match=needle):
             parse_hostfile_text(text)
     nodes = rank_nodes(12, [Host("a", 8), Host("b", 4)])
@@ -561,7 +703,7 @@ def test_run_cluster_hands_the_launcher_a_clean_hostfile(tsv, tmp_path):
     hostfile = tmp_path / "hostfile"
     hostfile.write_bytes("\ufeff127.0.0.1 slots=2\r\n# end\r\n".encode("utf-8"))
     runs = tmp_path / "runs"
-    echo = tmp_path / "ds.py"                   # stands in for the deepspeed command: shows what it was given
+    echo = tmp_path / "ds.py"  # stands in for the deepspeed command: shows what it was given
     echo.write_text("import sys\nprint(sys.argv[1:])\n")
     env = script_env(runs, DEEPSPEED=f"{sys.executable} {echo}")
     proc = run_script(CLUSTER, [tsv, hostfile, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"], env)
@@ -579,13 +721,16 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
     flag and distributed environment DeepSpeed's per-node launcher gives it, and like it ends the job with a failing
     rank's exit code."""
     from tests.launch import _fork_server, env, launch_cmd, run_python
+
     probe = tmp_path / "probe.py"
-    probe.write_text("import json, os, sys\n"            # the whole environment but the (free) port
-                     "env = {k: v for k, v in os.environ.items() if k != 'MASTER_PORT'}\n"
-                     "with open(sys.argv[-1] + os.environ['RANK'], 'w') as f:\n"
-                     "    json.dump({'argv': sys.argv[1:-1], 'parent': os.getppid(), **env}, f)\n"
-                     "if 'fail' in sys.argv:\n"             # rank 1 fails while the others wait for it
-                     "    sys.exit(3) if os.environ['RANK'] == '1' else __import__('time').sleep(600)\n")
+    probe.write_text(
+        "import json, os, sys\n"  # the whole environment but the (free) port
+        "env = {k: v for k, v in os.environ.items() if k != 'MASTER_PORT'}\n"
+        "with open(sys.argv[-1] + os.environ['RANK'], 'w') as f:\n"
+        "    json.dump({'argv': sys.argv[1:-1], 'parent': os.getppid(), **env}, f)\n"
+        "if 'fail' in sys.argv:\n"  # rank 1 fails while the others wait for it
+        "    sys.exit(3) if os.environ['RANK'] == '1' else __import__('time').sleep(600)\n"
+    )
     parents = {}
 
     def ranks(out):
@@ -601,18 +746,26 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
         assert proc.returncode == 0, proc.stderr[-2000:]
         seen[launcher] = ranks(out)
     # and the spawner started on its own (no fork server): its ranks are new interpreters
-    own = subprocess.run(launch_cmd(3, str(probe)) + ["x", tmp_path / "own"], cwd=REPO_ROOT, env=env(),
-                         capture_output=True, text=True, timeout=120)
+    own = subprocess.run(
+        launch_cmd(3, str(probe)) + ["x", tmp_path / "own"],
+        cwd=REPO_ROOT,
+        env=env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert own.returncode == 0, own.stderr[-2000:]
     assert seen["spawn"] == seen["deepspeed"] == ranks(tmp_path / "own")
-    server = _fork_server["proc"].pid                  # the spawner's ranks are forks of the server, or new processes
+    server = _fork_server["proc"].pid  # the spawner's ranks are forks of the server, or new processes
     assert parents["spawn"] == {server} and server not in parents["own"] | parents["deepspeed"]
-    assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["LOCAL_SIZE"]) for r in seen["spawn"]] == \
-        [(str(r), str(r), "3", "3") for r in range(3)]
+    assert [(r["RANK"], r["LOCAL_RANK"], r["WORLD_SIZE"], r["LOCAL_SIZE"]) for r in seen["spawn"]] == [
+        (str(r), str(r), "3", "3") for r in range(3)
+    ]
     assert [r["argv"] for r in seen["spawn"]] == [[f"--local_rank={r}", "x"] for r in range(3)]
-    for start_it in (lambda cmd: run_python(cmd, env=env(), timeout=120),
-                     lambda cmd: subprocess.run(cmd, cwd=REPO_ROOT, env=env(), capture_output=True, text=True,
-                                                timeout=120)):
+    for start_it in (
+        lambda cmd: run_python(cmd, env=env(), timeout=120),
+        lambda cmd: subprocess.run(cmd, cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120),
+    ):
         start = time.time()
         failed = start_it(launch_cmd(3, str(probe)) + ["fail", tmp_path / "f"])
         assert failed.returncode == 3 and time.time() - start < 30  # the waiting ranks were ended, not waited for
@@ -623,15 +776,18 @@ def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mo
     """tests/drivers/fork_server.py (how the tests start single-process Python commands): argv, cwd, environment,
     sys.path, __name__, stdout/stderr, exit codes and an uncaught exception's report are the interpreter's."""
     from tests.launch import env, run_python
+
     probe = tmp_path / "probe.py"
-    probe.write_text("import json, os, sys\n"
-                     "print(json.dumps({'argv': sys.argv, 'cwd': os.getcwd(), 'path': sys.path, 'name': __name__, "
-                     "'x': os.environ.get('X')}))\n"
-                     "print('to stderr', file=sys.stderr)\n"
-                     "if sys.argv[1] == 'exit':\n"
-                     "    sys.exit(3)\n"
-                     "if sys.argv[1] == 'raise':\n"
-                     "    raise ValueError('boom')\n")
+    probe.write_text(
+        "import json, os, sys\n"
+        "print(json.dumps({'argv': sys.argv, 'cwd': os.getcwd(), 'path': sys.path, 'name': __name__, "
+        "'x': os.environ.get('X')}))\n"
+        "print('to stderr', file=sys.stderr)\n"
+        "if sys.argv[1] == 'exit':\n"
+        "    sys.exit(3)\n"
+        "if sys.argv[1] == 'raise':\n"
+        "    raise ValueError('boom')\n"
+    )
     cmd = [sys.executable, str(probe), mode, "two words"]
     e = dict(env(), X="42")
     forked = run_python(cmd, cwd=tmp_path, env=e)
@@ -639,8 +795,9 @@ def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mo
     assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
     assert forked.returncode == {"ok": 0, "exit": 3, "raise": 1}[mode]
     assert json.loads(forked.stdout)["x"] == "42" and forked.stderr.startswith("to stderr")
-    if mode == "ok":      # a fork of the server; with DSR_TEST_FORK=0 (the failure tests) a new interpreter
+    if mode == "ok":  # a fork of the server; with DSR_TEST_FORK=0 (the failure tests) a new interpreter
         from tests.launch import _fork_server
+
         parent = "import os; print(os.getppid())"
         (tmp_path / "parent.py").write_text(parent)
         assert int(run_python([sys.executable, tmp_path / "parent.py"], env=e).stdout) == _fork_server["proc"].pid

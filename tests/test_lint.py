@@ -1,5 +1,6 @@
 """The codebase stays linted and formatted: ruff (pyproject.toml [tool.ruff]) is clean, `ruff format --check` finds
 nothing to change, the pre-commit hooks run the same checks, and every `# noqa` says why."""
+
 from __future__ import annotations
 
 import re
@@ -16,15 +17,17 @@ needs_ruff = pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is no
 
 @needs_ruff
 def test_ruff_is_clean():
-    proc = subprocess.run(["ruff", "check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        ["ruff", "check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
 @needs_ruff
 def test_the_code_is_formatted():
-    proc = subprocess.run(["ruff", "format", "--check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        ["ruff", "format", "--check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
 
@@ -40,7 +43,7 @@ def test_the_pre_commit_hooks_run_the_same_checks(tmp_path):
     assert lint[:2] == ["ruff", "check"] and fmt[:2] == ["ruff", "format"]
     settings = ["--no-cache", "--config", str(REPO_ROOT / "pyproject.toml")]
     bad = tmp_path / "bad.py"
-    bad.write_text("import os\nimport sys\n\nprint(sys.argv)\n")            # an unused import: F401
+    bad.write_text("import os\nimport sys\n\nprint(sys.argv)\n")  # an unused import: F401
     proc = subprocess.run([*lint, *settings, str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and "F401" in proc.stdout, proc.stdout + proc.stderr
     unformatted = tmp_path / "unformatted.py"

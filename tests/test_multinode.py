@@ -15,6 +15,7 @@ network — the paths a user takes with a hostfile, with nothing stood in.
 The cluster needs root and network namespaces (and sshd, pdsh, OpenMPI, installed by the README's test command);
 elsewhere these tests skip with the reason. Each launch costs 20-40 s on 2 cores (8 Python processes start).
 """
+
 from __future__ import annotations
 
 import fcntl
@@ -70,8 +71,17 @@ def data(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
 
 def launch(cluster, data, runs_dir, *flags, launcher="pdsh", wait=True, **env):
     """bash run_cluster.sh DATA HOSTFILE RECIPE FLAGS on node 0 of the cluster (as a user logged in there)."""
-    cmd = ["bash", CLUSTER_SH, data["tsv"], cluster.hostfile, RECIPE, *map(str, FLAGS),
-           "--tokenizer", data["tokenizer"], *map(str, flags)]
+    cmd = [
+        "bash",
+        CLUSTER_SH,
+        data["tsv"],
+        cluster.hostfile,
+        RECIPE,
+        *map(str, FLAGS),
+        "--tokenizer",
+        data["tokenizer"],
+        *map(str, flags),
+    ]
     extra = {"LAUNCHER": "openmpi", "LAUNCHER_ARGS": "--allow-run-as-root"} if launcher == "openmpi" else {}
     # DEEPSPEED unset: run_cluster.sh's own runner (training.run.launcher), as a user gets it
     e = script_env(runs_dir, **{"DEEPSPEED": "", **extra, **env})
@@ -86,8 +96,25 @@ def launch(cluster, data, runs_dir, *flags, launcher="pdsh", wait=True, **env):
 def serial_losses(data, tmp_path, *layout_flags) -> list[float]:
     """The same run in one process (the parity reference)."""
     out = tmp_path / "serial"
-    run_train(1, ["--recipe", RECIPE, *FLAGS, "--mp", 1, "--pipeline_stage", 1, *layout_flags,
-                  "--file_path", data["tsv"], "--tokenizer", data["tokenizer"], "--output_dir", out])
+    run_train(
+        1,
+        [
+            "--recipe",
+            RECIPE,
+            *FLAGS,
+            "--mp",
+            1,
+            "--pipeline_stage",
+            1,
+            *layout_flags,
+            "--file_path",
+            data["tsv"],
+            "--tokenizer",
+            data["tokenizer"],
+            "--output_dir",
+            out,
+        ],
+    )
     return [r["loss"] for r in read_metrics(out)]
 
 
@@ -120,8 +147,9 @@ def ended_within(proc, seconds: float) -> tuple[float, str, str]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(f"the job was still running {seconds:.0f} s later:\n"
-                             f"{out[-3000:]}\n{err[-3000:]}") from None
+        raise AssertionError(
+            f"the job was still running {seconds:.0f} s later:\n{out[-3000:]}\n{err[-3000:]}"
+        ) from None
     return time.monotonic() - start, out, err
 
 
@@ -135,9 +163,10 @@ def max_rel(got: list, want: list) -> float:
 
 # ------------------------------------------------------------------------------------------------ parity, resume
 def test_pdsh_dp2_tp2_over_two_nodes_equals_one_process_resumes_exactly_and_runs_no_path(cluster, data, tmp_path):
-    hostfile = cluster.root / "hostfile-windows"               # as written by a Windows editor
-    hostfile.write_bytes(("\ufeff# two virtual nodes\r\n" + cluster.hostfile.read_text().replace("\n", "\r\n"))
-                         .encode("utf-8"))
+    hostfile = cluster.root / "hostfile-windows"  # as written by a Windows editor
+    hostfile.write_bytes(
+        ("\ufeff# two virtual nodes\r\n" + cluster.hostfile.read_text().replace("\n", "\r\n")).encode("utf-8")
+    )
     runs = data["root"] / "runs $(touch PWNED3) `id` 'it''s'"
     proc = launch(cluster, data, runs, *DPxTP)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -148,14 +177,31 @@ def test_pdsh_dp2_tp2_over_two_nodes_equals_one_process_resumes_exactly_and_runs
     want = serial_losses(data, tmp_path)
     assert len(got) == STEPS and all(close(g, w) for g, w in zip(got, want)), (got, want)
     print(f"pdsh dp2xtp2: max relative loss difference to one process {max_rel(got, want):.1e}")
-    ran = [p for p in (data["marker"], Path(f"{data['marker']}2"), REPO_ROOT / "PWNED3",
-                       Path(os.path.expanduser("~/PWNED3")), Path("/PWNED3")) if p.exists()]
+    ran = [
+        p
+        for p in (
+            data["marker"],
+            Path(f"{data['marker']}2"),
+            REPO_ROOT / "PWNED3",
+            Path(os.path.expanduser("~/PWNED3")),
+            Path("/PWNED3"),
+        )
+        if p.exists()
+    ]
     assert not ran, f"a command in a path ran: {ran}"
 
     # resume on the cluster from step 3 into a new folder: steps 4-6 repeat bit for bit
     resumed = runs / "resumed"
-    proc = launch(cluster, data, runs / "again", *DPxTP, "--resume", run_dir / "output/checkpoints/step_00000003",
-                  "--output_dir", resumed)
+    proc = launch(
+        cluster,
+        data,
+        runs / "again",
+        *DPxTP,
+        "--resume",
+        run_dir / "output/checkpoints/step_00000003",
+        "--output_dir",
+        resumed,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     again = read_metrics(resumed)
     assert [r["step"] for r in again] == [4, 5, 6] and [r["loss"] for r in again] == got[3:]
@@ -174,8 +220,17 @@ def test_openmpi_dp2_pp2_over_two_nodes_equals_one_process_and_resumes_exactly(c
     assert len(got) == STEPS and all(close(g, w) for g, w in zip(got, want)), (got, want)
     print(f"mpirun dp2xpp2: max relative loss difference to one process {max_rel(got, want):.1e}")
     resumed = tmp_path / "resumed"
-    proc = launch(cluster, data, tmp_path / "runs2", *DPxPP, "--resume", run_dir / "output/checkpoints/step_00000003",
-                  "--output_dir", resumed, launcher="openmpi")
+    proc = launch(
+        cluster,
+        data,
+        tmp_path / "runs2",
+        *DPxPP,
+        "--resume",
+        run_dir / "output/checkpoints/step_00000003",
+        "--output_dir",
+        resumed,
+        launcher="openmpi",
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [r["loss"] for r in read_metrics(resumed)] == got[3:]
     assert_nothing_left(cluster)
@@ -194,8 +249,10 @@ def test_a_rank_killed_on_node_1_ends_the_job_naming_it(cluster, data, tmp_path)
     took, out, err = ended_within(proc, ENDS_WITHIN)
     assert proc.returncode != 0
     errors = [line for line in err.splitlines() if line.startswith("error: ")]
-    assert errors == [f"error: rank 3 (pid {pid} on vnode1) was killed by SIGKILL (kill -9, or the kernel's "
-                      f"out-of-memory killer: see `dmesg`); the job stops"], err
+    assert errors == [
+        f"error: rank 3 (pid {pid} on vnode1) was killed by SIGKILL (kill -9, or the kernel's "
+        f"out-of-memory killer: see `dmesg`); the job stops"
+    ], err
     print(f"kill -9 of rank 3 on node 1: the job ended {took:.1f} s later")
     assert_nothing_left(cluster)
 
@@ -203,7 +260,7 @@ def test_a_rank_killed_on_node_1_ends_the_job_naming_it(cluster, data, tmp_path)
 def test_a_refusal_by_rank_0_on_node_0_ends_node_1s_ranks(cluster, data, tmp_path):
     busy = tmp_path / "busy"
     busy.mkdir()
-    with open(busy / ".train.lock", "w") as lock:             # another run holds the folder
+    with open(busy / ".train.lock", "w") as lock:  # another run holds the folder
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         start = time.monotonic()
         proc = launch(cluster, data, tmp_path / "runs", *DPxTP, *LONG, "--output_dir", busy, wait=False)
@@ -250,7 +307,7 @@ def test_an_output_folder_node_1_does_not_share_is_refused_before_training(clust
     assert proc.returncode != 0
     errors = sorted({line for line in proc.stderr.splitlines() if line.startswith("error: ")})
     assert len(errors) == 1 and "is not the same folder on every node: vnode1 (ranks 2, 3) do not see" in errors[0]
-    assert not (only_run_dir(runs) / "output" / "metrics.jsonl").exists()       # not one step
+    assert not (only_run_dir(runs) / "output" / "metrics.jsonl").exists()  # not one step
     assert_nothing_left(cluster)
 
 
@@ -264,9 +321,15 @@ def test_sigterm_to_the_launcher_on_node_0_saves_the_step_on_every_node(cluster,
     assert len(runner) == 1
     # another job's DeepSpeed launch on the same nodes (the virtual nodes share this machine's processes), started
     # by the same interpreter: DeepSpeed's runner would end it too (its pkill pattern matches every launch)
-    other = subprocess.Popen(["bash", "-c", f'exec -a "{sys.executable} -u -m deepspeed.launcher.launch '
-                              f'--world_info=b3RoZXI= --node_rank=0 --master_addr=10.9.9.9 --master_port=29500 '
-                              f'train.py" sleep 600'])
+    other = subprocess.Popen(
+        [
+            "bash",
+            "-c",
+            f'exec -a "{sys.executable} -u -m deepspeed.launcher.launch '
+            f"--world_info=b3RoZXI= --node_rank=0 --master_addr=10.9.9.9 --master_port=29500 "
+            f'train.py" sleep 600',
+        ]
+    )
     try:
         os.kill(runner[0], signal.SIGTERM)
         took, out, err = ended_within(proc, ENDS_WITHIN + 30)
@@ -283,5 +346,5 @@ def test_sigterm_to_the_launcher_on_node_0_saves_the_step_on_every_node(cluster,
     assert stopped[0] == f"stopped by SIGTERM at step {step}; checkpoint step_{step:08d} saved; resume with --resume"
     # the runner's SIGTERM reaches the ranks through pdsh (pkill over ssh on each node) a few steps later
     assert at <= step and (output / "checkpoints" / f"step_{step:08d}" / "meta.json").exists()
-    assert read_metrics(output)[-1]["step"] == step           # no step after the saved one
+    assert read_metrics(output)[-1]["step"] == step  # no step after the saved one
     print(f"SIGTERM to the launcher at step {at}: step {step} saved, the job ended {took:.1f} s later")

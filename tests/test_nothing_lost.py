@@ -12,6 +12,7 @@ One real 1-process run saves step 2 (module fixture); the real commands then run
   after a failed conversion, and a malformed format-1 meta.json is one line (KeyError, AttributeError, TypeError
   tracebacks were seen); merge_checkpoint.py keeps a user's OUT.part, and a consolidated save that fails leaves none.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,32 @@ STEP = "step_00000002"
 
 def snapshot(folder: Path) -> dict:
     """{relative path: bytes, or the target of a symbolic link} of everything under `folder`."""
-    return {str(p.relative_to(folder)): (f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes())
-            for p in sorted(folder.rglob("*")) if p.is_symlink() or p.is_file()}
+    return {
+        str(p.relative_to(folder)): (f"-> {os.readlink(p)}" if p.is_symlink() else p.read_bytes())
+        for p in sorted(folder.rglob("*"))
+        if p.is_symlink() or p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
 def saved(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     out = tmp_path_factory.mktemp("nothing-lost") / "run"
-    run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
-                  "--steps", 2, "--save_checkpoint_steps", 2])
+    run_train(
+        1,
+        [
+            "--file_path",
+            multi30k_tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--output_dir",
+            out,
+            *TINY,
+            "--steps",
+            2,
+            "--save_checkpoint_steps",
+            2,
+        ],
+    )
     return out
 
 
@@ -69,15 +87,20 @@ def test_evaluate_and_translate_refuse_an_output_that_is_an_input(saved, texts):
         ("evaluate.py", [*evaluate, "--output", ckpt / "shard_pp0_tp0.safetensors"], "shard_pp0_tp0.safetensors of"),
         ("translate.py", ["--ckpt_file", f"{saved}/latest", "--input", src, "--output", src], f"is --input {src}"),
         ("translate.py", ["--ckpt_file", saved, "--input", src, "--output", texts / "link.fr"], "the same file"),
-        ("translate.py", ["--ckpt_file", saved, "--tokenizer", ckpt, "--output", ckpt / "tokenizer.json"],
-         f"is --tokenizer {ckpt}"),
+        (
+            "translate.py",
+            ["--ckpt_file", saved, "--tokenizer", ckpt, "--output", ckpt / "tokenizer.json"],
+            f"is --tokenizer {ckpt}",
+        ),
     ]
     results = concurrently(*(lambda s=s, a=a: run_tool(s, *a) for s, a, _ in cases))
     for (_, _, needle), proc in zip(cases, results, strict=True):
         usage_error(proc, needle, "writing there would replace what the command reads; give another output file")
     # the shell's `translate.py --output F < F`: stdin is F
-    usage_error(run_tool("translate.py", "--ckpt_file", saved, "--output", src, stdin=src),
-                f"--output {src} is the file on stdin")
+    usage_error(
+        run_tool("translate.py", "--ckpt_file", saved, "--output", src, stdin=src),
+        f"--output {src} is the file on stdin",
+    )
     assert snapshot(texts) == before and snapshot(saved / "checkpoints") == run_before
     ok = run_tool("translate.py", "--ckpt_file", saved, "--output", texts / "out.en", stdin=src)  # the refusal's advice
     assert ok.returncode == 0 and len((texts / "out.en").read_text().splitlines()) == 2, ok.stderr[-2000:]
@@ -97,8 +120,16 @@ def test_merge_average_and_zero_to_fp32_never_write_over_what_they_read(saved, t
         lambda: run_tool("merge_checkpoint.py", ckpt, "--output", ckpt / "shard_pp0_tp0.safetensors"),
         lambda: run_tool("average_checkpoints.py", merged, ckpt, "--output", merged),
         lambda: run_tool(ckpt / "zero_to_fp32.py", ".", "rng_rank0.safetensors", cwd=ckpt),
-        lambda: run_tool("evaluate.py", "--ckpt_file", merged, "--src", REPO_ROOT / "data" / "multi30k" / "val.fr.gz",
-                    "--output", merged))
+        lambda: run_tool(
+            "evaluate.py",
+            "--ckpt_file",
+            merged,
+            "--src",
+            REPO_ROOT / "data" / "multi30k" / "val.fr.gz",
+            "--output",
+            merged,
+        ),
+    )
     usage_error(results[0], f"--output {ckpt}/shard_pp0_tp0.safetensors is shard_pp0_tp0.safetensors of the checkpoint")
     usage_error(results[1], f"--output {merged} is the input {merged}")
     usage_error(results[2], f"output rng_rank0.safetensors is rng_rank0.safetensors of the checkpoint {ckpt}")
@@ -114,17 +145,20 @@ def test_export_overwrite_never_deletes_what_it_exports(saved, tmp_path):
     (hf / "config.json").write_text("{}")
     assert run_tool("merge_checkpoint.py", saved, "--output", hf / "model.pt").returncode == 0
     before = snapshot(hf)
-    usage_error(run_tool("export_hf.py", "--ckpt_file", hf / "model.pt", "--output", hf, "--overwrite"),
-              f"--output {hf} holds --ckpt_file {hf / 'model.pt'}: replacing the folder would delete it")
+    usage_error(
+        run_tool("export_hf.py", "--ckpt_file", hf / "model.pt", "--output", hf, "--overwrite"),
+        f"--output {hf} holds --ckpt_file {hf / 'model.pt'}: replacing the folder would delete it",
+    )
     assert snapshot(hf) == before
 
 
 def test_a_consolidated_save_that_fails_leaves_nothing(tmp_path):
     """The staging file is removed when the writer fails (a .part was left behind), whatever the form."""
     from training.checkpoint.consolidated import save
+
     obj = {"model": {"w": torch.ones(2)}, "model_config": {}, "step": 1, "unpicklable": lambda: None}
     for name in ("model.pt", "model.bin"):
-        with pytest.raises(Exception):                          # noqa: B017 - pickle's own error, whichever it is
+        with pytest.raises(Exception):  # noqa: B017 - pickle's own error, whichever it is
             save({**obj, "model": obj} if name.endswith(".bin") else obj, str(tmp_path / name))
     assert os.listdir(tmp_path) == []
 
@@ -141,11 +175,21 @@ def test_text_tools_refuse_an_output_that_is_an_input(tmp_path, multi30k_dir):
     hosts.write_text("# our two nodes\n192.0.2.10 slots=8\n192.0.2.11 slots=8\n")
     before = snapshot(tmp_path)
     results = concurrently(
-        lambda: run_python([sys.executable, "-m", "preprocess.parallel", "--src", fr, "--tgt", en, "--output", fr],
-                           env=env()),
+        lambda: run_python(
+            [sys.executable, "-m", "preprocess.parallel", "--src", fr, "--tgt", en, "--output", fr], env=env()
+        ),
         lambda: run_tool("rank_table_to_hostfile.py", table, "-o", table),
-        lambda: run_tool("plan.py", "--recipe", REPO_ROOT / "recipes" / "16pcs" / "16pcs.json", "--hostfile", hosts,
-                    "--write_hostfile", hosts, "--check"))
+        lambda: run_tool(
+            "plan.py",
+            "--recipe",
+            REPO_ROOT / "recipes" / "16pcs" / "16pcs.json",
+            "--hostfile",
+            hosts,
+            "--write_hostfile",
+            hosts,
+            "--check",
+        ),
+    )
     usage_error(results[0], f"--output {fr} is --src {fr}")
     usage_error(results[1], f"-o {table} is the rank table {table}")
     usage_error(results[2], f"--write_hostfile {hosts} is --hostfile {hosts}")
@@ -157,6 +201,7 @@ def test_text_tools_refuse_an_output_that_is_an_input(tmp_path, multi30k_dir):
 def format_1(saved, tmp_path):
     """step 2 of the run in format 1 (torch .pt shards), as tests/test_checkpoint.py writes it."""
     from tests.test_checkpoint import _write_format_1
+
     old = tmp_path / "old" / STEP
     old.parent.mkdir()
     _write_format_1(saved / "checkpoints" / STEP, old)
@@ -167,6 +212,7 @@ def test_convert_never_touches_a_folder_it_did_not_create(format_1, tmp_path):
     """A user's NEW.tmp folder: kept through a conversion that succeeds (it was renamed into NEW) and one that fails
     (it was emptied); a failed conversion leaves nothing of its own, not even the folders it made for NEW."""
     from training.checkpoint.format import read_meta
+
     users = tmp_path / "old" / "v2.tmp"
     users.mkdir()
     (users / "notes.txt").write_text("mine")
@@ -176,9 +222,9 @@ def test_convert_never_touches_a_folder_it_did_not_create(format_1, tmp_path):
     assert read_meta(str(new))["step"] == 2 and not (new / "notes.txt").exists()
     assert sorted(os.listdir(tmp_path / "old")) == [STEP, "v2", "v2.tmp"]
     assert (users / "notes.txt").read_text() == "mine"
-    assert oct(new.stat().st_mode & 0o777) == oct(0o777 & ~_umask())         # not mkdtemp's 0700
+    assert oct(new.stat().st_mode & 0o777) == oct(0o777 & ~_umask())  # not mkdtemp's 0700
 
-    (format_1 / "rng_rank0.pt").write_bytes(b"not a torch file")            # fails after the shard is written
+    (format_1 / "rng_rank0.pt").write_bytes(b"not a torch file")  # fails after the shard is written
     deeper = tmp_path / "new" / "a" / "v2"
     (tmp_path / "new").mkdir()
     deeper_tmp = tmp_path / "new" / "a" / "v2.tmp"
@@ -194,21 +240,26 @@ def test_convert_never_touches_a_folder_it_did_not_create(format_1, tmp_path):
 
 def _umask() -> int:
     from common.file_modes import umask
+
     return umask()
 
 
-@pytest.mark.parametrize("meta,needle", [
-    ({"format_version": 1}, "field 'parallel' is missing"),
-    ([1], "holds [1], not the object a checkpoint's meta.json is"),
-    ("format 1", "holds \"format 1\", not the object"),
-    ({"pipeline_stage": "2"}, "field 'parallel.pipeline_stage' is \"2\", not an integer >= 1"),
-    ({"step": 3}, "step is 3 but the folder's name step_00000002 says 2"),
-    ({"lr_scheduler": {"last_epoch": 2}}, "field 'lr_scheduler' is"),
-    ({"world_size": 2}, "world_size is 2 but parallel's data_parallel × model_parallel × pipeline_stage say 1"),
-], ids=["no-fields", "list", "string", "stage-as-text", "other-step", "no-last-lr", "other-world"])
+@pytest.mark.parametrize(
+    "meta,needle",
+    [
+        ({"format_version": 1}, "field 'parallel' is missing"),
+        ([1], "holds [1], not the object a checkpoint's meta.json is"),
+        ("format 1", 'holds "format 1", not the object'),
+        ({"pipeline_stage": "2"}, "field 'parallel.pipeline_stage' is \"2\", not an integer >= 1"),
+        ({"step": 3}, "step is 3 but the folder's name step_00000002 says 2"),
+        ({"lr_scheduler": {"last_epoch": 2}}, "field 'lr_scheduler' is"),
+        ({"world_size": 2}, "world_size is 2 but parallel's data_parallel × model_parallel × pipeline_stage say 1"),
+    ],
+    ids=["no-fields", "list", "string", "stage-as-text", "other-step", "no-last-lr", "other-world"],
+)
 def test_convert_a_malformed_format_1_meta_is_one_line(meta, needle, format_1, tmp_path):
     saved = json.loads((format_1 / "meta.json").read_text())
-    if isinstance(meta, dict) and "format_version" not in meta:     # one field changed in the real meta.json
+    if isinstance(meta, dict) and "format_version" not in meta:  # one field changed in the real meta.json
         meta = {**saved, "parallel": {**saved["parallel"], **meta}} if "pipeline_stage" in meta else {**saved, **meta}
     (format_1 / "meta.json").write_text(json.dumps(meta))
     usage_error(run_tool("convert_checkpoint.py", format_1, format_1.parent / "v2"), f"{format_1}", needle)

@@ -38,6 +38,7 @@ dropout 0.1 under TP: after the steps, every replicated parameter (LayerNorms, r
 bit-identical on every TP rank. Replicated parameters get no TP reduction, so this fails if the residual or
 embedding dropout masks ever differed between the TP ranks of a stage.
 """
+
 import json
 import math
 
@@ -57,72 +58,100 @@ PP2 = ["--pipeline_stage", "2", "--micro_batch_num", "4"]
 MAXTOK = ["--max_tokens", "256", "--batch_multiple", "8"]
 FP32 = [
     # name                      procs  flags
-    ("dp2",                         2, []),
-    ("dp2-zero1",                   2, ["--enable_parallel_optimizer", "1"]),
-    ("dp2-zero2",                   2, ["--zero_stage", "2"]),
-    ("dp2-zero3",                   2, ["--zero_stage", "3"]),
-    ("tp2",                         2, ["--mp", "2"]),
-    ("tp2-recompute",               2, ["--mp", "2", "--recompute", "1"]),
-    ("pp2-mb4",                     2, PP2),
-    ("pp2-mb4-recompute",           2, PP2 + ["--recompute", "1"]),
+    ("dp2", 2, []),
+    ("dp2-zero1", 2, ["--enable_parallel_optimizer", "1"]),
+    ("dp2-zero2", 2, ["--zero_stage", "2"]),
+    ("dp2-zero3", 2, ["--zero_stage", "3"]),
+    ("tp2", 2, ["--mp", "2"]),
+    ("tp2-recompute", 2, ["--mp", "2", "--recompute", "1"]),
+    ("pp2-mb4", 2, PP2),
+    ("pp2-mb4-recompute", 2, PP2 + ["--recompute", "1"]),
     # the seed tutorial's own lambda: every block on stage 1, recompute() on every other block, fusion ids
-    ("pp2-seed-lambda-recompute",   2, PP2 + ["--recompute", "1", "--pipeline_func",
-                                              "tests.pipeline_funcs:seed_tutorial"]),
-    ("dp2xtp2",                     4, ["--mp", "2"]),
-    ("dp2xpp2-zero1",               4, ["--pipeline_stage", "2", "--micro_batch_num", "2",
-                                        "--enable_parallel_optimizer", "1"]),
-    ("tp2xpp2-mb2",                 4, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
-    ("dp2xtp2xpp2-zero1-recompute", 8, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2",
-                                        "--enable_parallel_optimizer", "1", "--recompute", "1"]),
+    (
+        "pp2-seed-lambda-recompute",
+        2,
+        PP2 + ["--recompute", "1", "--pipeline_func", "tests.pipeline_funcs:seed_tutorial"],
+    ),
+    ("dp2xtp2", 4, ["--mp", "2"]),
+    ("dp2xpp2-zero1", 4, ["--pipeline_stage", "2", "--micro_batch_num", "2", "--enable_parallel_optimizer", "1"]),
+    ("tp2xpp2-mb2", 4, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    (
+        "dp2xtp2xpp2-zero1-recompute",
+        8,
+        [
+            "--mp",
+            "2",
+            "--pipeline_stage",
+            "2",
+            "--micro_batch_num",
+            "2",
+            "--enable_parallel_optimizer",
+            "1",
+            "--recompute",
+            "1",
+        ],
+    ),
     # ZeRO-1 at dp 4: also what plan.py's optimizer-state bytes are checked against
-    ("dp4-zero1",                   4, ["--enable_parallel_optimizer", "1"]),
+    ("dp4-zero1", 4, ["--enable_parallel_optimizer", "1"]),
 ]
-TOKEN_BATCHES = [   # --max_tokens against a single-process run with the same token batches
-    ("maxtok-dp2-zero1",            2, MAXTOK + ["--enable_parallel_optimizer", "1"]),
-    ("maxtok-tp2",                  2, MAXTOK + ["--mp", "2"]),
-    ("maxtok-pp2-mb2",              2, MAXTOK + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+TOKEN_BATCHES = [  # --max_tokens against a single-process run with the same token batches
+    ("maxtok-dp2-zero1", 2, MAXTOK + ["--enable_parallel_optimizer", "1"]),
+    ("maxtok-tp2", 2, MAXTOK + ["--mp", "2"]),
+    ("maxtok-pp2-mb2", 2, MAXTOK + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
     # stage boundaries split over the TP ranks (pipe_partitioned) while the shapes change every step
-    ("maxtok-tp2xpp2-mb2",          4, MAXTOK + ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    ("maxtok-tp2xpp2-mb2", 4, MAXTOK + ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 BF16 = [
-    ("bf16-dp2-zero0",              2, []),
-    ("bf16-dp2-zero1",              2, ["--zero_stage", "1"]),
-    ("bf16-dp2-zero2",              2, ["--zero_stage", "2"]),
-    ("bf16-dp2-zero3",              2, ["--zero_stage", "3"]),
-    ("bf16-tp2",                    2, ["--mp", "2"]),
-    ("bf16-pp2-mb4",                2, PP2),
-    ("bf16-tp2-recompute",          2, ["--mp", "2", "--recompute", "1"]),
-    ("bf16-dp2xtp2xpp2",            8, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    ("bf16-dp2-zero0", 2, []),
+    ("bf16-dp2-zero1", 2, ["--zero_stage", "1"]),
+    ("bf16-dp2-zero2", 2, ["--zero_stage", "2"]),
+    ("bf16-dp2-zero3", 2, ["--zero_stage", "3"]),
+    ("bf16-tp2", 2, ["--mp", "2"]),
+    ("bf16-pp2-mb4", 2, PP2),
+    ("bf16-tp2-recompute", 2, ["--mp", "2", "--recompute", "1"]),
+    ("bf16-dp2xtp2xpp2", 8, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 FP16 = [
-    ("fp16-dp2",                    2, []),
-    ("fp16-tp2",                    2, ["--mp", "2"]),
-    ("fp16-pp2-mb4",                2, PP2),
+    ("fp16-dp2", 2, []),
+    ("fp16-tp2", 2, ["--mp", "2"]),
+    ("fp16-pp2-mb4", 2, PP2),
 ]
 SHARE = ["--share_embeddings", "1"]
-SHARED_EMBEDDINGS = [   # one table for source, target and output projection; tied across the pipeline's ends
-    ("share-tp2",                   2, SHARE + ["--mp", "2", "--vocab_emb_dp", "0"]),
-    ("share-pp2-mb2",               2, SHARE + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
-    ("share-tp2xpp2-mb2",           4, SHARE + ["--mp", "2", "--vocab_emb_dp", "0", "--pipeline_stage", "2",
-                                                "--micro_batch_num", "2"]),
-    ("bf16-share-pp2-mb2",          2, SHARE + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+SHARED_EMBEDDINGS = [  # one table for source, target and output projection; tied across the pipeline's ends
+    ("share-tp2", 2, SHARE + ["--mp", "2", "--vocab_emb_dp", "0"]),
+    ("share-pp2-mb2", 2, SHARE + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    (
+        "share-tp2xpp2-mb2",
+        4,
+        SHARE + ["--mp", "2", "--vocab_emb_dp", "0", "--pipeline_stage", "2", "--micro_batch_num", "2"],
+    ),
+    ("bf16-share-pp2-mb2", 2, SHARE + ["--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 DROPOUT_TP = [
-    ("tp2-dropout",                 2, ["--mp", "2"]),
-    ("tp2xpp2-dropout",             4, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
+    ("tp2-dropout", 2, ["--mp", "2"]),
+    ("tp2xpp2-dropout", 4, ["--mp", "2", "--pipeline_stage", "2", "--micro_batch_num", "2"]),
 ]
 PRECISION = {name: name.split("-")[0] for name, _, _ in BF16 + FP16 + SHARED_EMBEDDINGS[3:]}
 # a precision this machine's accelerator lacks (fp16 without avx512_fp16) is left out of the launches and its
 # cases are skipped with the reason
 RUNNABLE = {p for p in ("fp32", "bf16", "fp16") if accelerator.supported(p)}
-CASES = {name: (nproc, flags)
-         for name, nproc, flags in FP32 + TOKEN_BATCHES + BF16 + FP16 + SHARED_EMBEDDINGS + DROPOUT_TP
-         if PRECISION.get(name, "fp32") in RUNNABLE}
-REFERENCES = {name: (precision, flags) for name, (precision, flags) in
-              {"serial-fp32": ("fp32", []), "serial-bf16": ("bf16", []), "serial-fp16": ("fp16", []),
-               "serial-fp32-share": ("fp32", SHARE), "serial-bf16-share": ("bf16", SHARE),
-               "serial-fp32-maxtok": ("fp32", MAXTOK)}.items()
-              if precision in RUNNABLE}
+CASES = {
+    name: (nproc, flags)
+    for name, nproc, flags in FP32 + TOKEN_BATCHES + BF16 + FP16 + SHARED_EMBEDDINGS + DROPOUT_TP
+    if PRECISION.get(name, "fp32") in RUNNABLE
+}
+REFERENCES = {
+    name: (precision, flags)
+    for name, (precision, flags) in {
+        "serial-fp32": ("fp32", []),
+        "serial-bf16": ("bf16", []),
+        "serial-fp16": ("fp16", []),
+        "serial-fp32-share": ("fp32", SHARE),
+        "serial-bf16-share": ("bf16", SHARE),
+        "serial-fp32-maxtok": ("fp32", MAXTOK),
+    }.items()
+    if precision in RUNNABLE
+}
 
 
 # validated every 10 steps: the pipeline engine meets the validation's fixed shape between token batches
@@ -135,24 +164,44 @@ def _case(name: str):
 
 
 def reference_of(name: str) -> str:
-    return (f"serial-{PRECISION.get(name, 'fp32')}" + ("-share" if "share" in name else "")
-            + ("-maxtok" if name.startswith("maxtok") else ""))
+    return (
+        f"serial-{PRECISION.get(name, 'fp32')}"
+        + ("-share" if "share" in name else "")
+        + ("-maxtok" if name.startswith("maxtok") else "")
+    )
 
 
 def _args(data, out, precision, *extra):
     tsv, tok = data
-    return ["--file_path", tsv, "--tokenizer", tok, "--steps", STEPS, "--output_dir", out, *TINY,
-            "--clip_grad", CLIP, "--precision", precision, "--save_checkpoint_steps", STEPS, *extra]
+    return [
+        "--file_path",
+        tsv,
+        "--tokenizer",
+        tok,
+        "--steps",
+        STEPS,
+        "--output_dir",
+        out,
+        *TINY,
+        "--clip_grad",
+        CLIP,
+        "--precision",
+        precision,
+        "--save_checkpoint_steps",
+        STEPS,
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
 def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
     """Output folder of every case (and of the single-process references), one launch per world size, on demand."""
     from preprocess.parallel import make_tsv
+
     root = tmp_path_factory.mktemp("parity")
     data = (multi30k_tsv, bpe_tokenizer)
     make_tsv(multi30k_dir / "val.fr.gz", multi30k_dir / "val.en.gz", root / "val.fr_en.tsv")
-    valid = root / "val96.fr_en.tsv"              # 6 global batches: enough to meet the fixed shape, and quick
+    valid = root / "val96.fr_en.tsv"  # 6 global batches: enough to meet the fixed shape, and quick
     valid.write_text("".join((root / "val.fr_en.tsv").read_text().splitlines(keepends=True)[:96]))
     done: dict = {}
 
@@ -160,17 +209,20 @@ def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
         return ["--valid_file", valid, "--valid_interval", 10] if name in VALIDATED else []
 
     def launch(nproc):
-        out = attempt_dir(root, f"world{nproc}")          # a retry after a failed launch starts in new folders
+        out = attempt_dir(root, f"world{nproc}")  # a retry after a failed launch starts in new folders
         if nproc == 1:
-            batch = [(name, _args(data, out / name, precision, *flags, *validated(name)))
-                     for name, (precision, flags) in REFERENCES.items()]
+            batch = [
+                (name, _args(data, out / name, precision, *flags, *validated(name)))
+                for name, (precision, flags) in REFERENCES.items()
+            ]
         else:
             batch = []
             for name, (n, flags) in CASES.items():
                 if n == nproc:
                     dropout = ["--dropout", "0.1"] if name.endswith("-dropout") else []
-                    batch.append((name, _args(data, out / name, PRECISION.get(name, "fp32"), *flags, *dropout,
-                                              *validated(name))))
+                    batch.append(
+                        (name, _args(data, out / name, PRECISION.get(name, "fp32"), *flags, *dropout, *validated(name)))
+                    )
         run_many(nproc, [argv for _, argv in batch], out)
         done.update({name: out / name for name, _ in batch})
 
@@ -178,6 +230,7 @@ def runs(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
         if name not in done:
             launch(1 if name.startswith("serial-") else CASES[name][0])
         return done[name]
+
     return get
 
 
@@ -196,8 +249,8 @@ def serial(runs):
     for name in REFERENCES:
         out = runs(name)
         metrics = read_metrics(out)
-        assert len(metrics) == STEPS and metrics[-1]["loss"] < metrics[0]["loss"] - 0.5, metrics   # it learns
-        assert min(r["grad_norm"] for r in metrics) > CLIP                     # clipping acts on every step
+        assert len(metrics) == STEPS and metrics[-1]["loss"] < metrics[0]["loss"] - 0.5, metrics  # it learns
+        assert min(r["grad_norm"] for r in metrics) > CLIP  # clipping acts on every step
         refs[name] = (metrics, out)
     return refs
 
@@ -214,8 +267,10 @@ def test_fp32_layout_with_clipping_matches_single_process(name, runs, serial):
     assert a.keys() == b.keys()
     weights = {k: float((a[k] - b[k]).pow(2).mean().sqrt()) / LR for k in b}
     worst = max(weights, key=weights.get)
-    print(f"PARITY {name}: loss first {loss[0]:.2e} worst {max(loss):.2e}; grad_norm worst {max(norm):.2e}; "
-          f"weights worst RMS {weights[worst]:.2e}·lr ({worst})")
+    print(
+        f"PARITY {name}: loss first {loss[0]:.2e} worst {max(loss):.2e}; grad_norm worst {max(norm):.2e}; "
+        f"weights worst RMS {weights[worst]:.2e}·lr ({worst})"
+    )
     info = json.loads((runs(name) / "run.json").read_text())
     # with tp and pp both > 1 the stage boundaries are split over the TP ranks on the wire, in both directions
     split = info["mp"] > 1 and info["pp"] > 1
@@ -234,15 +289,21 @@ def test_half_precision_layout_matches_single_process(name, runs, serial):
     loss = max(rel(g["loss"], r["loss"]) for g, r in zip(got, ref))
     norm = max(rel(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref))
     info = json.loads((runs(name) / "run.json").read_text())
-    print(f"PARITY {name}: loss worst {loss:.2e} (tol {HALF_LOSS_TOL:.0e}); grad_norm worst {norm:.2e} "
-          f"(tol {HALF_NORM_TOL:.0e}); {info['optimizer']}, gradient accumulation in {info['grad_accum_dtype']}, "
-          f"reduction in {info['grad_reduce_dtype']}")
+    print(
+        f"PARITY {name}: loss worst {loss:.2e} (tol {HALF_LOSS_TOL:.0e}); grad_norm worst {norm:.2e} "
+        f"(tol {HALF_NORM_TOL:.0e}); {info['optimizer']}, gradient accumulation in {info['grad_accum_dtype']}, "
+        f"reduction in {info['grad_reduce_dtype']}"
+    )
     assert info["precision"] == PRECISION[name] and info["grad_accum_dtype"] == "float32", info
-    assert info["grad_reduce_dtype"] == "float32" and info["grad_reduce_overlap"] is False, info     # CPU: no overlap
+    assert info["grad_reduce_dtype"] == "float32" and info["grad_reduce_overlap"] is False, info  # CPU: no overlap
     assert info["pipe_partitioned"] == (info["mp"] > 1 and info["pp"] > 1), info
-    assert info["optimizer"] == ("BF16_Optimizer" if info["precision"] == "bf16" and info["zero_stage"] == 1
-                                 else "DeepSpeedZeroOptimizer_Stage3" if info["zero_stage"] == 3
-                                 else "DeepSpeedZeroOptimizer"), info
+    assert info["optimizer"] == (
+        "BF16_Optimizer"
+        if info["precision"] == "bf16" and info["zero_stage"] == 1
+        else "DeepSpeedZeroOptimizer_Stage3"
+        if info["zero_stage"] == 3
+        else "DeepSpeedZeroOptimizer"
+    ), info
     assert loss <= HALF_LOSS_TOL, [(g["loss"], r["loss"]) for g, r in zip(got, ref)]
     assert norm <= HALF_NORM_TOL, [(g["grad_norm"], r["grad_norm"]) for g, r in zip(got, ref)]
 
@@ -252,8 +313,10 @@ def test_validation_between_token_batches_on_split_pipeline_boundaries(runs, ser
     """tp2×pp2 with token batches validates at steps 10 and 20 on the validation set's fixed shape between
     training steps of other shapes (the split boundaries' cached layout is reset at every change: Engine.
     expect_shape): valid_loss as the single-process run's, and training after it unchanged (the fp32 test above)."""
+
     def valid(name):
         return [(r["step"], r["valid_loss"]) for r in read_metrics(runs(name)) if "valid_loss" in r]
+
     got, want = valid("maxtok-tp2xpp2-mb2"), valid("serial-fp32-maxtok")
     assert [s for s, _ in got] == [s for s, _ in want] == [10, 20]
     assert max(rel(g, w) for (_, g), (_, w) in zip(got, want)) <= 1e-5, (got, want)
@@ -281,6 +344,7 @@ def test_half_precision_references_track_fp32(serial):
 def test_dropout_keeps_replicated_parameters_identical_on_tp_ranks(name, runs):
     from training.checkpoint.folder import resolve
     from training.checkpoint.format import read_shard
+
     ckpt = resolve(str(runs(name)))
     nproc, flags = CASES[name]
     pp = int(flags[flags.index("--pipeline_stage") + 1]) if "--pipeline_stage" in flags else 1
@@ -291,11 +355,11 @@ def test_dropout_keeps_replicated_parameters_identical_on_tp_ranks(name, runs):
             if entry["partition_dim"] is None:
                 assert torch.equal(entry["param"], tp1[key]["param"]), key
                 compared += 1
-            else:   # sharded parameters differ between ranks; a sanity check that we compare real shards
+            else:  # sharded parameters differ between ranks; a sanity check that we compare real shards
                 assert not torch.equal(entry["param"], tp1[key]["param"]), key
     assert compared >= 10
     losses = [r["loss"] for r in read_metrics(runs(name))]
-    assert losses[-1] < losses[0] - 0.5                               # it trained, with dropout on
+    assert losses[-1] < losses[0] - 0.5  # it trained, with dropout on
 
 
 @pytest.mark.slow
@@ -307,10 +371,13 @@ def test_plan_predicts_the_optimizer_state_deepspeed_allocates(name, world, runs
     from training.config.flags import parse_args
     from training.config.sections import TrainConfig
     from training.plan import planner as P
+
     got = json.loads((runs(name) / "run.json").read_text())["optimizer_state_bytes_rank0"]
     flags = ["--tokenizer", bpe_tokenizer, *TINY, *CASES[name][1], "--vocab_size", "8000"]
     config = TrainConfig.from_flags(parse_args([str(f) for f in flags], parser=P.build_plan_parser()))
     want = P.make_plan(config, world)["ranks"][0]
-    print(f"PLAN {name}: DeepSpeed holds {got:,} B of optimizer state on rank 0, plan.py predicts "
-          f"{want['optimizer_bytes']:,} B ({got / want['optimizer_bytes'] - 1:+.2%})")
+    print(
+        f"PLAN {name}: DeepSpeed holds {got:,} B of optimizer state on rank 0, plan.py predicts "
+        f"{want['optimizer_bytes']:,} B ({got / want['optimizer_bytes'] - 1:+.2%})"
+    )
     assert abs(got / want["optimizer_bytes"] - 1) <= 0.05

@@ -7,6 +7,7 @@ and gradient norm, and each TP rank sends half the activation and gradient bytes
 DeepSpeed's own `p2p.send`), which is what plan.py's cost model (model.costs.boundary_bytes) says it sends. That the
 split is on in train.py's runs, and exact over 20 steps with fixed and token batches, is checked by
 tests/test_parity.py (tp2xpp2 cases, run.json's pipe_partitioned)."""
+
 import pytest
 import torch
 
@@ -25,10 +26,10 @@ def test_join_and_split_are_inverse_for_every_kind_of_receiving_stage():
     for first_layer, hidden in ((EncoderLayer, (src_h, tgt_h)), (DecoderLayer, (tgt_h, src_h))):
         joined = join_boundary((*hidden, src_ids, tgt_ids))
         assert len(joined) == 3 and joined[0].shape == (B, S + T, D) and joined[1] is src_ids
-        assert sum(t.is_floating_point() for t in joined) == 1          # what DeepSpeed can partition
+        assert sum(t.is_floating_point() for t in joined) == 1  # what DeepSpeed can partition
         back = split_boundary(joined, first_layer)
         assert all(torch.equal(a, b) for a, b in zip(back, (*hidden, src_ids, tgt_ids)))
-    before_head = (tgt_h, tgt_ids)                                       # the last decoder's output: one float
+    before_head = (tgt_h, tgt_ids)  # the last decoder's output: one float
     assert join_boundary(before_head) is before_head and split_boundary(before_head, Head) is before_head
 
 
@@ -39,13 +40,35 @@ def _one_step(rank, world, partitioned):
 
     from model.parallel.topology import init_deepspeed_comm
     from training.core.engine import build_engine
+
     init_deepspeed_comm("gloo")
-    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
-                      src_len=S, tgt_len=T, dropout=0.0, attention_dropout=0.0, pad_id=0)
+    cfg = ModelConfig(
+        vocab_size=60,
+        d_model=D,
+        num_heads=4,
+        ffn_size=24,
+        encoder_layers=2,
+        decoder_layers=2,
+        src_len=S,
+        tgt_len=T,
+        dropout=0.0,
+        attention_dropout=0.0,
+        pad_id=0,
+    )
     parallel = ParallelConfig(model_parallel=2, pipeline_stage=2, micro_batch_num=2)
     switch = {"pipe_partitioned": partitioned, "grad_partitioned": partitioned}
-    engine = build_engine(cfg, parallel, world_size=world, global_batch=B, seed=3, lr=1e-3, weight_decay=0.0,
-                          lr_schedule=lambda step: 1.0, clip_grad=1.0, ds_overrides={"pipeline": switch})
+    engine = build_engine(
+        cfg,
+        parallel,
+        world_size=world,
+        global_batch=B,
+        seed=3,
+        lr=1e-3,
+        weight_decay=0.0,
+        lr_schedule=lambda step: 1.0,
+        clip_grad=1.0,
+        ds_overrides={"pipeline": switch},
+    )
     g = torch.Generator().manual_seed(11)
     micro = []
     for _ in range(2):
@@ -58,11 +81,18 @@ def _one_step(rank, world, partitioned):
 
     def counting_send(tensor, dest_stage, async_op=False):
         stage = engine.ds.stage_id
-        kind = ("meta" if tensor.dtype in (torch.int32, torch.int64) and tensor.dim() == 1
-                else "ids" if not tensor.is_floating_point()
-                else "activation" if dest_stage > stage else "gradient")
+        kind = (
+            "meta"
+            if tensor.dtype in (torch.int32, torch.int64) and tensor.dim() == 1
+            else "ids"
+            if not tensor.is_floating_point()
+            else "activation"
+            if dest_stage > stage
+            else "gradient"
+        )
         sent[kind] += tensor.numel() * tensor.element_size()
         return real_send(tensor, dest_stage, async_op)
+
     p2p.send = counting_send
     try:
         loss = float(engine.ds.train_batch(data_iter=iter(micro)))
@@ -76,21 +106,23 @@ def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
     """Each TP rank sends 1/2 of the activation forward and of its gradient backward (the receiving stage
     all-gathers the halves), and the step's loss and gradient norm are those of the unsplit boundary, bit for bit."""
     on, off = run_ranks(4, _one_step, True), run_ranks(4, _one_step, False)
-    full = 2 * (B // 2) * (S + T) * D * 4      # 2 micro-batches of the joined [B/2, S+T, d] fp32 boundary
+    full = 2 * (B // 2) * (S + T) * D * 4  # 2 micro-batches of the joined [B/2, S+T, d] fp32 boundary
     for (loss, norm, flags, sent, stage), (loss_off, norm_off, flags_off, sent_off, _) in zip(on, off):
         assert flags == (True, True) and flags_off == (False, False)
-        assert loss == loss_off and norm == norm_off            # the same numbers, only fewer bytes moved
+        assert loss == loss_off and norm == norm_off  # the same numbers, only fewer bytes moved
         kind = "activation" if stage == 0 else "gradient"
         assert sent_off[kind] == full and sent[kind] == full // 2, (stage, sent, sent_off)
     assert sorted(r[4] for r in on) == [0, 0, 1, 1]
     # plan.py's figures (model.costs) are what DeepSpeed sent (payload: the split layout and shapes aside)
     from model.costs import boundary_bytes, boundary_tensors
-    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
-                      src_len=S, tgt_len=T)
-    tensors = boundary_tensors(cfg, "encoder.1", B // 2)       # the seed's split of 2+2 blocks on 2 stages
+
+    cfg = ModelConfig(
+        vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2, src_len=S, tgt_len=T
+    )
+    tensors = boundary_tensors(cfg, "encoder.1", B // 2)  # the seed's split of 2+2 blocks on 2 stages
     for runs, split in ((on, True), (off, False)):
         fwd, bwd = boundary_bytes(tensors, 4, 2, split, split)
-        sent = {r[4]: r[3] for r in runs}                      # stage → bytes one of its ranks sent
+        sent = {r[4]: r[3] for r in runs}  # stage → bytes one of its ranks sent
         assert sent[0]["activation"] + sent[0]["ids"] == 2 * fwd and sent[1]["gradient"] == 2 * bwd
     # the split's only overhead: DeepSpeed's layout of each split tensor (PartitionedTensor.to_meta: ndims, the 3
     # sizes, num_parts, rank, num_parts + 1 offsets, as int64) once per micro-batch and direction
@@ -100,16 +132,18 @@ def test_tp_ranks_send_half_the_boundary_each_and_train_alike():
         assert extra == 2 * layout, (stage, extra)
     for name, runs in (("off", off), ("on", on)):
         a, gr = next(r[3] for r in runs if r[4] == 0), next(r[3] for r in runs if r[4] == 1)
-        print(f"tp2xpp2, 2 micro-batches of [{B // 2}, {S}+{T}] d={D}, per TP rank and step: {name}: activations "
-              f"{a['activation']} B + ids {a['ids']} B + meta {a['meta']} B forward, gradients {gr['gradient']} B "
-              f"+ meta {gr['meta']} B backward")
+        print(
+            f"tp2xpp2, 2 micro-batches of [{B // 2}, {S}+{T}] d={D}, per TP rank and step: {name}: activations "
+            f"{a['activation']} B + ids {a['ids']} B + meta {a['meta']} B forward, gradients {gr['gradient']} B "
+            f"+ meta {gr['meta']} B backward"
+        )
 
 
 # token batches: shapes come back. A small, B large, C new but inside B's buffers; validation at D in between
 A, B_, C, D_ = (S, T), (S + 4, T + 3), (S + 2, T + 1), (S + 1, T + 2)
 TRAIN_SHAPES = [A, B_, C, A, B_, C]
-VALIDATE_AFTER = {1: D_, 4: D_}            # eval_batch after these steps (indices), at shape D
-COUNT_FROM = 3                             # steps 4-6 and the second validation repeat shapes seen before
+VALIDATE_AFTER = {1: D_, 4: D_}  # eval_batch after these steps (indices), at shape D
+COUNT_FROM = 3  # steps 4-6 and the second validation repeat shapes seen before
 
 
 def _shape_cycle(rank, world, remember, tp, pp):
@@ -122,12 +156,32 @@ def _shape_cycle(rank, world, remember, tp, pp):
 
     from model.parallel.topology import init_deepspeed_comm
     from training.core.engine import build_engine
+
     init_deepspeed_comm("gloo")
-    cfg = ModelConfig(vocab_size=60, d_model=D, num_heads=4, ffn_size=24, encoder_layers=2, decoder_layers=2,
-                      src_len=S + 4, tgt_len=T + 3, dropout=0.0, attention_dropout=0.0, pad_id=0)
-    engine = build_engine(cfg, ParallelConfig(model_parallel=tp, pipeline_stage=pp, micro_batch_num=2),
-                          world_size=world, global_batch=B, seed=3, lr=1e-3, weight_decay=0.0,
-                          lr_schedule=lambda step: 1.0, clip_grad=1.0)
+    cfg = ModelConfig(
+        vocab_size=60,
+        d_model=D,
+        num_heads=4,
+        ffn_size=24,
+        encoder_layers=2,
+        decoder_layers=2,
+        src_len=S + 4,
+        tgt_len=T + 3,
+        dropout=0.0,
+        attention_dropout=0.0,
+        pad_id=0,
+    )
+    engine = build_engine(
+        cfg,
+        ParallelConfig(model_parallel=tp, pipeline_stage=pp, micro_batch_num=2),
+        world_size=world,
+        global_batch=B,
+        seed=3,
+        lr=1e-3,
+        weight_decay=0.0,
+        lr_schedule=lambda step: 1.0,
+        clip_grad=1.0,
+    )
     ds = engine.ds
     if not remember:
         ds._send_tensor_meta, ds._recv_tensor_meta = engine.boundary._send, engine.boundary._recv
@@ -137,12 +191,13 @@ def _shape_cycle(rank, world, remember, tp, pp):
             if last and last[-1] != shape:
                 ds.reset_activation_shape()
             last.append(shape)
+
         engine.expect_shape = start_over_at_a_change
     counts = {"meta messages": 0, "host reads": 0}
     real = {"send": p2p.send, "item": torch.Tensor.item, "tolist": torch.Tensor.tolist, "to": torch.Tensor.to}
 
     def send(tensor, dest_stage, async_op=False):
-        counts["meta messages"] += tensor.dtype == torch.int32       # DeepSpeed's metadata buffer (int32)
+        counts["meta messages"] += tensor.dtype == torch.int32  # DeepSpeed's metadata buffer (int32)
         return real["send"](tensor, dest_stage, async_op)
 
     def read(name):
@@ -150,6 +205,7 @@ def _shape_cycle(rank, world, remember, tp, pp):
             if name != "to" or (args and str(args[0]) == "cpu"):
                 counts["host reads"] += 1
             return real[name](t, *args, **kwargs)
+
         return counted
 
     g = torch.Generator().manual_seed(11)
@@ -158,7 +214,7 @@ def _shape_cycle(rank, world, remember, tp, pp):
         micro = []
         for _ in range(2):
             src, tgt, labels = (torch.randint(4, 60, (B // 2, n), generator=g) for n in (s, t, t))
-            src[0, s - 2:], tgt[1, 2:], labels[1, 2:] = 0, 0, 0
+            src[0, s - 2 :], tgt[1, 2:], labels[1, 2:] = 0, 0, 0
             micro.append(((src, tgt), labels))
         engine.objective.begin_step(int(sum((m[1] != 0).sum() for m in micro)))
         engine.expect_shape((B // 2, s, t))
@@ -190,13 +246,15 @@ def test_a_shape_seen_before_is_not_exchanged_again_and_trains_alike(tp, pp):
     kept, fresh = run_ranks(world, _shape_cycle, True, tp, pp), run_ranks(world, _shape_cycle, False, tp, pp)
     for (losses, counts, stage, messages), (losses_fresh, counts_fresh, _, _) in zip(kept, fresh):
         assert losses == losses_fresh, (stage, losses, losses_fresh)
-        print(f"tp{tp}xpp{pp} stage {stage}, steps 4-6 and the second validation (shapes seen before): "
-              f"remembered {counts}, started over {counts_fresh}; messages over the run {messages}")
+        print(
+            f"tp{tp}xpp{pp} stage {stage}, steps 4-6 and the second validation (shapes seen before): "
+            f"remembered {counts}, started over {counts_fresh}; messages over the run {messages}"
+        )
         assert messages == {"sent": 4 if stage < pp - 1 else 0, "received": 4 if stage > 0 else 0}, messages
         assert counts["meta messages"] == 0
-        if stage < pp - 1:          # a sender: one message per change of shape before
+        if stage < pp - 1:  # a sender: one message per change of shape before
             assert counts_fresh["meta messages"] == 4, counts_fresh
-        if stage > 0 or tp > 1:               # a receiver: its reads of each message (and of the split records) gone
+        if stage > 0 or tp > 1:  # a receiver: its reads of each message (and of the split records) gone
             assert counts["host reads"] < counts_fresh["host reads"], (counts, counts_fresh)
         else:
             assert counts["host reads"] == counts_fresh["host reads"], (counts, counts_fresh)

@@ -1,5 +1,6 @@
 """plan.py's advice (training/plan/advice.py): uneven pipeline stages with re-planned remedies, remedies that say when
 they need more GPUs, the ZeRO label equal to the DeepSpeed config printed, and the small-batch note."""
+
 import json
 
 import pytest
@@ -44,14 +45,15 @@ def test_16pcs_uneven_stages_flagged_with_replanned_remedies_on_the_same_gpus():
     split = plan_for(16, "--recipe", R16, "--vocab_emb_dp", 0)
     assert by["--vocab_emb_dp 0"]["ratios"]["params"] == pytest.approx(stage_ratios(split)["params"])
     assert by["--vocab_emb_dp 0"]["ratios"]["peak_bytes"] == pytest.approx(stage_ratios(split)["peak_bytes"])
-    assert by["--vocab_emb_dp 0"]["ratios"]["params"] < 2                    # 0.66 M against 0.34 M
-    assert by["move decoder.0 to stage 0"]["flags"] is None                  # no built-in gives that split
+    assert by["--vocab_emb_dp 0"]["ratios"]["params"] < 2  # 0.66 M against 0.34 M
+    assert by["move decoder.0 to stage 0"]["flags"] is None  # no built-in gives that split
     moved = plan_for(16, "--recipe", R16, "--pipeline_func", "tests.pipeline_funcs:every_block_on_stage_0")
     assert [b["stage"] for b in moved["blocks"]] == by["move decoder.0 to stage 0"]["block_stages"] == [0, 0]
     assert by["move decoder.0 to stage 0"]["ratios"]["params"] == pytest.approx(stage_ratios(moved)["params"])
     # re-planned, the remedy's own plan is judged the same way
     assert moved["advice"]["balance"]["ratios"]["flops"]["ratio"] == pytest.approx(
-        by["move decoder.0 to stage 0"]["ratios"]["flops"])
+        by["move decoder.0 to stage 0"]["ratios"]["flops"]
+    )
 
 
 def test_a_builtin_split_that_balances_better_is_named_by_its_flag():
@@ -69,8 +71,27 @@ def test_a_builtin_split_that_balances_better_is_named_by_its_flag():
 
 def test_no_balance_flag_without_a_pipeline_or_when_even():
     assert plan_for(2, "--recipe", RECIPES / "2pcs" / "2pcs.json")["advice"]["balance"] is None
-    even = plan_for(2, "--recipe", R16, "--mp", 1, "--vocab_size", 8, "--encoder_layer", 2, "--decoder_layer", 2,
-                    "--d_model", 256, "--ffn_size", 256, "--num_heads", 8, "--batch_size", 1024)
+    even = plan_for(
+        2,
+        "--recipe",
+        R16,
+        "--mp",
+        1,
+        "--vocab_size",
+        8,
+        "--encoder_layer",
+        2,
+        "--decoder_layer",
+        2,
+        "--d_model",
+        256,
+        "--ffn_size",
+        256,
+        "--num_heads",
+        8,
+        "--batch_size",
+        1024,
+    )
     bal = even["advice"]["balance"]
     assert bal["flagged"] is (max(v["ratio"] for v in bal["ratios"].values()) > 1.5)
     if not bal["flagged"]:
@@ -81,7 +102,7 @@ def test_best_split_search_and_its_dynamic_programme_agree():
     """The exhaustive search (small cases) and the min-max programme (large ones), on hand-checkable weights: layer 0
     is the embeddings (stage 0), the last the head (last stage), the blocks between may move."""
     assert advice._minmax_split([0, 1, 1, 1, 1, 0], 2) == [0, 0, 1, 1]
-    assert advice._minmax_split([2, 1, 1, 1, 1, 0], 2) == [0, 1, 1, 1]       # heavy embeddings: fewer blocks there
+    assert advice._minmax_split([2, 1, 1, 1, 1, 0], 2) == [0, 1, 1, 1]  # heavy embeddings: fewer blocks there
     assert advice._minmax_split([0, 1, 1, 1, 1, 1, 1, 0], 3) == [0, 0, 1, 1, 2, 2]
     # 3 blocks on 3 stages: every non-decreasing split whose middle stage holds a block
     assert sorted(advice._splits(3, 3)) == [[0, 0, 1], [0, 1, 1], [0, 1, 2], [1, 1, 1], [1, 1, 2], [1, 2, 2]]
@@ -93,6 +114,7 @@ def test_best_split_search_and_its_dynamic_programme_agree():
         def heaviest(split, w=w, pp=pp):
             full = [0] + split + [pp - 1]
             return max(sum(x for x, k in zip(w, full, strict=True) if k == s) for s in range(pp))
+
         if pp - 2 > n:
             continue
         assert heaviest(advice._minmax_split(w, pp)) == pytest.approx(min(map(heaviest, advice._splits(n, pp))))
@@ -118,6 +140,7 @@ def test_memory_remedies_say_when_they_need_more_gpus():
 @pytest.mark.parametrize("zero", [0, 1, 2, 3])
 def test_the_zero_rule_of_plan_and_check_is_the_engines(precision, zero):
     from training.core.engine import optimizer_zero_stage
+
     parallel = ParallelConfig(data_parallel=2, zero_stage=zero)
     assert deepspeed_zero_stage(zero, precision) == optimizer_zero_stage(parallel, precision)
 
@@ -145,7 +168,7 @@ def test_a_tiny_batch_for_the_gpus_is_noted_with_its_threshold():
     plan = plan_for(16, "--recipe", R16)
     sb = plan["advice"]["small_batch"]
     assert sb["tokens_per_micro_batch"] == 160 and sb["threshold_tokens"] == 132 * 128 * 128 // 128
-    assert sb["batch_size_at_threshold"] == 1690 * 2 * 1                       # ⌈16896 / 10⌉ pairs × mb 2 × dp 1
+    assert sb["batch_size_at_threshold"] == 1690 * 2 * 1  # ⌈16896 / 10⌉ pairs × mb 2 × dp 1
     line = next(x for x in format_plan(plan).splitlines() if x.startswith("  small batch"))
     assert "160 source tokens per GPU per micro-batch" in line and "below 16,896 = 132 SMs × 128 × 128" in line
     assert "--batch_size 3380 reaches it" in line

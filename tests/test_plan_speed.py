@@ -1,5 +1,6 @@
 """plan.py --predict_speed (training/plan/speed_prediction.py): the arithmetic on a hand-checkable case, the
 transformer-big recipes' 1/8/16-GPU predictions, and bad inputs refused in one line."""
+
 import json
 
 import pytest
@@ -9,8 +10,16 @@ from tests.test_plan import RECIPES, run_plan
 from training.plan import speed_prediction as S
 
 BIG = RECIPES / "transformer-big-wmt14-en-fr"
-NO_COMM = {"tp_bytes": 0, "tp_spans": False, "pp_bytes": 0, "pp_spans": False, "dp_grad_bytes": 0,
-           "dp_param_bytes": 0, "dp_spans": False, "dp_overlap_share": 0.0}
+NO_COMM = {
+    "tp_bytes": 0,
+    "tp_spans": False,
+    "pp_bytes": 0,
+    "pp_spans": False,
+    "dp_grad_bytes": 0,
+    "dp_param_bytes": 0,
+    "dp_spans": False,
+    "dp_overlap_share": 0.0,
+}
 
 
 def test_prediction_by_hand():
@@ -48,8 +57,19 @@ def test_default_step_time_is_flops_at_the_assumed_mfu():
 
 
 def predicted(recipe: str, world: int, batch: int, *extra) -> dict:
-    proc = run_plan("--recipe", BIG / recipe, "--world_size", world, "--batch_size", batch, "--device", "h100",
-                    "--predict_speed", "--json", *extra)
+    proc = run_plan(
+        "--recipe",
+        BIG / recipe,
+        "--world_size",
+        world,
+        "--batch_size",
+        batch,
+        "--device",
+        "h100",
+        "--predict_speed",
+        "--json",
+        *extra,
+    )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["speed"]
 
@@ -68,11 +88,11 @@ def test_transformer_big_scaling_prediction():
     assert not eight["comm"]["dp_spans"] and sixteen["comm"]["dp_spans"]
     assert sixteen["step_time_s"] > 1.2 * eight["step_time_s"]
     assert 0 < sixteen["efficiency"] < eight["efficiency"] and sixteen["speedup"] > eight["speedup"]
-    assert not sixteen["comm"]["dp_overlaps_backward"]          # bf16 at ZeRO 1: BF16_Optimizer, after backward
+    assert not sixteen["comm"]["dp_overlaps_backward"]  # bf16 at ZeRO 1: BF16_Optimizer, after backward
     # a measured one-GPU time replaces the estimate, and is said to be given
     given = predicted("transformer-big-wmt14-en-fr-8gpu.json", 8, 768, "--step_time_1gpu", 0.25)
     assert given["step_time_1gpu_s"] == 0.25 and given["step_time_1gpu_source"] == "given: --step_time_1gpu"
-    assert given["efficiency"] > eight["efficiency"]                 # a longer step hides the same bytes better
+    assert given["efficiency"] > eight["efficiency"]  # a longer step hides the same bytes better
 
 
 def test_text_section_only_when_asked():
@@ -85,13 +105,19 @@ def test_text_section_only_when_asked():
     assert "scaling efficiency" in section and "NVLink 450 GB/s" in section
 
 
-@pytest.mark.parametrize("flag,value,needle", [("--intra_node_GB_s", "0", "--intra_node_GB_s"),
-                                               ("--inter_node_Gb_s", "-400", "--inter_node_Gb_s"),
-                                               ("--step_time_1gpu", "0", "--step_time_1gpu"),
-                                               ("--assumed_mfu", "1.5", "--assumed_mfu")])
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--intra_node_GB_s", "0", "--intra_node_GB_s"),
+        ("--inter_node_Gb_s", "-400", "--inter_node_Gb_s"),
+        ("--step_time_1gpu", "0", "--step_time_1gpu"),
+        ("--assumed_mfu", "1.5", "--assumed_mfu"),
+    ],
+)
 def test_bad_inputs_are_one_error_line(assert_user_error, flag, value, needle):
-    proc = run_plan("--recipe", BIG / "transformer-big-wmt14-en-fr-8gpu.json", "--world_size", 8, "--predict_speed",
-                    flag, value)
+    proc = run_plan(
+        "--recipe", BIG / "transformer-big-wmt14-en-fr-8gpu.json", "--world_size", 8, "--predict_speed", flag, value
+    )
     assert proc.returncode == 2
     assert_user_error(proc, needle)
 
@@ -106,8 +132,13 @@ def test_links_refuse_non_positive_bandwidths():
 def test_a_step_too_short_for_a_bandwidth_model_is_said():
     """The seed's 16pcs (d_model 128, 32 pairs of 10 tokens) predicts microseconds: the section says such a step is
     bound by launches and latency, which it leaves out, and that its pipeline sends cross the nodes."""
-    text = run_plan("--recipe", RECIPES / "16pcs" / "16pcs.json", "--hostfile",
-                    RECIPES.parent / "run_scripts" / "hostfiles" / "hostfile_2nodes", "--predict_speed").stdout
+    text = run_plan(
+        "--recipe",
+        RECIPES / "16pcs" / "16pcs.json",
+        "--hostfile",
+        RECIPES.parent / "run_scripts" / "hostfiles" / "hostfile_2nodes",
+        "--predict_speed",
+    ).stdout
     section = text.split("speed (prediction, not a measurement)")[1]
     assert "read these times as lower bounds" in section and "pipeline sends" in section
-    assert "(across nodes)" in section and "(33% idle)" in section          # pp 2, 2 micro-batches: 1/3
+    assert "(across nodes)" in section and "(33% idle)" in section  # pp 2, 2 micro-batches: 1/3

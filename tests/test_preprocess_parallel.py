@@ -1,4 +1,5 @@
 """preprocess.parallel: two aligned text files → one TSV, through the real command line."""
+
 from __future__ import annotations
 
 import gzip
@@ -19,8 +20,9 @@ def test_help(run_module):
 
 def test_multi30k_val_to_tsv(run_module, multi30k_dir, tmp_path):
     out = tmp_path / "new" / "dir" / "val.fr_en.tsv"
-    result = run_module(MODULE, "--src", multi30k_dir / "val.fr.gz", "--tgt", multi30k_dir / "val.en.gz",
-                        "--output", out)
+    result = run_module(
+        MODULE, "--src", multi30k_dir / "val.fr.gz", "--tgt", multi30k_dir / "val.en.gz", "--output", out
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == f"wrote 1014 pairs to {out}"
     sources, targets = read_tsv_pairs(out)
@@ -60,18 +62,27 @@ def _bad_cases(tmp_path):
         "missing file": (good_src, tmp_path / "missing.en", [f"{tmp_path / 'missing.en'}: file not found"]),
         "empty file": (_write(tmp_path / "empty.fr", ""), good_tgt, [f"{tmp_path / 'empty.fr'}: file is empty"]),
         "different line counts": (
-            good_src, _write(tmp_path / "three.en.gz", "A cat\nA dog\nA bird\n"),
-            [f"{good_src} has 2 lines", f"{tmp_path / 'three.en.gz'} has 3 lines"]),
-        "empty line": (good_src, _write(tmp_path / "hole.en", "A cat\n \n"),
-                       [f"{tmp_path / 'hole.en'}:2: empty line", "--skip_empty"]),
-        "tab in sentence": (_write(tmp_path / "tab.fr", "Un chat\nUn\tchien\n"), good_tgt,
-                            [f"{tmp_path / 'tab.fr'}:2: sentence contains a tab"]),
+            good_src,
+            _write(tmp_path / "three.en.gz", "A cat\nA dog\nA bird\n"),
+            [f"{good_src} has 2 lines", f"{tmp_path / 'three.en.gz'} has 3 lines"],
+        ),
+        "empty line": (
+            good_src,
+            _write(tmp_path / "hole.en", "A cat\n \n"),
+            [f"{tmp_path / 'hole.en'}:2: empty line", "--skip_empty"],
+        ),
+        "tab in sentence": (
+            _write(tmp_path / "tab.fr", "Un chat\nUn\tchien\n"),
+            good_tgt,
+            [f"{tmp_path / 'tab.fr'}:2: sentence contains a tab"],
+        ),
         "invalid UTF-8": (good_src, tmp_path / "latin1.en.gz", [f"{tmp_path / 'latin1.en.gz'}:2: invalid UTF-8"]),
     }
 
 
-@pytest.mark.parametrize("case", ["missing file", "empty file", "different line counts", "empty line",
-                                  "tab in sentence", "invalid UTF-8"])
+@pytest.mark.parametrize(
+    "case", ["missing file", "empty file", "different line counts", "empty line", "tab in sentence", "invalid UTF-8"]
+)
 def test_bad_input_is_one_line_error_and_no_output(run_module, assert_user_error, tmp_path, case):
     (tmp_path / "latin1.en.gz").write_bytes(gzip.compress("A cat\nA café\n".encode("latin-1")))
     src, tgt, needles = _bad_cases(tmp_path)[case]

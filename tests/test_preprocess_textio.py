@@ -1,4 +1,5 @@
 """Strict UTF-8 reading (common.text_lines), atomic writes (common.staging) and TSV validation (preprocess.textio)."""
+
 from __future__ import annotations
 
 import gzip
@@ -81,13 +82,16 @@ def test_tsv_pairs_are_stripped(tmp_path):
     assert read_tsv_pairs(path) == (["Bonjour .", "Un chat"], ["Hello .", "A cat"])
 
 
-@pytest.mark.parametrize("line, message", [
-    ("no tab here", r"bad\.tsv:2: no tab"),
-    ("", r"bad\.tsv:2: empty line"),
-    ("a\tb\tc", r"bad\.tsv:2: 2 tabs"),
-    ("  \tHello", r"bad\.tsv:2: empty source side"),
-    ("Bonjour\t  ", r"bad\.tsv:2: empty target side"),
-])
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("no tab here", r"bad\.tsv:2: no tab"),
+        ("", r"bad\.tsv:2: empty line"),
+        ("a\tb\tc", r"bad\.tsv:2: 2 tabs"),
+        ("  \tHello", r"bad\.tsv:2: empty source side"),
+        ("Bonjour\t  ", r"bad\.tsv:2: empty target side"),
+    ],
+)
 def test_tsv_errors_name_file_and_line(tmp_path, line, message):
     path = tmp_path / "bad.tsv"
     path.write_text(f"Un chat\tA cat\n{line}\nUn chien\tA dog\n", encoding="utf-8")

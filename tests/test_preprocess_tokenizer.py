@@ -1,4 +1,5 @@
 """preprocess.tokenizer: joint BPE and the seed's word vocabulary, saved as tokenizer.json."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,9 @@ def test_bpe_round_trips_unseen_french_and_english(bpe_tokenizer, multi30k_dir):
 def test_pretrained_tokenizer_fast_loads_it(bpe_tokenizer):
     from transformers import PreTrainedTokenizerFast
 
-    hf = PreTrainedTokenizerFast(tokenizer_file=str(bpe_tokenizer), pad_token="<pad>", unk_token="<unk>",
-                                 bos_token="<s>", eos_token="</s>")
+    hf = PreTrainedTokenizerFast(
+        tokenizer_file=str(bpe_tokenizer), pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
     assert (hf.pad_token_id, hf.unk_token_id, hf.bos_token_id, hf.eos_token_id) == (0, 1, 2, 3)
     assert len(hf) == 8000
     text = "Deux jeunes hommes blancs sont dehors près de buissons."
@@ -56,15 +58,27 @@ def test_pretrained_tokenizer_fast_loads_it(bpe_tokenizer):
 def test_word_type_follows_the_seed(tmp_path, run_module):
     tsv = tmp_path / "tiny.tsv"
     tsv.write_text("le chat mange\tthe cat eats\nLe chien mange\tthe dog eats\nle zèbre\tA zebra\n", encoding="utf-8")
-    result = run_module(MODULE, "--input", tsv, "--output", tmp_path / "word", "--type", "word",
-                        "--min_frequency", "1")
+    result = run_module(MODULE, "--input", tsv, "--output", tmp_path / "word", "--type", "word", "--min_frequency", "1")
     assert result.returncode == 0, result.stderr
     tok = load_tokenizer(tmp_path / "word")
     vocab = sorted(tok.get_vocab().items(), key=lambda kv: kv[1])
     # Seed order <unk>, <pad>, <eot>; then by count (the: 2, le: 3, eats/mange: 2, ...) with ties alphabetical.
     assert [token for token, _ in vocab] == [
-        "<unk>", "<pad>", "<eot>", "le", "eats", "mange", "the", "a", "cat", "chat", "chien", "dog", "zebra",
-        "zèbre"]
+        "<unk>",
+        "<pad>",
+        "<eot>",
+        "le",
+        "eats",
+        "mange",
+        "the",
+        "a",
+        "cat",
+        "chat",
+        "chien",
+        "dog",
+        "zebra",
+        "zèbre",
+    ]
     assert special_ids(tok) == SpecialIds(pad=1, unk=0, bos=2, eos=2)
     assert tok.encode("Le CHAT inconnu").ids == [3, 9, 0]
     meta = json.loads((tmp_path / "word" / "tokenizer_meta.json").read_text())
@@ -97,19 +111,25 @@ def test_cli_bpe_and_help(run_module, val_tsv, tmp_path):
 
 def test_unknown_type_is_one_line_error(run_module, assert_user_error, val_tsv, tmp_path):
     out = tmp_path / "out"
-    assert_user_error(run_module(MODULE, "--input", val_tsv, "--output", out, "--type", "sentencepiece"),
-                      "unknown tokenizer type 'sentencepiece'", "bpe, word")
+    assert_user_error(
+        run_module(MODULE, "--input", val_tsv, "--output", out, "--type", "sentencepiece"),
+        "unknown tokenizer type 'sentencepiece'",
+        "bpe, word",
+    )
     assert not out.exists()
 
 
-@pytest.mark.parametrize("content, needle", [
-    (None, "missing.tsv: file not found"),
-    ("", "bad.tsv: file is empty"),
-    ("Un chat\tA cat\nno tab on this line\n", "bad.tsv:2: no tab"),
-    ("Un chat\tA cat\n\tA dog\n", "bad.tsv:2: empty source side"),
-    ("Un chat\tA cat\nUn chien\t \n", "bad.tsv:2: empty target side"),
-    (b"Un chat\tA cat\nUn caf\xe9\tA coffee\n", "bad.tsv:2: invalid UTF-8"),
-])
+@pytest.mark.parametrize(
+    "content, needle",
+    [
+        (None, "missing.tsv: file not found"),
+        ("", "bad.tsv: file is empty"),
+        ("Un chat\tA cat\nno tab on this line\n", "bad.tsv:2: no tab"),
+        ("Un chat\tA cat\n\tA dog\n", "bad.tsv:2: empty source side"),
+        ("Un chat\tA cat\nUn chien\t \n", "bad.tsv:2: empty target side"),
+        (b"Un chat\tA cat\nUn caf\xe9\tA coffee\n", "bad.tsv:2: invalid UTF-8"),
+    ],
+)
 def test_bad_tsv_is_one_line_error(run_module, assert_user_error, tmp_path, content, needle):
     tsv = tmp_path / ("missing.tsv" if content is None else "bad.tsv")
     if isinstance(content, bytes):
@@ -149,17 +169,18 @@ def test_sample_size_trains_on_a_fixed_uniform_sample(multi30k_tsv, bpe_tokenize
     """--sample_size N: N pairs drawn uniformly with a fixed seed from all inputs (the same N pairs every time), the
     rest still validated; recorded in tokenizer_meta.json."""
     from preprocess.tokenizer import sample_pairs
+
     first = train_tokenizer([multi30k_tsv], tmp_path / "a", vocab_size=2000, sample_size=3000)
     again = train_tokenizer([multi30k_tsv], tmp_path / "b", vocab_size=2000, sample_size=3000)
     assert first.read_text() == again.read_text()
     assert json.loads((tmp_path / "a" / "tokenizer_meta.json").read_text())["sample_size"] == 3000
     assert first.read_text() != train_tokenizer([multi30k_tsv], tmp_path / "c", vocab_size=2000).read_text()
     chosen = sample_pairs(29_000, 3000)
-    assert len(np.unique(chosen)) == 3000 and chosen[0] < 100 and chosen[-1] > 28_900   # spread over the file
+    assert len(np.unique(chosen)) == 3000 and chosen[0] < 100 and chosen[-1] > 28_900  # spread over the file
     assert sample_pairs(29_000, None) is None and sample_pairs(100, 500) is None
     with pytest.raises(UserError, match="--sample_size 0 must be >= 1"):
         train_tokenizer([multi30k_tsv], tmp_path / "d", sample_size=0)
-    bad = tmp_path / "bad.tsv"                      # a broken line outside any sample of 5 is still found
+    bad = tmp_path / "bad.tsv"  # a broken line outside any sample of 5 is still found
     lines = [f"une phrase {i}\ta sentence {i}" for i in range(50)]
     lines[40] = "no tab on this line"
     bad.write_text("\n".join(lines) + "\n", encoding="utf-8")

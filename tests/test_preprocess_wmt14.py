@@ -1,4 +1,5 @@
 """preprocess.wmt14: newstest2014 SGML (directory or test-full.tgz) → wmt14.en_fr.txt / wmt14.fr_en.txt."""
+
 from __future__ import annotations
 
 import io
@@ -12,20 +13,26 @@ FR = "newstest2014-fren-ref.fr.sgm"
 
 # Documents and segments as (docid, seg id, text); the French file lists them in a different order.
 EN_DOCS = {
-    "1012-bbc": [("1", "India and Japan prime ministers meet in Tokyo"),
-                 ("2", "Tom &amp; Jerry said &quot;hello&quot; &lt;twice&gt;"),
-                 ("3", "  Padded   with spaces  ")],
+    "1012-bbc": [
+        ("1", "India and Japan prime ministers meet in Tokyo"),
+        ("2", "Tom &amp; Jerry said &quot;hello&quot; &lt;twice&gt;"),
+        ("3", "  Padded   with spaces  "),
+    ],
     "1018-lenta": [("1", "Only one sentence here.")],
 }
 FR_DOCS = {
     "1018-lenta": [("1", "Une seule phrase ici.")],
-    "1012-bbc": [("3", "Entour\u00e9 d'espaces"),
-                 ("1", "Les premiers ministres indien et japonais se rencontrent \u00e0 Tokyo"),
-                 ("2", "Tom &amp; Jerry ont dit &#171;bonjour&#187; deux fois")],
+    "1012-bbc": [
+        ("3", "Entour\u00e9 d'espaces"),
+        ("1", "Les premiers ministres indien et japonais se rencontrent \u00e0 Tokyo"),
+        ("2", "Tom &amp; Jerry ont dit &#171;bonjour&#187; deux fois"),
+    ],
 }
 EXPECTED_EN_FR = [
-    ("India and Japan prime ministers meet in Tokyo",
-     "Les premiers ministres indien et japonais se rencontrent \u00e0 Tokyo"),
+    (
+        "India and Japan prime ministers meet in Tokyo",
+        "Les premiers ministres indien et japonais se rencontrent \u00e0 Tokyo",
+    ),
     ('Tom & Jerry said "hello" <twice>', "Tom & Jerry ont dit \u00abbonjour\u00bb deux fois"),
     ("Padded   with spaces", "Entour\u00e9 d'espaces"),
     ("Only one sentence here.", "Une seule phrase ici."),
@@ -62,11 +69,14 @@ def test_help(run_module):
 
 
 def test_tgz_pairs_by_id_not_position(run_module, tmp_path):
-    tgz = make_tgz(tmp_path / "test-full.tgz", {
-        "test-full/newstest2014-deen-ref.de.sgm": b"<refset></refset>\n",
-        f"test-full/{EN}": sgm(EN_DOCS, "en"),
-        f"test-full/{FR}": sgm(FR_DOCS, "fr"),
-    })
+    tgz = make_tgz(
+        tmp_path / "test-full.tgz",
+        {
+            "test-full/newstest2014-deen-ref.de.sgm": b"<refset></refset>\n",
+            f"test-full/{EN}": sgm(EN_DOCS, "en"),
+            f"test-full/{FR}": sgm(FR_DOCS, "fr"),
+        },
+    )
     out = tmp_path / "output"
     result = run_module(MODULE, "--input", tgz, "--output", out)
     assert result.returncode == 0, result.stderr
@@ -102,12 +112,15 @@ def _fr_variant(case: str) -> bytes:
 
 
 @pytest.mark.parametrize("layout", ["dir", "tgz"])
-@pytest.mark.parametrize("case, needles", [
-    ("seg ids do not match", ["lacks doc '1012-bbc' seg '2'"]),
-    ("duplicate segment", [":5: duplicate segment (doc '1018-lenta', seg '1'); first seen at line 4"]),
-    ("empty segment", [":4: empty segment text (doc '1018-lenta', seg '1')"]),
-    ("invalid UTF-8", [":10: invalid UTF-8"]),
-])
+@pytest.mark.parametrize(
+    "case, needles",
+    [
+        ("seg ids do not match", ["lacks doc '1012-bbc' seg '2'"]),
+        ("duplicate segment", [":5: duplicate segment (doc '1018-lenta', seg '1'); first seen at line 4"]),
+        ("empty segment", [":4: empty segment text (doc '1018-lenta', seg '1')"]),
+        ("invalid UTF-8", [":10: invalid UTF-8"]),
+    ],
+)
 def test_bad_sgm_is_one_line_error_and_no_output(run_module, assert_user_error, tmp_path, layout, case, needles):
     fr_bytes = _fr_variant(case)
     if layout == "dir":
@@ -117,8 +130,7 @@ def test_bad_sgm_is_one_line_error_and_no_output(run_module, assert_user_error, 
         (src / FR).write_bytes(fr_bytes)
         fr_name = str(src / FR)
     else:
-        src = make_tgz(tmp_path / "test-full.tgz", {f"test-full/{EN}": sgm(EN_DOCS, "en"),
-                                                    f"test-full/{FR}": fr_bytes})
+        src = make_tgz(tmp_path / "test-full.tgz", {f"test-full/{EN}": sgm(EN_DOCS, "en"), f"test-full/{FR}": fr_bytes})
         fr_name = f"{src}:test-full/{FR}"
     out = tmp_path / "out"
     message = assert_user_error(run_module(MODULE, "--input", src, "--output", out), *needles)

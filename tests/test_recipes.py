@@ -1,5 +1,6 @@
 """The recipes: complete folders, the seed's settings, batch arithmetic in their comments that matches the layout,
 and real runs through the launch scripts (2pcs on 2 processes, 8pcs on 8, cpu-tiny as a user would run it)."""
+
 import json
 import os
 import re
@@ -16,8 +17,17 @@ from training.config.sections import TrainConfig
 from training.plan.planner import build_plan_parser, configs
 
 RECIPES = {"2pcs": 2, "8pcs": 8, "8pcs-dp2-mp4": 8, "16pcs": 16, "cpu-tiny": 2}
-SEED_MODEL = {"vocab_size": 20000, "d_model": 128, "num_heads": 8, "encoder_layer": 1, "decoder_layer": 1,
-              "src_len": 10, "tgt_len": 10, "batch_size": 32, "lr": 1e-4}
+SEED_MODEL = {
+    "vocab_size": 20000,
+    "d_model": 128,
+    "num_heads": 8,
+    "encoder_layer": 1,
+    "decoder_layer": 1,
+    "src_len": 10,
+    "tgt_len": 10,
+    "batch_size": 32,
+    "lr": 1e-4,
+}
 
 
 def recipe_path(name):
@@ -34,7 +44,7 @@ def test_recipe_folder_is_complete(name):
     assert not re.search(r'run(_cluster)?\.sh" "\$DATA_PATH" ("\$HOSTFILE" )?\d', launcher.read_text())
     raw = json.loads(recipe_path(name).read_text())
     assert raw["_comment"] and raw["training"]["_batch"]
-    load_recipe(str(recipe_path(name)))                  # no unknown key, every value of the flag's type
+    load_recipe(str(recipe_path(name)))  # no unknown key, every value of the flag's type
     readme = (REPO_ROOT / "recipes" / "README.md").read_text()
     assert f"[`{name}`]({name}/{name}.json)" in readme
 
@@ -68,7 +78,7 @@ def test_seed_settings():
         args = parse_args(["--recipe", str(recipe_path(name))])
         assert (args.pipeline_stage, args.micro_batch_num, args.optimizer_shard) == (1, 1, False)
     tiny = parse_args(["--recipe", str(recipe_path("cpu-tiny"))])
-    assert tiny.vocab_size is None and tiny.tokenizer_vocab_size == 2000   # sized to its own BPE tokenizer
+    assert tiny.vocab_size is None and tiny.tokenizer_vocab_size == 2000  # sized to its own BPE tokenizer
 
 
 def test_a_job_of_another_size_than_the_recipes_world_size_runs_and_says_so(multi30k_tsv, bpe_tokenizer, tmp_path):
@@ -76,20 +86,42 @@ def test_a_job_of_another_size_than_the_recipes_world_size_runs_and_says_so(mult
     launcher gives it: cpu-tiny (world_size 2) on one process, with a note naming both."""
     from common.errors import UserError
     from training.config.flags import parse_config
+
     tiny = str(recipe_path("cpu-tiny"))
     assert parse_config(["--recipe", tiny]).parallel.world_size == 2
     assert parse_config(["--recipe", tiny, "--world_size", "4"]).parallel.world_size == 4
     with pytest.raises(UserError, match=r"^--world_size 0 must be >= 1 \(the processes the layout is written for\)$"):
         parse_config(["--recipe", tiny, "--world_size", "0"])
     from tests.launch import run_train
-    proc = run_train(1, ["--recipe", tiny, "--mp", 1, "--steps", 1, "--file_path", multi30k_tsv, "--tokenizer",
-                         bpe_tokenizer, "--output_dir", tmp_path / "out", "--save_checkpoint_steps", 0])
-    assert ("note: the layout is written for 2 processes (world_size) but this job has 1; dp follows the job: "
-            "world // mp // pipeline_stage") in proc.stdout.splitlines()
+
+    proc = run_train(
+        1,
+        [
+            "--recipe",
+            tiny,
+            "--mp",
+            1,
+            "--steps",
+            1,
+            "--file_path",
+            multi30k_tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--output_dir",
+            tmp_path / "out",
+            "--save_checkpoint_steps",
+            0,
+        ],
+    )
+    assert (
+        "note: the layout is written for 2 processes (world_size) but this job has 1; dp follows the job: "
+        "world // mp // pipeline_stage"
+    ) in proc.stdout.splitlines()
     assert "layout: world=1 dp=1 mp=1 pp=1" in proc.stdout
 
 
 # ---------------------------------------------------------------------------------------------------- real runs
+
 
 def check_run(run_dir, nproc, steps, launch=None):
     """The run folder after a launch: metrics of steps 1..steps, and in the launch's log folder one log per rank
@@ -106,16 +138,30 @@ def check_run(run_dir, nproc, steps, launch=None):
 @pytest.mark.slow
 def test_2pcs_recipe_through_run_sh(multi30k_tsv, bpe_tokenizer, tmp_path):
     runs = tmp_path / "runs"
-    proc = run_script("run_scripts/run.sh", [multi30k_tsv, 2, "recipes/2pcs/2pcs.json", "--steps", 2,
-                                             "--d_model", 32, "--tokenizer", bpe_tokenizer, "--tensorboard", 0],
-                      script_env(runs))
+    proc = run_script(
+        "run_scripts/run.sh",
+        [
+            multi30k_tsv,
+            2,
+            "recipes/2pcs/2pcs.json",
+            "--steps",
+            2,
+            "--d_model",
+            32,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--tensorboard",
+            0,
+        ],
+        script_env(runs),
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = only_run_dir(runs)
-    assert run_dir.name == "2pcs"                                   # runs/<recipe>: the same for every launch
+    assert run_dir.name == "2pcs"  # runs/<recipe>: the same for every launch
     check_run(run_dir, 2, 2)
     launch = only_launch(run_dir)
     rank0 = next(launch.glob("*_rank0.log")).read_text()
-    assert "layout: world=2 dp=1 mp=2 pp=1" in rank0 and "vocab=20000" in rank0      # recipe + flag overrides
+    assert "layout: world=2 dp=1 mp=2 pp=1" in rank0 and "vocab=20000" in rank0  # recipe + flag overrides
     assert f"per-rank logs: {launch}" in proc.stdout
     assert "recipes/2pcs/2pcs.json" in (launch / "command.sh").read_text()
 
@@ -124,9 +170,12 @@ def test_2pcs_recipe_through_run_sh(multi30k_tsv, bpe_tokenizer, tmp_path):
 def test_8pcs_recipe_on_8_processes(multi30k_tsv, bpe_tokenizer, tmp_path):
     """bash run_scripts/run.sh DATA 8 picks recipes/8pcs (mp 8) by itself; tiny dims, 2 steps."""
     runs = tmp_path / "runs"
-    proc = run_script("run_scripts/run.sh", [multi30k_tsv, 8, "--steps", 2, "--d_model", 32,
-                                             "--tokenizer", bpe_tokenizer, "--tensorboard", 0],
-                      script_env(runs), timeout=400)
+    proc = run_script(
+        "run_scripts/run.sh",
+        [multi30k_tsv, 8, "--steps", 2, "--d_model", 32, "--tokenizer", bpe_tokenizer, "--tensorboard", 0],
+        script_env(runs),
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = only_run_dir(runs)
     assert run_dir.name == "8pcs"
@@ -141,7 +190,7 @@ def test_cpu_tiny_recipe_as_a_user_runs_it(multi30k_tsv, tmp_path):
     a minute, and shows rank 0's loss lines on the console while it runs."""
     runs = tmp_path / "runs"
     env = script_env(runs, QUIET="")
-    env.pop("OMP_NUM_THREADS", None)                     # the recipe's launcher sets it
+    env.pop("OMP_NUM_THREADS", None)  # the recipe's launcher sets it
     t = time.perf_counter()
     proc = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv], env, timeout=300)
     seconds = time.perf_counter() - t
@@ -151,7 +200,7 @@ def test_cpu_tiny_recipe_as_a_user_runs_it(multi30k_tsv, tmp_path):
     check_run(run_dir, 2, 60)
     got = losses(run_dir / "output")
     assert got[-1] < got[0] - 1.0, got
-    assert "epoch: 1 step: 60, loss is" in proc.stdout                 # rank 0 followed on the console
+    assert "epoch: 1 step: 60, loss is" in proc.stdout  # rank 0 followed on the console
     assert "OMP_NUM_THREADS=1" in (only_launch(run_dir) / "env.log").read_text()
     assert seconds < scaled(90), f"{seconds:.0f} s at load factor {load_factor():.1f}"
 
@@ -166,27 +215,45 @@ def test_a_copied_recipe_runs_from_anywhere(multi30k_tsv, tmp_path):
     runs = tmp_path / "runs"
     env = script_env(runs)
     env.pop("DSR_ROOT", None)
-    proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv), "--steps", "3", "--log_interval", "1"],
-                          cwd=tmp_path / "elsewhere", env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        ["bash", str(copy / "run.sh"), str(multi30k_tsv), "--steps", "3", "--log_interval", "1"],
+        cwd=tmp_path / "elsewhere",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = only_run_dir(runs)
     check_run(run_dir, 2, 3)
-    assert str(copy / "cpu-tiny.json") in (only_launch(run_dir) / "command.sh").read_text()   # the copy's own recipe
+    assert str(copy / "cpu-tiny.json") in (only_launch(run_dir) / "command.sh").read_text()  # the copy's own recipe
 
     # DSR_ROOT names the repository without any installed package (a dry run: the command only; another RUNS_DIR,
     # since runs/cpu-tiny now holds the 3-step run's checkpoint and a fresh launch there is refused)
     bare = {k: v for k, v in env.items() if k != "PYTHONPATH"}
     bare["RUNS_DIR"] = str(tmp_path / "dry-runs")
-    proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv)], cwd=tmp_path,
-                          env=dict(bare, DSR_ROOT=str(REPO_ROOT), DRY_RUN="1"), capture_output=True, text=True,
-                          timeout=120)
+    proc = subprocess.run(
+        ["bash", str(copy / "run.sh"), str(multi30k_tsv)],
+        cwd=tmp_path,
+        env=dict(bare, DSR_ROOT=str(REPO_ROOT), DRY_RUN="1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert f"{REPO_ROOT}/run_scripts/train.py" in proc.stdout.splitlines()[-1]
-    proc = subprocess.run(["bash", str(copy / "run.sh"), str(multi30k_tsv)], cwd=tmp_path,
-                          env=dict(bare, DSR_ROOT=str(tmp_path)), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(copy / "run.sh"), str(multi30k_tsv)],
+        cwd=tmp_path,
+        env=dict(bare, DSR_ROOT=str(tmp_path)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         f"error: DSR_ROOT={tmp_path} is not the repository's folder (it has no run_scripts/run.sh); set DSR_ROOT to "
-        f"the folder you cloned, or unset it"]
+        f"the folder you cloned, or unset it"
+    ]
 
 
 @pytest.mark.slow
@@ -198,7 +265,7 @@ def test_cpu_tiny_resumes_through_its_own_run_sh(multi30k_tsv, tmp_path):
     scheme (runs/cpu-tiny-<time>) is named when --resume or --resume auto would otherwise miss it and start over."""
     runs = tmp_path / "runs"
     env = script_env(runs)
-    env.pop("OMP_NUM_THREADS", None)                     # the recipe's launcher sets it
+    env.pop("OMP_NUM_THREADS", None)  # the recipe's launcher sets it
     first = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv, "--steps", 20], env)
     assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     run_dir = only_run_dir(runs)
@@ -207,30 +274,36 @@ def test_cpu_tiny_resumes_through_its_own_run_sh(multi30k_tsv, tmp_path):
     assert sorted(p.name for p in (run_dir / "output" / "checkpoints").glob("step_*")) == ["step_00000020"]
 
     # a given --output_dir replaces output/: train.py's own rules for it apply, the launcher does not refuse
-    dry = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv, "--output_dir", run_dir / "output"],
-                     dict(env, DRY_RUN="1"), timeout=120)
+    dry = run_script(
+        "recipes/cpu-tiny/run.sh",
+        [multi30k_tsv, "--output_dir", run_dir / "output"],
+        dict(env, DRY_RUN="1"),
+        timeout=120,
+    )
     assert dry.returncode == 0 and dry.stdout.splitlines()[-1].rstrip().endswith(f"--output_dir {run_dir}/output")
     again = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv, "--steps", 30], env, timeout=120)
     assert again.returncode == 2 and again.stderr.splitlines() == [
         f"error: run folder {run_dir} already holds checkpoints up to step_00000020: add --resume to this command to "
-        f"continue that run, or set RUN_NAME=NAME to start a new run beside it"], again.stderr
-    assert len(launches(run_dir)) == 1                   # nothing started, nothing written
+        f"continue that run, or set RUN_NAME=NAME to start a new run beside it"
+    ], again.stderr
+    assert len(launches(run_dir)) == 1  # nothing started, nothing written
 
     resumed = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv, "--steps", 30, "--resume"], env)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
     assert only_run_dir(runs) == run_dir
     first_launch, second_launch = launches(run_dir)
-    check_run(run_dir, 2, 30, launch=second_launch)                       # steps 1..30, each once
+    check_run(run_dir, 2, 30, launch=second_launch)  # steps 1..30, each once
     rank0 = next(second_launch.glob("*_rank0.log")).read_text()
     assert f"resumed from {run_dir}/output/checkpoints/step_00000020 at step 20" in rank0 and "steps 20→30" in rank0
-    assert "steps 0→20" in next(first_launch.glob("*_rank0.log")).read_text()         # the first launch's log kept
+    assert "steps 0→20" in next(first_launch.glob("*_rank0.log")).read_text()  # the first launch's log kept
 
-    old = runs / "cpu-tiny-20250101-120000"                # as a launch before stable run folders named it
+    old = runs / "cpu-tiny-20250101-120000"  # as a launch before stable run folders named it
     run_dir.rename(old)
     for resume in (["--resume"], ["--resume", "auto"]):
         proc = run_script("recipes/cpu-tiny/run.sh", [multi30k_tsv, "--steps", 40, *resume], env, timeout=120)
         assert proc.returncode == 2 and proc.stderr.splitlines() == [
             f"error: {' '.join(resume)}: run folder {run_dir} holds no checkpoint, but {old} (the folder of an earlier "
             f"launch, from before run folders kept their name) holds checkpoints up to step_00000030: continue that "
-            f"run here with --resume {old}/output, or move {old} away to start afresh"], proc.stderr
+            f"run here with --resume {old}/output, or move {old} away to start afresh"
+        ], proc.stderr
     assert not run_dir.exists()

@@ -4,6 +4,7 @@ docs/code-map.md ("What is where"), every recipe loads into the typed configurat
 Imports are read with `ast` from the source (nothing is imported), function-level imports included: a circle hidden
 inside a function is still a circle.
 """
+
 import ast
 import re
 from pathlib import Path
@@ -14,8 +15,13 @@ from tests.launch import REPO_ROOT
 
 PACKAGES = ("common", "preprocess", "model", "training", "demos")
 # which first-party packages each may import (the layers, bottom up); demos sit on top, nothing imports them
-ALLOWED = {"common": set(), "preprocess": {"common"}, "model": {"common"},
-           "training": {"common", "preprocess", "model"}, "demos": {"common", "preprocess", "model", "training"}}
+ALLOWED = {
+    "common": set(),
+    "preprocess": {"common"},
+    "model": {"common"},
+    "training": {"common", "preprocess", "model"},
+    "demos": {"common", "preprocess", "model", "training"},
+}
 
 
 def modules() -> dict[str, Path]:
@@ -96,15 +102,28 @@ def test_no_import_circles():
 
 
 def test_packages_import_only_the_layers_below():
-    bad = [(m, d) for m, deps in graph().items() for d in deps
-           if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in ALLOWED[m.split(".")[0]]]
+    bad = [
+        (m, d)
+        for m, deps in graph().items()
+        for d in deps
+        if d.split(".")[0] != m.split(".")[0] and d.split(".")[0] not in ALLOWED[m.split(".")[0]]
+    ]
     assert not bad, f"imports against the layering {ALLOWED}: {bad}"
 
 
 # training/'s sub-packages, bottom up: each imports only the levels below its own (the trainer sits on top)
 # cli/ (the commands) on top of everything
-TRAINING_LEVELS = {"core": 0, "config": 1, "checkpoint": 2, "run": 3, "evaluation": 3, "plan": 3,
-                   "faults_for_tests": 3, "trainer": 4, "cli": 5}
+TRAINING_LEVELS = {
+    "core": 0,
+    "config": 1,
+    "checkpoint": 2,
+    "run": 3,
+    "evaluation": 3,
+    "plan": 3,
+    "faults_for_tests": 3,
+    "trainer": 4,
+    "cli": 5,
+}
 
 
 def _training_part(module: str):
@@ -115,13 +134,17 @@ def _training_part(module: str):
 def test_training_sub_packages_import_only_the_levels_below():
     """No upward import inside training/: the run's lifecycle (run/) above config/ and checkpoint/, the guards of a
     checkpoint write inside checkpoint/, the process group (core/) below all of them."""
-    edges = [(m, d) for m, deps in graph().items() for d in deps
-             if _training_part(m) and _training_part(d) and _training_part(m) != _training_part(d)]
+    edges = [
+        (m, d)
+        for m, deps in graph().items()
+        for d in deps
+        if _training_part(m) and _training_part(d) and _training_part(m) != _training_part(d)
+    ]
     unknown = {_training_part(m) for m in modules() if _training_part(m)} - set(TRAINING_LEVELS)
     assert not unknown, f"sub-packages of training/ without a level in TRAINING_LEVELS: {unknown}"
     bad = [(m, d) for m, d in edges if TRAINING_LEVELS[_training_part(d)] >= TRAINING_LEVELS[_training_part(m)]]
     assert not bad, f"imports against training/'s levels {TRAINING_LEVELS}: {bad}"
-    assert edges                                       # the graph was read
+    assert edges  # the graph was read
 
 
 def _trees() -> dict[str, ast.Module]:
@@ -141,25 +164,48 @@ def test_where_a_run_starts_has_one_home():
                 homes.setdefault(node.name, []).append(name)
     for policy in ("resume_source", "check_start_point", "newest_intact", "held_checkpoints", "decide", "agree"):
         assert "training.run.start_point" in homes[policy], policy
-    assert [h for p in ("resume_source", "check_start_point", "newest_intact", "held_checkpoints")
-            for h in homes[p] if h != "training.run.start_point"] == []
+    assert [
+        h
+        for p in ("resume_source", "check_start_point", "newest_intact", "held_checkpoints")
+        for h in homes[p]
+        if h != "training.run.start_point"
+    ] == []
     assert "training.run.start_point" in graph()["training.run.launch_check"]
-    latest = sorted({name for name, tree in trees.items() for node in ast.walk(tree)
-                     if isinstance(node, ast.Constant) and node.value == "latest"})
+    latest = sorted(
+        {
+            name
+            for name, tree in trees.items()
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and node.value == "latest"
+        }
+    )
     assert latest == ["training.checkpoint.latest_pointer", "training.config.sections"], latest
 
     def is_start_step(node):
         return (isinstance(node, ast.Name) and node.id == "start_step") or (
-            isinstance(node, ast.Attribute) and node.attr == "start_step")
-    derived = [f"{name}:{node.lineno}" for name, tree in trees.items() for node in ast.walk(tree)
-               if (isinstance(node, ast.Compare) and is_start_step(node.left)
-                   and any(isinstance(c, ast.Constant) and c.value == 0 for c in node.comparators))
-               or (isinstance(node, (ast.If, ast.IfExp)) and is_start_step(node.test))
-               or (isinstance(node, ast.BoolOp) and any(is_start_step(v) for v in node.values))
-               or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and is_start_step(node.operand))]
+            isinstance(node, ast.Attribute) and node.attr == "start_step"
+        )
+
+    derived = [
+        f"{name}:{node.lineno}"
+        for name, tree in trees.items()
+        for node in ast.walk(tree)
+        if (
+            isinstance(node, ast.Compare)
+            and is_start_step(node.left)
+            and any(isinstance(c, ast.Constant) and c.value == 0 for c in node.comparators)
+        )
+        or (isinstance(node, (ast.If, ast.IfExp)) and is_start_step(node.test))
+        or (isinstance(node, ast.BoolOp) and any(is_start_step(v) for v in node.values))
+        or (isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not) and is_start_step(node.operand))
+    ]
     assert derived == [], f"fresh-or-resumed re-derived from the start step (use StartPoint.fresh): {derived}"
-    hooks = [name for name, tree in trees.items() for node in ast.walk(tree)
-             if isinstance(node, ast.Constant) and node.value == "DSR_CRASH_AT"]
+    hooks = [
+        name
+        for name, tree in trees.items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and node.value == "DSR_CRASH_AT"
+    ]
     assert hooks and all(name.endswith("_for_tests") for name in hooks), hooks
 
 
@@ -172,7 +218,7 @@ def what_is_where() -> dict[str, str]:
         head = re.match(r"\s*((?:[a-z_]+/)+)(\s|$)", line)
         if head:
             current = head.group(1)
-            entries[current] = entries.get(current, "") + line[head.end():] + "\n"
+            entries[current] = entries.get(current, "") + line[head.end() :] + "\n"
         elif current is not None:
             entries[current] += line + "\n"
     return entries
@@ -196,8 +242,9 @@ def test_what_is_where_names_only_folders_that_exist():
     assert not stale, stale
 
 
-@pytest.mark.parametrize("recipe", sorted(p.relative_to(REPO_ROOT).as_posix()
-                                          for p in (REPO_ROOT / "recipes").glob("*/*.json")))
+@pytest.mark.parametrize(
+    "recipe", sorted(p.relative_to(REPO_ROOT).as_posix() for p in (REPO_ROOT / "recipes").glob("*/*.json"))
+)
 def test_every_recipe_loads_into_the_typed_configuration(recipe):
     """Flags and recipe keys keep their meaning: each recipe becomes a TrainConfig whose sections hold its values."""
     import json
@@ -214,8 +261,9 @@ def test_every_recipe_loads_into_the_typed_configuration(recipe):
                 continue
             held = [s[dest_of[key]] for s in sections.values() if isinstance(s, dict) and dest_of[key] in s]
             assert held and all(v == value for v in held), (recipe, section, key, value, held)
-    assert config.parallel.deepspeed_overrides == {k: v for k, v in raw.get("deepspeed", {}).items()
-                                                   if not k.startswith("_")}
+    assert config.parallel.deepspeed_overrides == {
+        k: v for k, v in raw.get("deepspeed", {}).items() if not k.startswith("_")
+    }
 
 
 def test_ci_runs_exactly_the_readmes_test_command():
@@ -234,27 +282,37 @@ def test_the_installed_package_holds_every_package():
     import configparser
 
     from setuptools import find_packages
+
     cfg = configparser.ConfigParser()
     cfg.read(REPO_ROOT / "setup.cfg")
     include = cfg["options.packages.find"]["include"].split()
     installed = set(find_packages(where=str(REPO_ROOT), include=include))
-    on_disk = {".".join(p.parent.relative_to(REPO_ROOT).parts) for package in PACKAGES
-               for p in (REPO_ROOT / package).rglob("__init__.py")}
+    on_disk = {
+        ".".join(p.parent.relative_to(REPO_ROOT).parts)
+        for package in PACKAGES
+        for p in (REPO_ROOT / package).rglob("__init__.py")
+    }
     assert on_disk and on_disk <= installed, sorted(on_disk - installed)
     assert all(name.split(".")[0] in PACKAGES for name in installed), installed
 
 
 # what starts a process group (directly or through train.py's or the demos' code)
-PROCESS_GROUP_STARTERS = re.compile(r"\b(init_distributed|init_process_group|run_training|build_ours|train_digits|"
-                                    r"run_distributed|join_job|import train|from demos\.\w+\.train|"
-                                    r"training\.cli\.train)\b")
+PROCESS_GROUP_STARTERS = re.compile(
+    r"\b(init_distributed|init_process_group|run_training|build_ours|train_digits|"
+    r"run_distributed|join_job|import train|from demos\.\w+\.train|"
+    r"training\.cli\.train)\b"
+)
 ENTRY_FOLDERS = ("run_scripts", "benchmarks", "tests/drivers", "demos")
 
 
 def _main_block(tree: ast.Module):
     for node in tree.body:
-        if (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-                and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__"):
+        if (
+            isinstance(node, ast.If)
+            and isinstance(node.test, ast.Compare)
+            and isinstance(node.test.left, ast.Name)
+            and node.test.left.id == "__name__"
+        ):
             return node
     return None
 
@@ -270,14 +328,19 @@ def test_every_entry_point_that_starts_a_process_group_leaves_through_run_cli():
             block = _main_block(tree)
             if block is None or not PROCESS_GROUP_STARTERS.search(source):
                 continue
-            calls = {getattr(n.func, "attr", getattr(n.func, "id", None))
-                     for n in ast.walk(block) if isinstance(n, ast.Call)}
+            calls = {
+                getattr(n.func, "attr", getattr(n.func, "id", None)) for n in ast.walk(block) if isinstance(n, ast.Call)
+            }
             checked.append(path.relative_to(REPO_ROOT).as_posix())
             if "run_cli" not in calls:
                 wrong.append(checked[-1])
     assert not wrong, f"entry points that start a process group but do not leave through run_cli: {wrong}"
-    assert {"run_scripts/train.py", "run_scripts/sharded_mlp.py", "tests/drivers/train_many.py",
-            "benchmarks/profile_step.py"} <= set(checked), checked
+    assert {
+        "run_scripts/train.py",
+        "run_scripts/sharded_mlp.py",
+        "tests/drivers/train_many.py",
+        "benchmarks/profile_step.py",
+    } <= set(checked), checked
 
 
 def test_the_readme_is_a_user_guide_of_at_most_300_lines():

@@ -1,4 +1,5 @@
 """Learning-rate schedules against independent references, and their exact continuation after a resume."""
+
 import math
 import shutil
 from pathlib import Path
@@ -30,10 +31,10 @@ def test_warmup_then_constant():
 
 def test_inverse_sqrt_is_fairseqs():
     # fairseq: lr = peak · sqrt(warmup) / sqrt(num_updates) after warmup, num_updates counted from 1
-    f = lr_factor("inverse_sqrt", 4000, 10 ** 6)
+    f = lr_factor("inverse_sqrt", 4000, 10**6)
     for k in (3999, 4000, 10_000, 99_999):
         assert math.isclose(f(k), math.sqrt(4000) / math.sqrt(k + 1), rel_tol=1e-12)
-    assert f(3999) == 1.0                                 # continuous at the end of warmup
+    assert f(3999) == 1.0  # continuous at the end of warmup
 
 
 def test_cosine_matches_torch_after_warmup():
@@ -51,12 +52,15 @@ def test_polynomial_matches_torch_after_warmup():
     assert all(math.isclose(f(warmup + i), r, rel_tol=1e-9, abs_tol=1e-12) for i, r in enumerate(ref))
 
 
-@pytest.mark.parametrize("kw,needle", [
-    (dict(kind="linear"), "--lr_schedule 'linear' is not one of"),
-    (dict(kind="cosine", warmup_steps=10, total_steps=10), "decays from --warmup_steps 10 to the last step"),
-    (dict(min_ratio=1.5), "--min_lr_ratio 1.5 must be in [0, 1]"),
-    (dict(power=0.0), "--lr_power 0.0 must be > 0"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        (dict(kind="linear"), "--lr_schedule 'linear' is not one of"),
+        (dict(kind="cosine", warmup_steps=10, total_steps=10), "decays from --warmup_steps 10 to the last step"),
+        (dict(min_ratio=1.5), "--min_lr_ratio 1.5 must be in [0, 1]"),
+        (dict(power=0.0), "--lr_power 0.0 must be > 0"),
+    ],
+)
 def test_bad_schedules(kw, needle):
     args = dict(kind="cosine", warmup_steps=2, total_steps=10, min_ratio=0.0, power=1.0) | kw
     with pytest.raises(UserError, match=needle.replace("[", r"\[").replace("]", r"\]")):
@@ -65,15 +69,31 @@ def test_bad_schedules(kw, needle):
 
 SCHEDULES = ("inverse_sqrt", "cosine")
 # the trajectory the runs are started with; the resumed and continued runs are given none of it
-TRAJECTORY = ["--lr", "2e-3", "--warmup_steps", 3, "--min_lr_ratio", 0.1, "--clip_grad", 0.7, "--weight_decay", 0.05,
-              "--adam_beta1", 0.85, "--adam_beta2", 0.97, "--adam_eps", 1e-7]
+TRAJECTORY = [
+    "--lr",
+    "2e-3",
+    "--warmup_steps",
+    3,
+    "--min_lr_ratio",
+    0.1,
+    "--clip_grad",
+    0.7,
+    "--weight_decay",
+    0.05,
+    "--adam_beta1",
+    0.85,
+    "--adam_beta2",
+    0.97,
+    "--adam_eps",
+    1e-7,
+]
 TP2XPP2 = ["--mp", 2, "--pipeline_stage", 2, "--micro_batch_num", 2]
 
 
 def _without_trajectory(flags: list) -> list:
     """TINY without its --lr: the resumed runs name no optimisation setting at all."""
     i = flags.index("--lr")
-    return flags[:i] + flags[i + 2:]
+    return flags[:i] + flags[i + 2 :]
 
 
 def _stopped_at_4(full: Path, into: Path) -> None:
@@ -91,8 +111,20 @@ def schedule_runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     data = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--tensorboard", 0]
 
     def full(schedule, layout):
-        return [*data, *TINY, *TRAJECTORY, "--steps", 8, "--lr_schedule", schedule, *layout,
-                "--output_dir", root / schedule / f"full{'-tp2xpp2' if layout else ''}", "--save_checkpoint_steps", 4]
+        return [
+            *data,
+            *TINY,
+            *TRAJECTORY,
+            "--steps",
+            8,
+            "--lr_schedule",
+            schedule,
+            *layout,
+            "--output_dir",
+            root / schedule / f"full{'-tp2xpp2' if layout else ''}",
+            "--save_checkpoint_steps",
+            4,
+        ]
 
     def resumed(schedule, layout):
         name = f"resumed{'-tp2xpp2' if layout else ''}"
@@ -103,8 +135,21 @@ def schedule_runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
     run_many(4, [full(s, TP2XPP2) for s in SCHEDULES], root)
     run_many(1, [resumed(s, []) for s in SCHEDULES], root)
     run_many(4, [resumed(s, TP2XPP2) for s in SCHEDULES], root)
-    run_many(2, [[*data, *_without_trajectory(TINY), "--output_dir", root / s / "continued",
-                  "--ckpt_file", root / s / "full" / "checkpoints" / "step_00000004"] for s in SCHEDULES], root)
+    run_many(
+        2,
+        [
+            [
+                *data,
+                *_without_trajectory(TINY),
+                "--output_dir",
+                root / s / "continued",
+                "--ckpt_file",
+                root / s / "full" / "checkpoints" / "step_00000004",
+            ]
+            for s in SCHEDULES
+        ],
+        root,
+    )
     return root
 
 
@@ -129,8 +174,10 @@ def test_resume_without_schedule_flags_is_the_uninterrupted_run(schedule, layout
 def test_schedule_continues_exactly_on_another_layout(schedule, schedule_runs):
     """Saved at step 4 of 8 in one process, continued under dp2 with --ckpt_file and no optimisation flag: every
     later step's lr is the uninterrupted run's, and the loss follows it."""
-    full, continued = (read_metrics(schedule_runs / schedule / "full"),
-                       read_metrics(schedule_runs / schedule / "continued"))
+    full, continued = (
+        read_metrics(schedule_runs / schedule / "full"),
+        read_metrics(schedule_runs / schedule / "continued"),
+    )
     peak = float(TRAJECTORY[TRAJECTORY.index("--lr") + 1])
     f = lr_factor(schedule, 3, 8, 0.1)
     assert [r["lr"] for r in full] == pytest.approx([peak * f(k) for k in range(8)], rel=1e-12)

@@ -1,5 +1,6 @@
 """Each train.py setting is declared once (training.config.sections, through training.config.schema): the parser,
 the typed sections, the recipe keys and the checkpoint's lists agree because they are read from that declaration."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,8 +24,9 @@ def spellings() -> dict[str, str]:
 @pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
 def test_every_recipe_key_is_a_train_flag(recipe):
     raw = json.loads(recipe.read_text())
-    keys = [key for section in ("model", "parallel", "training") for key in raw.get(section, {})
-            if not key.startswith("_")]
+    keys = [
+        key for section in ("model", "parallel", "training") for key in raw.get(section, {}) if not key.startswith("_")
+    ]
     assert [k for k in keys if k not in spellings()] == []
 
 
@@ -55,13 +57,14 @@ def test_defaults_agree():
     assert TrainConfig.from_flags(parse_args([])) == TrainConfig()
     cfg = TrainConfig.from_flags(parse_args(["--mp", "2", "--lr", "0.5", "--seed", "7"]))
     assert TrainConfig.from_flags(cfg.to_flags()) == cfg
-    assert cfg.optimization.seed == cfg.data.seed == 7          # one flag, two sections
+    assert cfg.optimization.seed == cfg.data.seed == 7  # one flag, two sections
 
 
 def test_the_seeds_names_are_aliases(tmp_path):
     """--mp / --enable_parallel_optimizer and the recipe keys model_parallel / optimizer_shard are one setting each;
     a refusal names the spelling the user typed."""
     from common.errors import UserError
+
     seed = parse_args(["--mp", "2", "--enable_parallel_optimizer", "1"])
     canonical = parse_args(["--model_parallel", "2", "--optimizer_shard", "1"])
     assert (seed.model_parallel, seed.optimizer_shard) == (canonical.model_parallel, canonical.optimizer_shard)
@@ -81,10 +84,12 @@ def test_the_checkpoints_lists_come_from_the_declarations():
     from model.config import ModelConfig
     from training.checkpoint.carried_settings import trajectory
     from training.core.data import data_order
+
     assert set(carried(SHAPE).values()) <= {f.name for f in dataclasses.fields(ModelConfig)}
     assert carried(SHAPE)["encoder_layer"] == "encoder_layers"
     args = SimpleNamespace(max_tokens=0, batch_multiple=16, pad_multiple=8, num_batch_buckets=2, batch_size=32, seed=1)
     assert set(data_order(args)) - {"batching"} == set(carried(FIXED_ORDER))
     assert set(data_order(SimpleNamespace(**{**vars(args), "max_tokens": 100}))) - {"batching"} == set(
-        carried(TOKEN_ORDER))
+        carried(TOKEN_ORDER)
+    )
     assert list(trajectory(TrainConfig(), 10)) == list(carried(TRAJECTORY))

@@ -2,6 +2,7 @@
 DeepSpeed's launcher, and with --launcher openmpi through a real `mpirun` (the seed's run_with_mpi.sh). Each launch
 checks the loss of every step against the serial run, the same loss line on every rank, and on every rank the
 local shapes of the seed's IR ((8, 8) @ (8, 16) for the first MatMul)."""
+
 import json
 import shutil
 
@@ -10,7 +11,7 @@ import pytest
 from demos.sharded_mlp.train import MLPConfig, train_serial
 from tests.launch import only_launch, only_run_dir, run_script, script_env
 
-SEED_LINES = [   # rank-independent lines of every rank's execute.txt: the shapes of the seed's 18_execute IR
+SEED_LINES = [  # rank-independent lines of every rank's execute.txt: the shapes of the seed's 18_execute IR
     "%matmul = MatMul(%data, %weight) {in_strategy: ((2, 4), (4, 1))} : ((8, 8), (8, 16)) -> (8, 16)",
     "%relu = ReLU(%matmul) {in_strategy: ((2, 4),)} : ((8, 4)) -> (8, 4)",
     "%matmul2 = MatMul(%relu, %weight2) {in_strategy: ((2, 4), (4, 1))} : ((8, 4), (4, 16)) -> (8, 16)",
@@ -18,8 +19,8 @@ SEED_LINES = [   # rank-independent lines of every rank's execute.txt: the shape
 
 
 def rank_logs(run_dir, launcher):
-    logs = only_launch(run_dir)                                # this launch: RUN/logs/<time>/
-    if launcher == "openmpi":                                  # mpirun --output-filename: logs/1/rank.N/stdout
+    logs = only_launch(run_dir)  # this launch: RUN/logs/<time>/
+    if launcher == "openmpi":  # mpirun --output-filename: logs/1/rank.N/stdout
         return {int(p.parent.name.split(".")[1]): p.read_text() for p in logs.glob("*/rank.*/stdout")}
     return {int(p.stem.rsplit("rank", 1)[1]): p.read_text() for p in logs.glob("*_rank*.log")}
 
@@ -42,7 +43,7 @@ def test_seed_mlp_on_8_processes_matches_serial(launcher, tmp_path):
     assert sorted(logs) == list(range(8))
     lines = {r: [ln for ln in text.splitlines() if ln.startswith("epoch: ")] for r, text in logs.items()}
     assert lines[0][9] == f"epoch: 3 step: 2, loss is {got[9]}"
-    assert all(lines[r] == lines[0] and len(lines[r]) == 20 for r in lines)   # every rank reports the same loss
+    assert all(lines[r] == lines[0] and len(lines[r]) == 20 for r in lines)  # every rank reports the same loss
     for r in range(8):
         executed = (run_dir / "output" / f"rank_{r}" / "execute.txt").read_text().splitlines()
         assert all(line in executed for line in SEED_LINES), (r, executed)

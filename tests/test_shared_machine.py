@@ -4,6 +4,7 @@ Real 2-rank jobs through DeepSpeed's per-node launcher (tests.launch.launch_cmd(
 on two ports train side by side, and a job B started on the master port of one of them stops in one line while
 that one trains on exactly as its twin. In-process: the store's rules (a rank's seat; who may write where).
 """
+
 from __future__ import annotations
 
 import os
@@ -19,7 +20,7 @@ from tests.launch import REPO_ROOT, TRAIN, env, launch_cmd, losses, read_metrics
 from tests.multiproc import free_port
 from tests.progress import wait_exit, wait_until
 
-STEPS = 400                       # A must still be training when B ends (B takes about 10 s on 2 cores)
+STEPS = 400  # A must still be training when B ends (B takes about 10 s on 2 cores)
 
 
 # each job its own interpreters, as two users' jobs are (not forks of the tests' fork server)
@@ -33,15 +34,24 @@ def job_args(tsv, tok, out, steps: int) -> list[str]:
 def start(tsv, tok, out: Path, port: int, steps: int = STEPS) -> subprocess.Popen:
     out.mkdir(parents=True)
     with open(out.parent / f"{out.name}.stdout", "w") as o, open(out.parent / f"{out.name}.stderr", "w") as e:
-        return subprocess.Popen(launch_cmd(2, launcher="deepspeed", port=port) + job_args(tsv, tok, out, steps),
-                                cwd=REPO_ROOT, env=env(), stdout=o, stderr=e)
+        return subprocess.Popen(
+            launch_cmd(2, launcher="deepspeed", port=port) + job_args(tsv, tok, out, steps),
+            cwd=REPO_ROOT,
+            env=env(),
+            stdout=o,
+            stderr=e,
+        )
 
 
 def finish(popen: subprocess.Popen, out: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     logs = (out.parent / f"{out.name}.stdout", out.parent / f"{out.name}.stderr")
-    wait_exit(popen, timeout, out.name, logs)           # the limit grows with the machine's load (tests/progress)
-    return subprocess.CompletedProcess(popen.args, popen.returncode, (out.parent / f"{out.name}.stdout").read_text(),
-                                       (out.parent / f"{out.name}.stderr").read_text())
+    wait_exit(popen, timeout, out.name, logs)  # the limit grows with the machine's load (tests/progress)
+    return subprocess.CompletedProcess(
+        popen.args,
+        popen.returncode,
+        (out.parent / f"{out.name}.stdout").read_text(),
+        (out.parent / f"{out.name}.stderr").read_text(),
+    )
 
 
 def logged_step(out: Path) -> int:
@@ -50,7 +60,8 @@ def logged_step(out: Path) -> int:
 
 
 def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_train_on_unharmed(
-        multi30k_tsv, bpe_tokenizer, tmp_path):
+    multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """A and a twin of A on two ports at once both finish. B on A's port: B's rank 0 cannot serve a store there (one
     line naming the port; before, torch's DistNetworkError traceback), and nothing of B reaches A — not B's
     supervisors' failure news (before: written into A's store, which stopped A, naming B's rank 0), nor B's rank 1,
@@ -58,16 +69,25 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
     port = free_port()
     a = start(multi30k_tsv, bpe_tokenizer, tmp_path / "a", port)
     twin = start(multi30k_tsv, bpe_tokenizer, tmp_path / "twin", free_port())
-    wait_until(lambda: logged_step(tmp_path / "a") >= 5, a, 240, "A starting to train",
-               (tmp_path / "a.stdout", tmp_path / "a.stderr"))
+    wait_until(
+        lambda: logged_step(tmp_path / "a") >= 5,
+        a,
+        240,
+        "A starting to train",
+        (tmp_path / "a.stdout", tmp_path / "a.stderr"),
+    )
     b = start(multi30k_tsv, bpe_tokenizer, tmp_path / "b", port)
     # B's rank 1 alone, as on a node of its own (no launcher there ends it when B's rank 0 fails): it finds A's
     # store, whose rank 1 seat is taken, and refuses in one line (before: it completed the rendezvous in A's store).
     # It starts beside B (each takes about 15 s here, most of it imports), so both end while A still trains.
-    lone = subprocess.Popen([sys.executable, TRAIN, "--local_rank=1", *job_args(multi30k_tsv, bpe_tokenizer,
-                                                                             tmp_path / "b1", STEPS)],
-                            env=rank_env(env(), 1, 2, port), cwd=REPO_ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    lone = subprocess.Popen(
+        [sys.executable, TRAIN, "--local_rank=1", *job_args(multi30k_tsv, bpe_tokenizer, tmp_path / "b1", STEPS)],
+        env=rank_env(env(), 1, 2, port),
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     b = finish(b, tmp_path / "b", timeout=120)
     out, err = lone.communicate(timeout=120)
     lone = subprocess.CompletedProcess(lone.args, lone.returncode, out, err)
@@ -76,12 +96,16 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
 
     text = b.stdout + b.stderr
     assert b.returncode != 0 and "Traceback" not in text, text[-4000:]
-    port_in_use = (f"error: the master port {port} at 127.0.0.1 is in use (another job's rendezvous?): start this "
-                   f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun "
-                   f"(run.sh and run_cluster.sh take a free one when MASTER_PORT is unset)")
-    store_taken = (f"error: the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} belongs to another job (its rank 1 "
-                   f"joined it before this one): start this job on another port — `deepspeed --master_port N`, or "
-                   f"MASTER_PORT=N")
+    port_in_use = (
+        f"error: the master port {port} at 127.0.0.1 is in use (another job's rendezvous?): start this "
+        f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun "
+        f"(run.sh and run_cluster.sh take a free one when MASTER_PORT is unset)"
+    )
+    store_taken = (
+        f"error: the store at MASTER_ADDR:MASTER_PORT 127.0.0.1:{port} belongs to another job (its rank 1 "
+        f"joined it before this one): start this job on another port — `deepspeed --master_port N`, or "
+        f"MASTER_PORT=N"
+    )
     errors = [line for line in text.splitlines() if line.startswith("error: ")]
     # B's rank 0 names the port; B's rank 1 may also reach A's store before the launcher ends it (a race the CI's
     # run lost once), and then says so in its own line: either way, one line per rank and nothing else.
@@ -98,6 +122,7 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
 def fresh_job_store(monkeypatch):
     """training.core.job_store as in a new process (its state is per process), MASTER_* naming a free port."""
     from training.core import job_store
+
     for name in ("_job", "_pending", "_server"):
         monkeypatch.setattr(job_store, name, None)
     port = free_port()
@@ -110,13 +135,14 @@ def fresh_job_store(monkeypatch):
 
 def test_a_rank_takes_its_seat_once_and_another_jobs_rank_is_refused_without_a_write(fresh_job_store, monkeypatch):
     from common.errors import UserError
+
     job_store, port = fresh_job_store
-    job = job_store.create("127.0.0.1", port, 10)                    # A's rank 0
-    monkeypatch.setattr(job_store, "_job", None)                      # A's rank 1 (state is per process)
-    job_store.check_before_rendezvous("127.0.0.1", port, 1, 10)      # takes its seat
+    job = job_store.create("127.0.0.1", port, 10)  # A's rank 0
+    monkeypatch.setattr(job_store, "_job", None)  # A's rank 1 (state is per process)
+    job_store.check_before_rendezvous("127.0.0.1", port, 1, 10)  # takes its seat
     assert job_store.join("127.0.0.1", port, 10) == job
     seat = job_store.client("127.0.0.1", port, 5).get(f"{job_store.SEAT_KEY}1")
-    monkeypatch.setattr(job_store, "_job", None)                      # B's rank 1
+    monkeypatch.setattr(job_store, "_job", None)  # B's rank 1
     with pytest.raises(UserError, match=f"127.0.0.1:{port} belongs to another job \\(its rank 1 joined it before"):
         job_store.check_before_rendezvous("127.0.0.1", port, 1, 10)
     assert job_store.client("127.0.0.1", port, 5).get(f"{job_store.SEAT_KEY}1") == seat
@@ -126,6 +152,7 @@ def test_supervisors_write_only_into_their_own_jobs_store(fresh_job_store, monke
     """A rank that never joined (rank 0 or not, no launcher id) writes nothing into the store it finds; a joined one
     only into its job's; with a launcher id an unjoined rank reports to the store of its own launch only."""
     from training.run import job_watch
+
     job_store, port = fresh_job_store
     job = job_store.create("127.0.0.1", port, 10)
     store = job_store.client("127.0.0.1", port, 5)
@@ -158,21 +185,28 @@ def test_stopping_a_multinode_run_ends_its_own_launchers_and_no_other_jobs():
     from deepspeed.launcher.runner import parse_args
 
     from training.run.launcher import job_kill_command
+
     args = parse_args(["--master_addr", "10.1.2.3", "--master_port", "29555", "train.py", "--steps", "5"])
-    cmd, kill_cmd, _ = PDSHRunner(args, "eyJob3N0QSI6IFswXX0+=").get_cmd(dict(os.environ), {"hostA": [0, 1],
-                                                                                           "hostB": [0, 1]})
+    cmd, kill_cmd, _ = PDSHRunner(args, "eyJob3N0QSI6IFswXX0+=").get_cmd(
+        dict(os.environ), {"hostA": [0, 1], "hostB": [0, 1]}
+    )
     ours = job_kill_command(kill_cmd, cmd)
-    assert ours[:-2] == kill_cmd[:-2] and ours[-2] == "pkill -f"          # pdsh's arguments unchanged
+    assert ours[:-2] == kill_cmd[:-2] and ours[-2] == "pkill -f"  # pdsh's arguments unchanged
     launch = f"{sys.executable} -u -m deepspeed.launcher.launch"
     job = "--master_addr=10.1.2.3 --master_port=29555 --enable_each_rank_log=/x train.py --steps 5"
     mine = [_launch_lookalike(f"{launch} --world_info=eyJob3N0QSI6IFswXX0+= --node_rank={n} {job}") for n in (0, 1)]
-    others = [_launch_lookalike(f"{launch} --world_info=eyJob3N0QSI6IFswXX0+= --node_rank=0 "
-                                f"--master_addr=10.1.2.3 --master_port=29556 train.py"),     # another port
-              _launch_lookalike(f"{launch} --world_info=b3RoZXI= --node_rank=0 --master_addr=10.1.2.3 "
-                                f"--master_port=29555 train.py")]                           # another job's hosts
+    others = [
+        _launch_lookalike(
+            f"{launch} --world_info=eyJob3N0QSI6IFswXX0+= --node_rank=0 "
+            f"--master_addr=10.1.2.3 --master_port=29556 train.py"
+        ),  # another port
+        _launch_lookalike(
+            f"{launch} --world_info=b3RoZXI= --node_rank=0 --master_addr=10.1.2.3 --master_port=29555 train.py"
+        ),
+    ]  # another job's hosts
     try:
         time.sleep(0.5)
-        subprocess.run(["bash", "-c", " ".join(ours[-2:])], timeout=30)               # as the node's shell runs it
+        subprocess.run(["bash", "-c", " ".join(ours[-2:])], timeout=30)  # as the node's shell runs it
         for p in mine:
             p.wait(timeout=10)
         assert all(p.poll() is None for p in others), "another job's launcher was ended"

@@ -20,6 +20,7 @@ Steps are slowed with DSR_STEP_DELAY (a sleep: the losses do not change, the cor
 still training when it is signalled. Needs root, network namespaces, SLURM and munge (tests/cluster/
 install_packages.sh); elsewhere these tests skip with the reason.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -61,22 +62,33 @@ def slurm(tmp_path_factory):
 def data(multi30k_tsv, tmp_path_factory):
     """2,000 Multi30k pairs and a 2,000-token BPE tokenizer (the size cpu-tiny builds), outside the checkout."""
     from preprocess.tokenizer import train_tokenizer
+
     root = tmp_path_factory.mktemp("slurm-data")
     tsv = root / "train.fr_en.tsv"
     with open(multi30k_tsv, encoding="utf-8") as src, open(tsv, "w", encoding="utf-8") as dst:
         for _, line in zip(range(2000), src):
             dst.write(line)
     tokenizer = train_tokenizer([tsv], root / "bpe2k", type="bpe", vocab_size=2000)
-    return {"tsv": tsv, "flags": ["--tokenizer", tokenizer, "--seed", 7, "--dropout", 0, "--log_interval", 1,
-                                  "--tensorboard", 0]}
+    return {
+        "tsv": tsv,
+        "flags": ["--tokenizer", tokenizer, "--seed", 7, "--dropout", 0, "--log_interval", 1, "--tensorboard", 0],
+    }
 
 
 def job_env(**extra) -> dict:
     """The submitting shell's environment: this interpreter first on PATH, one thread per rank."""
-    e = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "DSR_")) and k not in
-         ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RUN_NAME", "RUNS_DIR", "PYTHONPATH")}
-    e.update(PATH=os.path.dirname(sys.executable) + os.pathsep + e["PATH"], PYTHON=sys.executable,
-             OMP_NUM_THREADS="1", QUIET="1")
+    e = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "MASTER_", "DSR_"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "RUN_NAME", "RUNS_DIR", "PYTHONPATH")
+    }
+    e.update(
+        PATH=os.path.dirname(sys.executable) + os.pathsep + e["PATH"],
+        PYTHON=sys.executable,
+        OMP_NUM_THREADS="1",
+        QUIET="1",
+    )
     e.update({k: str(v) for k, v in extra.items()})
     return e
 
@@ -94,16 +106,32 @@ def output_of(folder):
 
 def serial_losses(data, tmp_path, steps: int) -> list[float]:
     out = tmp_path / "serial"
-    run_train(1, ["--recipe", RECIPE, *data["flags"], "--mp", 1, "--steps", steps, "--file_path", data["tsv"],
-                  "--output_dir", out])
+    run_train(
+        1,
+        [
+            "--recipe",
+            RECIPE,
+            *data["flags"],
+            "--mp",
+            1,
+            "--steps",
+            steps,
+            "--file_path",
+            data["tsv"],
+            "--output_dir",
+            out,
+        ],
+    )
     return [r["loss"] for r in metrics(out)]
 
 
 def at_step(slurm, job, folder, step: int):
     """Wait until the job's run has logged `step`; the last step logged."""
+
     def reached(_job):
         records = metrics(output_of(folder))
         return records[-1]["step"] if records and records[-1]["step"] >= step else None
+
     return slurm.wait(job, folder, reached, f"step {step}", timeout=300, poll=0.3)
 
 
@@ -115,32 +143,52 @@ def close(a: float, b: float, tol: float = 1e-5) -> bool:
 def limit_chain(slurm, data, tmp_path_factory):
     """The time-limited chain, submitted when the module starts, on node 2 alone; the last test checks it."""
     folder = tmp_path_factory.mktemp("limit")
-    job = submit(slurm, folder, data, ["-w", "vnode2", "-N1", "--ntasks-per-node=2", "--time=2",
-                                       "--signal=B:USR1@45"], "--steps", LIMIT_STEPS, DSR_STEP_DELAY=LIMIT_DELAY)
+    job = submit(
+        slurm,
+        folder,
+        data,
+        ["-w", "vnode2", "-N1", "--ntasks-per-node=2", "--time=2", "--signal=B:USR1@45"],
+        "--steps",
+        LIMIT_STEPS,
+        DSR_STEP_DELAY=LIMIT_DELAY,
+    )
     return {"job": job, "folder": folder}
 
 
 # ------------------------------------------------------------------------------------------------ two nodes
-def test_two_nodes_train_like_one_process_and_a_lost_node_is_named_then_resumed(slurm, data, limit_chain,
-                                                                                 tmp_path):
+def test_two_nodes_train_like_one_process_and_a_lost_node_is_named_then_resumed(slurm, data, limit_chain, tmp_path):
     """dp2×tp2 on `-N2 --ntasks-per-node=2`. Node 1 dies at step 7 or later (its slurmd, job step and ranks killed at
     once: nothing on it can say so): rank 0 names the node and its ranks; SLURM marks the node down and requeues the
     job itself (--requeue); once the node is back the job resumes from the newest checkpoint and finishes. Every step's
     loss, before and after, equals one process's, each step once."""
     folder = tmp_path / "two"
     steps = 24
-    job = submit(slurm, folder, data, ["-w", "vnode[0-1]", "-N2", "--ntasks-per-node=2"], "--world_size", 4,
-                 "--steps", steps, "--save_checkpoint_steps", 5, DSR_STEP_DELAY=1.0)
+    job = submit(
+        slurm,
+        folder,
+        data,
+        ["-w", "vnode[0-1]", "-N2", "--ntasks-per-node=2"],
+        "--world_size",
+        4,
+        "--steps",
+        steps,
+        "--save_checkpoint_steps",
+        5,
+        DSR_STEP_DELAY=1.0,
+    )
     at_step(slurm, job, folder, 7)
-    assert sorted(p.name for p in (folder / "runs/cpu-tiny/logs").glob("*/*_rank*.log")) == \
-        ["vnode0_rank0.log", "vnode0_rank1.log", "vnode1_rank2.log", "vnode1_rank3.log"]
+    assert sorted(p.name for p in (folder / "runs/cpu-tiny/logs").glob("*/*_rank*.log")) == [
+        "vnode0_rank0.log",
+        "vnode0_rank1.log",
+        "vnode1_rank2.log",
+        "vnode1_rank3.log",
+    ]
     killed = slurm.lose_node(1)
     assert "slurmd" in killed and "slurmstepd" in killed, killed
     # rank 0's line, in its log (SLURM may end the batch script before it copies the line into slurm-JOBID.out)
     named = "node vnode1 (ranks 2, 3) closed its connection"
     rank0 = next((folder / "runs/cpu-tiny/logs").glob("*/vnode0_rank0.log"))
-    slurm.wait(job, folder, lambda _: named in rank0.read_text(errors="replace"), f"'{named}' in {rank0}",
-               timeout=120)
+    slurm.wait(job, folder, lambda _: named in rank0.read_text(errors="replace"), f"'{named}' in {rank0}", timeout=120)
     # SLURM finds the node gone after SlurmdTimeout (20 s here) and requeues the job, which waits for the node
     slurm.wait(job, folder, lambda fields: fields.get("Restarts") == "1", "requeue by SLURM", timeout=180)
     killed_at = metrics(output_of(folder))[-1]["step"]
@@ -153,12 +201,14 @@ def test_two_nodes_train_like_one_process_and_a_lost_node_is_named_then_resumed(
     newest = second["start_step"]
     assert 5 <= newest <= killed_at and newest % 5 == 0, (newest, killed_at)
     records = metrics(output_of(folder))
-    assert [r["step"] for r in records] == list(range(1, steps + 1))               # each step once
+    assert [r["step"] for r in records] == list(range(1, steps + 1))  # each step once
     got, want = [r["loss"] for r in records], serial_losses(data, tmp_path, steps)
     assert all(close(g, w) for g, w in zip(got, want)), (got, want)
-    print(f"2 nodes (dp2×tp2): max relative loss difference to one process "
-          f"{max(abs(g - w) / abs(w) for g, w in zip(got, want)):.1e}; node 1 lost at step {killed_at}, the job "
-          f"requeued by SLURM resumed from step {newest}")
+    print(
+        f"2 nodes (dp2×tp2): max relative loss difference to one process "
+        f"{max(abs(g - w) / abs(w) for g, w in zip(got, want)):.1e}; node 1 lost at step {killed_at}, the job "
+        f"requeued by SLURM resumed from step {newest}"
+    )
 
 
 # ------------------------------------------------------------------------------------------------ stop and go on
@@ -166,8 +216,7 @@ def test_usr1_to_every_task_saves_requeues_and_resumes(slurm, data, tmp_path):
     """`--signal=USR1@T` (no B:) signals every task, not the batch shell: the script learns of the stop from
     run.json."""
     folder = tmp_path / "usr1"
-    job = submit(slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 60,
-                 DSR_STEP_DELAY=0.2)
+    job = submit(slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 60, DSR_STEP_DELAY=0.2)
     at_step(slurm, job, folder, 3)
     assert slurm.run(["scancel", "--signal=USR1", job]).returncode == 0
     fields = slurm.wait_final(job, folder)
@@ -178,14 +227,15 @@ def test_usr1_to_every_task_saves_requeues_and_resumes(slurm, data, tmp_path):
     assert first["end"] == {**first["end"], "status": "stopped", "by": "SIGUSR1", "checkpoint": f"step_{step:08d}"}
     assert second["start_step"] == step and second["slurm"]["restart_count"] == 1, second
     assert [r["step"] for r in metrics(output_of(folder))] == list(range(1, 61))
-    assert "got SIGUSR1" not in out                     # the batch shell was told nothing
+    assert "got SIGUSR1" not in out  # the batch shell was told nothing
     assert "requeueing job (restart 1 of at most 20)" in out, out[-4000:]
 
 
 def test_scancel_ends_the_chain_after_the_save(slurm, data, tmp_path):
     folder = tmp_path / "cancel"
-    job = submit(slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 1000,
-                 DSR_STEP_DELAY=0.2)
+    job = submit(
+        slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 1000, DSR_STEP_DELAY=0.2
+    )
     at_step(slurm, job, folder, 3)
     assert slurm.run(["scancel", job]).returncode == 0
     fields = slurm.wait_final(job, folder)
@@ -201,8 +251,7 @@ def test_scancel_ends_the_chain_after_the_save(slurm, data, tmp_path):
 
 def test_a_real_error_or_a_mistake_does_not_requeue(slurm, data, tmp_path):
     folder = tmp_path / "nan"
-    job = submit(slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 20,
-                 DSR_NAN_AT=3)
+    job = submit(slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 20, DSR_NAN_AT=3)
     fields = slurm.wait_final(job, folder)
     out = slurm.log(job, folder)
     assert fields["JobState"] == "FAILED" and fields["Restarts"] == "0", out[-4000:]
@@ -230,8 +279,9 @@ def _readme_commands(title: str) -> list[str]:
     return [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
-@pytest.mark.skipif(shutil.which("dstr-plan") is None,
-                    reason="the console commands are not installed (pip install -e .)")
+@pytest.mark.skipif(
+    shutil.which("dstr-plan") is None, reason="the console commands are not installed (pip install -e .)"
+)
 def test_readme_slurm_commands_run_as_written(slurm, data, tmp_path):
     """In a folder holding the checkout's run_scripts/ and recipes/ and the README's out/data/train.fr_en.tsv."""
     for name in ("run_scripts", "recipes"):
@@ -247,8 +297,9 @@ def test_readme_slurm_commands_run_as_written(slurm, data, tmp_path):
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         jobs += [int(j) for j in re.findall(r"Submitted batch job (\d+)", proc.stdout)]
         if command.startswith("dstr-plan "):
-            assert re.search(r"sbatch .*--ntasks-per-node=\d+ .*--signal=B:USR1@\d+ .*run_scripts/slurm.sbatch",
-                             proc.stdout), proc.stdout
+            assert re.search(
+                r"sbatch .*--ntasks-per-node=\d+ .*--signal=B:USR1@\d+ .*run_scripts/slurm.sbatch", proc.stdout
+            ), proc.stdout
     assert jobs, commands
     for job in jobs:
         fields = slurm.wait_final(job, tmp_path)
@@ -269,13 +320,25 @@ def test_a_time_limit_saves_requeues_and_resumes_bit_identically(slurm, data, li
     assert fields["JobState"] == "COMPLETED" and restarts >= 1, out[-6000:]
     assert out.count("got SIGUSR1") >= 1 and "DUE TO TIME LIMIT" not in out, out[-6000:]
     records = metrics(output_of(folder))
-    assert [r["step"] for r in records] == list(range(1, LIMIT_STEPS + 1))         # each step once
+    assert [r["step"] for r in records] == list(range(1, LIMIT_STEPS + 1))  # each step once
     # the uninterrupted run, the same layout: 2 ranks, one thread each
     reference = tmp_path / "uninterrupted"
-    run_train(2, ["--recipe", RECIPE, *data["flags"], "--steps", LIMIT_STEPS, "--file_path", data["tsv"],
-                  "--output_dir", reference])
-    assert [r["loss"] for r in records] == [r["loss"] for r in metrics(reference)]    # bit for bit
-    want = serial_losses(data, tmp_path, LIMIT_STEPS)                                  # and like one process
+    run_train(
+        2,
+        [
+            "--recipe",
+            RECIPE,
+            *data["flags"],
+            "--steps",
+            LIMIT_STEPS,
+            "--file_path",
+            data["tsv"],
+            "--output_dir",
+            reference,
+        ],
+    )
+    assert [r["loss"] for r in records] == [r["loss"] for r in metrics(reference)]  # bit for bit
+    want = serial_losses(data, tmp_path, LIMIT_STEPS)  # and like one process
     assert all(close(r["loss"], w) for r, w in zip(records, want)), ([r["loss"] for r in records], want)
     runs = launches(output_of(folder))
     assert [launch["slurm"]["restart_count"] for launch in runs] == list(range(restarts + 1)), runs
@@ -283,12 +346,16 @@ def test_a_time_limit_saves_requeues_and_resumes_bit_identically(slurm, data, li
     for before, after in zip(runs, runs[1:]):
         end = before["end"]
         assert end["status"] == "stopped" and end["by"] == "SIGUSR1", before
-        assert after["start_step"] == end["step"] and end["checkpoint"] == f"step_{end['step']:08d}"   # none lost
-        print(f"stopped at step {end['step']}, requeue to the next job's start of training: "
-              f"{_seconds(end['time'], after['started']):.0f} s")
+        assert after["start_step"] == end["step"] and end["checkpoint"] == f"step_{end['step']:08d}"  # none lost
+        print(
+            f"stopped at step {end['step']}, requeue to the next job's start of training: "
+            f"{_seconds(end['time'], after['started']):.0f} s"
+        )
     assert runs[-1]["end"]["status"] == "finished"
     saves = re.findall(r"(\d\d:\d\d:\d\d) slurm.sbatch: got SIGUSR1.*?\n(?:.*\n)*?(\d\d:\d\d:\d\d) srun ended", out)
     for got, ended in saves:
-        print(f"USR1 to the end of the ranks (the save at the signal): "
-              f"{_seconds('2000-01-01T' + got, '2000-01-01T' + ended):.0f} s")
+        print(
+            f"USR1 to the end of the ranks (the save at the signal): "
+            f"{_seconds('2000-01-01T' + got, '2000-01-01T' + ended):.0f} s"
+        )
     print(f"{restarts} requeue(s) for {LIMIT_STEPS} steps")

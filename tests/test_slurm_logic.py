@@ -2,6 +2,7 @@
 (common/slurm.py), whether a chain of jobs goes on (training/run/slurm_chain.py), each launch in run.json
 (training/run/launch_record.py), plan.py --slurm's line (training/plan/slurm_line.py), and slurm.sbatch's refusals
 outside a job."""
+
 from __future__ import annotations
 
 import json
@@ -17,14 +18,29 @@ from tests.launch import REPO_ROOT
 from training.run import launch_record, slurm_chain
 
 SBATCH = REPO_ROOT / "run_scripts" / "slurm.sbatch"
-TASK = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1",
-        "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_TASKS_PER_NODE": "2(x2)", "SLURM_STEP_NODELIST": "gpu[07-08]"}
+TASK = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_PROCID": "3",
+    "SLURM_LOCALID": "1",
+    "SLURM_NODEID": "1",
+    "SLURM_STEP_NUM_TASKS": "4",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    "SLURM_STEP_NODELIST": "gpu[07-08]",
+}
 
 
 # ------------------------------------------------------------------------------------------------ srun's variables
-@pytest.mark.parametrize("nodelist, first", [("gpu[07-09,12],login1", "gpu07"), ("node3", "node3"),
-                                             ("node3,node4", "node3"), ("rack[2-3]-n[1-4]", "rack2-n1"),
-                                             ("vnode[0-1]", "vnode0")])
+@pytest.mark.parametrize(
+    "nodelist, first",
+    [
+        ("gpu[07-09,12],login1", "gpu07"),
+        ("node3", "node3"),
+        ("node3,node4", "node3"),
+        ("rack[2-3]-n[1-4]", "rack2-n1"),
+        ("vnode[0-1]", "vnode0"),
+    ],
+)
 def test_the_first_host_of_a_host_list(nodelist, first):
     assert slurm.first_host(nodelist) == first
 
@@ -38,32 +54,43 @@ def test_tasks_per_node_and_bad_specs():
 def test_the_job_port_is_derived_from_the_job_id_and_skips_busy_ports_and_29500():
     assert slurm.job_port(12) == 20012
     assert slurm.job_port(12, free=lambda port: port != 20012) == 20013
-    assert slurm.job_port(9500) == 29501                         # 29500: torch's default, other jobs hold it
-    assert slurm.job_port(20012) == slurm.job_port(12)           # (the span wraps)
+    assert slurm.job_port(9500) == 29501  # 29500: torch's default, other jobs hold it
+    assert slurm.job_port(20012) == slurm.job_port(12)  # (the span wraps)
 
 
 def test_a_task_of_an_srun_step_gets_torchs_variables():
     env = dict(TASK)
     assert slurm.adopt(env)
-    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")} == \
-        {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_SIZE": "2", "MASTER_ADDR": "gpu07",
-         "MASTER_PORT": "24242"}
-    given = dict(TASK, MASTER_ADDR="10.0.0.1", MASTER_PORT="23456")          # the batch script's win
+    assert {k: env[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")} == {
+        "RANK": "3",
+        "WORLD_SIZE": "4",
+        "LOCAL_RANK": "1",
+        "LOCAL_SIZE": "2",
+        "MASTER_ADDR": "gpu07",
+        "MASTER_PORT": "24242",
+    }
+    given = dict(TASK, MASTER_ADDR="10.0.0.1", MASTER_PORT="23456")  # the batch script's win
     slurm.adopt(given)
     assert (given["MASTER_ADDR"], given["MASTER_PORT"]) == ("10.0.0.1", "23456")
 
 
 def test_the_batch_shell_and_other_launchers_are_left_alone():
-    batch = {k: v for k, v in TASK.items() if not k.startswith("SLURM_STEP")}     # sbatch's shell: no step
+    batch = {k: v for k, v in TASK.items() if not k.startswith("SLURM_STEP")}  # sbatch's shell: no step
     assert not slurm.adopt(batch) and "RANK" not in batch
-    launched = dict(TASK, WORLD_SIZE="8", RANK="5")                 # deepspeed/torchrun inside an allocation
+    launched = dict(TASK, WORLD_SIZE="8", RANK="5")  # deepspeed/torchrun inside an allocation
     assert not slurm.adopt(launched) and launched["RANK"] == "5"
 
 
 def test_master_outside_a_job_is_one_line(run_module, assert_user_error):
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    proc = subprocess.run([sys.executable, "-m", "common.slurm", "master"], cwd=REPO_ROOT, env=env, capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "common.slurm", "master"],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert_user_error(proc, "not inside a SLURM job")
 
 
@@ -72,24 +99,41 @@ RUNNING = {"JobState": "RUNNING", "Reason": "None", "BatchFlag": "1"}
 STOPPED = {"launch_id": "L", "end": {"status": "stopped", "step": 437, "by": "SIGUSR1", "checkpoint": "step_00000437"}}
 
 
-@pytest.mark.parametrize("launch, status, signal, job, restarts, requeue, says", [
-    (STOPPED, 138, "USR1", RUNNING, 0, True, "requeueing job (restart 1 of at most 20)"),
-    (STOPPED, 138, None, RUNNING, 3, True, "stopped by SIGUSR1 at step 437, checkpoint step_00000437 saved"),
-    (STOPPED, 143, "TERM", {"JobState": "COMPLETING", "Reason": "TimeLimit"}, 0, True, "at its time limit"),
-    (STOPPED, 143, "TERM", {"JobState": "COMPLETING", "Reason": "None"}, 0, False, "the job was cancelled"),
-    (STOPPED, 138, "USR1", RUNNING, 20, False, "requeued 20 times, --max_requeues 20"),
-    (STOPPED, 138, "USR1", dict(RUNNING, BatchFlag="0"), 0, False, "not a batch job"),
-    ({"launch_id": "L", "end": {"status": "finished", "step": 60}}, 0, None, RUNNING, 0, False, "training finished"),
-    ({"launch_id": "L"}, 2, None, RUNNING, 0, False, "training failed (srun exit status 2): no requeue"),
-    ({"launch_id": "L"}, 138, "USR1", RUNNING, 0, False, "training failed"),      # started, then no save: not ours
-    (None, 138, None, RUNNING, 0, True, "stopped by SIGUSR1 before its first step"),
-    (None, 0, "TERM", RUNNING, 0, True, "stopped by SIGTERM before its first step"),
-    (None, 1, None, RUNNING, 0, False, "training failed"),
-    ({"launch_id": "L"}, 3, None, {"JobState": "COMPLETING", "Reason": "NodeDown"}, 0, False,
-     "a node of the job was lost (COMPLETING NodeDown): SLURM requeues the job itself"),
-])
-def test_the_chain_goes_on_only_after_a_stop_that_meant_to_go_on(launch, status, signal, job, restarts, requeue,
-                                                                   says):
+@pytest.mark.parametrize(
+    "launch, status, signal, job, restarts, requeue, says",
+    [
+        (STOPPED, 138, "USR1", RUNNING, 0, True, "requeueing job (restart 1 of at most 20)"),
+        (STOPPED, 138, None, RUNNING, 3, True, "stopped by SIGUSR1 at step 437, checkpoint step_00000437 saved"),
+        (STOPPED, 143, "TERM", {"JobState": "COMPLETING", "Reason": "TimeLimit"}, 0, True, "at its time limit"),
+        (STOPPED, 143, "TERM", {"JobState": "COMPLETING", "Reason": "None"}, 0, False, "the job was cancelled"),
+        (STOPPED, 138, "USR1", RUNNING, 20, False, "requeued 20 times, --max_requeues 20"),
+        (STOPPED, 138, "USR1", dict(RUNNING, BatchFlag="0"), 0, False, "not a batch job"),
+        (
+            {"launch_id": "L", "end": {"status": "finished", "step": 60}},
+            0,
+            None,
+            RUNNING,
+            0,
+            False,
+            "training finished",
+        ),
+        ({"launch_id": "L"}, 2, None, RUNNING, 0, False, "training failed (srun exit status 2): no requeue"),
+        ({"launch_id": "L"}, 138, "USR1", RUNNING, 0, False, "training failed"),  # started, then no save: not ours
+        (None, 138, None, RUNNING, 0, True, "stopped by SIGUSR1 before its first step"),
+        (None, 0, "TERM", RUNNING, 0, True, "stopped by SIGTERM before its first step"),
+        (None, 1, None, RUNNING, 0, False, "training failed"),
+        (
+            {"launch_id": "L"},
+            3,
+            None,
+            {"JobState": "COMPLETING", "Reason": "NodeDown"},
+            0,
+            False,
+            "a node of the job was lost (COMPLETING NodeDown): SLURM requeues the job itself",
+        ),
+    ],
+)
+def test_the_chain_goes_on_only_after_a_stop_that_meant_to_go_on(launch, status, signal, job, restarts, requeue, says):
     decision = slurm_chain.decide(launch, status, signal, job, restarts, 20)
     assert decision.requeue == requeue and says in decision.line, decision
     if not requeue and launch and launch.get("end", {}).get("status") == "finished":
@@ -99,8 +143,9 @@ def test_the_chain_goes_on_only_after_a_stop_that_meant_to_go_on(launch, status,
 
 
 def test_this_launch_is_found_by_its_id(tmp_path):
-    (tmp_path / "run.json").write_text(json.dumps({"launches": [{"launch_id": "A", "end": {"status": "stopped"}},
-                                                                {"launch_id": "B"}]}))
+    (tmp_path / "run.json").write_text(
+        json.dumps({"launches": [{"launch_id": "A", "end": {"status": "stopped"}}, {"launch_id": "B"}]})
+    )
     assert slurm_chain.this_launch(str(tmp_path), "A")["end"]["status"] == "stopped"
     assert slurm_chain.this_launch(str(tmp_path), "C") is None
     assert slurm_chain.this_launch(str(tmp_path / "none"), "A") is None
@@ -118,10 +163,12 @@ def test_each_launch_is_recorded_with_its_slurm_job(tmp_path):
     launch_record.ended(first[0], "stopped", 40, by="SIGUSR1", checkpoint="step_00000040")
     (tmp_path / "run.json").write_text(json.dumps({"launches": first}))
     second = launch_record.launches(str(tmp_path), 40, True, dict(env, SLURM_RESTART_COUNT="1", DSR_LAUNCH_ID="two"))
-    assert [(x["launch_id"], x["slurm"]["restart_count"], x["start_step"]) for x in second] == \
-        [("one", 0, 0), ("two", 1, 40)]
+    assert [(x["launch_id"], x["slurm"]["restart_count"], x["start_step"]) for x in second] == [
+        ("one", 0, 0),
+        ("two", 1, 40),
+    ]
     assert launch_record.launches(str(tmp_path), 0, False, {})[0].keys() >= {"launch_id", "started", "start_step"}
-    assert len(launch_record.launches(str(tmp_path), 0, False, {})) == 1          # a fresh start: a new list
+    assert len(launch_record.launches(str(tmp_path), 0, False, {})) == 1  # a fresh start: a new list
 
 
 # ------------------------------------------------------------------------------------------------ plan.py --slurm
@@ -129,24 +176,45 @@ def test_plan_prints_the_sbatch_line_for_a_layout(run_module):
     proc = run_module("training.cli.plan", "--recipe", REPO_ROOT / "recipes/16pcs/16pcs.json", "--slurm")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
-    assert lines[0] == ("sbatch -N 2 --ntasks-per-node=8 --gpus-per-node=8 --signal=B:USR1@60 "
-                        "run_scripts/slurm.sbatch DATA_PATH " + str(REPO_ROOT / "recipes/16pcs/16pcs.json")), lines
+    assert lines[0] == (
+        "sbatch -N 2 --ntasks-per-node=8 --gpus-per-node=8 --signal=B:USR1@60 "
+        "run_scripts/slurm.sbatch DATA_PATH " + str(REPO_ROOT / "recipes/16pcs/16pcs.json")
+    ), lines
     assert any("time limit: add --time=" in line for line in lines), lines
 
 
 def test_plan_sizes_the_lead_from_the_save_and_places_an_uneven_world(run_module):
-    proc = run_module("training.cli.plan", "--recipe", REPO_ROOT / "recipes/16pcs/16pcs.json", "--slurm", "--json",
-                      "--world_size", 12, "--mp", 4, "--pipeline_stage", 1, "--batch_size", 36, "--save_GB_s", 0.01)
+    proc = run_module(
+        "training.cli.plan",
+        "--recipe",
+        REPO_ROOT / "recipes/16pcs/16pcs.json",
+        "--slurm",
+        "--json",
+        "--world_size",
+        12,
+        "--mp",
+        4,
+        "--pipeline_stage",
+        1,
+        "--batch_size",
+        36,
+        "--save_GB_s",
+        0.01,
+    )
     assert proc.returncode == 0, proc.stderr
     sec = json.loads(proc.stdout)["slurm"]
     assert (sec["nodes"], sec["tasks_per_node"]) == (2, 6) and "-N 2 --ntasks-per-node=6 " in sec["sbatch"]
     want = max(60, -(-(2 * sec["save_s"] + 2 * sec["step_s"] + 30) // 10) * 10)
-    assert sec["signal_lead_s"] == want and want > 60, sec          # 100× slower storage: a longer lead
+    assert sec["signal_lead_s"] == want and want > 60, sec  # 100× slower storage: a longer lead
 
 
 def test_plan_refuses_a_zero_save_bandwidth(run_module, assert_user_error):
-    assert_user_error(run_module("training.cli.plan", "--recipe", REPO_ROOT / "recipes/16pcs/16pcs.json", "--slurm",
-                                 "--save_GB_s", 0), "--save_GB_s")
+    assert_user_error(
+        run_module(
+            "training.cli.plan", "--recipe", REPO_ROOT / "recipes/16pcs/16pcs.json", "--slurm", "--save_GB_s", 0
+        ),
+        "--save_GB_s",
+    )
 
 
 # ------------------------------------------------------------------------------------------------ the script
@@ -157,18 +225,26 @@ def _outside_slurm() -> dict:
 def test_the_batch_script_outside_a_job_is_one_line(tmp_path, assert_user_error):
     data = tmp_path / "train.tsv"
     data.write_text("a\tb\n")
-    proc = subprocess.run(["bash", SBATCH, data, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"], cwd=tmp_path,
-                          env=_outside_slurm(), capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        ["bash", SBATCH, data, REPO_ROOT / "recipes/cpu-tiny/cpu-tiny.json"],
+        cwd=tmp_path,
+        env=_outside_slurm(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert_user_error(proc, "not inside a SLURM job", "sbatch")
 
 
 def test_the_batch_script_says_its_usage_and_its_sbatch_defaults():
-    proc = subprocess.run(["bash", SBATCH, "--help"], env=_outside_slurm(), capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(["bash", SBATCH, "--help"], env=_outside_slurm(), capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith("usage: sbatch"), proc.stdout + proc.stderr
     head = SBATCH.read_text().splitlines()
-    defaults = [line for line in head[:head.index(next(x for x in head[1:] if not x.startswith("#SBATCH")))]
-                if line.startswith("#SBATCH")]
+    defaults = [
+        line
+        for line in head[: head.index(next(x for x in head[1:] if not x.startswith("#SBATCH")))]
+        if line.startswith("#SBATCH")
+    ]
     assert defaults == ["#SBATCH --signal=B:USR1@120", "#SBATCH --requeue", "#SBATCH --open-mode=append"]
 
 
@@ -176,7 +252,8 @@ def test_the_batch_script_says_its_usage_and_its_sbatch_defaults():
 def test_a_survivor_names_the_node_and_ranks_of_a_peer_that_vanished():
     from common.ranks import note_rank_hosts
     from training.run.rank_supervisor import _lost_peer
-    note_rank_hosts(["vnode0", "vnode0", "localhost", "localhost"])      # as the job gathered them
+
+    note_rank_hosts(["vnode0", "vnode0", "localhost", "localhost"])  # as the job gathered them
     try:
         gloo = "[pair.cc:553] Connection closed by peer [127.0.0.1]:50365. This is typically caused by a remote worker"
         assert _lost_peer(gloo) == "node localhost (ranks 2, 3)"

@@ -7,6 +7,7 @@
 - A run that ends in a usage error (`dstr-train` with no arguments, a layout that does not fit) creates no output
   folder and no lock file; a lock file it did not create stays.
 Real train.py processes on a synthetic corpus of Multi30k sentences (its build takes several seconds here)."""
+
 from __future__ import annotations
 
 import signal
@@ -51,8 +52,7 @@ def stop_during_build(cmd: list, cache: Path, folder: Path, sig: int) -> tuple:
     return job.finish(1), took
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT],
-                         ids=lambda s: s.name)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGINT], ids=lambda s: s.name)
 def test_a_stop_request_during_the_build_ends_it_at_once_and_leaves_nothing(sig, corpus, bpe_tokenizer, tmp_path):
     """Before: SIGTERM one second into the build waited for the whole build, then trained a step and saved (37-42 s
     for 928 k pairs; SIGINT: 1.9 s). Now every stop request ends the build within seconds, like Ctrl-C."""
@@ -66,17 +66,20 @@ def test_a_stop_request_during_the_build_ends_it_at_once_and_leaves_nothing(sig,
         assert proc.returncode == 130 and lines_of(proc.stderr) == ["interrupted"], proc.stderr[-3000:]
     else:
         assert proc.returncode == 128 + sig, proc.stderr[-3000:]
-        assert lines_of(proc.stderr) == [f"stopped by {name} while preparing the data, before the first step: "
-                                         f"nothing to save, and nothing half built is left; the same command starts "
-                                         f"again"], proc.stderr[-3000:]
+        assert lines_of(proc.stderr) == [
+            f"stopped by {name} while preparing the data, before the first step: "
+            f"nothing to save, and nothing half built is left; the same command starts "
+            f"again"
+        ], proc.stderr[-3000:]
     assert took < scaled(10), f"{took:.1f} s"
-    assert left_in(cache) == [], left_in(cache)            # no store, no .tmp-* folder, no lock file
-    assert not (tmp_path / "run").exists()                 # the output folder it made, and its lock, are gone
+    assert left_in(cache) == [], left_in(cache)  # no store, no .tmp-* folder, no lock file
+    assert not (tmp_path / "run").exists()  # the output folder it made, and its lock, are gone
     assert not _processes_naming(tmp_path), "processes left behind"
 
 
-def test_sigterm_to_the_launcher_during_the_build_stops_every_rank_and_a_later_start_builds(corpus, bpe_tokenizer,
-                                                                                           tmp_path):
+def test_sigterm_to_the_launcher_during_the_build_stops_every_rank_and_a_later_start_builds(
+    corpus, bpe_tokenizer, tmp_path
+):
     """2 ranks under DeepSpeed's launch.py, which SIGTERMs them one by one: rank 0 (building) stops, tells the other
     through the job's store, and the job ends in one line with nothing left; the same command then builds and
     trains."""
@@ -86,8 +89,10 @@ def test_sigterm_to_the_launcher_during_the_build_stops_every_rank_and_a_later_s
     print(f"SIGTERM to launch.py during the build: the job ended {took:.1f} s later")
     assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     said = [line for line in lines_of(proc.stderr) if "[WARNING]" not in line and "[INFO]" not in line]
-    assert said == ["stopped by SIGTERM while preparing the data, before the first step: nothing to save, and "
-                    "nothing half built is left; the same command starts again"], proc.stderr[-3000:]
+    assert said == [
+        "stopped by SIGTERM while preparing the data, before the first step: nothing to save, and "
+        "nothing half built is left; the same command starts again"
+    ], proc.stderr[-3000:]
     assert took < scaled(15), f"{took:.1f} s"
     assert left_in(cache) == [] and not out.exists(), left_in(cache)
     assert not _processes_naming(tmp_path), "processes left behind"
@@ -96,10 +101,14 @@ def test_sigterm_to_the_launcher_during_the_build_stops_every_rank_and_a_later_s
 
 
 # ---------------------------------------------------------------------------------------------- usage errors
-@pytest.mark.parametrize("argv,needle", [
-    ([], "--file_path is required"),
-    (["--file_path", "{tsv}", "--mp", "3", "--output_dir", "runs/a/b"], "invalid parallel layout"),
-], ids=["no arguments", "layout"])
+@pytest.mark.parametrize(
+    "argv,needle",
+    [
+        ([], "--file_path is required"),
+        (["--file_path", "{tsv}", "--mp", "3", "--output_dir", "runs/a/b"], "invalid parallel layout"),
+    ],
+    ids=["no arguments", "layout"],
+)
 def test_a_run_that_ends_in_a_usage_error_creates_nothing(argv, needle, multi30k_tsv, tmp_path, assert_user_error):
     """`dstr-train` with no arguments made ./out/train/.train.lock in the working folder."""
     work = tmp_path / "cwd"
@@ -113,7 +122,9 @@ def test_a_usage_error_keeps_the_folder_and_lock_file_it_did_not_make(multi30k_t
     out = tmp_path / "out"
     out.mkdir()
     (out / ".train.lock").write_text("pid 1 on a host since earlier\n")
-    proc = run_python([sys.executable, "-m", "training.cli.train", "--file_path", multi30k_tsv, "--output_dir", out,
-                       "--mp", "3"], env=env())
+    proc = run_python(
+        [sys.executable, "-m", "training.cli.train", "--file_path", multi30k_tsv, "--output_dir", out, "--mp", "3"],
+        env=env(),
+    )
     assert_user_error(proc, "invalid parallel layout")
     assert sorted(p.name for p in out.iterdir()) == [".train.lock"]

@@ -1,6 +1,7 @@
 """benchmarks/step_profile.py reads where a step's time goes from a profiler trace. The GPU side is checked on a
 trace shaped like Kineto's CUDA output (no GPU here: the figures below are worked out by hand); the CPU side on a
 real torch.profiler trace."""
+
 import pytest
 
 from benchmarks.step_profile import STEP_MARK, describe, kind_of, profile_steps, summarize_trace
@@ -17,7 +18,8 @@ def _gpu_shaped_trace():
     events = [_x("user_annotation", STEP_MARK, 0, 100), _x("user_annotation", STEP_MARK, 100, 100)]
     for base in (0, 100):
         events += [
-            _x("cpu_op", "aten::linear", base + 1, 10), _x("cpu_op", "aten::addmm", base + 2, 6),   # own 4 and 6
+            _x("cpu_op", "aten::linear", base + 1, 10),
+            _x("cpu_op", "aten::addmm", base + 2, 6),  # own 4 and 6
             _x("cpu_op", "aten::_fused_adamw_", base + 60, 5),
             _x("cuda_runtime", "cudaLaunchKernel", base + 3, 1, correlation=base + 1),
             _x("cuda_runtime", "cuLaunchKernelEx", base + 4, 1, correlation=base + 2),
@@ -34,7 +36,7 @@ def _gpu_shaped_trace():
             _x("cpu_op", "autograd::engine::evaluate_function: AddmmBackward0", base + 20, 8, tid=2),
             _x("cuda_runtime", "cudaGraphLaunch", base + 62, 1),
             {**_x("gpu_user_annotation", STEP_MARK, base + 10, 80, tid=9), "pid": 0},
-            _x("cuda_runtime", "INVALID", base + 5, 1, correlation=base + 3),   # launched the GELU
+            _x("cuda_runtime", "INVALID", base + 5, 1, correlation=base + 3),  # launched the GELU
             {"ph": "s", "cat": "ac2g", "name": "ac2g", "id": base, "ts": base + 3, "pid": 7, "tid": 1},
         ]
     return events
@@ -47,13 +49,14 @@ def test_a_gpu_shaped_trace_is_read_as_worked_out_by_hand():
     # busy: gemm 10-40, flash 35-45 (5 overlapping), gelu 50-60, adam 70-75, copy 89-90: 30+5+10+5+1 = 51 µs a step
     # over the two steps' 200 µs the device is busy 2 × 51 µs
     assert dev["busy_ms"] == pytest.approx(0.051) and dev["idle_share"] == pytest.approx(1 - 102 / 200)
-    assert dev["ms_by_kind"] == pytest.approx({"matmul": 0.030, "attention": 0.010, "other": 0.010,
-                                               "optimizer": 0.005, "memory copy/set": 0.001})
+    assert dev["ms_by_kind"] == pytest.approx(
+        {"matmul": 0.030, "attention": 0.010, "other": 0.010, "optimizer": 0.005, "memory copy/set": 0.001}
+    )
     assert dev["kernels"] == 4 and dev["device_to_host_copies"] == 1
     assert s["launches"] == 4 and s["host_syncs"] == {"cudaStreamSynchronize": 1}
-    assert s["launches_by_correlation"] == 4          # the graph launch has no kernel here; the INVALID call has
+    assert s["launches_by_correlation"] == 4  # the graph launch has no kernel here; the INVALID call has
     assert s["host_ops_ms_by_kind"] == pytest.approx({"matmul": 0.006, "optimizer": 0.005, "other": 0.012})
-    assert s["host_outside_ops_ms"] == pytest.approx(0.1 - 0.015)        # the stepping thread's own
+    assert s["host_outside_ops_ms"] == pytest.approx(0.1 - 0.015)  # the stepping thread's own
     assert s["host_other_threads_ops_ms"] == pytest.approx(0.008)
     text = "\n".join(describe(s))
     assert "idle 49 %" in text and "4 kernel launches" in text and "cudaStreamSynchronize 1" in text
@@ -83,6 +86,7 @@ def test_a_trace_without_step_marks_is_refused():
 
 def test_a_real_cpu_profile(tmp_path):
     import torch
+
     lin = torch.nn.Linear(64, 64)
     opt = torch.optim.AdamW(lin.parameters(), foreach=True)
 
@@ -90,6 +94,7 @@ def test_a_real_cpu_profile(tmp_path):
         lin(torch.randn(32, 64)).square().sum().backward()
         opt.step()
         opt.zero_grad()
+
     s = profile_steps(step, 3, str(tmp_path / "trace.json"), cuda=False)
     assert s["steps"] == 3 and "device" not in s and (tmp_path / "trace.json").stat().st_size > 0
     assert s["host_ops_ms_by_kind"]["matmul"] > 0 and s["host_ops_ms_by_kind"]["optimizer"] > 0

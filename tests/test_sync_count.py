@@ -2,6 +2,7 @@
 kernels): counted on CPU with a tracer around train.py's real steps (tests/drivers/sync_count.py), and the pieces
 that removed reads — packing built on the host with the batch (model.packing), the stop vote read a step later
 (training.run.stop_request)."""
+
 from __future__ import annotations
 
 import json
@@ -28,19 +29,40 @@ def _without(flags: list, *names) -> list:
 
 
 DRIVER = str(REPO_ROOT / "tests" / "drivers" / "sync_count.py")
-VARIANTS = {"2+2": ["--encoder_layer", 2, "--decoder_layer", 2],
-            "4+4": ["--encoder_layer", 4, "--decoder_layer", 4],
-            "2+2, 2 micro-batches": ["--encoder_layer", 2, "--decoder_layer", 2, "--micro_batch_num", 2],
-            "2+2, 4 micro-batches, interleave 2, recompute": ["--encoder_layer", 2, "--decoder_layer", 2,
-                                                              "--micro_batch_num", 4, "--interleave_num", 2,
-                                                              "--recompute", "true"]}
+VARIANTS = {
+    "2+2": ["--encoder_layer", 2, "--decoder_layer", 2],
+    "4+4": ["--encoder_layer", 4, "--decoder_layer", 4],
+    "2+2, 2 micro-batches": ["--encoder_layer", 2, "--decoder_layer", 2, "--micro_batch_num", 2],
+    "2+2, 4 micro-batches, interleave 2, recompute": [
+        "--encoder_layer",
+        2,
+        "--decoder_layer",
+        2,
+        "--micro_batch_num",
+        4,
+        "--interleave_num",
+        2,
+        "--recompute",
+        "true",
+    ],
+}
 
 
 def _counts(nproc: int, extra: list, data, tmp_path) -> list[dict]:
     """Per rank: {variant: the calls of one step}."""
     tsv, tok = data
-    base = ["--file_path", tsv, "--tokenizer", tok, "--cache_dir", tmp_path / "cache", "--log_interval", "1",
-            *_without(TINY, "--encoder_layer", "--decoder_layer"), *extra]
+    base = [
+        "--file_path",
+        tsv,
+        "--tokenizer",
+        tok,
+        "--cache_dir",
+        tmp_path / "cache",
+        "--log_interval",
+        "1",
+        *_without(TINY, "--encoder_layer", "--decoder_layer"),
+        *extra,
+    ]
     runs = tmp_path / "runs.json"
     runs.write_text(json.dumps([[str(a) for a in base + v] for v in VARIANTS.values()]))
     out = tmp_path / "counts.json"
@@ -55,7 +77,8 @@ def _counts(nproc: int, extra: list, data, tmp_path) -> list[dict]:
 
 
 def test_a_training_step_calls_no_nonzero_and_the_same_reads_whatever_the_layers_and_micro_batches(
-        multi30k_tsv, bpe_tokenizer, tmp_path):
+    multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """The issue's check from outside: nonzero/item/tolist/bool/int/float on tensors counted during train.py's
     steps (in one process), per step. Before the packing was built on the host a step called nonzero() twice per
     micro-batch (and twice more per interleave part): 2, 2, 4 and 16 for the variants here."""
@@ -104,9 +127,10 @@ def test_unpack_writes_the_rows_into_zeros_and_passes_their_gradient_back():
 
 def _votes(rank, world):
     from training.run.stop_request import StopRequest
+
     request = StopRequest()
     if rank == 1:
-        request.code = int(signal.SIGTERM)          # noted on one rank during step 1
+        request.code = int(signal.SIGTERM)  # noted on one rank during step 1
     after = [request.agreed(torch.device("cpu"), world) for _ in range(2)]
     final = StopRequest()
     if rank == 0:

@@ -1,5 +1,6 @@
 """Token batches (--max_tokens): pure functions over the real Multi30k lengths, then train.py's checks.
 Parity of token batches under dp, tp and pp (dynamic shapes) against one process: tests/test_parity.py."""
+
 import json
 
 import numpy as np
@@ -32,19 +33,21 @@ def test_batches_fit_the_budget_cover_each_pair_once_and_pad_little(lengths, max
         s, t = sched.shape(step)
         assert len(idx) % multiple == 0 and len(idx) * max(s, t) <= max_tokens
         assert s % 8 == 0 or s == SRC_LEN
-        assert src[idx].max() <= s and tgt[idx].max() <= t              # nothing real is cut off
-        full = data.batch(idx)                                         # padded to the dataset's lengths
+        assert src[idx].max() <= s and tgt[idx].max() <= t  # nothing real is cut off
+        full = data.batch(idx)  # padded to the dataset's lengths
         assert (full["src_ids"][:, s:] == data.pad_id).all() and (full["labels"][:, t:] == data.pad_id).all()
         seen.append(idx)
         real += int(src[idx].sum() + tgt[idx].sum())
         positions += len(idx) * (s + t)
     seen = np.concatenate(seen)
-    assert len(np.unique(seen)) == len(seen)                           # each pair at most once an epoch
-    assert len(seen) > len(src) - sched.batches_per_epoch * multiple   # only a remainder is left out
+    assert len(np.unique(seen)) == len(seen)  # each pair at most once an epoch
+    assert len(seen) > len(src) - sched.batches_per_epoch * multiple  # only a remainder is left out
     fixed = 1 - (src.sum() + tgt.sum()) / (len(src) * (SRC_LEN + TGT_LEN))
     padding = 1 - real / positions
-    print(f"max_tokens {max_tokens} ×{multiple}: {sched.batches_per_epoch} batches, padding {padding:.1%} "
-          f"(fixed length {SRC_LEN}: {fixed:.1%})")
+    print(
+        f"max_tokens {max_tokens} ×{multiple}: {sched.batches_per_epoch} batches, padding {padding:.1%} "
+        f"(fixed length {SRC_LEN}: {fixed:.1%})"
+    )
     assert padding < fixed / 2
 
 
@@ -53,14 +56,14 @@ def reference_batches(src, tgt, max_tokens, multiple, seed, src_len, tgt_len, pa
     target, padded source, a seeded tie), then let a batch take groups of `multiple` pairs while pairs × longest
     padded side stays within max_tokens."""
     s_pad, t_pad = padded_length(src, pad_multiple, src_len), padded_length(tgt, pad_multiple, tgt_len)
-    tie = np.random.default_rng([seed, 2 ** 31]).permutation(len(src))
+    tie = np.random.default_rng([seed, 2**31]).permutation(len(src))
     order = np.lexsort((tie, s_pad, t_pad))
     end_all = len(order) // multiple * multiple
     batches, start = [], 0
     while start < end_all:
         end, s_max, t_max = start, 0, 0
         while end < end_all:
-            group = order[end:end + multiple]
+            group = order[end : end + multiple]
             s_new, t_new = max(s_max, int(s_pad[group].max())), max(t_max, int(t_pad[group].max()))
             if end > start and (end + multiple - start) * max(s_new, t_new) > max_tokens:
                 break
@@ -94,9 +97,9 @@ def test_same_batches_every_epoch_in_a_new_order_and_a_pure_function_of_the_step
     n = a.batches_per_epoch
     epoch0 = {tuple(a.global_batch(k)) for k in range(n)}
     epoch1 = {tuple(a.global_batch(n + k)) for k in range(n)}
-    assert epoch0 == epoch1                                            # fixed batches...
+    assert epoch0 == epoch1  # fixed batches...
     assert [tuple(a.global_batch(k)) for k in range(5)] != [tuple(a.global_batch(n + k)) for k in range(5)]
-    for step in (7, 3, 2 * n + 1, 0):                                  # ...and any step, in any order, alike
+    for step in (7, 3, 2 * n + 1, 0):  # ...and any step, in any order, alike
         assert np.array_equal(a.global_batch(step), b.global_batch(step)) and a.shape(step) == b.shape(step)
     assert [tuple(make(6).global_batch(k)) for k in range(3)] != [tuple(a.global_batch(k)) for k in range(3)]
 
@@ -107,15 +110,36 @@ def test_budget_too_small_for_one_group_is_a_user_error(lengths):
         TokenBatchSchedule(src, tgt, 100, 16, 1, SRC_LEN, TGT_LEN)
 
 
-@pytest.mark.parametrize("flags,nproc,needle", [
-    (["--max_tokens", "512", "--batch_multiple", "6"], 2,
-     "batch_multiple=6 is not divisible by data_parallel×micro_batch_num = 2×2 = 4"),
-    (["--max_tokens", "64"], 1, "--max_tokens 64 cannot hold batch_multiple 16 pairs"),
-])
+@pytest.mark.parametrize(
+    "flags,nproc,needle",
+    [
+        (
+            ["--max_tokens", "512", "--batch_multiple", "6"],
+            2,
+            "batch_multiple=6 is not divisible by data_parallel×micro_batch_num = 2×2 = 4",
+        ),
+        (["--max_tokens", "64"], 1, "--max_tokens 64 cannot hold batch_multiple 16 pairs"),
+    ],
+)
 def test_bad_token_batch_flags_fail_fast(flags, nproc, needle, multi30k_tsv, bpe_tokenizer, tmp_path):
     extra = ["--micro_batch_num", "2"] if nproc == 2 else []
-    proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", tmp_path,
-                             *TINY, *flags, *extra, "--steps", 1], check=False)
+    proc = run_train(
+        nproc,
+        [
+            "--file_path",
+            multi30k_tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--output_dir",
+            tmp_path,
+            *TINY,
+            *flags,
+            *extra,
+            "--steps",
+            1,
+        ],
+        check=False,
+    )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr
     assert needle in proc.stderr, proc.stderr[-2000:]
 
@@ -132,13 +156,22 @@ def test_a_resume_with_other_batching_flags_is_refused_naming_the_saved_ones():
         return data_order(Namespace(**{**flags, **kw}))
 
     saved = order()
-    check_data_order(saved, order(batch_size=64), "ckpt")          # batch_size is not part of a token-batch order
-    for kw in ({"max_tokens": 4096}, {"batch_multiple": 8}, {"pad_multiple": 1}, {"seed": 2}, {"max_tokens": 0},
-               {"num_batch_buckets": 4}):
-        with pytest.raises(UserError, match=r"checkpoint ckpt was trained with token batches max_tokens=2048 "
-                                            r"batch_multiple=16 pad_multiple=8 seed=1; resuming with .* would change "
-                                            r"the data order. Pass --max_tokens 2048 --batch_multiple 16 "
-                                            r"--pad_multiple 8 --seed 1 --num_batch_buckets 0$"):
+    check_data_order(saved, order(batch_size=64), "ckpt")  # batch_size is not part of a token-batch order
+    for kw in (
+        {"max_tokens": 4096},
+        {"batch_multiple": 8},
+        {"pad_multiple": 1},
+        {"seed": 2},
+        {"max_tokens": 0},
+        {"num_batch_buckets": 4},
+    ):
+        with pytest.raises(
+            UserError,
+            match=r"checkpoint ckpt was trained with token batches max_tokens=2048 "
+            r"batch_multiple=16 pad_multiple=8 seed=1; resuming with .* would change "
+            r"the data order. Pass --max_tokens 2048 --batch_multiple 16 "
+            r"--pad_multiple 8 --seed 1 --num_batch_buckets 0$",
+        ):
             check_data_order(saved, order(**kw), "ckpt")
     # buckets are recorded only when on, so checkpoints saved before the flag existed match a run without it
     assert "num_batch_buckets" not in saved and order(num_batch_buckets=4)["num_batch_buckets"] == 4
@@ -159,6 +192,7 @@ def test_a_resume_with_other_batching_flags_is_refused_naming_the_saved_ones():
 def test_length_buckets_add_the_fewest_pad_positions_of_any_choice():
     """The dynamic program against every choice of at most N lengths (the longest always among them)."""
     import itertools
+
     rng = np.random.default_rng(1)
     for _ in range(150):
         lengths = rng.integers(1, 12, int(rng.integers(1, 30))) * 8
@@ -167,8 +201,11 @@ def test_length_buckets_add_the_fewest_pad_positions_of_any_choice():
         values = np.unique(lengths)
         assert len(buckets) <= n and buckets[-1] == values[-1] and set(buckets) <= set(values)
         added = (snap(lengths, buckets) - lengths).sum()
-        best = min((snap(lengths, np.array(sorted({*others, values[-1]}))) - lengths).sum()
-                   for r in range(min(n, len(values))) for others in itertools.combinations(values[:-1], r))
+        best = min(
+            (snap(lengths, np.array(sorted({*others, values[-1]}))) - lengths).sum()
+            for r in range(min(n, len(values)))
+            for others in itertools.combinations(values[:-1], r)
+        )
         assert added == best, (lengths, n, buckets)
 
 
@@ -199,11 +236,23 @@ def test_bucketed_batches_come_in_few_shapes_and_still_cover_each_pair_once(leng
 
 
 def test_bucketed_token_batches_train_and_a_resume_takes_the_buckets_from_the_checkpoint(
-        multi30k_tsv, bpe_tokenizer, tmp_path):
+    multi30k_tsv, bpe_tokenizer, tmp_path
+):
     """train.py with --num_batch_buckets: the checkpoint records it with the other batching flags, a bare
     --resume takes it (the same losses as the uninterrupted run), and resuming without buckets is refused."""
-    base = ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, *TINY, "--log_interval", 1,
-            "--max_tokens", 256, "--num_batch_buckets", 2]
+    base = [
+        "--file_path",
+        multi30k_tsv,
+        "--tokenizer",
+        bpe_tokenizer,
+        *TINY,
+        "--log_interval",
+        1,
+        "--max_tokens",
+        256,
+        "--num_batch_buckets",
+        2,
+    ]
     full, cut = tmp_path / "full", tmp_path / "cut"
     run_train(1, [*base, "--output_dir", full, "--steps", 3])
     run_train(1, [*base, "--output_dir", cut, "--steps", 2, "--save_checkpoint_steps", 2])
@@ -212,8 +261,9 @@ def test_bucketed_token_batches_train_and_a_resume_takes_the_buckets_from_the_ch
     bare = ["--file_path", multi30k_tsv, "--output_dir", cut, "--resume", "--tensorboard", 0, "--log_interval", 1]
     refused = run_train(1, [*bare, "--steps", 3, "--num_batch_buckets", 0], check=False)
     assert refused.returncode != 0 and "Traceback" not in refused.stderr
-    assert "Pass --max_tokens 256 --batch_multiple 16 --pad_multiple 8 --seed 7 --num_batch_buckets 2" in \
-        refused.stderr, refused.stderr[-2000:]
+    assert (
+        "Pass --max_tokens 256 --batch_multiple 16 --pad_multiple 8 --seed 7 --num_batch_buckets 2" in refused.stderr
+    ), refused.stderr[-2000:]
     resumed = run_train(1, [*bare, "--steps", 3])
     assert "num_batch_buckets=2" in resumed.stdout
     assert losses(cut) == losses(full)

@@ -1,4 +1,5 @@
 """Each TP layer and the parallel loss against its serial reference, on real gloo processes (tp = 2 and 4)."""
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,6 +21,7 @@ def rel(a, b):
 
 def tp_context(tp):
     from model.parallel.topology import init_deepspeed_comm
+
     init_deepspeed_comm("gloo")
     return build_context(ParallelConfig(model_parallel=tp))
 
@@ -51,8 +53,12 @@ def _linear_case(rank, world, kind):
     errs["input_grad"] = rel(xp.grad, x_ref)
     for name, p in par.named_parameters():
         full = dict(ser.named_parameters())[name].grad
-        errs[name + "_grad"] = rel(p.grad, take_shard(full, partition_dim(p), rank, world, p.shape[partition_dim(p)]
-                                                      if partition_dim(p) is not None else 0))
+        errs[name + "_grad"] = rel(
+            p.grad,
+            take_shard(
+                full, partition_dim(p), rank, world, p.shape[partition_dim(p)] if partition_dim(p) is not None else 0
+            ),
+        )
     return errs, log.calls
 
 
@@ -96,10 +102,11 @@ def _ce_case(rank, world, vocab, smoothing):
     gen = torch.Generator().manual_seed(11)
     logits = torch.randn(6, 7, vocab, generator=gen) * 3
     labels = torch.randint(0, vocab, (6, 7), generator=gen)
-    labels[:, 5:] = 0                                    # PAD = 0, ignored
+    labels[:, 5:] = 0  # PAD = 0, ignored
     ref_logits = logits.clone().requires_grad_()
-    ref = F.cross_entropy(ref_logits.view(-1, vocab), labels.view(-1), ignore_index=0, reduction="none",
-                          label_smoothing=smoothing).view(6, 7)
+    ref = F.cross_entropy(
+        ref_logits.view(-1, vocab), labels.view(-1), ignore_index=0, reduction="none", label_smoothing=smoothing
+    ).view(6, 7)
     g = torch.rand(6, 7, generator=gen)
     (ref * g).sum().backward()
     per = -(-vocab // world)
@@ -124,6 +131,7 @@ def test_vocab_parallel_cross_entropy(tp, vocab, smoothing):
 
 def test_bad_layout_names_value_and_fix():
     from model.config import ConfigError, validate_layout
+
     cfg = ModelConfig(num_heads=8, d_model=128, encoder_layers=1, decoder_layers=1)
     with pytest.raises(ConfigError) as e:
         validate_layout(ParallelConfig(model_parallel=3, data_parallel=2), cfg, world_size=6, global_batch=36)
@@ -155,35 +163,48 @@ def test_layout_suggestions_never_fail_and_batches_are_the_nearest():
         with pytest.raises(ConfigError) as e:
             validate_layout(parallel, model, world_size=world, global_batch=batch)
         found = re.search(r"Layouts that fit \d+ processes: (.*)$", str(e.value))
-        return str(e.value), ([tuple(int(v) for v in re.findall(r"=(\d+)", s)) for s in found.group(1).split(", ")]
-                              if found else [])
+        return str(e.value), (
+            [tuple(int(v) for v in re.findall(r"=(\d+)", s)) for s in found.group(1).split(", ")] if found else []
+        )
 
     cfg = ModelConfig(num_heads=8, d_model=128, encoder_layers=1, decoder_layers=1)
-    bad_heads = cfg.replace(d_model=130)                 # no layout can fix d_model % num_heads
+    bad_heads = cfg.replace(d_model=130)  # no layout can fix d_model % num_heads
     msg, fits = suggestions(ParallelConfig(), bad_heads, 1)
     assert "d_model=130 is not divisible by num_heads=8" in msg and fits == []
     assert "No other layout of 1 processes fits" in msg
     msg, fits = suggestions(ParallelConfig(model_parallel=2), bad_heads, 2)
     assert fits == [] and "dp=1 mp=2 pp=1" not in msg.split(": ", 1)[1].split(". ", 1)[1]
-    cases = [(ParallelConfig(model_parallel=3, data_parallel=2), cfg, 6, 36),
-             (ParallelConfig(model_parallel=2, pipeline_stage=2, zero_stage=2), cfg, 4, 32),
-             (ParallelConfig(data_parallel=8), cfg.replace(num_heads=6, d_model=96), 8, 12),
-             (ParallelConfig(model_parallel=4, interleave_num=4), cfg, 8, 16)]
+    cases = [
+        (ParallelConfig(model_parallel=3, data_parallel=2), cfg, 6, 36),
+        (ParallelConfig(model_parallel=2, pipeline_stage=2, zero_stage=2), cfg, 4, 32),
+        (ParallelConfig(data_parallel=8), cfg.replace(num_heads=6, d_model=96), 8, 12),
+        (ParallelConfig(model_parallel=4, interleave_num=4), cfg, 8, 16),
+    ]
     # worked out by hand (dp × mp × pp = world; mp divides the heads and the FFN; pp at most the 2 blocks, and 1
     # with ZeRO 2; dp × micro_batch_num divides the batch); the last case is only checked against the rules
-    by_hand = [{(3, 2, 1), (6, 1, 1), (3, 1, 2)}, {(4, 1, 1), (2, 2, 1), (1, 4, 1)}, {(4, 2, 1), (4, 1, 2), (2, 2, 2)},
-               None]
+    by_hand = [
+        {(3, 2, 1), (6, 1, 1), (3, 1, 2)},
+        {(4, 1, 1), (2, 2, 1), (1, 4, 1)},
+        {(4, 2, 1), (4, 1, 2), (2, 2, 2)},
+        None,
+    ]
     for (parallel, model, world, batch), want in zip(cases, by_hand):
         msg, fits = suggestions(parallel, model, world, batch)
         assert fits, msg
         assert want is None or set(fits) == want, (fits, want)
         assert (parallel.data_parallel, parallel.model_parallel, parallel.pipeline_stage) not in fits
         for dp, mp, pp in fits:
-            assert not layout_errors(parallel.replace(data_parallel=dp, model_parallel=mp, pipeline_stage=pp), model,
-                                     world, batch), (dp, mp, pp)
-    for batch, micro, dp, want in ((15, 2, 1, "try batch_size 14 or 16"), (30, 1, 4, "try batch_size 28 or 32"),
-                                   (3, 1, 4, "try batch_size 4)"), (65, 4, 2, "try batch_size 64 or 72")):
+            assert not layout_errors(
+                parallel.replace(data_parallel=dp, model_parallel=mp, pipeline_stage=pp), model, world, batch
+            ), (dp, mp, pp)
+    for batch, micro, dp, want in (
+        (15, 2, 1, "try batch_size 14 or 16"),
+        (30, 1, 4, "try batch_size 28 or 32"),
+        (3, 1, 4, "try batch_size 4)"),
+        (65, 4, 2, "try batch_size 64 or 72"),
+    ):
         with pytest.raises(ConfigError) as e:
-            validate_layout(ParallelConfig(data_parallel=dp, micro_batch_num=micro), cfg, world_size=dp,
-                            global_batch=batch)
+            validate_layout(
+                ParallelConfig(data_parallel=dp, micro_batch_num=micro), cfg, world_size=dp, global_batch=batch
+            )
         assert want in str(e.value), str(e.value)

@@ -1,4 +1,5 @@
 """The whole TP model against the serial model: loss and every gradient, and the collectives it issues."""
+
 import pytest
 import torch
 
@@ -13,9 +14,20 @@ B, S, T = 3, 7, 6
 
 
 def tiny(vocab=50, smoothing=0.0, enc=2, dec=2, dropout=0.0):
-    return ModelConfig(vocab_size=vocab, d_model=16, num_heads=4, ffn_size=24, encoder_layers=enc,
-                       decoder_layers=dec, src_len=S, tgt_len=T, dropout=dropout, attention_dropout=dropout,
-                       label_smoothing=smoothing, pad_id=0)
+    return ModelConfig(
+        vocab_size=vocab,
+        d_model=16,
+        num_heads=4,
+        ffn_size=24,
+        encoder_layers=enc,
+        decoder_layers=dec,
+        src_len=S,
+        tgt_len=T,
+        dropout=dropout,
+        attention_dropout=dropout,
+        label_smoothing=smoothing,
+        pad_id=0,
+    )
 
 
 def batch(vocab, seed=0):
@@ -23,9 +35,9 @@ def batch(vocab, seed=0):
     src = torch.randint(4, vocab, (B, S), generator=g)
     tgt = torch.randint(4, vocab, (B, T), generator=g)
     labels = torch.randint(4, vocab, (B, T), generator=g)
-    src[0, 4:] = 0                       # padded source
+    src[0, 4:] = 0  # padded source
     tgt[1, 3:] = 0
-    labels[1, 3:] = 0                    # padded target: ignored by the loss
+    labels[1, 3:] = 0  # padded target: ignored by the loss
     return src, tgt, labels
 
 
@@ -63,7 +75,7 @@ CASES = [
     (4, 50, 0.0, True),
     (2, 50, 0.1, True),
     (4, 50, 0.1, False),
-    (4, 51, 0.1, False),      # vocab not divisible by tp: padded, still exact
+    (4, 51, 0.1, False),  # vocab not divisible by tp: padded, still exact
     (2, 51, 0.0, True),
 ]
 
@@ -74,7 +86,7 @@ def test_model_loss_and_grads_match_serial(tp, vocab, smoothing, vocab_emb_dp):
     worst = max(r[0] for r in results)
     print(f"tp={tp} vocab={vocab} smoothing={smoothing} vocab_emb_dp={vocab_emb_dp}: worst rel err {worst:.2e}")
     assert worst <= TOL
-    assert len({r[1] for r in results}) == 1          # every TP rank reports the same loss
+    assert len({r[1] for r in results}) == 1  # every TP rank reports the same loss
 
 
 @pytest.mark.parametrize("tp,vocab_emb_dp", [(2, True), (4, False)])
@@ -97,7 +109,7 @@ def test_collectives_are_the_minimum(enc, dec):
     h = cfg.d_model
     src, tgt, _ = batch(cfg.vocab_size)
     ns, nt = int((src != 0).sum()), int((tgt != 0).sum())
-    assert (ns, nt) == (B * S - 3, B * T - 3)            # the batch's padding: fewer elements than b·s·h
+    assert (ns, nt) == (B * S - 3, B * T - 3)  # the batch's padding: fewer elements than b·s·h
     enc_ar, dec_ar = [ns * h] * (2 * enc), [nt * h] * (3 * dec)
     fwd_ar = [n for op, n in fwd if op == "all_reduce"]
     assert sorted(fwd_ar) == sorted(enc_ar + dec_ar)
@@ -111,6 +123,7 @@ def test_collectives_are_the_minimum(enc, dec):
 def _dropout_recompute_case(rank, world, recompute):
     ctx = tp_context(world)
     from model.parallel.random import RNG
+
     cfg = tiny(dropout=0.2)
     par = Seq2SeqTransformer(cfg, ParallelConfig(model_parallel=world, recompute=recompute), ctx, seed=3)
     par.train()
@@ -120,7 +133,7 @@ def _dropout_recompute_case(rank, world, recompute):
     src, tgt, labels = batch(cfg.vocab_size)
     loss = par.loss_sum(src, tgt, labels)
     loss.backward()
-    assert len(calls) == (2 if recompute else 1), calls        # recompute really re-ran the block in backward
+    assert len(calls) == (2 if recompute else 1), calls  # recompute really re-ran the block in backward
     return float(loss), {n: p.grad.clone() for n, p in par.named_parameters()}
 
 
@@ -146,4 +159,5 @@ def test_tp_weights_are_slices_of_serial_weights():
             want = take_shard(serial[name].data, dim, rank, world, p.shape[dim]) if dim is not None else serial[name]
             assert torch.equal(p.data, want.data), name
         return True
+
     assert all(run_ranks(4, case))

@@ -6,6 +6,7 @@ hangs waiting for another. Values a flag does not accept (NaN, infinities, negat
 refuses, lengths past the positions attention can hold) are refused while the flags are parsed, in train.py,
 plan.py and a recipe alike: exit 2 and one line naming the flag (or recipe key), the value and the range.
 """
+
 import json
 import sys
 import time
@@ -21,15 +22,24 @@ CASES = [
     (["--mp", "2"], 1, ["= 2 but the world has 1 processes", "Layouts that fit 1 processes: dp=1 mp=1 pp=1"]),
     (["--mp", "2", "--num_heads", "3", "--d_model", "33"], 1, ["num_heads=3 is not divisible by model_parallel=2"]),
     (["--mp", "2", "--ffn_size", "63"], 1, ["FFN size=63 is not divisible by model_parallel=2"]),
-    (["--batch_size", "15", "--micro_batch_num", "2"], 1,
-     ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 1×2", "try batch_size 14 or 16"]),
+    (
+        ["--batch_size", "15", "--micro_batch_num", "2"],
+        1,
+        ["global batch_size=15 is not divisible by data_parallel×micro_batch_num = 1×2", "try batch_size 14 or 16"],
+    ),
     (["--pipeline_stage", "2", "--zero_stage", "2"], 2, ["ZeRO stage 2 cannot be combined with pipeline_stage=2"]),
     (["--vocab_size", "100"], 1, ["--vocab_size 100 is smaller than the tokenizer's vocabulary (8000)"]),
     # refused on every machine, before the precision check (DeepSpeed would not sum the tied gradients: issue 23)
-    (["--precision", "fp16", "--pipeline_stage", "2", "--share_embeddings", "1"], 1,
-     ["--precision fp16 with --pipeline_stage 2 and --share_embeddings 1", "use --precision bf16 or fp32"]),
-    (["--interleave_num", "3"], 1, ["interleave_num=3 does not divide the micro-batch of 16 samples per rank",
-                                    "use interleave_num 1, 2, 4 or 8"]),
+    (
+        ["--precision", "fp16", "--pipeline_stage", "2", "--share_embeddings", "1"],
+        1,
+        ["--precision fp16 with --pipeline_stage 2 and --share_embeddings 1", "use --precision bf16 or fp32"],
+    ),
+    (
+        ["--interleave_num", "3"],
+        1,
+        ["interleave_num=3 does not divide the micro-batch of 16 samples per rank", "use interleave_num 1, 2, 4 or 8"],
+    ),
 ]
 
 
@@ -58,9 +68,15 @@ def outcomes(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
         out = tmp_path_factory.mktemp("bad")
         start = time.time()
         # the 2-process case goes through DeepSpeed's own launcher: no rank may hang waiting for another
-        proc = run_train(nproc, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out,
-                                 *TINY, *extra], check=False, timeout=120, launcher="deepspeed")
+        proc = run_train(
+            nproc,
+            ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY, *extra],
+            check=False,
+            timeout=120,
+            launcher="deepspeed",
+        )
         return proc, time.time() - start, out
+
     results = concurrently(*[lambda k=k, n=n, e=e: one(k, n, e) for k, (n, e) in jobs.items()])
     return dict(zip(jobs, results))
 
@@ -75,7 +91,7 @@ def test_bad_config_fails_fast_with_message(extra, nproc, needles, outcomes):
         assert needle in errors[0], errors[0]
     if nproc == 1:
         assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    assert not (out / "metrics.jsonl").exists()          # failed before the first step
+    assert not (out / "metrics.jsonl").exists()  # failed before the first step
     assert seconds < scaled(90), f"{seconds:.0f} s at load factor {load_factor():.1f}"
 
 
@@ -102,13 +118,16 @@ def test_half_precision_the_accelerator_lacks_is_refused(monkeypatch):
 
     from common.errors import UserError
     from training.core.engine import check_precision
+
     acc = get_accelerator()
     monkeypatch.setattr(acc, "supported_dtypes", lambda: [torch.float32, torch.bfloat16])
     check_precision("bf16")
     with pytest.raises(UserError) as err:
         check_precision("fp16")
-    assert str(err.value) == (f"--precision fp16: DeepSpeed's {acc.device_name()} accelerator supports fp32, bf16 on "
-                              f"this machine; use --precision bf16")
+    assert str(err.value) == (
+        f"--precision fp16: DeepSpeed's {acc.device_name()} accelerator supports fp32, bf16 on "
+        f"this machine; use --precision bf16"
+    )
 
 
 @pytest.mark.skipif(accelerator.supported("fp16"), reason="this machine computes in fp16 (nothing to refuse)")
@@ -120,13 +139,26 @@ def test_precision_this_machine_lacks_is_refused_by_train_py(outcomes, assert_us
 
 
 # ------------------------------------------------------------------------------------ values a flag does not accept
-FLOAT_FLAGS = {   # flag → the range its refusal states
-    "--lr": ">= 0", "--weight_decay": ">= 0", "--clip_grad": ">= 0", "--min_lr_ratio": "in [0, 1]",
-    "--lr_power": "> 0", "--dropout": "in [0, 1)", "--attention_dropout": "in [0, 1)",
-    "--label_smoothing": "in [0, 1)", "--comm_timeout": "in (0, 1000000000]"}
-BAD_VALUES = [   # (train.py arguments, the start of its one error line)
-    *[([flag, value], f"error: {flag} {value} must be {'a finite number ' if value in ('nan', 'inf') else ''}"
-                      f"{bounds}") for flag, bounds in FLOAT_FLAGS.items() for value in ("nan", "inf", "-1")],
+FLOAT_FLAGS = {  # flag → the range its refusal states
+    "--lr": ">= 0",
+    "--weight_decay": ">= 0",
+    "--clip_grad": ">= 0",
+    "--min_lr_ratio": "in [0, 1]",
+    "--lr_power": "> 0",
+    "--dropout": "in [0, 1)",
+    "--attention_dropout": "in [0, 1)",
+    "--label_smoothing": "in [0, 1)",
+    "--comm_timeout": "in (0, 1000000000]",
+}
+BAD_VALUES = [  # (train.py arguments, the start of its one error line)
+    *[
+        (
+            [flag, value],
+            f"error: {flag} {value} must be {'a finite number ' if value in ('nan', 'inf') else ''}{bounds}",
+        )
+        for flag, bounds in FLOAT_FLAGS.items()
+        for value in ("nan", "inf", "-1")
+    ],
     (["--clip_grad", "-inf"], "error: --clip_grad -inf must be a finite number >= 0 (0 turns clipping off)"),
     (["--weight_decay", "-1e-3"], "error: --weight_decay -1e-3 must be >= 0"),
     (["--label_smoothing", "1"], "error: --label_smoothing 1 must be in [0, 1)"),
@@ -143,19 +175,47 @@ BAD_VALUES = [   # (train.py arguments, the start of its one error line)
     (["--ffn_size", "-1"], "error: --ffn_size -1 must be >= 0 (0 = d_model)"),
     (["--seed", "-1"], "error: --seed -1 must be in [0, 4294967295]"),
     (["--seed", "1e23"], "error: --seed 1e23 must be an integer in [0, 4294967295]"),
-    (["--seed", str(2 ** 32)], "error: --seed 4294967296 must be in [0, 4294967295]"),
-    (["--src_len", "100000"], "error: --src_len 100000 must be in [2, 16384] (at least one token plus BOS/EOS; at "
-                              "most 16384 positions"),
+    (["--seed", str(2**32)], "error: --seed 4294967296 must be in [0, 4294967295]"),
+    (
+        ["--src_len", "100000"],
+        "error: --src_len 100000 must be in [2, 16384] (at least one token plus BOS/EOS; at most 16384 positions",
+    ),
     (["--tgt_len", "16385"], "error: --tgt_len 16385 must be in [2, 16384]"),
     (["--src_len", "1"], "error: --src_len 1 must be in [2, 16384]"),
     # sizes and counts where zero or less means nothing
-    *[([flag, "0"], f"error: {flag} 0 must be >= 1") for flag in
-      ("--mp", "--pipeline_stage", "--micro_batch_num", "--batch_size", "--d_model", "--num_heads",
-       "--vocab_size", "--data_parallel", "--gradient_aggregation_group",
-       "--interleave_num", "--batch_multiple", "--pad_multiple", "--epochs", "--log_interval", "--nan_skip_limit")],
-    *[([flag, "-1"], f"error: {flag} -1 must be >= 0") for flag in
-      ("--steps", "--warmup_steps", "--max_tokens", "--valid_interval", "--early_stop_patience",
-       "--save_checkpoint_steps", "--keep_checkpoint_max", "--num_batch_buckets")],
+    *[
+        ([flag, "0"], f"error: {flag} 0 must be >= 1")
+        for flag in (
+            "--mp",
+            "--pipeline_stage",
+            "--micro_batch_num",
+            "--batch_size",
+            "--d_model",
+            "--num_heads",
+            "--vocab_size",
+            "--data_parallel",
+            "--gradient_aggregation_group",
+            "--interleave_num",
+            "--batch_multiple",
+            "--pad_multiple",
+            "--epochs",
+            "--log_interval",
+            "--nan_skip_limit",
+        )
+    ],
+    *[
+        ([flag, "-1"], f"error: {flag} -1 must be >= 0")
+        for flag in (
+            "--steps",
+            "--warmup_steps",
+            "--max_tokens",
+            "--valid_interval",
+            "--early_stop_patience",
+            "--save_checkpoint_steps",
+            "--keep_checkpoint_max",
+            "--num_batch_buckets",
+        )
+    ],
     # layer counts: at least one, at most 1000 (100000 + 100000 once planned for minutes without a word)
     (["--encoder_layer", "0"], "error: --encoder_layer 0 must be in [1, 1000] (blocks of this stack"),
     (["--decoder_layer", "100000"], "error: --decoder_layer 100000 must be in [1, 1000] (blocks of this stack"),
@@ -166,7 +226,7 @@ BAD_VALUES = [   # (train.py arguments, the start of its one error line)
     (["--zero_stage", "5"], "error: --zero_stage invalid choice: 5 (choose from 0, 1, 2, 3)"),
     (["--batch_size"], "error: --batch_size expected one argument"),
 ]
-RECIPES = [   # (a recipe, the start of train.py's error line after "error: recipe PATH: ")
+RECIPES = [  # (a recipe, the start of train.py's error line after "error: recipe PATH: ")
     ({"training": {"clip_grad": float("nan")}}, "training.clip_grad is NaN; it must be a finite number >= 0"),
     ({"training": {"weight_decay": -1}}, "training.weight_decay is -1; it must be >= 0"),
     ({"training": {"seed": -1}}, "training.seed is -1; it must be in [0, 4294967295]"),
@@ -176,7 +236,7 @@ RECIPES = [   # (a recipe, the start of train.py's error line after "error: reci
     ({"parallel": {"model_parallel": 0}}, "parallel.model_parallel is 0; it must be >= 1"),
 ]
 PLAN = str(REPO_ROOT / "run_scripts" / "plan.py")
-PLAN_VALUES = [   # plan.py shares train.py's flags and adds its own
+PLAN_VALUES = [  # plan.py shares train.py's flags and adds its own
     (["--world_size", "2", "--clip_grad", "nan"], "error: --clip_grad nan must be a finite number >= 0"),
     (["--world_size", "0"], "error: --world_size 0 must be >= 1"),
     (["--world_size", "2", "--gpus_per_node", "-8"], "error: --gpus_per_node -8 must be >= 1"),
@@ -184,8 +244,10 @@ PLAN_VALUES = [   # plan.py shares train.py's flags and adds its own
     (["--world_size", "2", "--step_time_1gpu", "0"], "error: --step_time_1gpu 0 must be > 0"),
     (["--world_size", "2", "--assumed_mfu", "1.5"], "error: --assumed_mfu 1.5 must be in (0, 1]"),
     (["--world_size", "2", "--intra_node_GB_s", "-1"], "error: --intra_node_GB_s -1 must be > 0"),
-    (["--world_size", "2", "--encoder_layer", "100000", "--decoder_layer", "100000"],
-     "error: --encoder_layer 100000 must be in [1, 1000]"),
+    (
+        ["--world_size", "2", "--encoder_layer", "100000", "--decoder_layer", "100000"],
+        "error: --encoder_layer 100000 must be in [1, 1000]",
+    ),
     (["--world_size", "2", "--inter_node_Gb_s", "nan"], "error: --inter_node_Gb_s nan must be a finite number > 0"),
     (["--world_size", "2", "--save_GB_s", "0"], "error: --save_GB_s 0 must be > 0"),
     (["--world_size", "2", "--trials", "-1", "--search"], "error: --trials -1 must be >= 0"),
@@ -204,11 +266,12 @@ def refusals(tmp_path_factory):
 
     def train(argv: list, out):
         return run_train(1, [*argv, "--output_dir", out], check=False), out
+
     for i, (argv, _) in enumerate(BAD_VALUES):
         jobs[("train", *argv)] = lambda a=argv, o=root / f"flag{i}": train(a, o)
     for i, (recipe, _) in enumerate(RECIPES):
         path = root / f"recipe{i}.json"
-        path.write_text(json.dumps(recipe))                     # json writes NaN and Infinity, as it reads them
+        path.write_text(json.dumps(recipe))  # json writes NaN and Infinity, as it reads them
         jobs[("recipe", i)] = lambda p=path, o=root / f"recipe{i}": train(["--recipe", p], o)
     for argv, _ in PLAN_VALUES:
         jobs[("plan", *argv)] = lambda a=argv: (run_python([sys.executable, PLAN, *a], env=env()), None)
@@ -220,7 +283,7 @@ def refused(outcome, start: str) -> None:
     proc, out = outcome
     line = usage_error(proc, alone=True)
     assert line.startswith(start), (start, line)
-    assert out is None or not out.exists()                      # refused before anything was written
+    assert out is None or not out.exists()  # refused before anything was written
 
 
 @pytest.mark.parametrize("argv,start", BAD_VALUES, ids=[" ".join(a) for a, _ in BAD_VALUES])
@@ -246,11 +309,17 @@ def test_every_numeric_flag_has_a_range():
     is one the tests above exercise or that is stated here."""
     from common.cli_args import Number
     from training.plan.planner import build_plan_parser
-    bare = [a.option_strings[0] for a in build_plan_parser()._actions
-            if a.type in (int, float) and a.choices is None and a.dest != "local_rank"]
+
+    bare = [
+        a.option_strings[0]
+        for a in build_plan_parser()._actions
+        if a.type in (int, float) and a.choices is None and a.dest != "local_rank"
+    ]
     assert bare == []
-    tried = {argv[0] for argv, _ in BAD_VALUES + PLAN_VALUES} | {argv[2] for argv, _ in PLAN_VALUES
-                                                                if len(argv) > 2}
-    untried = [a.option_strings[0] for a in build_plan_parser()._actions
-               if isinstance(a.type, Number) and not tried & set(a.option_strings)]     # any spelling tried
+    tried = {argv[0] for argv, _ in BAD_VALUES + PLAN_VALUES} | {argv[2] for argv, _ in PLAN_VALUES if len(argv) > 2}
+    untried = [
+        a.option_strings[0]
+        for a in build_plan_parser()._actions
+        if isinstance(a.type, Number) and not tried & set(a.option_strings)
+    ]  # any spelling tried
     assert untried == []

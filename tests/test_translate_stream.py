@@ -8,6 +8,7 @@
   validations say), RUN/latest and RUN the newest step, and the stderr line names the step and why; a run without
   validation has no best: one `error:` line.
 """
+
 import os
 import select
 import subprocess
@@ -29,20 +30,44 @@ def validated_run(multi30k_tsv, multi30k_dir, bpe_tokenizer, tmp_path_factory):
     folder = tmp_path_factory.mktemp("stream-run")
     valid = folder / "val.tsv"
     import gzip
-    with gzip.open(multi30k_dir / "val.fr.gz", "rt", encoding="utf-8") as fr, \
-            gzip.open(multi30k_dir / "val.en.gz", "rt", encoding="utf-8") as en:
-        valid.write_text("".join(f"{a.strip()}\t{b.strip()}\n" for a, b in islice(zip(fr, en, strict=True), 64)),
-                         encoding="utf-8")
+
+    with (
+        gzip.open(multi30k_dir / "val.fr.gz", "rt", encoding="utf-8") as fr,
+        gzip.open(multi30k_dir / "val.en.gz", "rt", encoding="utf-8") as en,
+    ):
+        valid.write_text(
+            "".join(f"{a.strip()}\t{b.strip()}\n" for a, b in islice(zip(fr, en, strict=True), 64)), encoding="utf-8"
+        )
     out = folder / "run"
-    run_train(1, ["--file_path", multi30k_tsv, "--tokenizer", bpe_tokenizer, "--output_dir", out, *TINY,
-                  "--steps", 6, "--save_checkpoint_steps", 2, "--keep_checkpoint_max", 5, "--valid_file", valid,
-                  "--valid_interval", 2])
+    run_train(
+        1,
+        [
+            "--file_path",
+            multi30k_tsv,
+            "--tokenizer",
+            bpe_tokenizer,
+            "--output_dir",
+            out,
+            *TINY,
+            "--steps",
+            6,
+            "--save_checkpoint_steps",
+            2,
+            "--keep_checkpoint_max",
+            5,
+            "--valid_file",
+            valid,
+            "--valid_interval",
+            2,
+        ],
+    )
     return out
 
 
 @pytest.fixture(scope="module")
 def sources(multi30k_dir):
     import gzip
+
     with gzip.open(multi30k_dir / "val.fr.gz", "rt", encoding="utf-8") as f:
         return [next(f).rstrip("\n") for _ in range(40)]
 
@@ -57,8 +82,10 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
         ready = select.select([fd], [], [], max(left, 0))[0]
         if not ready:
             proc.kill()
-            raise AssertionError(f"no answer within {timeout} s (stdin still open); got {buf!r}; stderr: "
-                                 f"{proc.stderr.read().decode()[-2000:]}")
+            raise AssertionError(
+                f"no answer within {timeout} s (stdin still open); got {buf!r}; stderr: "
+                f"{proc.stderr.read().decode()[-2000:]}"
+            )
         chunk = os.read(fd, 1)
         if not chunk:
             raise AssertionError(f"stdout ended; stderr: {proc.stderr.read().decode()[-2000:]}")
@@ -68,18 +95,25 @@ def read_line(proc: subprocess.Popen, timeout: float) -> str:
 
 def test_each_line_is_answered_before_the_next_is_written(validated_run, sources):
     from training.evaluation.translator import Translator
+
     translator = Translator.load(str(validated_run), device="cpu")
-    long = " ".join(sources[:6])                                 # past TINY's src_len 12: cut, with a warning
+    long = " ".join(sources[:6])  # past TINY's src_len 12: cut, with a warning
     want = [translator.translate([s]).hypotheses[0] for s in (sources[0], sources[1], long)]
-    proc = subprocess.Popen([sys.executable, TRANSLATE, "--ckpt_file", str(validated_run)], stdin=subprocess.PIPE,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env(), cwd=REPO_ROOT)
+    proc = subprocess.Popen(
+        [sys.executable, TRANSLATE, "--ckpt_file", str(validated_run)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env(),
+        cwd=REPO_ROOT,
+    )
     try:
         answers = []
         for line in (sources[0], "", sources[1], long):
             proc.stdin.write((line + "\n").encode("utf-8"))
             proc.stdin.flush()
-            answers.append(read_line(proc, timeout=120))     # the first one includes loading the checkpoint
-        rest, err = proc.communicate(timeout=120)             # closes stdin: the end of the input
+            answers.append(read_line(proc, timeout=120))  # the first one includes loading the checkpoint
+        rest, err = proc.communicate(timeout=120)  # closes stdin: the end of the input
     finally:
         proc.kill()
     assert proc.returncode == 0, err.decode()[-3000:]
@@ -92,18 +126,30 @@ def test_each_line_is_answered_before_the_next_is_written(validated_run, sources
 def test_a_whole_file_is_translated_as_before(validated_run, sources, tmp_path):
     """--input FILE and the same lines poured into a pipe closed at once: the Translator's whole-batch output."""
     from training.evaluation.translator import Translator
+
     lines = sources[:20] + [""] + sources[20:]
     want = Translator.load(str(validated_run), device="cpu").translate(sources).hypotheses
     want = want[:20] + [""] + want[20:]
     (tmp_path / "in.fr").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    by_file = subprocess.run([sys.executable, TRANSLATE, "--ckpt_file", str(validated_run), "--input",
-                              str(tmp_path / "in.fr")], env=env(), cwd=REPO_ROOT, capture_output=True, text=True,
-                             timeout=300)
+    by_file = subprocess.run(
+        [sys.executable, TRANSLATE, "--ckpt_file", str(validated_run), "--input", str(tmp_path / "in.fr")],
+        env=env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert by_file.returncode == 0, by_file.stderr[-3000:]
     assert by_file.stdout.splitlines() == want
-    piped = subprocess.run([sys.executable, TRANSLATE, "--ckpt_file", str(validated_run)],
-                           input="\n".join(lines) + "\n", env=env(), cwd=REPO_ROOT, capture_output=True, text=True,
-                           timeout=300)
+    piped = subprocess.run(
+        [sys.executable, TRANSLATE, "--ckpt_file", str(validated_run)],
+        input="\n".join(lines) + "\n",
+        env=env(),
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert piped.returncode == 0, piped.stderr[-3000:]
     assert piped.stdout.splitlines() == want
 
@@ -120,21 +166,29 @@ def test_best_and_latest_name_the_checkpoint_and_why(validated_run, sources, tmp
 
     proc = run(TRANSLATE, validated_run / "best")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    head = f"checkpoint {validated_run / 'checkpoints' / 'best'} (step {best['step']}; best: the lowest valid_loss " \
-           f"of the run's validations, {best['valid_loss']:.4f})"
+    head = (
+        f"checkpoint {validated_run / 'checkpoints' / 'best'} (step {best['step']}; best: the lowest valid_loss "
+        f"of the run's validations, {best['valid_loss']:.4f})"
+    )
     assert head in proc.stderr, proc.stderr
     for ckpt in (validated_run / "latest", validated_run):
         proc = run(TRANSLATE, ckpt)
         assert proc.returncode == 0, proc.stderr[-3000:]
-        assert f"checkpoint {validated_run / 'checkpoints' / 'step_00000006'} (step 6; latest: the newest " \
-               f"complete checkpoint of {validated_run})" in proc.stderr, proc.stderr
-    proc = run(EVALUATE, validated_run / "best", "--no_progress")                    # evaluate.py takes it too
+        assert (
+            f"checkpoint {validated_run / 'checkpoints' / 'step_00000006'} (step 6; latest: the newest "
+            f"complete checkpoint of {validated_run})" in proc.stderr
+        ), proc.stderr
+    proc = run(EVALUATE, validated_run / "best", "--no_progress")  # evaluate.py takes it too
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert f"(step {best['step']}; best: the lowest valid_loss" in proc.stdout, proc.stdout
 
-    no_validation = tmp_path / "plain"                                  # a run that never validated
+    no_validation = tmp_path / "plain"  # a run that never validated
     (no_validation / "checkpoints").mkdir(parents=True)
     os.symlink(validated_run / "checkpoints" / "step_00000002", no_validation / "checkpoints" / "step_00000002")
     (no_validation / "checkpoints" / "latest").write_text("step_00000002")
-    assert_user_error(run(TRANSLATE, no_validation / "best"), f"{no_validation} holds no best checkpoint",
-                      "--valid_file", f"{no_validation / 'latest'}")
+    assert_user_error(
+        run(TRANSLATE, no_validation / "best"),
+        f"{no_validation} holds no best checkpoint",
+        "--valid_file",
+        f"{no_validation / 'latest'}",
+    )

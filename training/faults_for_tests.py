@@ -15,6 +15,7 @@ environment variable is set.
 - DSR_STEP_DELAY=0.2 makes every step 0.2 s longer (a sleep: no CPU), as a big model's step on a GPU is: a job with
   a time limit then needs its requeue after a few hundred steps (tests/test_slurm.py), losses unchanged.
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,9 @@ def arm(engine) -> None:
     """Once, after the engine is built: DSR_SAVE_DELAY and DSR_CRASH_AT=save:N hook into the saves, DSR_NAN_AT's
     steps get a nan loss."""
     from training.checkpoint import manager
+
     if os.environ.get("DSR_SAVE_DELAY") and slow_save not in manager.BEFORE_COMMIT:
-        manager.BEFORE_COMMIT.append(slow_save)             # before the crash: a kill while the save is in flight
+        manager.BEFORE_COMMIT.append(slow_save)  # before the crash: a kill while the save is in flight
     if os.environ.get("DSR_CRASH_AT", "").startswith("save:") and crash_in_save not in manager.BEFORE_COMMIT:
         manager.BEFORE_COMMIT.append(crash_in_save)
     steps = _steps("DSR_NAN_AT")
@@ -60,6 +62,7 @@ def arm(engine) -> None:
     def poisoned(loss_sum):
         out = normalize(loss_sum)
         return out * float("nan") if engine.ds.global_steps + 1 in steps else out
+
     loss_fn.normalize = poisoned
 
 
@@ -80,7 +83,7 @@ def after_step(engine, step: int) -> None:
         _kill_tracker_service()
     if step in _steps("DSR_UNTIE_AT"):
         for p in engine.module.parameters():
-            if getattr(p, "tied_to", None):            # the replica (the owner has no tied_to)
+            if getattr(p, "tied_to", None):  # the replica (the owner has no tied_to)
                 p.data.view(-1)[0] += 1e-3
     if os.environ.get("DSR_STEP_DELAY"):
         time.sleep(float(os.environ["DSR_STEP_DELAY"]))
@@ -88,6 +91,7 @@ def after_step(engine, step: int) -> None:
 
 def _kill_tracker_service() -> None:
     import psutil
+
     for child in psutil.Process().children(recursive=True):
         try:
             if child.name().startswith("wandb"):

@@ -11,6 +11,7 @@ and sliced, so every tp and interleave_num starts from the same network. With in
 parts on `model.interleave`'s staggered schedule: fc2's all-reduce and fc3's input-gradient all-reduce of one part
 overlap the other part's matrix products.
 """
+
 from __future__ import annotations
 
 import torch
@@ -27,7 +28,7 @@ from model.parallel.topology import ParallelContext
 
 SIZES = (784, 512, 512, 10)
 INIT_STD = 0.01
-NO_LABEL = -100                   # the loss's ignore index: every digit label (0..9) counts
+NO_LABEL = -100  # the loss's ignore index: every digit label (0..9) counts
 
 
 class MLPClassifier(nn.Module):
@@ -41,8 +42,9 @@ class MLPClassifier(nn.Module):
         gen = block_generator(seed, "mlp")
         self.fc1 = ColumnParallelLinear(d_in, h1, ctx, input_is_copied=True, std=INIT_STD, gen=gen)
         self.fc2 = RowParallelLinear(h1, h2, ctx, std=INIT_STD, gen=gen)
-        self.fc3 = ColumnParallelLinear(h2, classes, ctx, input_is_copied=True, std=INIT_STD, gen=gen,
-                                        padded_out=padded)
+        self.fc3 = ColumnParallelLinear(
+            h2, classes, ctx, input_is_copied=True, std=INIT_STD, gen=gen, padded_out=padded
+        )
         self.class_start = ctx.tp_rank * (padded // ctx.tp_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -67,6 +69,7 @@ class MLPClassifier(nn.Module):
 
     def loss(self, logits_shard: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over the batch (the seed's CrossEntropyLoss), identical on every TP rank."""
-        per_sample = vocab_parallel_cross_entropy(logits_shard, labels, self.class_start, self.classes, NO_LABEL,
-                                                  group=self.ctx.tp_group)
+        per_sample = vocab_parallel_cross_entropy(
+            logits_shard, labels, self.class_start, self.classes, NO_LABEL, group=self.ctx.tp_group
+        )
         return per_sample.mean()

@@ -8,6 +8,7 @@ within the epoch, as LossMonitor does), and every step goes to OUTPUT_DIR/metric
 the same for every interleave_num. (MindSpore's `MicroBatchInterleaved` returns the *sum* of its parts' mean losses,
 which is why the seed's log starts near 2·ln 10 ≈ 4.6; its gradients are then interleave_num times ours.)
 """
+
 from __future__ import annotations
 
 import json
@@ -27,8 +28,11 @@ from training.run.job import join_job
 
 def layout(world: int, mp: int, interleave_num: int, batch_size: int) -> ParallelConfig:
     parallel = ParallelConfig.for_world(world, model_parallel=mp, interleave_num=interleave_num)
-    problems = [] if parallel.world_size == world else [
-        f"model_parallel={mp} does not divide the {world} processes (dp = world / mp)"]
+    problems = (
+        []
+        if parallel.world_size == world
+        else [f"model_parallel={mp} does not divide the {world} processes (dp = world / mp)"]
+    )
     if mp < 1 or interleave_num < 1:
         problems.append(f"model_parallel={mp} and interleave_num={interleave_num} must be >= 1")
     else:
@@ -49,7 +53,7 @@ def _global_mean(loss: torch.Tensor, ctx: ParallelContext) -> float:
 @torch.no_grad()
 def accuracy(model: MLPClassifier, images: torch.Tensor, labels: torch.Tensor) -> float:
     model.eval()
-    logits = gather_from_tp(model(images), model.ctx.tp_group)[:, :model.classes]
+    logits = gather_from_tp(model(images), model.ctx.tp_group)[:, : model.classes]
     model.train()
     return float((logits.argmax(-1) == labels).float().mean())
 
@@ -64,10 +68,15 @@ def train_digits(args) -> dict:
     ctx = ParallelContext.from_grid(grid)
     model = MLPClassifier(ctx, interleave_num=parallel.interleave_num, seed=args.seed)
     micro = args.batch_size // parallel.data_parallel
-    config = {"train_batch_size": args.batch_size, "train_micro_batch_size_per_gpu": micro,
-              "gradient_accumulation_steps": 1, "steps_per_print": 10 ** 9}
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=torch.optim.SGD(model.parameters(), lr=args.lr),
-                                           config=config, mpu=grid)
+    config = {
+        "train_batch_size": args.batch_size,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": 1,
+        "steps_per_print": 10**9,
+    }
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=torch.optim.SGD(model.parameters(), lr=args.lr), config=config, mpu=grid
+    )
     rank0 = dist.get_rank() == 0
     steps_per_epoch = len(train) // args.batch_size
     total = args.steps or args.epochs * steps_per_epoch
@@ -76,15 +85,18 @@ def train_digits(args) -> dict:
         os.makedirs(args.output_dir, exist_ok=True)
         log = os.path.join(args.output_dir, "metrics.jsonl")
         jsonl = open(log, "w", encoding="utf-8")  # noqa: SIM115 - the run's log, open while it trains
-        print(f"layout: world={world} dp={parallel.data_parallel} mp={parallel.model_parallel} "
-              f"interleave_num={parallel.interleave_num} | {len(train)} training digits, {steps_per_epoch} steps of "
-              f"{args.batch_size} per epoch, {total} steps", flush=True)
+        print(
+            f"layout: world={world} dp={parallel.data_parallel} mp={parallel.model_parallel} "
+            f"interleave_num={parallel.interleave_num} | {len(train)} training digits, {steps_per_epoch} steps of "
+            f"{args.batch_size} per epoch, {total} steps",
+            flush=True,
+        )
     step, times, losses = 0, [], []
     while step < total:
         epoch = step // steps_per_epoch
         order = torch.randperm(len(train), generator=torch.Generator().manual_seed(args.seed * 1000 + epoch))
-        batch = order[(step % steps_per_epoch) * args.batch_size:][:args.batch_size]
-        mine = batch[ctx.dp_rank * micro:(ctx.dp_rank + 1) * micro]
+        batch = order[(step % steps_per_epoch) * args.batch_size :][: args.batch_size]
+        mine = batch[ctx.dp_rank * micro : (ctx.dp_rank + 1) * micro]
         start = time.perf_counter()
         loss = model.loss(engine(train.images[mine].to(engine.device)), train.labels[mine].to(engine.device))
         engine.backward(loss)
@@ -93,15 +105,20 @@ def train_digits(args) -> dict:
         step += 1
         losses.append(_global_mean(loss, ctx))
         if rank0:
-            jsonl.write(json.dumps({"step": step, "epoch": epoch + 1, "loss": losses[-1], "step_time": times[-1]})
-                        + "\n")
+            jsonl.write(
+                json.dumps({"step": step, "epoch": epoch + 1, "loss": losses[-1], "step_time": times[-1]}) + "\n"
+            )
             if step % args.log_interval == 0:
-                print(f"epoch: {epoch + 1} step: {(step - 1) % steps_per_epoch + 1}, loss is {losses[-1]}",
-                      flush=True)
+                print(f"epoch: {epoch + 1} step: {(step - 1) % steps_per_epoch + 1}, loss is {losses[-1]}", flush=True)
     acc = accuracy(model, held_out.images.to(engine.device), held_out.labels.to(engine.device))
-    warm = times[min(len(times) - 1, 5):]
-    summary = {"steps": step, "final_loss": losses[-1], "held_out_accuracy": acc, "held_out": len(held_out),
-               "mean_step_time_ms": 1000 * sum(warm) / len(warm)}
+    warm = times[min(len(times) - 1, 5) :]
+    summary = {
+        "steps": step,
+        "final_loss": losses[-1],
+        "held_out_accuracy": acc,
+        "held_out": len(held_out),
+        "mean_step_time_ms": 1000 * sum(warm) / len(warm),
+    }
     if rank0:
         jsonl.close()
         print("summary: " + json.dumps(summary), flush=True)

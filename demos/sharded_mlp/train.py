@@ -9,6 +9,7 @@ call passes the arguments out of order; its IR and log show this reading.) Weigh
 "normal" initializer, from a torch generator — the seed's own draw cannot be reproduced, so the loss values are not
 the seed's, only its form and trend; the serial run below is the reference they must equal.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,12 +38,12 @@ class MLPConfig:
     in_dim: int = 32
     hidden_dim: int = 16
     out_dim: int = 16
-    batch_size: int = 2                 # per rank (the seed's var_single_batch_size)
+    batch_size: int = 2  # per rank (the seed's var_single_batch_size)
     steps_per_epoch: int = 4
     epochs: int = 5
     lr: float = 0.2
     momentum: float = 0.1
-    seed: int = 0                       # weights
+    seed: int = 0  # weights
 
     @property
     def world(self) -> int:
@@ -65,8 +66,9 @@ def global_batch(cfg: MLPConfig) -> dict[str, torch.Tensor]:
 
 def build(cfg: MLPConfig):
     """(network with loss, its plan on cfg.mesh)."""
-    module = network_with_loss(in_dim=cfg.in_dim, hidden_dim=cfg.hidden_dim, out_dim=cfg.out_dim,
-                               strategy=cfg.strategy, seed=cfg.seed)
+    module = network_with_loss(
+        in_dim=cfg.in_dim, hidden_dim=cfg.hidden_dim, out_dim=cfg.out_dim, strategy=cfg.strategy, seed=cfg.seed
+    )
     graph = trace(module, global_batch(cfg))
     return module, propagate(graph, cfg.mesh)
 
@@ -104,6 +106,7 @@ def train_sharded(cfg: MLPConfig, mesh, module, plan: Plan, log: Callable[[str],
     from torch.distributed.tensor.debug import CommDebugMode
 
     from demos.strategy.execute import ShardedRunner, counted, loss_value
+
     runner = ShardedRunner(plan, mesh, module)
     opt = torch.optim.SGD(runner.parameters(), lr=cfg.lr, momentum=cfg.momentum, foreach=False)
     batch = {k: runner.distribute_input(k, v) for k, v in global_batch(cfg).items()}
@@ -135,12 +138,15 @@ def write_dumps(result: ShardedResult, out_dir: str, rank: int) -> str:
 
 
 def check_line(plan: Plan) -> str:
-    ops = "; ".join(f"{p.op.instance} {format_strategy(p.strategy)}{'' if p.source == 'shard()' else ' (propagated)'}"
-                    for p in plan.ops.values())
+    ops = "; ".join(
+        f"{p.op.instance} {format_strategy(p.strategy)}{'' if p.source == 'shard()' else ' (propagated)'}"
+        for p in plan.ops.values()
+    )
     return f"strategies ok on mesh {plan.mesh}: {ops}"
 
 
 # ------------------------------------------------------------------------------------------------------------ CLI
+
 
 def parse_mesh(text: str) -> tuple[int, ...]:
     try:
@@ -156,17 +162,22 @@ def parse_strategy(text: str) -> tuple:
     try:
         return ast.literal_eval(text)
     except (ValueError, SyntaxError):
-        raise UserError(f"--strategy {text!r} is not a tuple of tuples, e.g. \"((2, 4), (4, 1))\"") from None
+        raise UserError(f'--strategy {text!r} is not a tuple of tuples, e.g. "((2, 4), (4, 1))"') from None
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="sharded_mlp.py", description="The seed's quickstart (003): Net(32, 16, 16) with a strategy on the "
+        prog="sharded_mlp.py",
+        description="The seed's quickstart (003): Net(32, 16, 16) with a strategy on the "
         "first MatMul, the others propagated, trained on DTensor over a device mesh. Launch one process per rank "
-        "(deepspeed --num_gpus 8, or mpirun -n 8), or --simulate in one process.")
+        "(deepspeed --num_gpus 8, or mpirun -n 8), or --simulate in one process.",
+    )
     p.add_argument("--mesh", default="2,4", help="device mesh, e.g. 2,4 (default; 8 ranks) or 8,8 (64)")
-    p.add_argument("--strategy", default=str(SEED_STRATEGY),
-                   help="the first MatMul's strategy, MindSpore's tuple form (default \"((2, 4), (4, 1))\")")
+    p.add_argument(
+        "--strategy",
+        default=str(SEED_STRATEGY),
+        help="the first MatMul's strategy, MindSpore's tuple form (default \"((2, 4), (4, 1))\")",
+    )
     p.add_argument("--epochs", type=int, default=5, help="epochs (default 5, the seed's)")
     p.add_argument("--steps_per_epoch", type=int, default=4, help="steps per epoch, each on the same batch (4)")
     p.add_argument("--batch_size", type=int, default=2, help="rows per rank (default 2; global = ranks × this)")
@@ -174,17 +185,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--momentum", type=float, default=0.1, help="momentum (0.1)")
     p.add_argument("--output_dir", default=None, help="rank_R/ strategy dumps and metrics.jsonl go here")
     p.add_argument("--check", action="store_true", help="plan only (one process): print the strategies and exit")
-    p.add_argument("--simulate", action="store_true",
-                   help="all ranks in this one process (LocalTensorMode over a fake process group), compared with "
-                        "the serial run")
-    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)      # DeepSpeed's launcher
+    p.add_argument(
+        "--simulate",
+        action="store_true",
+        help="all ranks in this one process (LocalTensorMode over a fake process group), compared with the serial run",
+    )
+    p.add_argument("--local_rank", type=int, default=None, help=argparse.SUPPRESS)  # DeepSpeed's launcher
     return p
 
 
 def config_from(args) -> MLPConfig:
-    cfg = MLPConfig(mesh=parse_mesh(args.mesh), strategy=parse_strategy(args.strategy), epochs=args.epochs,
-                    steps_per_epoch=args.steps_per_epoch, batch_size=args.batch_size, lr=args.lr,
-                    momentum=args.momentum)
+    cfg = MLPConfig(
+        mesh=parse_mesh(args.mesh),
+        strategy=parse_strategy(args.strategy),
+        epochs=args.epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        momentum=args.momentum,
+    )
     for name in ("epochs", "steps_per_epoch", "batch_size"):
         if getattr(cfg, name) < 1:
             raise UserError(f"--{name} {getattr(cfg, name)} must be >= 1")
@@ -207,6 +226,7 @@ def run_simulated(cfg: MLPConfig, out_dir: str | None, log: Callable[[str], None
     """Every rank in this process (demos.strategy.simulation); prints the dumps and the gap to the serial run."""
     from demos.strategy.execute import make_mesh
     from demos.strategy.simulation import simulated_world
+
     module, plan = build(cfg)
     log(strategy_dump(plan))
     with simulated_world(cfg.world):
@@ -217,8 +237,10 @@ def run_simulated(cfg: MLPConfig, out_dir: str | None, log: Callable[[str], None
     log(execute_dump(result.plan, result.runner.records, 0, result.backward))
     serial = train_serial(cfg)
     worst = max(abs(a - b) / abs(b) for a, b in zip(result.losses, serial))
-    log(f"simulated {cfg.world} ranks on mesh {cfg.mesh}: max relative loss difference to the serial run over "
-        f"{len(serial)} steps: {worst:.2e}")
+    log(
+        f"simulated {cfg.world} ranks on mesh {cfg.mesh}: max relative loss difference to the serial run over "
+        f"{len(serial)} steps: {worst:.2e}"
+    )
     return result
 
 
@@ -227,13 +249,16 @@ def run_distributed(cfg: MLPConfig, out_dir: str | None) -> int:
 
     from demos.strategy.execute import make_mesh
     from training.run.job import join_job, leave_job
+
     world = join_job("auto")
     rank = dist.get_rank()
     try:
         if world != cfg.world:
-            raise UserError(f"the mesh {cfg.mesh} needs {cfg.world} processes but {world} were started; launch "
-                            f"{cfg.world} (deepspeed --num_gpus {cfg.world} / mpirun -n {cfg.world}) or change --mesh")
-        module, plan = build(cfg)                     # checked on every rank before any collective
+            raise UserError(
+                f"the mesh {cfg.mesh} needs {cfg.world} processes but {world} were started; launch "
+                f"{cfg.world} (deepspeed --num_gpus {cfg.world} / mpirun -n {cfg.world}) or change --mesh"
+            )
+        module, plan = build(cfg)  # checked on every rank before any collective
         if rank == 0:
             print(strategy_dump(plan), flush=True)
         result = train_sharded(cfg, make_mesh(cfg.mesh), module, plan, log=lambda line: print(line, flush=True))
@@ -242,13 +267,20 @@ def run_distributed(cfg: MLPConfig, out_dir: str | None) -> int:
             if rank == 0:
                 with open(os.path.join(out_dir, "metrics.jsonl"), "w", encoding="utf-8") as f:
                     for k, loss in enumerate(result.losses):
-                        f.write(json.dumps({"epoch": k // cfg.steps_per_epoch + 1,
-                                            "step": k % cfg.steps_per_epoch + 1, "loss": loss}) + "\n")
+                        f.write(
+                            json.dumps(
+                                {
+                                    "epoch": k // cfg.steps_per_epoch + 1,
+                                    "step": k % cfg.steps_per_epoch + 1,
+                                    "loss": loss,
+                                }
+                            )
+                            + "\n"
+                        )
         if rank == 0:
-            print(execute_dump(result.plan, result.runner.records, rank, result.backward),
-                  flush=True)
-        leave_job()                                    # watches stopped, barrier, group torn down
+            print(execute_dump(result.plan, result.runner.records, rank, result.backward), flush=True)
+        leave_job()  # watches stopped, barrier, group torn down
     finally:
-        if dist.is_initialized():                      # an error: no barrier (the launcher stops the others)
+        if dist.is_initialized():  # an error: no barrier (the launcher stops the others)
             dist.destroy_process_group()
     return 0

@@ -8,6 +8,7 @@ collectives `CommDebugMode` counted — which is what `demos.strategy.dump` prin
 Works the same in real processes (one rank each, gloo/nccl) and in one process simulating all ranks
 (`torch.distributed._local_tensor.LocalTensorMode` over a fake process group, `simulation.py`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -22,8 +23,12 @@ from demos.strategy.propagate import Plan
 def collective_name(op) -> str:
     """'c10d_functional.all_reduce' / '_dtensor.shard_dim_alltoall' → 'all_reduce' / 'all_to_all'."""
     name = str(op).rsplit(".", 1)[-1]
-    return {"shard_dim_alltoall": "all_to_all", "all_gather_into_tensor": "all_gather",
-            "reduce_scatter_tensor": "reduce_scatter", "all_to_all_single": "all_to_all"}.get(name, name)
+    return {
+        "shard_dim_alltoall": "all_to_all",
+        "all_gather_into_tensor": "all_gather",
+        "reduce_scatter_tensor": "reduce_scatter",
+        "all_to_all_single": "all_to_all",
+    }.get(name, name)
 
 
 def counted(comm) -> dict[str, int]:
@@ -41,8 +46,8 @@ def _shape(t) -> tuple[int, ...]:
 @dataclass
 class InputRecord:
     value: str
-    before: tuple[int, ...]                # local shape as produced
-    after: tuple[int, ...]                 # local shape the operator reads
+    before: tuple[int, ...]  # local shape as produced
+    after: tuple[int, ...]  # local shape the operator reads
     collectives: dict[str, int]
 
 
@@ -50,7 +55,7 @@ class InputRecord:
 class OpRecord:
     name: str
     inputs: list[InputRecord]
-    out_shape: tuple[int, ...]             # local result, before the operator's all-reduce
+    out_shape: tuple[int, ...]  # local result, before the operator's all-reduce
     reduction: dict[str, int] = field(default_factory=dict)
 
 
@@ -62,6 +67,7 @@ def _kinds(placements) -> list:
 def _wait(t):
     """A DTensor whose local tensor is ready (functional collectives are asynchronous)."""
     from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
     local = t._local_tensor
     if isinstance(local, AsyncCollectiveTensor):
         local.wait()
@@ -73,6 +79,7 @@ class ShardedRunner:
 
     def __init__(self, plan: Plan, mesh, module: nn.Module):
         from torch.distributed.tensor import distribute_tensor
+
         self.plan, self.mesh = plan, mesh
         full = dict(module.named_parameters())
         self.params: dict[str, nn.Parameter] = {}
@@ -81,7 +88,7 @@ class ShardedRunner:
             local = distribute_tensor(full[name].detach(), mesh, layout.placements(), src_data_rank=None)
             self.params[name] = nn.Parameter(local)
         self.records: list[OpRecord] = []
-        self._groups: dict[tuple[int, ...], object] = {}     # mesh dims → their flattened 1-D mesh, made once
+        self._groups: dict[tuple[int, ...], object] = {}  # mesh dims → their flattened 1-D mesh, made once
 
     def parameters(self):
         return list(self.params.values())
@@ -89,16 +96,18 @@ class ShardedRunner:
     def distribute_input(self, name: str, global_tensor: torch.Tensor):
         """A dataset tensor in its data-parallel layout: each rank keeps its own rows (the seed's per-rank data)."""
         from torch.distributed.tensor import distribute_tensor
+
         return distribute_tensor(global_tensor, self.mesh, self.plan.inputs[name].placements(), src_data_rank=None)
 
     def _reduce(self, t, layout: Layout):
         """All-reduce the partial sums over the op's contracted mesh dims in one collective (a flattened group)."""
         from torch.distributed.tensor import DTensor, Partial, Replicate
+
         dims = layout.partial
         target = layout.reduced().placements()
         if len(dims) == 1:
             return t.redistribute(self.mesh, target)
-        if dims not in self._groups:       # DeviceMesh._flatten: the way DTensor itself groups several mesh dims
+        if dims not in self._groups:  # DeviceMesh._flatten: the way DTensor itself groups several mesh dims
             names = tuple(self.mesh.mesh_dim_names[m] for m in dims)
             self._groups[dims] = self.mesh[names]._flatten("_".join(names))
         group = self._groups[dims]
@@ -109,6 +118,7 @@ class ShardedRunner:
     def forward(self, inputs: dict, record: bool = False):
         """Run the graph on DTensor inputs; returns the output (replicated). `record`: keep per-op records."""
         from torch.distributed.tensor.debug import CommDebugMode
+
         values = dict(inputs)
         values.update(self.params)
         records = []
@@ -124,8 +134,10 @@ class ShardedRunner:
             out = op.prim(*args)
             if _kinds(out.placements) != _kinds(p.out_layout.placements()):
                 # our reading of a strategy and DTensor's rule for the op disagree: a bug here, not a user error
-                raise RuntimeError(f"{op.name}: DTensor computed placements {out.placements}, the plan says "
-                                   f"{p.out_layout.placements()}")
+                raise RuntimeError(
+                    f"{op.name}: DTensor computed placements {out.placements}, the plan says "
+                    f"{p.out_layout.placements()}"
+                )
             rec = OpRecord(op.name, ins, _shape(out))
             if p.reduction_dims:
                 with CommDebugMode() as comm:
@@ -146,6 +158,7 @@ def loss_value(loss) -> float:
 def make_mesh(mesh_shape, device: str = "cpu"):
     """A DeviceMesh of `mesh_shape` over ranks in row-major order (rank = MindSpore's device-matrix index)."""
     from torch.distributed.device_mesh import DeviceMesh
+
     n = 1
     for s in mesh_shape:
         n *= s

@@ -3,6 +3,7 @@
 Inputs (placeholders) are the dataset's tensors, parameters (get_attr) the weights, and every other node must be a
 strategy operator (a `Primitive` leaf module): those are what strategies, propagation and the dumps talk about.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,9 +18,9 @@ from demos.strategy.ops import Primitive
 
 @dataclass
 class OpNode:
-    name: str                       # module path, e.g. "_backbone.matmul" (the seed's instance name is the last part)
+    name: str  # module path, e.g. "_backbone.matmul" (the seed's instance name is the last part)
     prim: Primitive
-    inputs: list[str]               # names of the values it reads (graph inputs, parameters or other ops)
+    inputs: list[str]  # names of the values it reads (graph inputs, parameters or other ops)
     in_shapes: list[tuple[int, ...]]
     out_shape: tuple[int, ...]
     in_letters: tuple[str, ...]
@@ -36,10 +37,10 @@ class OpNode:
 
 @dataclass
 class OpGraph:
-    inputs: dict[str, tuple[int, ...]]          # graph input name → global shape
-    params: dict[str, tuple[int, ...]]          # parameter path → shape
-    ops: list[OpNode]                           # in execution order
-    output: str                                 # the op whose result the network returns
+    inputs: dict[str, tuple[int, ...]]  # graph input name → global shape
+    params: dict[str, tuple[int, ...]]  # parameter path → shape
+    ops: list[OpNode]  # in execution order
+    output: str  # the op whose result the network returns
 
     def op(self, name: str) -> OpNode:
         return next(o for o in self.ops if o.name == name)
@@ -58,6 +59,7 @@ def trace(module: nn.Module, example_inputs: dict[str, torch.Tensor]) -> OpGraph
     graph = _Tracer().trace(module)
     gm = torch.fx.GraphModule(module, graph)
     from torch.fx.passes.shape_prop import ShapeProp
+
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     missing = [n.target for n in placeholders if n.target not in example_inputs]
     if missing:
@@ -78,12 +80,15 @@ def trace(module: nn.Module, example_inputs: dict[str, torch.Tensor]) -> OpGraph
             args = [value_of[a.name] for a in node.args]
             shapes = [tuple(a.meta["tensor_meta"].shape) for a in node.args]
             in_letters, out_letters = prim.signature(shapes)
-            ops.append(OpNode(node.target, prim, args, shapes, tuple(node.meta["tensor_meta"].shape),
-                              in_letters, out_letters))
+            ops.append(
+                OpNode(node.target, prim, args, shapes, tuple(node.meta["tensor_meta"].shape), in_letters, out_letters)
+            )
             value_of[node.name] = node.target
         elif node.op == "output":
             output = value_of[node.args[0].name]
         else:
-            raise StrategyError(f"{node.op} {node.target} in the traced network is not a strategy operator: build "
-                                f"the network from demos.strategy.ops (MatMul, ReLU, Sub, Square, ReduceMean, ...)")
+            raise StrategyError(
+                f"{node.op} {node.target} in the traced network is not a strategy operator: build "
+                f"the network from demos.strategy.ops (MatMul, ReLU, Sub, Square, ReduceMean, ...)"
+            )
     return OpGraph(inputs, params, ops, output)

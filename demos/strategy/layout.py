@@ -17,6 +17,7 @@ major one, DTensor's order); a strategy whose splits use fewer devices than the 
 dimensions replicated (MindSpore's "repeated calculation"). Splits that cannot be made of distinct mesh dimensions
 (2 × 2 on a (2, 4) mesh) are refused: DTensor places a tensor dimension on whole mesh dimensions.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -37,6 +38,7 @@ class StrategyError(UserError):
 class Layout:
     """How a tensor of global `shape` lies on a mesh of `mesh` sizes: `dims[d]` are the mesh dims that split tensor
     dim d (major first), `partial` the mesh dims over whose ranks the values are partial sums."""
+
     shape: tuple[int, ...]
     mesh: tuple[int, ...]
     dims: tuple[tuple[int, ...], ...]
@@ -54,6 +56,7 @@ class Layout:
     def placements(self) -> list:
         """DTensor placements, one per mesh dimension."""
         from torch.distributed.tensor import Partial, Replicate, Shard
+
         out = []
         for m in range(len(self.mesh)):
             owner = [d for d, ms in enumerate(self.dims) if m in ms]
@@ -69,7 +72,7 @@ class Layout:
         out = []
         for n, ms in zip(self.shape, self.dims):
             index, count = 0, 1
-            for m in ms:                                  # mixed radix, the first mesh dim the most significant
+            for m in ms:  # mixed radix, the first mesh dim the most significant
                 index, count = index * self.mesh[m] + coord[m], count * self.mesh[m]
             size = n // count
             out.append((index * size, (index + 1) * size))
@@ -135,5 +138,9 @@ def assign_mesh_dims(mesh: Sequence[int], splits: dict[str, int]) -> dict[str, t
 def format_strategy(strategy: Strategy | None) -> str:
     if strategy is None:
         return "None"
-    return "(" + ", ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")" for s in strategy) + \
-        ("," if len(strategy) == 1 else "") + ")"
+    return (
+        "("
+        + ", ".join("(" + ", ".join(map(str, s)) + ("," if len(s) == 1 else "") + ")" for s in strategy)
+        + ("," if len(strategy) == 1 else "")
+        + ")"
+    )

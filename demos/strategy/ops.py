@@ -5,6 +5,7 @@ with an einsum-like signature: one letter per tensor dimension, shared letters s
 from the output are contracted (summed, so split ones leave partial sums). `forward` is the plain torch op: the same
 module runs serially on tensors and, under `demos.strategy.execute`, on DTensors laid out as the strategy says.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -42,8 +43,10 @@ def normalize_strategy(strategy, op: str) -> Strategy:
     except (TypeError, ValueError):
         out, ok = (), False
     if not ok or not out:
-        raise StrategyError(f"{op}.shard({strategy!r}): a strategy is one tuple per input of positive split counts "
-                            f"per dimension, e.g. ((2, 4), (4, 1)) for a MatMul")
+        raise StrategyError(
+            f"{op}.shard({strategy!r}): a strategy is one tuple per input of positive split counts "
+            f"per dimension, e.g. ((2, 4), (4, 1)) for a MatMul"
+        )
     return out
 
 
@@ -66,9 +69,11 @@ class _Elementwise(Primitive):
     def signature(self, shapes):
         first = shapes[0]
         if any(tuple(s) != tuple(first) for s in shapes[1:]):
-            raise StrategyError(f"{type(self).__name__} needs inputs of one shape, got "
-                                f"{', '.join(str(tuple(s)) for s in shapes)} (broadcasting is not supported)")
-        letters = LETTERS[:len(first)]
+            raise StrategyError(
+                f"{type(self).__name__} needs inputs of one shape, got "
+                f"{', '.join(str(tuple(s)) for s in shapes)} (broadcasting is not supported)"
+            )
+        letters = LETTERS[: len(first)]
         return tuple(letters for _ in shapes), letters
 
 
@@ -91,7 +96,7 @@ class ReduceMean(Primitive):
     """Mean over every dimension (the reduction of MindSpore's loss cells): split dims leave partial means."""
 
     def signature(self, shapes):
-        return (LETTERS[:len(shapes[0])],), ""
+        return (LETTERS[: len(shapes[0])],), ""
 
     def forward(self, x):
         return x.mean()

@@ -20,6 +20,7 @@ the block each rank already has — and the second MatMul ((2, 4), (4, 1)), the 
 layout as it is. (DTensor's own per-op rules choose otherwise: they reduce-scatter the partial sums into rows over
 all 8 ranks — ReLU (8, 1) — after which the second MatMul runs data-parallel; tests/test_strategy.py shows both.)
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,9 +37,9 @@ from demos.strategy.layout import Layout, Strategy, StrategyError, assign_mesh_d
 class OpPlan:
     op: OpNode
     strategy: Strategy
-    source: str                         # "shard()" or "propagated from <op>"
+    source: str  # "shard()" or "propagated from <op>"
     in_layouts: list[Layout]
-    out_layout: Layout                  # as computed: partial on contracted split dims
+    out_layout: Layout  # as computed: partial on contracted split dims
 
     @property
     def reduction_dims(self) -> tuple[int, ...]:
@@ -79,16 +80,22 @@ def layouts_for(op: OpNode, strategy: Strategy, mesh: Sequence[int]) -> tuple[li
             if n % s:
                 raise StrategyError(f"{where}: split {s} does not divide dimension {d} (size {n}) of input {i}")
             if splits.setdefault(letter, s) != s:
-                raise StrategyError(f"{where}: the inputs split a shared dimension differently ({splits[letter]} "
-                                    f"and {s}; e.g. a MatMul's x columns and w rows must be split alike)")
+                raise StrategyError(
+                    f"{where}: the inputs split a shared dimension differently ({splits[letter]} "
+                    f"and {s}; e.g. a MatMul's x columns and w rows must be split alike)"
+                )
     size, used = math.prod(mesh), math.prod(splits.values())
     if used > size or size % used:
-        raise StrategyError(f"{where}: it splits over {used} devices but the mesh {tuple(mesh)} has {size} "
-                            f"(the splits' product must divide {size})")
+        raise StrategyError(
+            f"{where}: it splits over {used} devices but the mesh {tuple(mesh)} has {size} "
+            f"(the splits' product must divide {size})"
+        )
     assigned = assign_mesh_dims(mesh, {k: v for k, v in splits.items() if v > 1})
     if assigned is None:
-        raise StrategyError(f"{where}: splits {sorted(v for v in splits.values() if v > 1)} cannot each take whole "
-                            f"dimensions of the mesh {tuple(mesh)}")
+        raise StrategyError(
+            f"{where}: splits {sorted(v for v in splits.values() if v > 1)} cannot each take whole "
+            f"dimensions of the mesh {tuple(mesh)}"
+        )
 
     def dims_of(letters):
         return tuple(assigned.get(c, ()) for c in letters)
@@ -147,8 +154,10 @@ def data_parallel_layout(name: str, shape: tuple[int, ...], mesh: Sequence[int])
     """The seed's dataset_strategy="data_parallel": the batch dimension split over every rank."""
     size = math.prod(mesh)
     if shape[0] % size:
-        raise StrategyError(f"input {name} of shape {tuple(shape)}: data-parallel input needs the batch ({shape[0]}) "
-                            f"to divide over the {size} ranks of the mesh {tuple(mesh)}")
+        raise StrategyError(
+            f"input {name} of shape {tuple(shape)}: data-parallel input needs the batch ({shape[0]}) "
+            f"to divide over the {size} ranks of the mesh {tuple(mesh)}"
+        )
     return Layout(tuple(shape), tuple(mesh), (tuple(range(len(mesh))),) + ((),) * (len(shape) - 1))
 
 
@@ -156,7 +165,7 @@ class _Propagation:
     def __init__(self, graph: OpGraph, mesh: Sequence[int]):
         self.graph, self.mesh = graph, tuple(mesh)
         self.chosen: dict[str, OpPlan] = {}
-        self.params: dict[str, tuple[Layout, str]] = {}          # layout, the op that fixed it
+        self.params: dict[str, tuple[Layout, str]] = {}  # layout, the op that fixed it
         self.inputs = {n: data_parallel_layout(n, s, self.mesh) for n, s in graph.inputs.items()}
         self.configured = {o.name for o in graph.ops if o.prim.strategy is not None}
 
@@ -171,7 +180,8 @@ class _Propagation:
                     f"{op.name} ({op.kind}) strategy {format_strategy(strategy)} for inputs of shape {_shapes(op)} "
                     f"conflicts with {other.op.name} ({other.op.kind}) strategy {format_strategy(other.strategy)}: "
                     f"both read parameter {value} of shape {tuple(layout.shape)}, split {layout.splits} vs "
-                    f"{self.params[value][0].splits}; give them strategies that split it alike")
+                    f"{self.params[value][0].splits}; give them strategies that split it alike"
+                )
             self.params.setdefault(value, (layout, op.name))
         plan = OpPlan(op, strategy, source, ins, out)
         self.chosen[op.name] = plan
@@ -186,9 +196,11 @@ class _Propagation:
         """The candidate of `op` MindSpore's rule prefers; cost_of(in_layouts, out_layout) → edge cost."""
         options = candidates(op, self.mesh)
         if not options:
-            raise StrategyError(f"{op.name} ({op.kind}) for inputs of shape {_shapes(op)}: no strategy splits its "
-                                f"dimensions over all {math.prod(self.mesh)} ranks of the mesh {self.mesh}; give it "
-                                f"one with shard()")
+            raise StrategyError(
+                f"{op.name} ({op.kind}) for inputs of shape {_shapes(op)}: no strategy splits its "
+                f"dimensions over all {math.prod(self.mesh)} ranks of the mesh {self.mesh}; give it "
+                f"one with shard()"
+            )
         scored = []
         for s in options:
             if not self._allowed(op, s):
@@ -197,8 +209,10 @@ class _Propagation:
             comm, work = cost_of(ins, out)
             scored.append((s, comm, work, _own_comm(out)))
         if not scored:
-            raise StrategyError(f"{op.name} ({op.kind}) for inputs of shape {_shapes(op)}: no strategy over the mesh "
-                                f"{self.mesh} reads its parameters as their other readers split them")
+            raise StrategyError(
+                f"{op.name} ({op.kind}) for inputs of shape {_shapes(op)}: no strategy over the mesh "
+                f"{self.mesh} reads its parameters as their other readers split them"
+            )
         free = [x for x in scored if x[1] == 0]
         if free:
             best = min(free, key=lambda x: (x[2], x[3], _compare_key(x[0])))
@@ -212,22 +226,25 @@ class _Propagation:
         while queue:
             name = queue.popleft()
             produced = self.inputs[name] if name in self.inputs else self.chosen[name].out_layout.reduced()
-            for consumer, i in self.graph.consumers(name):                     # forward edges
+            for consumer, i in self.graph.consumers(name):  # forward edges
                 if consumer.name in self.chosen:
                     continue
-                s = self.choose(consumer,
-                                lambda ins, out, i=i, produced=produced: redistribution_cost(produced, ins[i]))
+                s = self.choose(
+                    consumer, lambda ins, out, i=i, produced=produced: redistribution_cost(produced, ins[i])
+                )
                 self.fix(consumer, s, f"propagated from {name}")
                 queue.append(consumer.name)
             if name in self.inputs:
                 continue
             plan = self.chosen[name]
-            for i, value in enumerate(plan.op.inputs):                        # backward edges
-                if value in self.graph.params:                                # through a parameter to its readers
+            for i, value in enumerate(plan.op.inputs):  # backward edges
+                if value in self.graph.params:  # through a parameter to its readers
                     for reader, j in self.graph.consumers(value):
                         if reader.name not in self.chosen:
-                            s = self.choose(reader, lambda ins, out, j=j, value=value: redistribution_cost(
-                                self.params[value][0], ins[j]))
+                            s = self.choose(
+                                reader,
+                                lambda ins, out, j=j, value=value: redistribution_cost(self.params[value][0], ins[j]),
+                            )
                             self.fix(reader, s, f"propagated from {name} through {value}")
                             queue.append(reader.name)
                     continue
@@ -243,7 +260,7 @@ class _Propagation:
 def propagate(graph: OpGraph, mesh: Sequence[int]) -> Plan:
     """A strategy for every operator: the given ones, the rest propagated (module docstring)."""
     prop = _Propagation(graph, mesh)
-    for op in graph.ops:                                   # the user's strategies first, checked and fixed
+    for op in graph.ops:  # the user's strategies first, checked and fixed
         if op.prim.strategy is not None:
             prop.fix(op, op.prim.strategy, "shard()")
     for op in graph.ops:
@@ -252,8 +269,9 @@ def propagate(graph: OpGraph, mesh: Sequence[int]) -> Plan:
     for name in graph.inputs:
         prop.walk(name)
     missing = [o.name for o in graph.ops if o.name not in prop.chosen]
-    if missing:                                            # e.g. an op of parameters only, no strategy near it
-        raise StrategyError(f"no strategy reaches {', '.join(missing)} from a dataset input or a shard(): give "
-                            f"it one with shard()")
+    if missing:  # e.g. an op of parameters only, no strategy near it
+        raise StrategyError(
+            f"no strategy reaches {', '.join(missing)} from a dataset input or a shard(): give it one with shard()"
+        )
     params = {v: lay for v, (lay, _) in prop.params.items()}
     return Plan(prop.mesh, graph, {o.name: prop.chosen[o.name] for o in graph.ops}, prop.inputs, params)

@@ -3,6 +3,7 @@
 on them. A plan then runs with real values for every rank — the losses, local shapes and counted collectives of an
 8- or 64-rank run in seconds, for tests and for planning bigger meshes before launching them.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -14,6 +15,7 @@ def simulated_world(world: int):
     import torch.distributed as dist
     from torch.distributed._local_tensor import LocalTensorMode
     from torch.testing._internal.distributed.fake_pg import FakeStore
+
     if dist.is_initialized():
         raise RuntimeError("simulated_world needs a process without a process group")
     dist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())

@@ -10,6 +10,7 @@ vocabulary V (padded columns excluded), which is exactly `F.cross_entropy(..., l
 model. (Megatron-LM's version averages over the per-rank vocab and gets this wrong under TP.) The backward needs no
 communication: d loss / d z_v = p_v - (1-ε)·[v = y] - ε/V.
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,16 +25,16 @@ class _VocabParallelCE(torch.autograd.Function):
     # place (the saved tensor is not read again: the graph is not retained for a second backward).
     @staticmethod
     def forward(ctx, logits, labels, vocab_start, vocab_size, ignore_index, smoothing, group):
-        if logits.dtype in (torch.float16, torch.bfloat16):   # statistics in fp32 for half-precision training
+        if logits.dtype in (torch.float16, torch.bfloat16):  # statistics in fp32 for half-precision training
             logits = logits.float()
         n_local = logits.shape[-1]
-        padded = vocab_start + n_local > vocab_size                        # this shard holds padded columns
+        padded = vocab_start + n_local > vocab_size  # this shard holds padded columns
         valid = torch.arange(vocab_start, vocab_start + n_local, device=logits.device) < vocab_size
         m = (logits.masked_fill(~valid, float("-inf")) if padded else logits).max(dim=-1).values
         all_reduce_no_grad(m, group, op=dist.ReduceOp.MAX)
         z = logits - m.unsqueeze(-1)
         if padded:
-            z.masked_fill_(~valid, 0.0)                                    # padded columns: exp(0) masked below
+            z.masked_fill_(~valid, 0.0)  # padded columns: exp(0) masked below
 
         in_shard = (labels >= vocab_start) & (labels < vocab_start + n_local)
         local_idx = (labels - vocab_start).clamp(0, n_local - 1)
@@ -58,7 +59,7 @@ class _VocabParallelCE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g):
         e, sum_exp, local_idx, in_shard, keep, valid = ctx.saved_tensors
-        grad = e.div_(sum_exp.unsqueeze(-1))                              # softmax, in the saved buffer
+        grad = e.div_(sum_exp.unsqueeze(-1))  # softmax, in the saved buffer
         target = -(1.0 - ctx.smoothing) * in_shard.to(grad.dtype)
         grad.scatter_add_(-1, local_idx.unsqueeze(-1), target.unsqueeze(-1))
         if ctx.smoothing:
@@ -67,18 +68,32 @@ class _VocabParallelCE(torch.autograd.Function):
         return grad, None, None, None, None, None, None
 
 
-def vocab_parallel_cross_entropy(logits_shard: torch.Tensor, labels: torch.Tensor, vocab_start: int,
-                                 vocab_size: int, ignore_index: int, smoothing: float = 0.0,
-                                 group=None) -> torch.Tensor:
+def vocab_parallel_cross_entropy(
+    logits_shard: torch.Tensor,
+    labels: torch.Tensor,
+    vocab_start: int,
+    vocab_size: int,
+    ignore_index: int,
+    smoothing: float = 0.0,
+    group=None,
+) -> torch.Tensor:
     """Per-token loss [*labels.shape], 0 where labels == ignore_index. logits_shard: [*labels.shape, V/tp]."""
     shape = labels.shape
-    loss = _VocabParallelCE.apply(logits_shard.reshape(-1, logits_shard.shape[-1]), labels.reshape(-1),
-                                  vocab_start, vocab_size, ignore_index, smoothing, group)
+    loss = _VocabParallelCE.apply(
+        logits_shard.reshape(-1, logits_shard.shape[-1]),
+        labels.reshape(-1),
+        vocab_start,
+        vocab_size,
+        ignore_index,
+        smoothing,
+        group,
+    )
     return loss.view(shape)
 
 
-def parallel_cross_entropy_mean(logits_shard, labels, vocab_start, vocab_size, ignore_index, smoothing=0.0,
-                                group=None) -> torch.Tensor:
+def parallel_cross_entropy_mean(
+    logits_shard, labels, vocab_start, vocab_size, ignore_index, smoothing=0.0, group=None
+) -> torch.Tensor:
     """Mean over the non-PAD tokens of this batch (the seed's CrossEntropyLoss with its input mask)."""
     loss = vocab_parallel_cross_entropy(logits_shard, labels, vocab_start, vocab_size, ignore_index, smoothing, group)
     return loss.sum() / (labels != ignore_index).sum().clamp(min=1)

@@ -9,6 +9,7 @@ sliced, so shard r of any TP size equals rows/columns r of the serial weight (se
     VocabParallelEmbedding  rows of the table split over TP ranks, out-of-shard ids masked, partials reduced —
                             or (vocab_emb_dp, the seed's default) the whole table on every rank, no communication.
 """
+
 from __future__ import annotations
 
 import torch
@@ -36,9 +37,18 @@ class ColumnParallelLinear(nn.Module):
     """out_features split over TP ranks. `input_is_copied`: the caller already entered the TP region (one
     copy_to_tp shared by several projections of the same input, so backward all-reduces the input grad once)."""
 
-    def __init__(self, in_features: int, out_features: int, ctx: ParallelContext, bias: bool = True,
-                 gather_output: bool = False, input_is_copied: bool = False, std: float = 0.02,
-                 gen: torch.Generator | None = None, padded_out: int | None = None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        ctx: ParallelContext,
+        bias: bool = True,
+        gather_output: bool = False,
+        input_is_copied: bool = False,
+        std: float = 0.02,
+        gen: torch.Generator | None = None,
+        padded_out: int | None = None,
+    ):
         super().__init__()
         self.ctx, self.gather_output, self.input_is_copied = ctx, gather_output, input_is_copied
         total = padded_out or out_features
@@ -48,9 +58,10 @@ class ColumnParallelLinear(nn.Module):
         if total > out_features:  # padded rows (vocab padding) are zero and masked out by the loss
             full = torch.cat([full, torch.zeros(total - out_features, in_features)], dim=0)
         lo = ctx.tp_rank * self.out_per_rank
-        self.weight = mark_tensor_parallel(nn.Parameter(full[lo:lo + self.out_per_rank].clone()), 0, out_features)
-        self.bias = (mark_tensor_parallel(nn.Parameter(torch.zeros(self.out_per_rank)), 0, out_features)
-                     if bias else None)
+        self.weight = mark_tensor_parallel(nn.Parameter(full[lo : lo + self.out_per_rank].clone()), 0, out_features)
+        self.bias = (
+            mark_tensor_parallel(nn.Parameter(torch.zeros(self.out_per_rank)), 0, out_features) if bias else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.input_is_copied:
@@ -62,16 +73,22 @@ class ColumnParallelLinear(nn.Module):
 class RowParallelLinear(nn.Module):
     """in_features split over TP ranks; the input is already this rank's shard (output of a column-parallel op)."""
 
-    def __init__(self, in_features: int, out_features: int, ctx: ParallelContext, bias: bool = True,
-                 std: float = 0.02, gen: torch.Generator | None = None):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        ctx: ParallelContext,
+        bias: bool = True,
+        std: float = 0.02,
+        gen: torch.Generator | None = None,
+    ):
         super().__init__()
         self.ctx = ctx
         assert in_features % ctx.tp_size == 0, f"in_features {in_features} not divisible by tp {ctx.tp_size}"
         self.in_per_rank = in_features // ctx.tp_size
         full = _normal((out_features, in_features), std, gen)
         lo = ctx.tp_rank * self.in_per_rank
-        self.weight = mark_tensor_parallel(nn.Parameter(full[:, lo:lo + self.in_per_rank].clone()), 1,
-                                           in_features)
+        self.weight = mark_tensor_parallel(nn.Parameter(full[:, lo : lo + self.in_per_rank].clone()), 1, in_features)
         # The bias is replicated and added once, after the reduction.
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
 
@@ -90,11 +107,19 @@ class VocabParallelEmbedding(nn.Module):
     """Word embedding. split=False (vocab_emb_dp): replicated table, data-parallel lookup, no TP communication.
     split=True: rows [r·V/tp, (r+1)·V/tp) on rank r; ids outside the shard contribute zeros; one all-reduce."""
 
-    def __init__(self, num_embeddings: int, dim: int, ctx: ParallelContext, split: bool,
-                 padded_num: int | None = None, std: float = 0.02, gen: torch.Generator | None = None):
+    def __init__(
+        self,
+        num_embeddings: int,
+        dim: int,
+        ctx: ParallelContext,
+        split: bool,
+        padded_num: int | None = None,
+        std: float = 0.02,
+        gen: torch.Generator | None = None,
+    ):
         super().__init__()
         self.ctx, self.split = ctx, split and ctx.tp_size > 1
-        self.init_generator = gen                 # the block's generator, for the tables drawn after this one
+        self.init_generator = gen  # the block's generator, for the tables drawn after this one
         total = (padded_num or num_embeddings) if self.split else num_embeddings
         full = _normal((num_embeddings, dim), std, gen)
         if total > num_embeddings:
@@ -103,8 +128,7 @@ class VocabParallelEmbedding(nn.Module):
             assert total % ctx.tp_size == 0, f"vocab {total} not divisible by tp {ctx.tp_size}"
             per = total // ctx.tp_size
             self.start, self.end = ctx.tp_rank * per, (ctx.tp_rank + 1) * per
-            self.weight = mark_tensor_parallel(nn.Parameter(full[self.start:self.end].clone()), 0,
-                                               num_embeddings)
+            self.weight = mark_tensor_parallel(nn.Parameter(full[self.start : self.end].clone()), 0, num_embeddings)
         else:
             self.start, self.end = 0, total
             self.weight = nn.Parameter(full)

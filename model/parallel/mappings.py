@@ -19,6 +19,7 @@ function is the identity, so the serial model runs the very same code. `CommLog`
 count, which is how the tests prove the per-layer communication is the minimum; the asynchronous ones are
 recorded under the same names, and also in `CommLog.async_calls`.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -29,11 +30,12 @@ import torch.distributed as dist
 
 class CommLog:
     """Records (op, numel) of every TP collective while active; a test opens one with `with CommLog() as log`."""
+
     _active: CommLog | None = None
 
     def __init__(self):
         self.calls: list[tuple[str, int]] = []
-        self.async_calls: list[tuple[str, int]] = []       # the subset issued with async_op=True
+        self.async_calls: list[tuple[str, int]] = []  # the subset issued with async_op=True
 
     def __enter__(self):
         CommLog._active = self
@@ -109,7 +111,7 @@ class _ReduceFromTP(torch.autograd.Function):
         if _world(group) == 1:
             return x.view_as(x)
         if not x.is_contiguous():
-            return _all_reduce(x.contiguous(), group)       # contiguous() made a copy: reduce that
+            return _all_reduce(x.contiguous(), group)  # contiguous() made a copy: reduce that
         # in place, without a copy: x is the row-parallel product, made for this sum. mark_dirty bumps its version,
         # so autograd refuses (instead of silently using the sum) if anything had saved x for its backward
         ctx.mark_dirty(x)

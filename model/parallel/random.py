@@ -10,6 +10,7 @@
 * Recompute: `checkpoint` saves the default generators *and* the TP stream before the forward, and replays them for
   the recomputation, so activation checkpointing reproduces the very same dropout masks.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -81,7 +82,7 @@ def _differentiable(value) -> bool:
     return torch.is_tensor(value) and value.is_floating_point()
 
 
-_FROM_AUTOGRAD = object()     # marks an output position that `_Checkpoint.apply` returns
+_FROM_AUTOGRAD = object()  # marks an output position that `_Checkpoint.apply` returns
 
 
 class _Checkpoint(torch.autograd.Function):

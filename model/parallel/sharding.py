@@ -5,6 +5,7 @@ the
 full size padded up to a multiple of tp with zero rows (vocab padding). Untagged parameters are replicated.
 Tests compare TP gradients with the serial model through `take_shard`; checkpoints reshard through both functions.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -38,7 +39,6 @@ def merge_shards(shards: Sequence[torch.Tensor], dim: int | None, full_len: int 
     if full_len is not None and full.shape[dim] > full_len:
         full = full.narrow(dim, 0, full_len)
     return full
-
 
 
 def shard_rows(full_len: int, tp_rank: int, shard_len: int) -> tuple[int, int, int]:

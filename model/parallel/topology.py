@@ -5,6 +5,7 @@ engine uses. Ranks are laid out with TP fastest, then DP, then PP (rank = pp·dp
 TP group sits on consecutive ranks — inside one node on a real cluster. Layers never create groups; they read them
 from the `ParallelContext` built here.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,8 +17,9 @@ from model.config import ParallelConfig
 
 
 def make_topology(parallel: ParallelConfig) -> PipeModelDataParallelTopology:
-    return PipeModelDataParallelTopology(num_pp=parallel.pipeline_stage, num_mp=parallel.model_parallel,
-                                         num_dp=parallel.data_parallel)
+    return PipeModelDataParallelTopology(
+        num_pp=parallel.pipeline_stage, num_mp=parallel.model_parallel, num_dp=parallel.data_parallel
+    )
 
 
 @dataclass(frozen=True)
@@ -34,13 +36,15 @@ def rank_map(parallel: ParallelConfig) -> list[RankCoord]:
     looked up: its get_coord searches every rank, quadratic in the world (65,536 ranks took 41 s in plan.py).
     tests/test_plan.py checks the two agree."""
     tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
-    return [RankCoord(rank=rank, pp=rank // (dp * tp), dp=rank // tp % dp, tp=rank % tp)
-            for rank in range(pp * dp * tp)]
+    return [
+        RankCoord(rank=rank, pp=rank // (dp * tp), dp=rank // tp % dp, tp=rank % tp) for rank in range(pp * dp * tp)
+    ]
 
 
 @dataclass
 class ParallelContext:
     """What a layer needs to know about its place in the grid. `tp_group` None means no communication."""
+
     tp_size: int = 1
     tp_rank: int = 0
     tp_group: Any = None
@@ -58,11 +62,17 @@ class ParallelContext:
     @classmethod
     def from_grid(cls, grid) -> ParallelContext:
         tp = grid.get_slice_parallel_world_size()
-        return cls(tp_size=tp, tp_rank=grid.get_slice_parallel_rank(),
-                   tp_group=grid.get_slice_parallel_group() if tp > 1 else None,
-                   dp_size=grid.get_data_parallel_world_size(), dp_rank=grid.get_data_parallel_rank(),
-                   dp_group=grid.get_data_parallel_group(),
-                   pp_size=grid.get_pipe_parallel_world_size(), pp_rank=grid.get_stage_id(), grid=grid)
+        return cls(
+            tp_size=tp,
+            tp_rank=grid.get_slice_parallel_rank(),
+            tp_group=grid.get_slice_parallel_group() if tp > 1 else None,
+            dp_size=grid.get_data_parallel_world_size(),
+            dp_rank=grid.get_data_parallel_rank(),
+            dp_group=grid.get_data_parallel_group(),
+            pp_size=grid.get_pipe_parallel_world_size(),
+            pp_rank=grid.get_stage_id(),
+            grid=grid,
+        )
 
 
 def skip_shm_all_reduce() -> None:
@@ -70,6 +80,7 @@ def skip_shm_all_reduce() -> None:
     made by torch), JIT-builds its CPU shared-memory all-reduce with a C++ compiler (minutes, once per machine, and a
     lock file that a killed build leaves makes the next one wait forever) — for a buffer training never uses."""
     import importlib
+
     # by module path: the package attribute `deepspeed.comm.torch` is the torch library itself
     importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
@@ -91,6 +102,7 @@ def init_deepspeed_comm(backend: str = "gloo", timeout_s: float | None = None) -
 
     import deepspeed
     import deepspeed.comm as ds_dist
+
     if ds_dist.is_initialized():
         return
     skip_shm_all_reduce()
@@ -99,7 +111,7 @@ def init_deepspeed_comm(backend: str = "gloo", timeout_s: float | None = None) -
         kwargs["timeout"] = timedelta(seconds=timeout_s)
         c10d = importlib.import_module("torch.distributed.distributed_c10d")
         c10d.default_pg_timeout = kwargs["timeout"]
-        if getattr(c10d, "default_pg_nccl_timeout", None) is not None:      # None: a torch built without NCCL
+        if getattr(c10d, "default_pg_nccl_timeout", None) is not None:  # None: a torch built without NCCL
             c10d.default_pg_nccl_timeout = kwargs["timeout"]
     deepspeed.init_distributed(dist_backend=backend, verbose=False, **kwargs)
 
@@ -107,6 +119,7 @@ def init_deepspeed_comm(backend: str = "gloo", timeout_s: float | None = None) -
 def build_grid(parallel: ParallelConfig):
     """Create DeepSpeed's PipelineParallelGrid (collective: every rank must call it, in the same order)."""
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid
+
     return PipelineParallelGrid(topology=make_topology(parallel))
 
 
@@ -114,6 +127,7 @@ def build_context(parallel: ParallelConfig) -> ParallelContext:
     """The context for this process: serial when the layout is a single process, else from a fresh grid."""
     if parallel.world_size == 1:
         import torch.distributed as dist
+
         if not dist.is_initialized():
             return ParallelContext.serial()
     return ParallelContext.from_grid(build_grid(parallel))
@@ -124,6 +138,7 @@ def first_last_stage_group(parallel: ParallelConfig, grid):
     stage, same data- and tensor-parallel coordinate), for a weight tied across them (shared embeddings); None on
     middle stages. Collective: every rank creates every pair's group, in the same order."""
     import torch.distributed as dist
+
     topo, last, mine = grid.topology(), parallel.pipeline_stage - 1, None
     for dp in range(parallel.data_parallel):
         for tp in range(parallel.model_parallel):

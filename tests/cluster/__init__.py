@@ -1,5 +1,6 @@
 """The virtual cluster of tests/cluster/virtual_cluster.sh, from Python: bring it up and down, run a command on a
 node (as a login there would), and see the processes each node runs."""
+
 from __future__ import annotations
 
 import os
@@ -13,6 +14,7 @@ NEEDS = ("pdsh", "mpirun", "ompi_info", "orted")
 def unavailable() -> str | None:
     """Why this machine cannot host the cluster (root, network namespaces, sshd, pdsh, OpenMPI), or None."""
     import shutil
+
     proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         return proc.stdout.strip() or proc.stderr.strip()
@@ -45,8 +47,13 @@ class VirtualCluster:
         self.env = {}
 
     def up(self, nodes: int, slots: int = 2) -> VirtualCluster:
-        proc = subprocess.run(["bash", str(SCRIPT), "up", str(nodes), str(self.root)], capture_output=True,
-                              text=True, timeout=120, env=dict(os.environ, SLOTS=str(slots)))
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), "up", str(nodes), str(self.root)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=dict(os.environ, SLOTS=str(slots)),
+        )
         if proc.returncode != 0:
             self.down()
             raise RuntimeError(f"virtual cluster did not come up:\n{proc.stdout}\n{proc.stderr}")
@@ -85,8 +92,7 @@ class VirtualCluster:
         """{global rank: pid} of the training processes on `node` (not their supervisors, not the launchers)."""
         found = {}
         for pid, cmdline, comm in self.processes(node):
-            if "run_scripts/train.py" in cmdline and "deepspeed.launcher" not in cmdline \
-                    and comm != "rank-supervisor":
+            if "run_scripts/train.py" in cmdline and "deepspeed.launcher" not in cmdline and comm != "rank-supervisor":
                 env = _environ(pid)
                 rank = env.get("RANK") or env.get("OMPI_COMM_WORLD_RANK")
                 if rank is not None:

@@ -1,6 +1,7 @@
 """The virtual SLURM cluster of tests/cluster/slurm_cluster.sh, from Python: bring it up and down, submit a job as a
 user logged in on a node, and follow a job by what it does (its state, its output file, its run folder's metrics) —
 never by fixed sleeps, so a loaded machine only makes it slower."""
+
 from __future__ import annotations
 
 import contextlib
@@ -15,8 +16,17 @@ from tests.cluster import VirtualCluster
 from tests.cluster import unavailable as cluster_unavailable
 
 SCRIPT = Path(__file__).resolve().parent / "slurm_cluster.sh"
-FINAL = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED", "BOOT_FAIL",
-         "DEADLINE")
+FINAL = (
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "OUT_OF_MEMORY",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+)
 
 
 def unavailable() -> str | None:
@@ -30,8 +40,13 @@ def unavailable() -> str | None:
 
 class SlurmCluster(VirtualCluster):
     def up(self, nodes: int, cpus: int = 2) -> SlurmCluster:
-        proc = subprocess.run(["bash", str(SCRIPT), "up", str(nodes), str(self.root)], capture_output=True,
-                              text=True, timeout=180, env=dict(os.environ, CPUS=str(cpus)))
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), "up", str(nodes), str(self.root)],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env=dict(os.environ, CPUS=str(cpus)),
+        )
         if proc.returncode != 0:
             self.down()
             raise RuntimeError(f"the SLURM cluster did not come up:\n{proc.stdout}\n{proc.stderr}")
@@ -62,8 +77,9 @@ class SlurmCluster(VirtualCluster):
         assert proc.returncode == 0, proc.stdout + proc.stderr
 
     def run(self, cmd: list, node: int = 0, cwd=None, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
-        return subprocess.run(self.command(node, cmd), cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            self.command(node, cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+        )
 
     def sbatch(self, args: list, cwd, env=None) -> int:
         """Submit from folder `cwd` on node 0 (sbatch ARGS); the job id."""
@@ -90,9 +106,11 @@ class SlurmCluster(VirtualCluster):
             if found:
                 return found
             if time.monotonic() > end:
-                raise AssertionError(f"job {job_id}: no {what} within {timeout:.0f} s; state {job.get('JobState')} "
-                                     f"({job.get('Reason')}), restarts {job.get('Restarts')}; its output:\n"
-                                     f"{self.log(job_id, cwd)[-4000:]}")
+                raise AssertionError(
+                    f"job {job_id}: no {what} within {timeout:.0f} s; state {job.get('JobState')} "
+                    f"({job.get('Reason')}), restarts {job.get('Restarts')}; its output:\n"
+                    f"{self.log(job_id, cwd)[-4000:]}"
+                )
             time.sleep(poll)
 
     def wait_final(self, job_id: int, cwd, timeout: float = 600) -> dict:

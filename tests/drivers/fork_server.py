@@ -16,6 +16,7 @@ Protocol (one Unix-socket connection per command): the client sends an 8-byte le
 (stdout, stderr), then the JSON request {argv, cwd, env}; the server answers the child's pid, and its exit code
 (negative: the signal) when it ends, one line each.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -64,6 +65,7 @@ def _become(request: dict, out_fd: int, err_fd: int, base_path: list) -> None:
     import runpy
     import signal
     import traceback
+
     code = 0
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -74,12 +76,12 @@ def _become(request: dict, out_fd: int, err_fd: int, base_path: list) -> None:
         os.dup2(err_fd, 2)
         for fd in (devnull, out_fd, err_fd):
             os.close(fd)
-        sys.stdout.reconfigure(write_through=True)          # as `python -u`
+        sys.stdout.reconfigure(write_through=True)  # as `python -u`
         sys.stderr.reconfigure(write_through=True)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
-        argv = [a for i, a in enumerate(request["argv"][1:]) if not (a == "-u" and i == 0)]   # -u: see above
+        argv = [a for i, a in enumerate(request["argv"][1:]) if not (a == "-u" and i == 0)]  # -u: see above
         pythonpath = _pythonpath(request["env"])
         if argv[0] == "-m":
             sys.argv = [argv[1], *argv[2:]]
@@ -98,7 +100,7 @@ def _become(request: dict, out_fd: int, err_fd: int, base_path: list) -> None:
             print(exc.code, file=sys.stderr)
             code = 1
     except BaseException as exc:  # noqa: BLE001 - reported as the interpreter reports an uncaught exception:
-        tb = exc.__traceback__          # from the script's own frames on (not runpy's or this file's)
+        tb = exc.__traceback__  # from the script's own frames on (not runpy's or this file's)
         while tb is not None and tb.tb_frame.f_code.co_filename in (runpy.__file__, "<frozen runpy>", __file__):
             tb = tb.tb_next
         traceback.print_exception(type(exc), exc, tb)
@@ -118,26 +120,32 @@ def main() -> int:
     ours = set(_pythonpath(os.environ))
     base_path = [p for p in sys.path[1:] if p not in ours]
     import importlib
-    for name in ("deepspeed", "datasets", "numpy", "safetensors.torch", "transformers"):   # deepspeed: and torch
+
+    for name in ("deepspeed", "datasets", "numpy", "safetensors.torch", "transformers"):  # deepspeed: and torch
         with contextlib.suppress(ImportError):
-            importlib.import_module(name)    # third-party code every child shares; a missing one: imported there
+            importlib.import_module(name)  # third-party code every child shares; a missing one: imported there
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-    mine = sorted(m for m, mod in list(sys.modules.items())
-                  if m not in ("__main__", "__mp_main__") and isinstance(getattr(mod, "__file__", None), str)
-                  and os.path.isabs(mod.__file__) and mod.__file__.startswith(repo))
-    if mine:                                  # each child must import this repository's code afresh
+    mine = sorted(
+        m
+        for m, mod in list(sys.modules.items())
+        if m not in ("__main__", "__mp_main__")
+        and isinstance(getattr(mod, "__file__", None), str)
+        and os.path.isabs(mod.__file__)
+        and mod.__file__.startswith(repo)
+    )
+    if mine:  # each child must import this repository's code afresh
         print(f"fork server: imported this repository's {mine}", file=sys.stderr, flush=True)
         return 1
     parent = os.getppid()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(64)
-    print("ready", flush=True)                # the client reads up to this line (imports may print before it)
+    print("ready", flush=True)  # the client reads up to this line (imports may print before it)
     quiet = os.open(os.devnull, os.O_WRONLY)  # nothing more on the client's pipe: it is no longer read
     os.dup2(quiet, 1)
     os.close(quiet)
     waiting: dict[int, socket.socket] = {}
-    while os.getppid() == parent:             # the test session is gone: so is this server
+    while os.getppid() == parent:  # the test session is gone: so is this server
         ready, _, _ = select.select([server], [], [], 0.02)
         if ready:
             conn, _ = server.accept()

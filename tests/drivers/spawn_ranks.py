@@ -18,6 +18,7 @@ starts a rank, and polls its ranks once a second — about 3.5 s per launch on a
 many short multi-rank runs. What users run (run_scripts/run.sh, the recipes) and the failure tests
 (tests/test_faults.py), whose subject is what the launcher reports, still go through DeepSpeed's launcher.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,17 +32,27 @@ import sys
 
 def rank_env(base: dict, rank: int, nproc: int, master_port: int) -> dict:
     env = dict(base)
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port), WORLD_SIZE=str(nproc), CROSS_RANK="0",
-               CROSS_SIZE="1", LOCAL_SIZE=str(nproc), RANK=str(rank), LOCAL_RANK=str(rank),
-               # what DeepSpeed's launcher also passes on: the node's device list (set by its accelerator, the CPU
-               # one included) and a flag its own import of DeepSpeed sets
-               CUDA_VISIBLE_DEVICES=",".join(str(r) for r in range(nproc)), PYTORCH_NVML_BASED_CUDA_CHECK="1")
+    env.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(master_port),
+        WORLD_SIZE=str(nproc),
+        CROSS_RANK="0",
+        CROSS_SIZE="1",
+        LOCAL_SIZE=str(nproc),
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        # what DeepSpeed's launcher also passes on: the node's device list (set by its accelerator, the CPU
+        # one included) and a flag its own import of DeepSpeed sets
+        CUDA_VISIBLE_DEVICES=",".join(str(r) for r in range(nproc)),
+        PYTORCH_NVML_BASED_CUDA_CHECK="1",
+    )
     return env
 
 
 def _forked_ranks(path: str, commands: list, envs: list) -> int:
     """The ranks as forks of the tests' fork server (tests/drivers/fork_server.py), in this process's group."""
     from fork_server import request_fork
+
     pgid = os.getpgid(0)
     conns = {}
     for cmd, env in zip(commands, envs):
@@ -89,7 +100,7 @@ def _own_ranks(commands: list, envs: list) -> int:
     signal.signal(signal.SIGINT, end_all)
     by_pid = {p.pid: p for p in procs}
     while by_pid:
-        pid, status = os.wait()                            # blocks until a rank ends: no polling delay
+        pid, status = os.wait()  # blocks until a rank ends: no polling delay
         proc = by_pid.pop(pid, None)
         if proc is None:
             continue
@@ -107,8 +118,9 @@ def main() -> int:
     parser.add_argument("script")
     parser.add_argument("script_args", nargs=argparse.REMAINDER)
     args = parser.parse_args()
-    commands = [[sys.executable, "-u", args.script, f"--local_rank={rank}", *args.script_args]
-                for rank in range(args.nproc)]
+    commands = [
+        [sys.executable, "-u", args.script, f"--local_rank={rank}", *args.script_args] for rank in range(args.nproc)
+    ]
     envs = [rank_env(os.environ, rank, args.nproc, args.master_port) for rank in range(args.nproc)]
     server = os.environ.get("DSR_FORK_SERVER")
     if server and os.path.exists(server):

@@ -10,6 +10,7 @@ process, the real `run_training` for 2 and for 3 steps, with every call of torch
 the run (the last save) cancelling out. OUT.json gets, per run, {"nonzero": n, "item": n, ...} of that one step;
 started on several ranks (train.py's flags then say --distribute true), each rank writes OUT-rank{R}.json.
 """
+
 from __future__ import annotations
 
 import collections
@@ -34,6 +35,7 @@ class SyncCounter:
 
     def __enter__(self):
         import torch
+
         for name in COUNTED:
             self._wrap(torch.Tensor, name, name)
         self._wrap(torch, "nonzero", "nonzero")
@@ -47,6 +49,7 @@ class SyncCounter:
         def counted(*args, **kwargs):
             counts[key] += 1
             return original(*args, **kwargs)
+
         setattr(owner, attr, counted)
 
     def __exit__(self, *exc):
@@ -57,6 +60,7 @@ class SyncCounter:
 def run_counted(argv: list, steps: int, out_dir: str) -> collections.Counter:
     from training.config.flags import parse_config
     from training.trainer import run_training
+
     config = parse_config([*argv, "--steps", str(steps), "--output_dir", out_dir])
     with SyncCounter() as counter:
         run_training(config)
@@ -65,7 +69,7 @@ def run_counted(argv: list, steps: int, out_dir: str) -> collections.Counter:
 
 def main() -> int:
     runs_file, out_file = [a for a in sys.argv[1:] if not a.startswith("--local_rank")][:2]
-    work = os.path.splitext(out_file)[0] + "-runs"            # the runs' output folders, the same on every rank
+    work = os.path.splitext(out_file)[0] + "-runs"  # the runs' output folders, the same on every rank
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         out_file = out_file.replace(".json", f"-rank{os.environ['RANK']}.json")
     with open(runs_file, encoding="utf-8") as f:
@@ -78,6 +82,7 @@ def main() -> int:
     with open(out_file, "w", encoding="utf-8") as f:
         json.dump(results, f)
     from training.run.job import leave_job
+
     leave_job()
     return 0
 

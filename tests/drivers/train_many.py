@@ -18,6 +18,7 @@ run (nccl only accepts device tensors; on a CPU machine this is how the rule is 
 --trace_collectives records every collective of each run (tests.collective_trace.CollectiveTrace: op, dtype, element
 count, group ranks) and writes it, per rank, to the run's OUTPUT_DIR/collectives-rank{R}.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,6 +37,7 @@ def traced_training(config) -> None:
 
     from tests.collective_trace import CollectiveTrace
     from training.trainer import run_training
+
     with CollectiveTrace() as trace:
         run_training(config)
     path = os.path.join(config.checkpoint.output_dir, f"collectives-rank{dist.get_rank()}.json")
@@ -48,6 +50,7 @@ def main() -> int:
 
     from training.config.flags import parse_config
     from training.trainer import run_training
+
     # the deepspeed launcher adds --local_rank=N
     runs_file, *flags = [a for a in sys.argv[1:] if not a.startswith("--local_rank")]
     with open(runs_file, encoding="utf-8") as f:
@@ -55,10 +58,12 @@ def main() -> int:
     checker = None
     if "--check_devices" in flags:
         from tests.device_check import HostTensorChecker
+
         checker = HostTensorChecker().install()
     for entry in runs:
         if isinstance(entry, dict):
             from tests.drivers.load_and_save import load_and_save
+
             load_and_save(parse_config([str(a) for a in entry["load_and_save"]]))
         elif "--trace_collectives" in flags:
             traced_training(parse_config([str(a) for a in entry]))
@@ -69,7 +74,8 @@ def main() -> int:
         checker.uninstall()
         print(f"device check: {checker.checked} collective calls, every tensor on the engine's device", flush=True)
     from training.run.job import leave_job
-    leave_job()                      # as train.py leaves: job watches stopped, barrier, process group torn down
+
+    leave_job()  # as train.py leaves: job watches stopped, barrier, process group torn down
     return 0
 
 

@@ -17,6 +17,7 @@ save fails on one rank. The thread never calls a collective: they stay on the ma
 rank. It is a daemon: a process that ends while a save is in flight leaves `step_N.tmp/`, and the previous checkpoint
 stays `latest`.
 """
+
 from __future__ import annotations
 
 import threading
@@ -32,7 +33,7 @@ class BackgroundSaves:
     def __init__(self, device):
         self.device = device
         self.staging = Staging()
-        self._phase: str | None = None            # None | "writing" | "committing"
+        self._phase: str | None = None  # None | "writing" | "committing"
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._commit: Callable[[], None] | None = None
@@ -51,8 +52,9 @@ class BackgroundSaves:
         def target():
             try:
                 job()
-            except BaseException as exc:   # noqa: BLE001 - raised again on the main thread (_raise)
+            except BaseException as exc:  # noqa: BLE001 - raised again on the main thread (_raise)
                 self._error = exc
+
         self._thread = threading.Thread(target=target, name="checkpoint-save", daemon=True)
         self._thread.start()
 
@@ -66,10 +68,10 @@ class BackgroundSaves:
         """At a step boundary, every rank: start the commit once every rank's files are written. Never waits for a
         write."""
         if self._phase == "committing" and not self._thread.is_alive():
-            self._raise()                           # rank 0's commit failed: say so now, not at the next save
+            self._raise()  # rank 0's commit failed: say so now, not at the next save
         if self._phase != "writing":
             return
-        written = not self._thread.is_alive()      # the thread records its error before it ends
+        written = not self._thread.is_alive()  # the thread records its error before it ends
         if written:
             self._raise()
         flag = torch.tensor([int(written)], dtype=torch.int32, device=self.device)
@@ -86,8 +88,8 @@ class BackgroundSaves:
         self._thread.join()
         self._raise()
         if self._phase == "writing":
-            dist.barrier()                          # every rank's files are written
+            dist.barrier()  # every rank's files are written
             if self._commit is not None:
                 self._commit()
-        dist.barrier()                              # committed: `latest` reads the same on every rank
+        dist.barrier()  # committed: `latest` reads the same on every rank
         self._phase, self._commit, self._thread = None, None, None

@@ -10,6 +10,7 @@ bare state dict, as DeepSpeed's zero_to_fp32 writes); evaluate.py and export_hf.
 wherever they take a checkpoint folder (`load`). Checkpoint folders are read only
 through training.checkpoint.manager's public functions (resolve, read_meta, load_full_state, check_compatible).
 """
+
 from __future__ import annotations
 
 import os
@@ -41,12 +42,18 @@ def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
     path = resolve(path)
     meta = read_meta(path)
     full = load_full_state(path, meta, verify=verify)
-    out = {"model": {name: v["param"] for name, v in sorted(full.items())}, "model_config": meta["model"],
-           "step": meta["step"], "saved_layout": meta["parallel"], "tokenizer_sha256": meta.get("tokenizer_sha256"),
-           "checkpoint": path, "source_sha256": meta.get("sha256") or None}
+    out = {
+        "model": {name: v["param"] for name, v in sorted(full.items())},
+        "model_config": meta["model"],
+        "step": meta["step"],
+        "saved_layout": meta["parallel"],
+        "tokenizer_sha256": meta.get("tokenizer_sha256"),
+        "checkpoint": path,
+        "source_sha256": meta.get("sha256") or None,
+    }
     try:
         tokenizer = recorded_tokenizer(path, meta)
-    except UserError as exc:          # a missing or changed copy: the reader may still be given the tokenizer
+    except UserError as exc:  # a missing or changed copy: the reader may still be given the tokenizer
         tokenizer, out["tokenizer_problem"] = None, str(exc)
     if tokenizer is not None:
         with open(tokenizer, encoding="utf-8") as f:
@@ -54,8 +61,9 @@ def merge(path: str, with_optimizer: bool = False, verify: bool = True) -> dict:
     if with_optimizer:
         if meta.get("weights_only"):
             raise UserError(f"{path} holds weights only (no AdamW moments); merge it without --with_optimizer")
-        out["optimizer"] = {name: {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"]}
-                            for name, v in sorted(full.items())}
+        out["optimizer"] = {
+            name: {"exp_avg": v["exp_avg"], "exp_avg_sq": v["exp_avg_sq"]} for name, v in sorted(full.items())
+        }
         out["optimizer_step"] = meta["optimizer_step"]
     return out
 
@@ -74,12 +82,16 @@ def load(path: str, verify: bool = True) -> dict:
     try:
         obj = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unpickling failure means it is not our file
-        raise UserError(f"{path} is not a consolidated checkpoint (.pt from merge_checkpoint.py or "
-                        f"average_checkpoints.py): {type(exc).__name__}: {str(exc).splitlines()[0][:200]}") from exc
+        raise UserError(
+            f"{path} is not a consolidated checkpoint (.pt from merge_checkpoint.py or "
+            f"average_checkpoints.py): {type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+        ) from exc
     missing = [k for k in KEYS if k not in obj] if isinstance(obj, dict) else list(KEYS)
     if missing:
-        raise UserError(f"{path} is not a consolidated checkpoint (merge_checkpoint.py / average_checkpoints.py): "
-                        f"it lacks {', '.join(missing)}")
+        raise UserError(
+            f"{path} is not a consolidated checkpoint (merge_checkpoint.py / average_checkpoints.py): "
+            f"it lacks {', '.join(missing)}"
+        )
     obj.setdefault("checkpoint", path)
     if not isinstance(obj["model"], dict) or not all(isinstance(t, torch.Tensor) for t in obj["model"].values()):
         raise UserError(f"{path} is not a consolidated checkpoint: its 'model' is not a dict of tensors")
@@ -122,8 +134,10 @@ def average(paths: Sequence[str], verify: bool = True) -> dict:
             check_compatible({"model": state["model_config"]}, ModelConfig(**first["model_config"]), path)
             a, b = first.get("tokenizer_sha256"), state.get("tokenizer_sha256")
             if a and b and a != b:
-                raise UserError(f"{path} was trained with another tokenizer than {first['checkpoint']}; "
-                                f"only checkpoints of one run (one vocabulary) can be averaged")
+                raise UserError(
+                    f"{path} was trained with another tokenizer than {first['checkpoint']}; "
+                    f"only checkpoints of one run (one vocabulary) can be averaged"
+                )
             if set(state["model"]) != set(total):
                 raise UserError(f"{path} has other parameters than {first['checkpoint']}")
             for name, t in state["model"].items():
@@ -131,10 +145,15 @@ def average(paths: Sequence[str], verify: bool = True) -> dict:
         sources.append({"checkpoint": state["checkpoint"], "step": state["step"]})
         last = state
     model = {name: (t / len(paths)).float() for name, t in total.items()}
-    return {"model": model, "model_config": last["model_config"], "step": last["step"],
-            "saved_layout": last.get("saved_layout"), "tokenizer_sha256": last.get("tokenizer_sha256"),
-            "averaged": sources,
-            **({"tokenizer_json": last["tokenizer_json"]} if last.get("tokenizer_json") else {})}
+    return {
+        "model": model,
+        "model_config": last["model_config"],
+        "step": last["step"],
+        "saved_layout": last.get("saved_layout"),
+        "tokenizer_sha256": last.get("tokenizer_sha256"),
+        "averaged": sources,
+        **({"tokenizer_json": last["tokenizer_json"]} if last.get("tokenizer_json") else {}),
+    }
 
 
 def save(obj: dict, path: str) -> None:
@@ -146,7 +165,9 @@ def save(obj: dict, path: str) -> None:
         safetensors_io.write(obj, path)
         return
     if path.endswith(".bin") and "optimizer" in obj:
-        raise UserError(f"{path}: a .bin output holds the state dict alone, not the AdamW moments; write a .pt file "
-                        f"for --with_optimizer")
-    with staged_file(path) as tmp:          # a name of its own (a user's PATH.part stays), gone if the save fails
+        raise UserError(
+            f"{path}: a .bin output holds the state dict alone, not the AdamW moments; write a .pt file "
+            f"for --with_optimizer"
+        )
+    with staged_file(path) as tmp:  # a name of its own (a user's PATH.part stays), gone if the save fails
         torch.save(obj["model"] if path.endswith(".bin") else obj, tmp)

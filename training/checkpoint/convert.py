@@ -6,6 +6,7 @@ meta.json with "format_version": 1. It is read with torch.load(weights_only=True
 no code runs — and written as format 2 with the same fp32 weights, moments, RNG states and data position; the
 optimizer that saved it was not recorded in format 1.
 """
+
 from __future__ import annotations
 
 import json
@@ -34,8 +35,10 @@ def _load_pt(path: str):
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # any unpickling failure means a damaged (or not format-1) file
-        raise UserError(f"checkpoint file {path} is corrupt, truncated or not a format-1 file "
-                        f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})") from exc
+        raise UserError(
+            f"checkpoint file {path} is corrupt, truncated or not a format-1 file "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        ) from exc
 
 
 def _read_format_1(old: str) -> dict:
@@ -44,14 +47,18 @@ def _read_format_1(old: str) -> dict:
     try:
         with open(meta_path, encoding="utf-8") as f:
             meta = json.load(f)
-    except (OSError, ValueError) as exc:                  # ValueError: not JSON, or not UTF-8
+    except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
         raise UserError(f"{meta_path} cannot be read ({exc}); the file was damaged — use another checkpoint") from exc
     if not isinstance(meta, dict):
-        raise UserError(f"{meta_path} holds {json.dumps(meta)[:40]}, not the object a checkpoint's meta.json is; the "
-                        f"file was edited or damaged — use another checkpoint")
+        raise UserError(
+            f"{meta_path} holds {json.dumps(meta)[:40]}, not the object a checkpoint's meta.json is; the "
+            f"file was edited or damaged — use another checkpoint"
+        )
     if meta.get("format_version") != 1:
-        raise UserError(f"{old} is not a format-1 checkpoint (its meta.json says format {meta.get('format_version')})"
-                        f"; only format 1 needs converting")
+        raise UserError(
+            f"{old} is not a format-1 checkpoint (its meta.json says format {meta.get('format_version')})"
+            f"; only format 1 needs converting"
+        )
     return meta
 
 
@@ -60,24 +67,39 @@ def _format_2_meta(meta: dict, old: str) -> dict:
     malformed one is one line naming the field, before anything is written), new identities, the new file names."""
     meta_path = os.path.join(old, "meta.json")
     parallel, world = meta.get("parallel"), meta.get("world_size")
-    for key, bad, kind in (("parallel", not isinstance(parallel, dict), "an object"),
-                           ("world_size", isinstance(world, bool) or not isinstance(world, int) or world < 1,
-                            "an integer >= 1")):
-        if bad:                                   # what the file names below are made of
+    for key, bad, kind in (
+        ("parallel", not isinstance(parallel, dict), "an object"),
+        ("world_size", isinstance(world, bool) or not isinstance(world, int) or world < 1, "an integer >= 1"),
+    ):
+        if bad:  # what the file names below are made of
             what = "missing" if key not in meta else f"{json.dumps(meta[key])[:40]}, not {kind}"
-            raise UserError(f"{meta_path}: field {key!r} is {what}; the file was edited or damaged — use another "
-                            f"checkpoint")
+            raise UserError(
+                f"{meta_path}: field {key!r} is {what}; the file was edited or damaged — use another checkpoint"
+            )
     check_layout(parallel, meta_path)
     pp, tp = meta["parallel"]["pipeline_stage"], meta["parallel"]["model_parallel"]
-    ids = {"checkpoint_id": f"{secrets.randbits(62):016x}", "run_id": f"{secrets.randbits(62):016x}",
-           "step": meta.get("step")}
-    out = {**{k: v for k, v in meta.items() if k not in ("shards", "rng")}, **ids,
-           "format_version": FORMAT_VERSION, "skipped_steps": 0,
-           "shards": [shard_file(p, t) for p in range(pp) for t in range(tp)],
-           "rng": [rng_file(r) for r in range(world)], "sha256": {},
-           "optimizer": {"class": "unknown (converted from format 1)", "kind": "", "precision": "unknown",
-                         "zero_stage": "unknown"}, "converted_from": os.path.abspath(old)}
-    check_meta(out, old, meta_path)        # the step against the folder's name too
+    ids = {
+        "checkpoint_id": f"{secrets.randbits(62):016x}",
+        "run_id": f"{secrets.randbits(62):016x}",
+        "step": meta.get("step"),
+    }
+    out = {
+        **{k: v for k, v in meta.items() if k not in ("shards", "rng")},
+        **ids,
+        "format_version": FORMAT_VERSION,
+        "skipped_steps": 0,
+        "shards": [shard_file(p, t) for p in range(pp) for t in range(tp)],
+        "rng": [rng_file(r) for r in range(world)],
+        "sha256": {},
+        "optimizer": {
+            "class": "unknown (converted from format 1)",
+            "kind": "",
+            "precision": "unknown",
+            "zero_stage": "unknown",
+        },
+        "converted_from": os.path.abspath(old),
+    }
+    check_meta(out, old, meta_path)  # the step against the folder's name too
     return out
 
 
@@ -97,8 +119,9 @@ def convert_format_1(old: str, new: str) -> dict:
         for p in range(out["parallel"]["pipeline_stage"]):
             for t in range(out["parallel"]["model_parallel"]):
                 entries = _load_pt(os.path.join(old, f"shard_pp{p}_tp{t}.pt"))
-                sums[shard_file(p, t)] = write_shard_file(os.path.join(tmp, shard_file(p, t)), entries,
-                                                          {**ids, "pp_rank": p, "tp_rank": t})
+                sums[shard_file(p, t)] = write_shard_file(
+                    os.path.join(tmp, shard_file(p, t)), entries, {**ids, "pp_rank": p, "tp_rank": t}
+                )
         for r in range(out["world_size"]):
             state = _load_pt(os.path.join(old, f"rng_rank{r}.pt"))
             sums[rng_file(r)] = write_tensors(os.path.join(tmp, rng_file(r)), rng_tensors(state), {**ids, "rank": r})

@@ -13,6 +13,7 @@ OS error.
 A rank whose save folder was removed under it (rank 0 gave up first) stops with a line saying so; the launcher
 normally ends it before that line is printed (common.errors: other ranks report a moment later).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,9 +27,16 @@ from common.ranks import global_rank
 from training.checkpoint.latest_pointer import read_name
 
 # how writers that do not keep the OSError (safetensors' Rust IO) name the same errors
-NO_ROOM_TEXT = {"No space left on device": errno.ENOSPC, "os error 28": errno.ENOSPC, "StorageFull": errno.ENOSPC,
-                "Disk quota exceeded": errno.EDQUOT, "os error 122": errno.EDQUOT,
-                "File too large": errno.EFBIG, "os error 27": errno.EFBIG, "FileTooLarge": errno.EFBIG}
+NO_ROOM_TEXT = {
+    "No space left on device": errno.ENOSPC,
+    "os error 28": errno.ENOSPC,
+    "StorageFull": errno.ENOSPC,
+    "Disk quota exceeded": errno.EDQUOT,
+    "os error 122": errno.EDQUOT,
+    "File too large": errno.EFBIG,
+    "os error 27": errno.EFBIG,
+    "FileTooLarge": errno.EFBIG,
+}
 
 
 def out_of_room(exc: BaseException) -> int | None:
@@ -74,30 +82,40 @@ def checkpoint_file_guard(part_path: str) -> Iterator[None]:
     except Exception as exc:  # only out-of-room and a vanished save folder are turned into lines
         folder = os.path.dirname(os.path.abspath(part_path))
         in_save = folder.endswith(".tmp")
-        save_name = os.path.basename(folder)[:-len(".tmp")]
+        save_name = os.path.basename(folder)[: -len(".tmp")]
         root = os.path.dirname(folder) if in_save else folder
-        free = _free(root)                                  # before the cleanup gives some back
+        free = _free(root)  # before the cleanup gives some back
         with contextlib.suppress(OSError):
             os.remove(part_path)
         code = out_of_room(exc)
         if code is None:
             if in_save and not os.path.isdir(folder):
-                raise UserError(f"saving checkpoint {save_name} into {root} was abandoned by another rank (its "
-                                f"line says why; {free} free there)") from None
+                raise UserError(
+                    f"saving checkpoint {save_name} into {root} was abandoned by another rank (its "
+                    f"line says why; {free} free there)"
+                ) from None
             raise
         removed = "The partial save was removed"
         if in_save and global_rank() == 0:
             shutil.rmtree(folder, ignore_errors=True)
-        elif in_save:                                       # rank 0 may still write there; the next start cleans up
+        elif in_save:  # rank 0 may still write there; the next start cleans up
             removed = "This rank's partial file was removed (the rest goes when a run next starts here)"
         saving = f"saving checkpoint {save_name}" if in_save else f"writing {os.path.basename(part_path)[:-5]}"
         what, why, fix = {
-            errno.ENOSPC: ("the disk is full", f"no space left on the device, {free} free there",
-                           "Free space, lower --keep_checkpoint_max, or choose an --output_dir on a disk with room"),
-            errno.EDQUOT: ("the disk quota is exceeded", f"{free} free on the disk",
-                           "Free space in your quota, lower --keep_checkpoint_max, or choose another --output_dir"),
-            errno.EFBIG: ("a file-size limit was reached", "a file grew past `ulimit -f` or the filesystem's "
-                          "largest file", "Raise the limit (ulimit -f unlimited) or choose an --output_dir on "
-                          "another filesystem")}[code]
-        raise UserError(f"{what}: {saving} into {root} failed ({why}). {removed} and {_latest(root)}. "
-                        f"{fix}") from None
+            errno.ENOSPC: (
+                "the disk is full",
+                f"no space left on the device, {free} free there",
+                "Free space, lower --keep_checkpoint_max, or choose an --output_dir on a disk with room",
+            ),
+            errno.EDQUOT: (
+                "the disk quota is exceeded",
+                f"{free} free on the disk",
+                "Free space in your quota, lower --keep_checkpoint_max, or choose another --output_dir",
+            ),
+            errno.EFBIG: (
+                "a file-size limit was reached",
+                "a file grew past `ulimit -f` or the filesystem's largest file",
+                "Raise the limit (ulimit -f unlimited) or choose an --output_dir on another filesystem",
+            ),
+        }[code]
+        raise UserError(f"{what}: {saving} into {root} failed ({why}). {removed} and {_latest(root)}. {fix}") from None

@@ -11,6 +11,7 @@ either the previous complete checkpoint or a `.tmp` folder / `.part` file, which
 the next start (under the output folder's lock, nobody else is writing them). Multi-node runs need OUTPUT_DIR on a
 shared filesystem.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,8 @@ def step_dirname(step: int) -> str:
     return f"step_{step:08d}"
 
 
-BEST = "best"                                  # the run's best validation checkpoint, outside the rotation
-STEP_NAME = re.compile(r"step_\d+")           # what the saves write into `latest`: a step folder's name, no path
+BEST = "best"  # the run's best validation checkpoint, outside the rotation
+STEP_NAME = re.compile(r"step_\d+")  # what the saves write into `latest`: a step folder's name, no path
 
 
 def _outside_the_run(ckpt_root: str, name: str, path: str) -> str | None:
@@ -61,16 +62,20 @@ def latest_checkpoint(ckpt_root: str, strict: bool = True) -> str | None:
     if outside is not None:
         if not strict:
             return None
-        raise UserError(f"{pointer} {outside}: `latest` must name a checkpoint of this run (a step_N folder of "
-                        f"{ckpt_root}), it was edited or copied from elsewhere. Resume from this run's newest intact "
-                        f"checkpoint with --resume auto, or name one with --resume {ckpt_root}/step_N (another run's "
-                        f"checkpoint: --ckpt_file PATH with a new --output_dir)")
+        raise UserError(
+            f"{pointer} {outside}: `latest` must name a checkpoint of this run (a step_N folder of "
+            f"{ckpt_root}), it was edited or copied from elsewhere. Resume from this run's newest intact "
+            f"checkpoint with --resume auto, or name one with --resume {ckpt_root}/step_N (another run's "
+            f"checkpoint: --ckpt_file PATH with a new --output_dir)"
+        )
     if not os.path.isdir(path):
         if not strict:
             return None
-        raise UserError(f"{pointer} names {name}, which does not exist (the checkpoint folder was damaged): resume "
-                        f"from the newest intact checkpoint with --resume auto, or name one with --resume "
-                        f"{ckpt_root}/step_N")
+        raise UserError(
+            f"{pointer} names {name}, which does not exist (the checkpoint folder was damaged): resume "
+            f"from the newest intact checkpoint with --resume auto, or name one with --resume "
+            f"{ckpt_root}/step_N"
+        )
     return path
 
 
@@ -79,8 +84,10 @@ def resolve(path: str) -> str:
     if not os.path.exists(path):
         raise UserError(f"checkpoint {path} not found")
     if not os.path.isdir(path):
-        raise UserError(f"checkpoint {path} is a file: give a step_* folder, a checkpoints/ folder or a run's "
-                        f"output_dir (a .pt from merge_checkpoint.py is already merged, for evaluate.py/export_hf.py)")
+        raise UserError(
+            f"checkpoint {path} is a file: give a step_* folder, a checkpoints/ folder or a run's "
+            f"output_dir (a .pt from merge_checkpoint.py is already merged, for evaluate.py/export_hf.py)"
+        )
     if os.path.isfile(os.path.join(path, "meta.json")):
         return path
     for root in (path, checkpoints_dir(path)):
@@ -127,7 +134,7 @@ def prune(root: str, keep: int) -> None:
     done = sorted(n for n in os.listdir(root) if n.startswith("step_") and not n.endswith(".tmp"))
     for name in done[:-keep]:
         shutil.rmtree(os.path.join(root, name), ignore_errors=True)
-    for name in os.listdir(root):                              # partial saves left by a crash
+    for name in os.listdir(root):  # partial saves left by a crash
         if name.endswith(".tmp"):
             shutil.rmtree(os.path.join(root, name), ignore_errors=True)
 
@@ -147,11 +154,14 @@ def step_checkpoints(ckpt_root: str) -> list[str]:
     """The step_* checkpoints in a checkpoints/ folder that have a meta.json, newest first (by step)."""
     if not os.path.isdir(ckpt_root):
         return []
-    found = [(step_of(os.path.join(ckpt_root, n)), n) for n in os.listdir(ckpt_root)
-             if n.startswith("step_") and not n.endswith(".tmp")
-             and os.path.isfile(os.path.join(ckpt_root, n, "meta.json"))]
-    return [os.path.join(ckpt_root, n) for s, n in sorted(found, key=lambda x: (x[0] is not None, x[0], x[1]),
-                                                           reverse=True)]
+    found = [
+        (step_of(os.path.join(ckpt_root, n)), n)
+        for n in os.listdir(ckpt_root)
+        if n.startswith("step_") and not n.endswith(".tmp") and os.path.isfile(os.path.join(ckpt_root, n, "meta.json"))
+    ]
+    return [
+        os.path.join(ckpt_root, n) for s, n in sorted(found, key=lambda x: (x[0] is not None, x[0], x[1]), reverse=True)
+    ]
 
 
 def saved_checkpoints(output_dir: str) -> list[str]:
@@ -181,6 +191,7 @@ def last_checkpoints(run_dir: str, k: int) -> list[str]:
     # here, not at the top: format imports torch, which the launch scripts' run-folder check (training.plan.
     # launch_check, before every launch) has no use for
     from training.checkpoint.format import read_meta
+
     if k < 1:
         raise UserError(f"--last {k} must be >= 1")
     root = checkpoints_dir(run_dir) if os.path.isdir(checkpoints_dir(run_dir)) else run_dir
@@ -192,6 +203,8 @@ def last_checkpoints(run_dir: str, k: int) -> list[str]:
         if name.startswith("step_") and not name.endswith(".tmp") and os.path.isfile(os.path.join(path, "meta.json")):
             found.append((read_meta(path)["step"], path))
     if len(found) < k:
-        raise UserError(f"--last {k}: {root} holds {len(found)} complete checkpoint(s); average at most "
-                        f"{len(found)}, or keep more with train.py --keep_checkpoint_max")
+        raise UserError(
+            f"--last {k}: {root} holds {len(found)} complete checkpoint(s); average at most "
+            f"{len(found)}, or keep more with train.py --keep_checkpoint_max"
+        )
     return [path for _, path in sorted(found)[-k:]]

@@ -29,6 +29,7 @@ write them (training.checkpoint.nonfinite). Checkpoints from before checksums we
 (torch .pt shards) is
 converted by run_scripts/convert_checkpoint.py (training.checkpoint.convert).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -53,8 +54,18 @@ SHARD_FORMAT = "ds-transformer-recipes checkpoint shard"
 
 
 # model sizes that must match for a checkpoint to load (dropout, smoothing etc. may change on resume)
-SHAPE_FIELDS = ("vocab_size", "d_model", "num_heads", "ffn", "encoder_layers", "decoder_layers", "src_len",
-                "tgt_len", "pad_id", "share_embeddings")
+SHAPE_FIELDS = (
+    "vocab_size",
+    "d_model",
+    "num_heads",
+    "ffn",
+    "encoder_layers",
+    "decoder_layers",
+    "src_len",
+    "tgt_len",
+    "pad_id",
+    "share_embeddings",
+)
 
 
 # ----------------------------------------------------------------------------------------------- names & files
@@ -71,7 +82,7 @@ def rng_file(rank: int) -> str:
     return f"rng_rank{rank}.safetensors"
 
 
-TOKENIZER = "tokenizer.json"          # the run's tokenizer, copied into every checkpoint
+TOKENIZER = "tokenizer.json"  # the run's tokenizer, copied into every checkpoint
 
 
 def recorded_tokenizer(path: str, meta: dict) -> str | None:
@@ -82,12 +93,16 @@ def recorded_tokenizer(path: str, meta: dict) -> str | None:
         return None
     copy = os.path.join(path, name)
     if not os.path.isfile(copy):
-        raise UserError(f"checkpoint {path} is incomplete: its tokenizer copy {name} is missing; pass the tokenizer "
-                        f"it was trained with (--tokenizer)")
+        raise UserError(
+            f"checkpoint {path} is incomplete: its tokenizer copy {name} is missing; pass the tokenizer "
+            f"it was trained with (--tokenizer)"
+        )
     want = meta.get("tokenizer_sha256")
     if want and file_sha256(copy) != want:
-        raise UserError(f"checkpoint {path}: {name} does not match the tokenizer's sha256 saved with it (the file "
-                        f"changed after the save); pass the tokenizer it was trained with (--tokenizer)")
+        raise UserError(
+            f"checkpoint {path}: {name} does not match the tokenizer's sha256 saved with it (the file "
+            f"changed after the save); pass the tokenizer it was trained with (--tokenizer)"
+        )
     return copy
 
 
@@ -100,9 +115,11 @@ def write_shard_file(path: str, entries: dict, metadata: dict) -> str:
     """A whole shard at once from {name: {"param", "exp_avg", "exp_avg_sq", "partition_dim", "full_size"}}
     (the converter and tests; save() streams instead)."""
     params = {n: {"partition_dim": e["partition_dim"], "full_size": e["full_size"]} for n, e in entries.items()}
-    return write_tensors(path, {tensor_name(k, n): e[k].float().contiguous() for n, e in entries.items() for k in KEYS},
-                  {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION,
-                   "params": json.dumps(params)})
+    return write_tensors(
+        path,
+        {tensor_name(k, n): e[k].float().contiguous() for n, e in entries.items() for k in KEYS},
+        {**metadata, "format": SHARD_FORMAT, "format_version": FORMAT_VERSION, "params": json.dumps(params)},
+    )
 
 
 def rng_tensors(state: dict, prefix: str = "") -> dict:
@@ -117,7 +134,7 @@ def rng_tensors(state: dict, prefix: str = "") -> dict:
 
 
 def rng_state(flat: dict) -> dict:
-    state: dict = {"default": {}, "tp": None}          # RNG.get_state(): {"default": {device: state}, "tp": ...}
+    state: dict = {"default": {}, "tp": None}  # RNG.get_state(): {"default": {device: state}, "tp": ...}
     for key, value in flat.items():
         group, device = key.split("/", 1)
         if state.get(group) is None:
@@ -143,25 +160,43 @@ def read_meta(path: str) -> dict:
         raise UserError(f"{meta_path} is corrupt ({exc})") from exc
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if version == 1:
-        raise UserError(f"{path} is a format-1 checkpoint (torch .pt shards) and this version reads format "
-                        f"{FORMAT_VERSION} (safetensors); convert it once with `{convert_command(path)}` and load "
-                        f"the converted folder")
+        raise UserError(
+            f"{path} is a format-1 checkpoint (torch .pt shards) and this version reads format "
+            f"{FORMAT_VERSION} (safetensors); convert it once with `{convert_command(path)}` and load "
+            f"the converted folder"
+        )
     if version != FORMAT_VERSION:
-        raise UserError(f"{path}: checkpoint format {version} is not {FORMAT_VERSION}: it was written by another "
-                        f"version of this code; load it with that version")
+        raise UserError(
+            f"{path}: checkpoint format {version} is not {FORMAT_VERSION}: it was written by another "
+            f"version of this code; load it with that version"
+        )
     check_meta(meta, path, meta_path)
     missing = [n for n in meta["shards"] + meta["rng"] if not os.path.isfile(os.path.join(path, n))]
     if missing:
-        raise UserError(f"{path} is incomplete: missing {', '.join(missing[:4])}"
-                        + (f" and {len(missing) - 4} more" if len(missing) > 4 else ""))
+        raise UserError(
+            f"{path} is incomplete: missing {', '.join(missing[:4])}"
+            + (f" and {len(missing) - 4} more" if len(missing) > 4 else "")
+        )
     return meta
 
 
 # meta.json's fields that loading reads, with the JSON types they must have: a hand-edited or damaged meta.json is
 # one line naming the field, not a traceback
-META_FIELDS = {"format_version": int, "step": int, "shards": list, "rng": list, "model": dict, "parallel": dict,
-               "world_size": int, "optimizer_step": int, "samples_seen": int, "skipped_steps": int,
-               "lr_scheduler": dict, "run_id": str, "checkpoint_id": str}
+META_FIELDS = {
+    "format_version": int,
+    "step": int,
+    "shards": list,
+    "rng": list,
+    "model": dict,
+    "parallel": dict,
+    "world_size": int,
+    "optimizer_step": int,
+    "samples_seen": int,
+    "skipped_steps": int,
+    "lr_scheduler": dict,
+    "run_id": str,
+    "checkpoint_id": str,
+}
 TYPE_NAMES = {int: "an integer", list: "a list", dict: "an object", str: "a string"}
 
 
@@ -177,8 +212,9 @@ def _check_meta_fields(meta: dict, meta_path: str) -> None:
         value = meta.get(key)
         if value is None or not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             what = "missing" if key not in meta else f"{json.dumps(value)[:40]}, not {TYPE_NAMES[kind]}"
-            raise UserError(f"{meta_path}: field {key!r} is {what}; the file was edited or damaged — use another "
-                            f"checkpoint")
+            raise UserError(
+                f"{meta_path}: field {key!r} is {what}; the file was edited or damaged — use another checkpoint"
+            )
     files = meta["shards"] + meta["rng"]
     if not all(isinstance(n, str) and n and os.path.basename(n) == n for n in files):
         raise UserError(f"{meta_path}: 'shards' and 'rng' must list file names inside the checkpoint folder")
@@ -190,18 +226,23 @@ def _check_meta_fields(meta: dict, meta_path: str) -> None:
         _check_kind(f"model.{key}", value, model_kinds.get(key), meta_path)
     check_layout(meta["parallel"], meta_path)
     schedule = meta["lr_scheduler"]
-    if not _kind_matches(schedule.get("last_epoch"), "int") or not isinstance(schedule.get("last_lr"), list) \
-            or not all(_kind_matches(lr, "float") for lr in schedule["last_lr"]):
-        raise UserError(f"{meta_path}: field 'lr_scheduler' is {json.dumps(schedule)[:60]}, not "
-                        f"{{\"last_epoch\": an integer, \"last_lr\": a list of numbers}}; the file was edited or "
-                        f"damaged — use another checkpoint")
+    if (
+        not _kind_matches(schedule.get("last_epoch"), "int")
+        or not isinstance(schedule.get("last_lr"), list)
+        or not all(_kind_matches(lr, "float") for lr in schedule["last_lr"])
+    ):
+        raise UserError(
+            f"{meta_path}: field 'lr_scheduler' is {json.dumps(schedule)[:60]}, not "
+            f'{{"last_epoch": an integer, "last_lr": a list of numbers}}; the file was edited or '
+            f"damaged — use another checkpoint"
+        )
     if isinstance(meta.get("optimization"), dict):
         for key, value in meta["optimization"].items():
             _check_kind(f"optimization.{key}", value, TRAJECTORY_KINDS.get(key, "float"), meta_path)
 
 
-TRAJECTORY_KINDS = {"lr_schedule": "str", "warmup_steps": "int", "decay_steps": "int", "steps": "int"}   # else float
-LAYOUT_SIZES = ("data_parallel", "model_parallel", "pipeline_stage")      # what the files of a checkpoint follow
+TRAJECTORY_KINDS = {"lr_schedule": "str", "warmup_steps": "int", "decay_steps": "int", "steps": "int"}  # else float
+LAYOUT_SIZES = ("data_parallel", "model_parallel", "pipeline_stage")  # what the files of a checkpoint follow
 
 
 def check_layout(parallel: dict, meta_path: str) -> None:
@@ -211,8 +252,10 @@ def check_layout(parallel: dict, meta_path: str) -> None:
     for key in LAYOUT_SIZES:
         value = parallel.get(key)
         if not _kind_matches(value, "int") or value < 1:
-            raise UserError(f"{meta_path}: field 'parallel.{key}' is {json.dumps(value)[:40]}, not an integer >= 1; "
-                            f"the file was edited or damaged — use another checkpoint")
+            raise UserError(
+                f"{meta_path}: field 'parallel.{key}' is {json.dumps(value)[:40]}, not an integer >= 1; "
+                f"the file was edited or damaged — use another checkpoint"
+            )
     for key, value in parallel.items():
         if key in kinds:
             _check_kind(f"parallel.{key}", value, kinds[key], meta_path)
@@ -223,12 +266,26 @@ def _stated_twice(meta: dict, path: str) -> list[tuple[str, object, str, object]
     save writes both alike, so a difference is an edit or a copy."""
     parallel, world = meta["parallel"], meta["world_size"]
     sizes = [parallel[k] for k in LAYOUT_SIZES]
-    pairs = [("world_size", world, "parallel's data_parallel × model_parallel × pipeline_stage say",
-              sizes[0] * sizes[1] * sizes[2]),
-             ("shards", meta["shards"], "the layout (parallel) says",
-              [shard_file(p, t) for p in range(sizes[2]) for t in range(sizes[1])]),
-             ("rng", meta["rng"], "world_size says",
-              [] if meta.get("weights_only") else [rng_file(r) for r in range(world)])]
+    pairs = [
+        (
+            "world_size",
+            world,
+            "parallel's data_parallel × model_parallel × pipeline_stage say",
+            sizes[0] * sizes[1] * sizes[2],
+        ),
+        (
+            "shards",
+            meta["shards"],
+            "the layout (parallel) says",
+            [shard_file(p, t) for p in range(sizes[2]) for t in range(sizes[1])],
+        ),
+        (
+            "rng",
+            meta["rng"],
+            "world_size says",
+            [] if meta.get("weights_only") else [rng_file(r) for r in range(world)],
+        ),
+    ]
     name = re.fullmatch(r"step_(\d+)", os.path.basename(os.path.normpath(path)))
     if name:
         pairs.append(("step", meta["step"], f"the folder's name {name.group(0)} says", int(name.group(1))))
@@ -249,15 +306,17 @@ def _stated_twice(meta: dict, path: str) -> list[tuple[str, object, str, object]
 def _check_stated_twice(meta: dict, path: str, meta_path: str) -> None:
     for field, value, other, other_value in _stated_twice(meta, path):
         if value != other_value:
-            raise UserError(f"{meta_path}: {field} is {json.dumps(value)[:80]} but {other} "
-                            f"{json.dumps(other_value)[:80]}: meta.json was edited (or the folder renamed), and "
-                            f"loading it would go on from the wrong place — put the value back, or use another "
-                            f"checkpoint")
+            raise UserError(
+                f"{meta_path}: {field} is {json.dumps(value)[:80]} but {other} "
+                f"{json.dumps(other_value)[:80]}: meta.json was edited (or the folder renamed), and "
+                f"loading it would go on from the wrong place — put the value back, or use another "
+                f"checkpoint"
+            )
 
 
 def _kind_matches(value, kind: str) -> bool:
-    if kind.endswith(" | None"):                  # e.g. parallel.zero_stage: null = DeepSpeed's default
-        return value is None or _kind_matches(value, kind[:-len(" | None")])
+    if kind.endswith(" | None"):  # e.g. parallel.zero_stage: null = DeepSpeed's default
+        return value is None or _kind_matches(value, kind[: -len(" | None")])
     if kind == "bool":
         return isinstance(value, bool)
     if kind == "str":
@@ -271,12 +330,16 @@ def _check_kind(name: str, value, kind: str | None, meta_path: str) -> None:
     """One recorded setting as the code reads it (`vocab_size: 500.0` or `dropout: "0.1"` traced back when the
     model was built)."""
     if kind is None:
-        raise UserError(f"{meta_path}: unknown field {name!r}; the file was edited, or written by another version — "
-                        f"use another checkpoint")
+        raise UserError(
+            f"{meta_path}: unknown field {name!r}; the file was edited, or written by another version — "
+            f"use another checkpoint"
+        )
     if not _kind_matches(value, kind):
         what = {"int": "an integer", "float": "a finite number", "bool": "true or false", "str": "a string"}[kind]
-        raise UserError(f"{meta_path}: field {name!r} is {json.dumps(value)[:40]}, not {what}; the file was edited "
-                        f"or damaged — use another checkpoint")
+        raise UserError(
+            f"{meta_path}: field {name!r} is {json.dumps(value)[:40]}, not {what}; the file was edited "
+            f"or damaged — use another checkpoint"
+        )
 
 
 def write_digest(path: str, digest: str) -> None:
@@ -300,13 +363,15 @@ def verify_file(path: str, name: str, meta: dict) -> None:
     """UserError when file `name` of checkpoint `path` is not what its writer wrote (sha256 in meta.json)."""
     want = meta.get("sha256", {}).get(name)
     if want is None:
-        return                                    # written before checksums were stored
+        return  # written before checksums were stored
     got = file_sha256(os.path.join(path, name))
     if got != want:
-        raise UserError(f"checkpoint {path}: {name} does not match the checksum saved with it (sha256 {got[:12]}… "
-                        f"instead of {want[:12]}…): the file changed after it was written (a damaged disk or copy); "
-                        f"use an earlier checkpoint (train.py --resume auto picks the newest intact one), or load it "
-                        f"unchecked (train.py --verify 0; the other scripts --no_verify)")
+        raise UserError(
+            f"checkpoint {path}: {name} does not match the checksum saved with it (sha256 {got[:12]}… "
+            f"instead of {want[:12]}…): the file changed after it was written (a damaged disk or copy); "
+            f"use an earlier checkpoint (train.py --resume auto picks the newest intact one), or load it "
+            f"unchecked (train.py --verify 0; the other scripts --no_verify)"
+        )
 
 
 def verify_checkpoint(path: str, with_tokenizer: bool = False) -> dict:
@@ -323,17 +388,25 @@ def verify_checkpoint(path: str, with_tokenizer: bool = False) -> dict:
 def refuse_non_finite(name: str, tensor: torch.Tensor, where: str) -> None:
     if not bool(torch.isfinite(tensor).all()):
         bad = int((~torch.isfinite(tensor)).sum())
-        raise UserError(f"{where}: {name} holds {bad} non-finite value(s) (nan or inf); such weights cannot be "
-                        f"trained on, evaluated, exported or averaged — use an earlier checkpoint")
+        raise UserError(
+            f"{where}: {name} holds {bad} non-finite value(s) (nan or inf); such weights cannot be "
+            f"trained on, evaluated, exported or averaged — use an earlier checkpoint"
+        )
 
 
 def check_compatible(meta: dict, model_cfg: ModelConfig, path: str) -> None:
     saved = ModelConfig(**meta["model"])
-    diffs = [f"{f}: checkpoint {getattr(saved, f)} vs now {getattr(model_cfg, f)}" for f in SHAPE_FIELDS
-             if getattr(saved, f) != getattr(model_cfg, f)]
+    diffs = [
+        f"{f}: checkpoint {getattr(saved, f)} vs now {getattr(model_cfg, f)}"
+        for f in SHAPE_FIELDS
+        if getattr(saved, f) != getattr(model_cfg, f)
+    ]
     if diffs:
-        raise UserError(f"checkpoint {path} was trained with a different model — " + "; ".join(diffs)
-                        + ". Use the same model flags/recipe (layouts may differ)")
+        raise UserError(
+            f"checkpoint {path} was trained with a different model — "
+            + "; ".join(diffs)
+            + ". Use the same model flags/recipe (layouts may differ)"
+        )
 
 
 def check_identity(path: str, fname: str, got: dict, meta: dict, place: dict | None = None) -> None:
@@ -347,24 +420,30 @@ def check_identity(path: str, fname: str, got: dict, meta: dict, place: dict | N
         origin = f"step {got.get('step')} of the same run"
     else:
         origin = f"another run (run {got.get('run_id')}, step {got.get('step')})"
-    raise UserError(f"checkpoint {path}: {fname} belongs to {origin}, not to this checkpoint (run "
-                    f"{meta.get('run_id')}, step {meta.get('step')}): a file was copied in from another checkpoint; "
-                    f"use the checkpoint's own files or an earlier complete checkpoint")
+    raise UserError(
+        f"checkpoint {path}: {fname} belongs to {origin}, not to this checkpoint (run "
+        f"{meta.get('run_id')}, step {meta.get('step')}): a file was copied in from another checkpoint; "
+        f"use the checkpoint's own files or an earlier complete checkpoint"
+    )
 
 
 def _check_header_states(path: str, fname: str, got: dict, meta: dict, place: dict) -> None:
     """What a file's header states that meta.json (or the file's name) states too. Headers written before they held
     a value lack it: nothing to compare."""
     if "step" in got and got["step"] != str(meta["step"]):
-        raise UserError(f"checkpoint {path}: meta.json says step {meta['step']}, but {fname} was saved at step "
-                        f"{got['step']} (its header): meta.json was edited, and a resume would count steps, the "
-                        f"learning rate and the data position from the wrong step on these weights. Put back "
-                        f"\"step\": {got['step']}, or use another checkpoint")
+        raise UserError(
+            f"checkpoint {path}: meta.json says step {meta['step']}, but {fname} was saved at step "
+            f"{got['step']} (its header): meta.json was edited, and a resume would count steps, the "
+            f"learning rate and the data position from the wrong step on these weights. Put back "
+            f'"step": {got["step"]}, or use another checkpoint'
+        )
     for key, want in place.items():
         if key in got and got[key] != str(want):
-            raise UserError(f"checkpoint {path}: {fname} holds {key} {got[key]} (its header), not {want} as its name "
-                            f"says: the checkpoint's files were renamed; use the checkpoint as it was saved, or "
-                            f"another one")
+            raise UserError(
+                f"checkpoint {path}: {fname} holds {key} {got[key]} (its header), not {want} as its name "
+                f"says: the checkpoint's files were renamed; use the checkpoint as it was saved, or "
+                f"another one"
+            )
 
 
 def check_headers(path: str, meta: dict) -> None:
@@ -395,8 +474,9 @@ class ShardIndex:
             for tp in range(self.saved_tp):
                 header, info = read_header(self.file(pp, tp))
                 if info.get("format") != SHARD_FORMAT or info.get("format_version") != str(FORMAT_VERSION):
-                    raise UserError(f"checkpoint {path}: {shard_file(pp, tp)} is not a format-{FORMAT_VERSION} "
-                                    f"checkpoint shard")
+                    raise UserError(
+                        f"checkpoint {path}: {shard_file(pp, tp)} is not a format-{FORMAT_VERSION} checkpoint shard"
+                    )
                 check_identity(path, shard_file(pp, tp), info, meta, {"pp_rank": pp, "tp_rank": tp})
                 if tp:
                     continue
@@ -422,7 +502,7 @@ class ShardIndex:
 
     def _read(self, pp: int, tp: int, tname: str, dim: int | None, lo: int, hi: int | None) -> torch.Tensor:
         fname = shard_file(pp, tp)
-        empty = dim is not None and hi is not None and hi <= lo           # no bytes of this file are read
+        empty = dim is not None and hi is not None and hi <= lo  # no bytes of this file are read
         if self.verify and not empty and fname not in self._verified:
             verify_file(self.path, fname, self.meta)
             self._verified.add(fname)
@@ -441,13 +521,15 @@ class ShardIndex:
         saved_dim = e["partition_dim"]
         if dim is None and saved_dim is not None:
             dim, lo, hi = saved_dim, 0, None
-        if dim is None or saved_dim is None:          # replicated when saved: TP rank 0's copy has it all
+        if dim is None or saved_dim is None:  # replicated when saved: TP rank 0's copy has it all
             return self._read(e["stage"], 0, tname, dim, lo, hi)
         hi = self.full_len(name, dim) if hi is None else hi
-        if saved_dim != dim:                          # split along another dim when saved: whole, then narrow
+        if saved_dim != dim:  # split along another dim when saved: whole, then narrow
             return self._rows(name, key, saved_dim).narrow(dim, lo, hi - lo)
-        parts = [self._read(e["stage"], t, tname, dim, a, b)
-                 for t, a, b in saved_pieces(lo, hi, e["shape"][dim], self.saved_tp)]
+        parts = [
+            self._read(e["stage"], t, tname, dim, a, b)
+            for t, a, b in saved_pieces(lo, hi, e["shape"][dim], self.saved_tp)
+        ]
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
 
     def read_local(self, name: str, key: str, dim: int | None, tp_rank: int, shape: tuple) -> torch.Tensor:
@@ -463,8 +545,9 @@ class ShardIndex:
                 parts.append(torch.zeros(pad_shape, dtype=torch.float32))
             value = parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
         if tuple(value.shape) != tuple(shape):
-            raise UserError(f"checkpoint {self.path}: {name} has shape {tuple(value.shape)} here, the model needs "
-                            f"{tuple(shape)}")
+            raise UserError(
+                f"checkpoint {self.path}: {name} has shape {tuple(value.shape)} here, the model needs {tuple(shape)}"
+            )
         return value
 
 
@@ -474,13 +557,18 @@ def read_shard(path: str, pp_rank: int, tp_rank: int) -> dict:
     file = os.path.join(path, shard_file(pp_rank, tp_rank))
     _, info = read_header(file)
     tensors = read_all(file)
-    return {name: {**{k: tensors[tensor_name(k, name)] for k in KEYS}, **e}
-            for name, e in json.loads(info["params"]).items()}
+    return {
+        name: {**{k: tensors[tensor_name(k, name)] for k in KEYS}, **e}
+        for name, e in json.loads(info["params"]).items()
+    }
 
 
 def load_full_state(path: str, meta: dict, names: set | None = None, verify: bool = True) -> dict:
     """{canonical name: {"param"/"exp_avg"/"exp_avg_sq": full tensor}} merged over the saved TP shards."""
     index = ShardIndex(path, meta, verify=verify)
     keys = ("param",) if meta.get("weights_only") else KEYS
-    return {name: {k: index.read_rows(name, k, None) for k in keys}
-            for name in index.names() if names is None or name in names}
+    return {
+        name: {k: index.read_rows(name, k, None) for k in keys}
+        for name in index.names()
+        if names is None or name in names
+    }

@@ -1,6 +1,7 @@
 """`latest`: the file in a run's checkpoints/ folder naming its newest complete checkpoint (a step_N folder beside
 it, nothing else) — its name and format are known here alone. A save moves it last (training.checkpoint.folder:
 point_latest_at); --resume, the checkpoint commands and the disk-full message read it."""
+
 from __future__ import annotations
 
 import os

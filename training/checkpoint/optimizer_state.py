@@ -29,6 +29,7 @@ over the ZeRO partitions itself. What that API does not cover uses DeepSpeed int
     (i)` over `fp16_partitioned_groups_flat` (what its step() does to copy the fp32 partitions into the model's);
   - `optimizer.loss_scaler` (cur_scale, cur_iter, last_overflow_iter, cur_hysteresis): fp16's dynamic loss scale.
 """
+
 from __future__ import annotations
 
 import torch
@@ -67,6 +68,7 @@ class OptimizerState:
     """One optimizer's view: `get` / `set` a parameter's "param" (fp32 master), "exp_avg" or "exp_avg_sq" as a
     full (TP-local) fp32 tensor. `partitioned`: get/set are collectives over the data-parallel group (every DP rank
     calls them for the same parameters in the same order)."""
+
     partitioned = True
     kind = ""
 
@@ -74,8 +76,12 @@ class OptimizerState:
         self.engine, self.opt = engine, engine.ds.optimizer
 
     def describe(self) -> dict:
-        return {"class": type(self.opt).__name__, "kind": self.kind, "precision": self.engine.precision,
-                "zero_stage": self.engine.zero_stage}
+        return {
+            "class": type(self.opt).__name__,
+            "kind": self.kind,
+            "precision": self.engine.precision,
+            "zero_stage": self.engine.zero_stage,
+        }
 
     # subclasses
     def prepare(self) -> None:
@@ -124,6 +130,7 @@ class OptimizerState:
 
 class PlainAdamW(OptimizerState):
     """fp32 at ZeRO 0: DeepSpeed steps our AdamW unwrapped; the parameter is the master weight."""
+
     partitioned = False
     kind = "torch AdamW (ZeRO 0)"
 
@@ -156,9 +163,12 @@ class _Wrapped(OptimizerState):
         group_of = _groups_by_param(base)
         for flat in self._flat_partitions():
             state = base.state[flat]
-            if "exp_avg" not in state:                  # what torch AdamW's first step creates
-                state.update(step=adam_step_tensor(0, flat, group_of.get(id(flat), {})),
-                             exp_avg=torch.zeros_like(flat), exp_avg_sq=torch.zeros_like(flat))
+            if "exp_avg" not in state:  # what torch AdamW's first step creates
+                state.update(
+                    step=adam_step_tensor(0, flat, group_of.get(id(flat), {})),
+                    exp_avg=torch.zeros_like(flat),
+                    exp_avg_sq=torch.zeros_like(flat),
+                )
         self._link()
 
     def _link(self):
@@ -166,14 +176,18 @@ class _Wrapped(OptimizerState):
 
     def get(self, p, key):
         from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
         value = safe_get_full_fp32_param(p) if key == "param" else safe_get_full_optimizer_state(p, key)
         if value is None:
-            raise RuntimeError(f"DeepSpeed's {type(self.opt).__name__} has no {key} for a parameter of shape "
-                               f"{local_shape(p)}: its parameters are not linked to the optimizer state")
+            raise RuntimeError(
+                f"DeepSpeed's {type(self.opt).__name__} has no {key} for a parameter of shape "
+                f"{local_shape(p)}: its parameters are not linked to the optimizer state"
+            )
         return value.detach().float().reshape(local_shape(p))
 
     def set(self, p, key, value):
         from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+
         value = value.to(device=self.engine.device, dtype=torch.float32)
         if key == "param":
             safe_set_full_fp32_param(p, value)
@@ -196,7 +210,7 @@ class FragmentLinked(_Wrapped):
         self.opt._lazy_init_hp_params_optimizer_state()
 
     def end_load(self):
-        self.opt.update_lp_params()          # fp32 partitions → model weights, all-gathered over DP
+        self.opt.update_lp_params()  # fp32 partitions → model weights, all-gathered over DP
 
 
 class ZeroStage3(_Wrapped):
@@ -227,19 +241,28 @@ def for_engine(engine) -> OptimizerState:
     cls = type(opt)
     if cls in (torch.optim.AdamW, ClippingAdamW):
         return PlainAdamW(engine)
-    wrappers = {BF16_Optimizer: lambda: FragmentLinked(engine, "BF16_Optimizer", "fp32_groups_flat_partition"),
-                DeepSpeedZeroOptimizer: lambda: FragmentLinked(engine, "DeepSpeedZeroOptimizer (ZeRO 1/2)",
-                                                               "single_partition_of_fp32_groups"),
-                DeepSpeedZeroOptimizer_Stage3: lambda: ZeroStage3(engine)}
+    wrappers = {
+        BF16_Optimizer: lambda: FragmentLinked(engine, "BF16_Optimizer", "fp32_groups_flat_partition"),
+        DeepSpeedZeroOptimizer: lambda: FragmentLinked(
+            engine, "DeepSpeedZeroOptimizer (ZeRO 1/2)", "single_partition_of_fp32_groups"
+        ),
+        DeepSpeedZeroOptimizer_Stage3: lambda: ZeroStage3(engine),
+    }
     if cls in wrappers:
         base = type(getattr(opt, "optimizer", None))
         if base in (torch.optim.AdamW, ClippingAdamW):
             return wrappers[cls]()
-        raise UnsupportedOptimizer(f"checkpoints need AdamW inside DeepSpeed's {cls.__name__}, but it wraps "
-                                   f"{base.__name__}; do not set an optimizer in --deepspeed_config")
+        raise UnsupportedOptimizer(
+            f"checkpoints need AdamW inside DeepSpeed's {cls.__name__}, but it wraps "
+            f"{base.__name__}; do not set an optimizer in --deepspeed_config"
+        )
     hint = ""
     if cls.__name__ in ("FP16_UnfusedOptimizer", "FP16_Optimizer"):
-        hint = (" DeepSpeed builds it for fp16/bf16 without ZeRO, which train.py never asks for: a --deepspeed_config "
-                "that turns on fp16 or bf16 does; choose the precision with --precision instead.")
-    raise UnsupportedOptimizer(f"cannot checkpoint DeepSpeed's {cls.__module__}.{cls.__name__}: the checkpoint code "
-                               f"knows where master weights and AdamW moments live only for {SUPPORTED}.{hint}")
+        hint = (
+            " DeepSpeed builds it for fp16/bf16 without ZeRO, which train.py never asks for: a --deepspeed_config "
+            "that turns on fp16 or bf16 does; choose the precision with --precision instead."
+        )
+    raise UnsupportedOptimizer(
+        f"cannot checkpoint DeepSpeed's {cls.__module__}.{cls.__name__}: the checkpoint code "
+        f"knows where master weights and AdamW moments live only for {SUPPORTED}.{hint}"
+    )

@@ -4,6 +4,7 @@ checkpoints (its engine's _copy_recovery_script) — ours reads this format — 
 
 The checkpoints/ folder itself gets the script too, with a one-line hint beside `latest`: DeepSpeed saves into the
 folder it is given, so that is where its users look, and run from there the script consolidates the latest step."""
+
 from __future__ import annotations
 
 import os
@@ -18,14 +19,18 @@ SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), SCRIPT)
 # DeepSpeed's zero_to_fp32 globs `*_model_states.pt` in the folder `latest` names and fails naming the first file
 # it finds that lacks its keys: this name is then its error message
 NOTE = "NOT-A-DEEPSPEED-CHECKPOINT_run-zero_to_fp32.py-in-this-folder_model_states.pt"
-NOTE_TEXT = ("This folder is a ds-transformer-recipes checkpoint (format 2: safetensors shards and meta.json), not "
-             "DeepSpeed's format. Consolidate it with `python zero_to_fp32.py . model.safetensors` from this folder, "
-             "or `python run_scripts/merge_checkpoint.py CHECKPOINT --output model.safetensors` in the repository.")
+NOTE_TEXT = (
+    "This folder is a ds-transformer-recipes checkpoint (format 2: safetensors shards and meta.json), not "
+    "DeepSpeed's format. Consolidate it with `python zero_to_fp32.py . model.safetensors` from this folder, "
+    "or `python run_scripts/merge_checkpoint.py CHECKPOINT --output model.safetensors` in the repository."
+)
 
 
 HINT = "NOT-A-DEEPSPEED-CHECKPOINT.txt"
-HINT_TEXT = ("Not DeepSpeed's format (ds-transformer-recipes, format 2): `python zero_to_fp32.py . model.safetensors` "
-             "here consolidates the latest step (DeepSpeed's own zero_to_fp32 cannot read these folders).\n")
+HINT_TEXT = (
+    "Not DeepSpeed's format (ds-transformer-recipes, format 2): `python zero_to_fp32.py . model.safetensors` "
+    "here consolidates the latest step (DeepSpeed's own zero_to_fp32 cannot read these folders).\n"
+)
 
 
 def ship_folder_hint(checkpoints: str) -> None:

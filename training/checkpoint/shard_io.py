@@ -15,6 +15,7 @@ Format (https://github.com/huggingface/safetensors): 8-byte little-endian header
 {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {str: str}} padded with spaces to a
 multiple of 8, then the tensors' bytes back to back in the order of their offsets.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -27,9 +28,17 @@ import torch
 
 from common.errors import UserError
 
-DTYPES = {torch.float32: "F32", torch.float64: "F64", torch.bfloat16: "BF16", torch.float16: "F16",
-          torch.int64: "I64", torch.int32: "I32", torch.uint8: "U8", torch.bool: "BOOL"}
-MAX_HEADER = 100 * 1024 * 1024          # safetensors' own limit
+DTYPES = {
+    torch.float32: "F32",
+    torch.float64: "F64",
+    torch.bfloat16: "BF16",
+    torch.float16: "F16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+MAX_HEADER = 100 * 1024 * 1024  # safetensors' own limit
 
 
 class ShardWriter:
@@ -42,8 +51,11 @@ class ShardWriter:
         header, offset, self._expected = {}, 0, []
         for name, shape, dtype in specs:
             nbytes = _numel(shape) * torch.empty((), dtype=dtype).element_size()
-            header[name] = {"dtype": DTYPES[dtype], "shape": [int(s) for s in shape],
-                            "data_offsets": [offset, offset + nbytes]}
+            header[name] = {
+                "dtype": DTYPES[dtype],
+                "shape": [int(s) for s in shape],
+                "data_offsets": [offset, offset + nbytes],
+            }
             self._expected.append((name, tuple(int(s) for s in shape), dtype))
             offset += nbytes
         if metadata:
@@ -64,8 +76,10 @@ class ShardWriter:
     def write(self, name: str, tensor: torch.Tensor) -> None:
         want_name, want_shape, want_dtype = self._expected[self._next]
         if name != want_name or tuple(tensor.shape) != want_shape or tensor.dtype != want_dtype:
-            raise RuntimeError(f"{self.path}: tensor {self._next} should be {want_name} {want_shape} {want_dtype}, "
-                               f"got {name} {tuple(tensor.shape)} {tensor.dtype}")
+            raise RuntimeError(
+                f"{self.path}: tensor {self._next} should be {want_name} {want_shape} {want_dtype}, "
+                f"got {name} {tuple(tensor.shape)} {tensor.dtype}"
+            )
         data = tensor.detach().to("cpu").contiguous().reshape(-1).view(torch.uint8)
         self._put(memoryview(data.numpy()))
         self._next += 1
@@ -127,11 +141,11 @@ def read_header(path: str) -> tuple[dict, dict]:
     return header, metadata
 
 
-def read_slice(path: str, name: str, dim: int | None = None, start: int = 0,
-               stop: int | None = None) -> torch.Tensor:
+def read_slice(path: str, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
     """Tensor `name` of `path`, or only [start, stop) along `dim`, as a fresh tensor (the file's mapping is
     released before returning)."""
     from safetensors import SafetensorError, safe_open
+
     try:
         with safe_open(path, framework="pt") as f:
             view = f.get_slice(name)
@@ -141,7 +155,7 @@ def read_slice(path: str, name: str, dim: int | None = None, start: int = 0,
                 index = [slice(None)] * len(view.get_shape())
                 index[dim] = slice(start, stop)
                 out = view[tuple(index)]
-            return out.clone()                      # off the mapping: the mapping closes with the file
+            return out.clone()  # off the mapping: the mapping closes with the file
     except SafetensorError as exc:
         raise UserError(f"checkpoint file {path} is corrupt or truncated (SafetensorError: {exc})") from exc
 
@@ -150,6 +164,7 @@ def read_all(path: str) -> dict:
     """Every tensor of a (small) safetensors file."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
+
     try:
         return load_file(path)
     except SafetensorError as exc:

@@ -7,6 +7,7 @@ buffers are kept for the next save. On a CPU there is no device copy: the snapsh
 are freed with the snapshot (keeping them would hold a second copy of the state all the time, not only while a save
 is written).
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,7 +19,7 @@ class Staging:
 
     def __init__(self):
         self.pinned = torch.cuda.is_available()
-        self._kept: list[torch.Tensor] = []         # pinned buffers of the last save, reused in the same order
+        self._kept: list[torch.Tensor] = []  # pinned buffers of the last save, reused in the same order
         self._next = 0
         self._queued = False
 
@@ -33,7 +34,7 @@ class Staging:
         if buf is None:
             buf = torch.empty(value.shape, dtype=value.dtype, device="cpu", pin_memory=self.pinned)
             if self.pinned:
-                self._kept[self._next:self._next + 1] = [buf]
+                self._kept[self._next : self._next + 1] = [buf]
         self._next += 1
         async_copy = self.pinned and value.device.type == "cuda"
         buf.copy_(value, non_blocking=async_copy)
@@ -44,5 +45,5 @@ class Staging:
         """Wait for the queued device→host copies; the next save starts handing out buffers from the first again."""
         if self._queued:
             torch.cuda.current_stream().synchronize()
-        del self._kept[self._next:]
+        del self._kept[self._next :]
         self._next, self._queued = 0, False

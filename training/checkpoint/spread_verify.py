@@ -6,6 +6,7 @@ every rank raises the same one line naming the first damaged file (in meta.json'
 once — not every rank the files it reads, plus rank 0 the whole checkpoint under --resume auto. Without a process
 group of several ranks it is format.verify_checkpoint. docs/checkpoints.md, "Integrity".
 """
+
 from __future__ import annotations
 
 import os
@@ -18,6 +19,7 @@ from training.checkpoint.format import read_meta, recorded_tokenizer, verify_che
 def _group():
     """(rank, world) of the process group, or None without one of several ranks."""
     import torch.distributed as dist
+
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         return None
     return dist.get_rank(), dist.get_world_size()
@@ -53,13 +55,14 @@ def verify_spread(path: str, with_tokenizer: bool = False) -> dict:
     if group is None:
         return verify_checkpoint(path, with_tokenizer)
     import torch.distributed as dist
+
     rank, world = group
     box: list = [None]
     if rank == 0:
         try:
             meta = read_meta(path)
             if with_tokenizer:
-                recorded_tokenizer(path, meta)      # small: rank 0 alone (format.verify_checkpoint)
+                recorded_tokenizer(path, meta)  # small: rank 0 alone (format.verify_checkpoint)
             names = meta["shards"] + meta["rng"]
             box[0] = (names, deal(path, names, world), meta)
         except (UserError, OSError) as exc:
@@ -84,11 +87,12 @@ def newest_intact_spread(root: str) -> tuple:
     candidates: list = [step_checkpoints(root) if group is None or group[0] == 0 else None]
     if group is not None:
         import torch.distributed as dist
+
         dist.broadcast_object_list(candidates, src=0)
     skipped = []
     for path in candidates[0]:
         try:
-            verify_spread(path, with_tokenizer=True)      # a damaged checkpoint of any kind is passed
+            verify_spread(path, with_tokenizer=True)  # a damaged checkpoint of any kind is passed
             return path, skipped
         except UserError as exc:
             skipped.append(f"{os.path.basename(path)}: {exc}")

@@ -8,6 +8,7 @@ only the owner's copy, so a drifted replica would vanish silently at the next re
 with both: this check is what makes such a fault visible. Collective over each tie group: every rank of the
 first and last stages calls it at the same point of save(); middle stages hold no tied weight and skip it.
 """
+
 from __future__ import annotations
 
 import torch
@@ -40,12 +41,14 @@ def refuse_drifted_tied_copies(engine, step: int, latest: str | None) -> None:
     """UserError on every rank when the copies differ on any: a collective over the whole job in a pipeline."""
     if not engine.pipelined:
         return
-    diff = tied_difference(engine)          # 0.0 on ranks without a tied weight, which still join the vote below
+    diff = tied_difference(engine)  # 0.0 on ranks without a tied weight, which still join the vote below
     flag = torch.tensor([diff > 0.0], dtype=torch.float32, device=engine.device)
-    if dist.get_world_size() > 1:           # every rank learns it, so all stop at the same place
+    if dist.get_world_size() > 1:  # every rank learns it, so all stop at the same place
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if bool(flag):
         keep = f"{latest} stays the latest" if latest else "there is no earlier checkpoint"
-        raise UserError(f"step {step}: the two copies of the shared embedding table (stage 0's and the last "
-                        f"stage's) differ by up to {diff:.3g}, so the checkpoint was not written and training "
-                        f"stopped; {keep}. This is a bug: please report the flags of this run")
+        raise UserError(
+            f"step {step}: the two copies of the shared embedding table (stage 0's and the last "
+            f"stage's) differ by up to {diff:.3g}, so the checkpoint was not written and training "
+            f"stopped; {keep}. This is a bug: please report the flags of this run"
+        )

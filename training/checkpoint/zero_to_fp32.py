@@ -13,13 +13,16 @@ against the sha256 the save recorded:
 It needs the repository's package importable (`pip install -e` the repository); the same command there is
 `python run_scripts/merge_checkpoint.py CHECKPOINT --output OUT`.
 """
+
 import argparse
 import os
 import sys
 
-NEEDS_PACKAGE = ("error: zero_to_fp32.py needs the ds-transformer-recipes package, which is not importable here: "
-                 "`pip install -e /path/to/ds-transformer-recipes` (the repository that trained this checkpoint), or "
-                 "run `python run_scripts/merge_checkpoint.py CHECKPOINT --output OUT` in it")
+NEEDS_PACKAGE = (
+    "error: zero_to_fp32.py needs the ds-transformer-recipes package, which is not importable here: "
+    "`pip install -e /path/to/ds-transformer-recipes` (the repository that trained this checkpoint), or "
+    "run `python run_scripts/merge_checkpoint.py CHECKPOINT --output OUT` in it"
+)
 
 
 def output_path(output: str, safe_serialization: bool) -> str:
@@ -30,13 +33,21 @@ def output_path(output: str, safe_serialization: bool) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("checkpoint_dir", help="this checkpoint's folder (.), a checkpoints/ folder or a run's output_dir "
-                                          "(→ its latest)")
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "checkpoint_dir",
+        help="this checkpoint's folder (.), a checkpoints/ folder or a run's output_dir (→ its latest)",
+    )
     p.add_argument("output", help="a .safetensors, .pt or .bin file, or a folder")
-    p.add_argument("--safe_serialization", action="store_true",
-                   help="into a folder: model.safetensors instead of pytorch_model.bin")
+    p.add_argument(
+        "--safe_serialization",
+        action="store_true",
+        help="into a folder: model.safetensors instead of pytorch_model.bin",
+    )
     p.add_argument("--no_verify", action="store_true", help="skip the sha256 checks of the files read")
     args = p.parse_args(argv)
     try:
@@ -50,11 +61,12 @@ def main(argv=None) -> int:
     def consolidate() -> int:
         out = output_path(args.output, args.safe_serialization)
         refuse_output_over_inputs(out, "output", source_files([os.path.abspath(args.checkpoint_dir)]))
-        merged = merge(os.path.abspath(args.checkpoint_dir), verify=not args.no_verify)     # "." named in full
+        merged = merge(os.path.abspath(args.checkpoint_dir), verify=not args.no_verify)  # "." named in full
         save(merged, out)
         print(f"wrote {out}: {len(merged['model'])} fp32 tensors, step {merged['step']}, from {merged['checkpoint']}")
         return 0
-    run_cli(consolidate)           # one `error:` line for a damaged or wrong checkpoint; exits
+
+    run_cli(consolidate)  # one `error:` line for a damaged or wrong checkpoint; exits
 
 
 if __name__ == "__main__":

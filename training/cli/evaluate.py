@@ -16,6 +16,7 @@ prints sacreBLEU's `BLEU = ...` and `chrF2 = ...` lines with their signatures; w
 (translations alone: dstr-translate). Then one JSON line: {"bleu", "chrf" (with --ref), "sentences",
 "sentences_per_second", "truncated_sources", ...}. --output writes one hypothesis per line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,17 +30,27 @@ from training.evaluation.decode_cli import add_decoding_flags, checkpoint_inputs
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = Parser(prog="dstr-evaluate", description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
-               formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(
+        prog="dstr-evaluate",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_decoding_flags(p)
     p.add_argument("--src", required=True, help="source sentences, one per line (plain or .gz)")
-    p.add_argument("--ref", default=None,
-                   help="reference translations, line-aligned with --src (plain or .gz); without it nothing is "
-                        "scored (decoding speed, --output)")
+    p.add_argument(
+        "--ref",
+        default=None,
+        help="reference translations, line-aligned with --src (plain or .gz); without it nothing is "
+        "scored (decoding speed, --output)",
+    )
     p.add_argument("--limit", type=integer(1), default=None, help="only the first N sentences")
     p.add_argument("--output", default=None, help="write the hypotheses here, one per line")
-    p.add_argument("--lowercase", action="store_true", help="case-insensitive BLEU/chrF (e.g. for the lowercasing "
-                                                            "`word` tokenizer)")
+    p.add_argument(
+        "--lowercase",
+        action="store_true",
+        help="case-insensitive BLEU/chrF (e.g. for the lowercasing `word` tokenizer)",
+    )
     return p.parse_args(argv)
 
 
@@ -50,36 +61,46 @@ def main(argv=None) -> int:
     from common.staging import atomic_write
     from common.text_lines import read_lines
     from common.user_files import check_output_file, refuse_output_over_inputs
+
     if args.output:
         check_output_file(args.output, "--output")
-        refuse_output_over_inputs(args.output, "--output",
-                                  [(f"--src {args.src}", args.src), (f"--ref {args.ref}", args.ref),
-                                   *checkpoint_inputs(args)])
+        refuse_output_over_inputs(
+            args.output,
+            "--output",
+            [(f"--src {args.src}", args.src), (f"--ref {args.ref}", args.ref), *checkpoint_inputs(args)],
+        )
     sources = read_lines(args.src)
     references = read_lines(args.ref) if args.ref else None
     if references is not None and len(sources) != len(references):
-        raise UserError(f"--src {args.src} has {len(sources)} lines but --ref {args.ref} has {len(references)}; "
-                        f"the files must be line-aligned translations of each other")
+        raise UserError(
+            f"--src {args.src} has {len(sources)} lines but --ref {args.ref} has {len(references)}; "
+            f"the files must be line-aligned translations of each other"
+        )
     if args.limit is not None:
         sources = sources[: args.limit]
         references = references[: args.limit] if references is not None else None
 
     translator = load_translator(args)
     load_seconds = time.perf_counter() - start
-    result = translator.translate(sources, args.beam, args.lenpen, args.batch_size, use_cache=not args.no_cache,
-                                  progress=not args.no_progress)
+    result = translator.translate(
+        sources, args.beam, args.lenpen, args.batch_size, use_cache=not args.no_cache, progress=not args.no_progress
+    )
     hyps, cfg = result.hypotheses, translator.cfg
     warn_truncated(result.truncated, len(sources), cfg.src_len)
 
     scores = {}
     if references is not None:
         from sacrebleu.metrics import BLEU, CHRF
+
         bleu_metric, chrf_metric = BLEU(lowercase=args.lowercase), CHRF(lowercase=args.lowercase)
         bleu = bleu_metric.corpus_score(hyps, [references])
         chrf = chrf_metric.corpus_score(hyps, [references])
-        scores = {"bleu": round(bleu.score, 4), "chrf": round(chrf.score, 4),
-                  "bleu_signature": str(bleu_metric.get_signature()),
-                  "chrf_signature": str(chrf_metric.get_signature())}
+        scores = {
+            "bleu": round(bleu.score, 4),
+            "chrf": round(chrf.score, 4),
+            "bleu_signature": str(bleu_metric.get_signature()),
+            "chrf_signature": str(chrf_metric.get_signature()),
+        }
 
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
@@ -94,27 +115,39 @@ def main(argv=None) -> int:
         print(f"{chrf}")
         print(f"chrF signature: {chrf_metric.get_signature()}")
     decoding = f"beam {args.beam} (lenpen {args.lenpen})" if args.beam > 1 else "greedy"
-    print(f"checkpoint {translator.checkpoint} (step {translator.step}{translator.chosen}), {len(hyps)} sentences, "
-          f"{decoding} on {translator.device}{'' if not args.no_cache else ' without KV cache'}: "
-          f"{result.seconds:.1f} s "
-          f"({len(hyps) / result.seconds:.1f} sentences/s), {result.unfinished} reached tgt_len {cfg.tgt_len} "
-          f"without EOS, {len(result.truncated)} sources truncated; total {seconds:.1f} s"
-          + (f"; hypotheses in {args.output}" if args.output else ""))
-    summary = {**{k: scores[k] for k in ("bleu", "chrf") if k in scores}, "sentences": len(hyps),
-               "beam": args.beam, "lenpen": args.lenpen, "kv_cache": not args.no_cache,
-               "device": str(translator.device), "seconds": round(seconds, 3),
-               "decode_seconds": round(result.seconds, 3),
-               "sentences_per_second": round(len(hyps) / result.seconds, 2), "load_seconds": round(load_seconds, 3),
-               "unfinished": result.unfinished, "truncated_sources": len(result.truncated), "step": translator.step,
-               "checkpoint": translator.checkpoint, "tokenizer": translator.tokenizer_path,
-               **{k: scores[k] for k in ("bleu_signature", "chrf_signature") if k in scores}}
+    print(
+        f"checkpoint {translator.checkpoint} (step {translator.step}{translator.chosen}), {len(hyps)} sentences, "
+        f"{decoding} on {translator.device}{'' if not args.no_cache else ' without KV cache'}: "
+        f"{result.seconds:.1f} s "
+        f"({len(hyps) / result.seconds:.1f} sentences/s), {result.unfinished} reached tgt_len {cfg.tgt_len} "
+        f"without EOS, {len(result.truncated)} sources truncated; total {seconds:.1f} s"
+        + (f"; hypotheses in {args.output}" if args.output else "")
+    )
+    summary = {
+        **{k: scores[k] for k in ("bleu", "chrf") if k in scores},
+        "sentences": len(hyps),
+        "beam": args.beam,
+        "lenpen": args.lenpen,
+        "kv_cache": not args.no_cache,
+        "device": str(translator.device),
+        "seconds": round(seconds, 3),
+        "decode_seconds": round(result.seconds, 3),
+        "sentences_per_second": round(len(hyps) / result.seconds, 2),
+        "load_seconds": round(load_seconds, 3),
+        "unfinished": result.unfinished,
+        "truncated_sources": len(result.truncated),
+        "step": translator.step,
+        "checkpoint": translator.checkpoint,
+        "tokenizer": translator.tokenizer_path,
+        **{k: scores[k] for k in ("bleu_signature", "chrf_signature") if k in scores},
+    }
     if translator.averaged:
         summary["averaged"] = translator.averaged
     print(json.dumps(summary), flush=True)
     return 0
 
 
-cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
+cli = console_script(main)  # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ greedy), at most tgt_len tokens, PAD never generated. --ckpt_file is anything ev
 layout, a run's output_dir, a merged or averaged .pt), and the tokenizer the one it recorded (--tokenizer only for
 checkpoints saved before checkpoints held it). An --output folder that is not empty needs --overwrite.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -37,14 +38,19 @@ def refuse_inputs_inside(output: str, args) -> None:
     for flag, given in (("--ckpt_file", args.ckpt_file), ("--tokenizer", args.tokenizer)):
         where = os.path.realpath(given) if given else None
         if where is not None and (where == folder or where.startswith(folder + os.sep)):
-            raise UserError(f"--output {output} holds {flag} {given}: replacing the folder would delete it; write "
-                            f"the export to another folder")
+            raise UserError(
+                f"--output {output} holds {flag} {given}: replacing the folder would delete it; write "
+                f"the export to another folder"
+            )
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dstr-export-hf", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dstr-export-hf",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_checkpoint_flags(p)
     p.add_argument("--output", required=True, help="the folder to write (created; must be empty or new)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model folder at --output")
@@ -54,24 +60,26 @@ def main(argv=None) -> int:
     if args.beam < 1:
         raise UserError(f"--beam {args.beam} must be >= 1 (1 = greedy)")
     output = os.path.abspath(args.output)
-    if os.path.isdir(output) and os.listdir(output) and not args.overwrite:     # fail before loading anything
+    if os.path.isdir(output) and os.listdir(output) and not args.overwrite:  # fail before loading anything
         raise UserError(f"--output {output} is not empty; pass --overwrite to replace it, or choose a new folder")
     if os.path.isdir(output):
         refuse_inputs_inside(output, args)
 
-    args.device = "cpu"                        # the export is written from CPU tensors
+    args.device = "cpu"  # the export is written from CPU tensors
     translator = load_translator(args)
     path = translator.export_transformers(output, args.overwrite, args.beam, args.lenpen)
     cfg = translator.cfg
-    print(f"wrote {path}: BlenderbotForConditionalGeneration (d_model {cfg.d_model}, {cfg.encoder_layers}+"
-          f"{cfg.decoder_layers} layers, vocab {cfg.vocab_size}, shared embeddings {cfg.share_embeddings}) from "
-          f"{translator.checkpoint} (step {translator.step}{translator.chosen}), tokenizer "
-          f"{translator.tokenizer_path}; "
-          f"generate() defaults: num_beams {args.beam}, length_penalty {args.lenpen}, max_new_tokens {cfg.tgt_len}")
+    print(
+        f"wrote {path}: BlenderbotForConditionalGeneration (d_model {cfg.d_model}, {cfg.encoder_layers}+"
+        f"{cfg.decoder_layers} layers, vocab {cfg.vocab_size}, shared embeddings {cfg.share_embeddings}) from "
+        f"{translator.checkpoint} (step {translator.step}{translator.chosen}), tokenizer "
+        f"{translator.tokenizer_path}; "
+        f"generate() defaults: num_beams {args.beam}, length_penalty {args.lenpen}, max_new_tokens {cfg.tgt_len}"
+    )
     return 0
 
 
-cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
+cli = console_script(main)  # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

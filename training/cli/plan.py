@@ -1,5 +1,6 @@
 """The `dstr-plan` command: plan a run without starting it (training/plan/planner.py holds the computation and
 the flags; `--help` lists them)."""
+
 from __future__ import annotations
 
 import os
@@ -13,10 +14,11 @@ def main(argv=None) -> int:
     # "unable to detect" warning on stdout, which would also break --json. Set before DeepSpeed is imported.
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     from training.plan.planner import main as plan
+
     return plan(sys.argv[1:] if argv is None else argv)
 
 
-cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
+cli = console_script(main)  # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ training loss, gradient norm and tokens/s as running means over N steps (the raw
 validation points are drawn as they are. A panel no run has data for (BLEU without --valid_bleu) says so. A line a
 crash cut short is skipped, and said.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,13 @@ from common.errors import UserError, console_script
 from common.staging import staged_file
 
 # panel title → (metrics.jsonl key, y label, smoothed?)
-PANELS = [("loss", "loss", "loss (train; valid: markers)", True), ("valid BLEU", "valid_bleu", "BLEU", False),
-          ("learning rate", "lr", "lr", False), ("gradient norm", "grad_norm", "global norm, before clipping", True),
-          ("throughput", "tokens_per_sec", "target tokens/s", True)]
+PANELS = [
+    ("loss", "loss", "loss (train; valid: markers)", True),
+    ("valid BLEU", "valid_bleu", "BLEU", False),
+    ("learning rate", "lr", "lr", False),
+    ("gradient norm", "grad_norm", "global norm, before clipping", True),
+    ("throughput", "tokens_per_sec", "target tokens/s", True),
+]
 
 
 def read_run(path: str) -> tuple[str, list[dict]]:
@@ -49,7 +54,7 @@ def read_run(path: str) -> tuple[str, list[dict]]:
         raise UserError(f"{file} holds no step records")
     folder = os.path.dirname(os.path.abspath(file))
     label = os.path.basename(folder) or folder
-    if label == "output":                    # run.sh's run folders: runs/<recipe>/output/metrics.jsonl
+    if label == "output":  # run.sh's run folders: runs/<recipe>/output/metrics.jsonl
         label = os.path.basename(os.path.dirname(folder))
     return label, sorted(records, key=lambda r: r["step"])
 
@@ -73,8 +78,10 @@ def series(records: list[dict], key: str) -> tuple[list[int], list[float]]:
 def plot_runs(runs: list[tuple[str, list[dict]]], output: str, smooth: int = 1) -> dict:
     """Write the PNG; returns what each panel drew: {panel: [(label, steps, values), ...]} (the tests read it)."""
     import matplotlib
-    matplotlib.use("Agg")                                   # files only, no display needed
+
+    matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
+
     fig, axes = plt.subplots(len(PANELS), 1, figsize=(9, 2.6 * len(PANELS)), sharex=True)
     drawn: dict = {title: [] for title, *_ in PANELS}
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -92,8 +99,15 @@ def plot_runs(runs: list[tuple[str, list[dict]]], output: str, smooth: int = 1) 
             if key == "loss":
                 v_steps, v_values = series(records, "valid_loss")
                 if v_steps:
-                    ax.plot(v_steps, v_values, color=colour, linestyle="--", marker="o", markersize=4,
-                            label=f"{label} (valid)")
+                    ax.plot(
+                        v_steps,
+                        v_values,
+                        color=colour,
+                        linestyle="--",
+                        marker="o",
+                        markersize=4,
+                        label=f"{label} (valid)",
+                    )
                     drawn[title].append((f"{label} (valid)", v_steps, v_values))
         ax.set_title(title, fontsize=10, loc="left")
         ax.set_ylabel(ylabel, fontsize=8)
@@ -101,21 +115,23 @@ def plot_runs(runs: list[tuple[str, list[dict]]], output: str, smooth: int = 1) 
         if drawn[title]:
             ax.legend(fontsize=7, loc="best")
         else:
-            ax.text(0.5, 0.5, f"no {key} in these runs", transform=ax.transAxes, ha="center", va="center",
-                    color="gray")
+            ax.text(0.5, 0.5, f"no {key} in these runs", transform=ax.transAxes, ha="center", va="center", color="gray")
     axes[-1].set_xlabel("step")
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with staged_file(output, suffix=".png") as tmp:     # a name of its own, gone if the drawing fails
+    with staged_file(output, suffix=".png") as tmp:  # a name of its own, gone if the drawing fails
         fig.savefig(tmp, dpi=100)
     plt.close(fig)
     return drawn
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="dstr-plot-metrics", description=__doc__.split("\n\n")[0],
-                                epilog=__doc__.split("\n\n", 1)[1],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="dstr-plot-metrics",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("runs", nargs="+", help="run folders (--output_dir of train.py) or metrics.jsonl files")
     p.add_argument("--output", "-o", default=None, help="the PNG to write (default: FIRST_RUN/curves.png)")
     p.add_argument("--smooth", type=int, default=1, help="running mean over N steps for noisy curves (default 1)")
@@ -134,7 +150,7 @@ def main(argv=None) -> int:
     return 0
 
 
-cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
+cli = console_script(main)  # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

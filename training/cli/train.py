@@ -12,6 +12,7 @@
 On a CPU-only machine DeepSpeed's launcher counts NUMA nodes, not cores, as "GPUs"; `--num_gpus N` starts N
 processes regardless. dp is derived as world_size // mp // pipeline_stage, as in the seed. `--help` lists all flags.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,22 +24,25 @@ from training.run.rank_supervisor import reported_collective_failures, supervise
 
 
 def main(argv=None) -> int:
-    choose_omp_wait_policy()    # before torch loads its OpenMP runtime, which reads the variable once
+    choose_omp_wait_policy()  # before torch loads its OpenMP runtime, which reads the variable once
     # run_cluster.sh sends the arguments as one token, so no remote shell re-parses a path (common/launch_payload)
     argv = launch_payload.apply(sys.argv[1:] if argv is None else argv)
-    slurm.adopt()               # a task srun started: rank and world from SLURM's variables, before anything reads them
-    supervise_rank()            # several ranks: a small parent per rank reports how its rank died (no torch yet)
+    slurm.adopt()  # a task srun started: rank and world from SLURM's variables, before anything reads them
+    supervise_rank()  # several ranks: a small parent per rank reports how its rank died (no torch yet)
     from training.config.flags import parse_config
+
     config = parse_config(argv)
     from training.trainer import run_training
-    with reported_collective_failures(config.faults.comm_timeout):   # a peer died or hung: one line, no traceback
+
+    with reported_collective_failures(config.faults.comm_timeout):  # a peer died or hung: one line, no traceback
         rc = run_training(config)
         from training.run.job import leave_job
-        leave_job()                           # every rank's job watch stopped, then one barrier, then the group
+
+        leave_job()  # every rank's job watch stopped, then one barrier, then the group
     return rc
 
 
-cli = console_script(main)   # the console script (setup.cfg): user mistakes in one line
+cli = console_script(main)  # the console script (setup.cfg): user mistakes in one line
 
 
 if __name__ == "__main__":

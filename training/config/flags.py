@@ -2,6 +2,7 @@
 (training.config.sections) into a Namespace and then a TrainConfig. A recipe holds sections {"model", "parallel",
 "training", "deepspeed"}; any key in the first three is a setting's flag name or the seed's alias, "_" keys are
 comments (docs/settings.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -26,15 +27,19 @@ examples (CPU, bundled Multi30k; see README):
 
 The data-parallel size is derived as world_size // mp // pipeline_stage, as in the seed.
 """
-NOT_SETTINGS = ("recipe", "local_rank", "help")     # flags, but not recipe keys
+NOT_SETTINGS = ("recipe", "local_rank", "help")  # flags, but not recipe keys
 
 
 def build_parser() -> argparse.ArgumentParser:
     """train.py's flags: one group per section, each setting under its name and the seed's alias."""
     p = Parser(
-        prog="dstr-train", description="Train the encoder-decoder Transformer with tensor (mp), pipeline and data "
+        prog="dstr-train",
+        description="Train the encoder-decoder Transformer with tensor (mp), pipeline and data "
         "parallelism on DeepSpeed. Launch with `deepspeed --num_gpus N`, `deepspeed --hostfile H`, torchrun, or "
-        "plain python for one process.", epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        "plain python for one process.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     for kind in SECTIONS.values():
         group, added = p.add_argument_group(kind.__doc__), set()
         for f in dataclasses.fields(kind):
@@ -65,7 +70,7 @@ def _recipe_value(action: argparse.Action, value, where: str):
             value = int(value)
         elif kind is as_bool:
             value = as_bool(value)
-        elif not isinstance(value, str):           # paths, names, choices: strings
+        elif not isinstance(value, str):  # paths, names, choices: strings
             raise ValueError
     except (ValueError, argparse.ArgumentTypeError):
         want = {int: "an integer", as_bool: "true or false"}.get(kind, "a string")
@@ -90,7 +95,7 @@ def load_recipe(path: str) -> dict:
         if not isinstance(values, dict):
             raise UserError(f"recipe {path}: section {section!r} must be a JSON object of settings")
         if section == "deepspeed":
-            flat["deepspeed_overrides"] = strip_comments(values)        # "_" keys are comments at any depth
+            flat["deepspeed_overrides"] = strip_comments(values)  # "_" keys are comments at any depth
             continue
         for key, value in values.items():
             if key.startswith("_"):
@@ -114,8 +119,11 @@ def parse_args(argv: list | None = None, parser: argparse.ArgumentParser | None 
     if overrides:
         check_deepspeed_config(overrides, f"recipe {first.recipe}: deepspeed", args.precision)
     if args.deepspeed_config:
-        check_deepspeed_config(read_json(args.deepspeed_config, "--deepspeed_config"),
-                               f"--deepspeed_config {args.deepspeed_config}", args.precision)
+        check_deepspeed_config(
+            read_json(args.deepspeed_config, "--deepspeed_config"),
+            f"--deepspeed_config {args.deepspeed_config}",
+            args.precision,
+        )
     return args
 
 

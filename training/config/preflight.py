@@ -8,6 +8,7 @@ DeepSpeed settings a recipe's "deepspeed" section or --deepspeed_config adds (tr
 refuses, e.g., a ZeRO stage set there instead of with --zero_stage). What needs the machine (the accelerator's
 precisions) or the data (the tokenizer's vocabulary, the dataset's size) is checked by the trainer itself.
 """
+
 from __future__ import annotations
 
 from model.config import ModelConfig, ParallelConfig, validate_layout
@@ -27,6 +28,14 @@ def check_run(cfg: TrainConfig, world_size: int) -> tuple[ModelConfig, ParallelC
         # only what the user adds can contradict the generated config (importing DeepSpeed costs seconds: not
         # without need)
         from training.core.engine import deepspeed_config
-        deepspeed_config(parallel, batch_unit, cfg.parallel.precision, cfg.optimization.clip_grad, 2,
-                         cfg.parallel.deepspeed_overrides, cfg.parallel.deepspeed_config)
+
+        deepspeed_config(
+            parallel,
+            batch_unit,
+            cfg.parallel.precision,
+            cfg.optimization.clip_grad,
+            2,
+            cfg.parallel.deepspeed_overrides,
+            cfg.parallel.deepspeed_config,
+        )
     return model, parallel

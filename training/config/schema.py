@@ -1,6 +1,7 @@
 """How one train.py setting is declared: a section field made by `setting(...)` carries its flag's help, type with
 its range, the seed's alias and what a checkpoint carries it as. The parser, the recipe keys, TrainConfig and the
 checkpoint's lists (training.checkpoint.carried_settings) are read from these declarations (docs/settings.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -34,13 +35,17 @@ def as_bool(v) -> bool:
 # Ranges of the numeric settings (common.cli_args): the command line and a recipe's values are checked by the same
 # type. Ranges that depend on other settings or on the world size are model.config.validate_layout's.
 POSITIVE = integer(1)
-LENGTH = integer(2, MAX_POSITIONS, why=f"at least one token plus BOS/EOS; at most {MAX_POSITIONS} positions: "
-                 f"attention keeps length² scores per head and sequence, 1 GiB at {MAX_POSITIONS}. Longer sentences "
-                 f"are cut to the length, so choose one that covers most of yours, e.g. 128")
+LENGTH = integer(
+    2,
+    MAX_POSITIONS,
+    why=f"at least one token plus BOS/EOS; at most {MAX_POSITIONS} positions: "
+    f"attention keeps length² scores per head and sequence, 1 GiB at {MAX_POSITIONS}. Longer sentences "
+    f"are cut to the length, so choose one that covers most of yours, e.g. 128",
+)
 PROBABILITY = number(0, 1, high_open=True)
 # the seed feeds numpy's generators (any integer >= 0; -1 failed at the first epoch) and torch.manual_seed (up to
 # 2**64 - 1, with room kept for the stream offsets model.parallel.random adds): [0, 2**32 - 1], numpy's classic range
-SEED = integer(0, 2 ** 32 - 1)
+SEED = integer(0, 2**32 - 1)
 # blocks per stack: DeepNet, the deepest Transformer published, has 1,000 layers in all; the bound keeps a typo
 # (100000) from building and planning 10⁵ blocks for minutes before anything is said
 MAX_LAYERS = 1000
@@ -53,21 +58,37 @@ COMM_TIMEOUT = number(0, 1e9, low_open=True, why="seconds")
 @dataclass(frozen=True)
 class Declared:
     """One setting as the user meets it (the field holding it gives its name, default and section)."""
+
     help: str
-    kind: Callable | None = None           # argparse type: a Number with its range, as_bool, int; None: a string
-    aliases: tuple[str, ...] = ()          # the seed's spellings, taken on the command line and as recipe keys
+    kind: Callable | None = None  # argparse type: a Number with its range, as_bool, int; None: a string
+    aliases: tuple[str, ...] = ()  # the seed's spellings, taken on the command line and as recipe keys
     choices: tuple | None = None
     metavar: str | None = None
-    carried: tuple[str, ...] = ()          # SHAPE, TRAJECTORY, FIXED_ORDER, TOKEN_ORDER
-    saved_as: str | None = None            # its key in meta.json "model" where ModelConfig's name differs
-    nargs: str | None = None               # --resume takes an optional value ...
-    const: str | None = None               # ... "latest" when given bare
+    carried: tuple[str, ...] = ()  # SHAPE, TRAJECTORY, FIXED_ORDER, TOKEN_ORDER
+    saved_as: str | None = None  # its key in meta.json "model" where ModelConfig's name differs
+    nargs: str | None = None  # --resume takes an optional value ...
+    const: str | None = None  # ... "latest" when given bare
 
     def add_to(self, group, name: str, default) -> None:
-        extra = {k: v for k, v in (("nargs", self.nargs), ("const", self.const), ("metavar", self.metavar),
-                                   ("choices", self.choices)) if v is not None}
-        group.add_argument(f"--{name}", *(f"--{a}" for a in self.aliases), dest=name, type=self.kind,
-                           default=default, help=self.help, **extra)
+        extra = {
+            k: v
+            for k, v in (
+                ("nargs", self.nargs),
+                ("const", self.const),
+                ("metavar", self.metavar),
+                ("choices", self.choices),
+            )
+            if v is not None
+        }
+        group.add_argument(
+            f"--{name}",
+            *(f"--{a}" for a in self.aliases),
+            dest=name,
+            type=self.kind,
+            default=default,
+            help=self.help,
+            **extra,
+        )
 
 
 def setting(default, help: str, kind: Callable | None = None, **how) -> dataclasses.Field:
@@ -88,5 +109,9 @@ def flag_from(adder: Callable) -> dataclasses.Field:
 
 def declarations(sections: dict) -> list[tuple[str, str, Declared]]:
     """(section name, setting name, declaration) of every declared setting, in section and field order."""
-    return [(name, f.name, f.metadata["setting"]) for name, kind in sections.items()
-            for f in dataclasses.fields(kind) if "setting" in f.metadata]
+    return [
+        (name, f.name, f.metadata["setting"])
+        for name, kind in sections.items()
+        for f in dataclasses.fields(kind)
+        if "setting" in f.metadata
+    ]

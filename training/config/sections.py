@@ -1,6 +1,7 @@
 """train.py's settings as typed, frozen sections, each checked once when it is built. Each field is declared once
 (training.config.schema.setting): its flag, the seed's alias, range, default, help and what a checkpoint carries it
 as; the flags, recipe keys and checkpoint lists are read from here (docs/settings.md)."""
+
 from __future__ import annotations
 
 import argparse
@@ -39,42 +40,63 @@ ORDER = (FIXED_ORDER, TOKEN_ORDER)
 @dataclass(frozen=True)
 class ModelSection:
     """model (a checkpoint carries its shape: a run from it takes these unless given)"""
-    vocab_size: int | None = setting(None, "model vocabulary (default: the tokenizer's size; must be >= it)",
-                                     POSITIVE, carried=(SHAPE,))
+
+    vocab_size: int | None = setting(
+        None, "model vocabulary (default: the tokenizer's size; must be >= it)", POSITIVE, carried=(SHAPE,)
+    )
     d_model: int = setting(128, "hidden size (default 128)", POSITIVE, carried=(SHAPE,))
     num_heads: int = setting(8, "attention heads (default 8, the seed's)", POSITIVE, carried=(SHAPE,))
-    ffn_size: int = setting(0, "FFN hidden size (default 0 = d_model, the seed's)", integer(0, why="0 = d_model"),
-                            carried=(SHAPE,))
-    encoder_layer: int = setting(1, f"encoder blocks (default 1; at most {MAX_LAYERS})", LAYERS, carried=(SHAPE,),
-                                 saved_as="encoder_layers")
-    decoder_layer: int = setting(1, f"decoder blocks (default 1; at most {MAX_LAYERS})", LAYERS, carried=(SHAPE,),
-                                 saved_as="decoder_layers")
+    ffn_size: int = setting(
+        0, "FFN hidden size (default 0 = d_model, the seed's)", integer(0, why="0 = d_model"), carried=(SHAPE,)
+    )
+    encoder_layer: int = setting(
+        1, f"encoder blocks (default 1; at most {MAX_LAYERS})", LAYERS, carried=(SHAPE,), saved_as="encoder_layers"
+    )
+    decoder_layer: int = setting(
+        1, f"decoder blocks (default 1; at most {MAX_LAYERS})", LAYERS, carried=(SHAPE,), saved_as="decoder_layers"
+    )
     src_len: int = setting(10, "source length in tokens (default 10, the seed's)", LENGTH, carried=(SHAPE,))
     tgt_len: int = setting(10, "target length in tokens (default 10, the seed's)", LENGTH, carried=(SHAPE,))
     share_embeddings: bool = setting(
-        False, "0/1: one table for source words, target words and the output projection (a joint vocabulary, as "
-        "the BPE tokenizer builds); with --model_parallel > 1 it needs --vocab_emb_dp 0", as_bool, carried=(SHAPE,))
+        False,
+        "0/1: one table for source words, target words and the output projection (a joint vocabulary, as "
+        "the BPE tokenizer builds); with --model_parallel > 1 it needs --vocab_emb_dp 0",
+        as_bool,
+        carried=(SHAPE,),
+    )
     dropout: float = setting(0.1, "hidden dropout (default 0.1)", PROBABILITY, carried=(SHAPE,))
-    attention_dropout: float | None = setting(None, "attention dropout (default = --dropout)", PROBABILITY,
-                                              carried=(SHAPE,))
+    attention_dropout: float | None = setting(
+        None, "attention dropout (default = --dropout)", PROBABILITY, carried=(SHAPE,)
+    )
     label_smoothing: float = setting(0.0, "label smoothing (default 0)", PROBABILITY, carried=(SHAPE,))
-    tokenizer: str | None = setting(None, "tokenizer.json; without it a BPE tokenizer is trained on --file_path "
-                                          "and cached")
-    tokenizer_vocab_size: int = setting(8000, "vocabulary of the auto-built BPE tokenizer (default 8000)",
-                                        TOKENIZER_VOCAB)
+    tokenizer: str | None = setting(
+        None, "tokenizer.json; without it a BPE tokenizer is trained on --file_path and cached"
+    )
+    tokenizer_vocab_size: int = setting(
+        8000, "vocabulary of the auto-built BPE tokenizer (default 8000)", TOKENIZER_VOCAB
+    )
 
     def __post_init__(self):
         if self.attention_dropout is None:
-            object.__setattr__(self, "attention_dropout", self.dropout)     # frozen: set once, here
+            object.__setattr__(self, "attention_dropout", self.dropout)  # frozen: set once, here
         # each field's range is its flag's type's; the dimensions against the layout: model.config.validate_layout
 
     def model_config(self, vocab_size: int, pad_id: int) -> ModelConfig:
-        return ModelConfig(vocab_size=vocab_size, d_model=self.d_model, num_heads=self.num_heads,
-                           ffn_size=self.ffn_size, encoder_layers=self.encoder_layer,
-                           decoder_layers=self.decoder_layer, src_len=self.src_len, tgt_len=self.tgt_len,
-                           dropout=self.dropout, attention_dropout=self.attention_dropout,
-                           label_smoothing=self.label_smoothing, pad_id=pad_id,
-                           share_embeddings=self.share_embeddings)
+        return ModelConfig(
+            vocab_size=vocab_size,
+            d_model=self.d_model,
+            num_heads=self.num_heads,
+            ffn_size=self.ffn_size,
+            encoder_layers=self.encoder_layer,
+            decoder_layers=self.decoder_layer,
+            src_len=self.src_len,
+            tgt_len=self.tgt_len,
+            dropout=self.dropout,
+            attention_dropout=self.attention_dropout,
+            label_smoothing=self.label_smoothing,
+            pad_id=pad_id,
+            share_embeddings=self.share_embeddings,
+        )
 
     def probe(self) -> ModelConfig:
         """The model's shape before the tokenizer is known (layout checks need only the dimensions)."""
@@ -84,46 +106,77 @@ class ModelSection:
 @dataclass(frozen=True)
 class ParallelSection:
     """parallelism and memory (a recipe's "parallel" section: the seed's TransformerOpParallelConfig names)"""
-    distribute: str = setting("auto", "true: join the launcher's process group; false: one process; auto (default): "
-                                      "true when started by a launcher (WORLD_SIZE set)",
-                              choices=("true", "false", "auto"))
+
+    distribute: str = setting(
+        "auto",
+        "true: join the launcher's process group; false: one process; auto (default): "
+        "true when started by a launcher (WORLD_SIZE set)",
+        choices=("true", "false", "auto"),
+    )
     world_size: int | None = setting(
-        None, "the processes the layout is written for (a recipe's parallel.world_size): run.sh and a recipe's "
+        None,
+        "the processes the layout is written for (a recipe's parallel.world_size): run.sh and a recipe's "
         "run.sh start that many, plan.py plans for it; train.py runs on the world its launcher gives it and says so "
-        "when that differs", integer(1, why="the processes the layout is written for"))
+        "when that differs",
+        integer(1, why="the processes the layout is written for"),
+    )
     model_parallel: int = setting(1, "model (tensor) parallel size (default 1)", POSITIVE, aliases=("mp",))
     pipeline_stage: int = setting(1, "number of pipeline stages (default 1)", POSITIVE)
     micro_batch_num: int = setting(1, "micro-batches per step = gradient accumulation steps (default 1)", POSITIVE)
     data_parallel: int | None = setting(
-        None, "optional check: the dp size you expect (derived from the world size otherwise)", POSITIVE)
-    optimizer_shard: bool = setting(False, "0/1: shard optimizer state over data-parallel ranks (ZeRO stage 1)",
-                                    as_bool, aliases=("enable_parallel_optimizer",))
-    zero_stage: int | None = setting(None, "ZeRO stage (default: 1 with --optimizer_shard 1, else 0; 2/3 need "
-                                           "pipeline_stage 1)", int, choices=(0, 1, 2, 3))
+        None, "optional check: the dp size you expect (derived from the world size otherwise)", POSITIVE
+    )
+    optimizer_shard: bool = setting(
+        False,
+        "0/1: shard optimizer state over data-parallel ranks (ZeRO stage 1)",
+        as_bool,
+        aliases=("enable_parallel_optimizer",),
+    )
+    zero_stage: int | None = setting(
+        None,
+        "ZeRO stage (default: 1 with --optimizer_shard 1, else 0; 2/3 need pipeline_stage 1)",
+        int,
+        choices=(0, 1, 2, 3),
+    )
     gradient_aggregation_group: int = setting(
-        4, "gradient reduction buckets per step: bucket = gradient bytes / groups (default 4)", POSITIVE)
-    recompute: bool = setting(False, "0/1: activation checkpointing of every block (what the built-in "
-                                     "pipeline_funcs do with it; a custom pipeline_func calls recompute() on the "
-                                     "blocks it picks)", as_bool)
-    vocab_emb_dp: bool = setting(True, "1 (default): replicate the embedding tables; 0: split their rows over "
-                                       "model-parallel ranks", as_bool)
+        4, "gradient reduction buckets per step: bucket = gradient bytes / groups (default 4)", POSITIVE
+    )
+    recompute: bool = setting(
+        False,
+        "0/1: activation checkpointing of every block (what the built-in "
+        "pipeline_funcs do with it; a custom pipeline_func calls recompute() on the "
+        "blocks it picks)",
+        as_bool,
+    )
+    vocab_emb_dp: bool = setting(
+        True, "1 (default): replicate the embedding tables; 0: split their rows over model-parallel ranks", as_bool
+    )
     interleave_num: int = setting(
-        1, "the seed's MicroBatchInterleaved: run each micro-batch as N batch parts so that one part's "
+        1,
+        "the seed's MicroBatchInterleaved: run each micro-batch as N batch parts so that one part's "
         "tensor-parallel all-reduces overlap another part's compute (default 1 = off; N must divide the per-rank "
-        "micro-batch; useful with --model_parallel > 1)", POSITIVE)
+        "micro-batch; useful with --model_parallel > 1)",
+        POSITIVE,
+    )
     pipeline_func: str | None = setting(
-        None, "how blocks are placed on stages, recomputed and fusion-tagged: seed (default: MindSpore's split, "
+        None,
+        "how blocks are placed on stages, recomputed and fusion-tagged: seed (default: MindSpore's split, "
         "min(i // max(blocks // pp, 1), pp - 1)), even (i · pp // blocks), blocks:N0,N1,... (N0 blocks on stage 0, "
         "N1 on stage 1, ...: what plan.py --search writes), or 'package.module:function' with the seed's signature "
-        "(model/pipeline.py)")
+        "(model/pipeline.py)",
+    )
     precision: str = setting(
-        "fp32", "fp32 (default), or mixed precision with fp32 master weights, moments and gradient accumulation: "
+        "fp32",
+        "fp32 (default), or mixed precision with fp32 master weights, moments and gradient accumulation: "
         "bf16 (DeepSpeed's BF16_Optimizer) or fp16 (ZeRO optimizer with dynamic loss scaling). Half precision runs "
         "ZeRO stage >= 1 (see training/core/engine.py). Works on CPU where the CPU supports it (avx512_bf16 / "
-        "avx512_fp16)", choices=("fp32", "fp16", "bf16"))
-    deepspeed_config: str | None = setting(None, "a DeepSpeed JSON merged over the generated one (batch keys must "
-                                                 "agree)")
-    deepspeed_overrides: dict = field(default_factory=dict)   # a recipe's "deepspeed" section (not a flag)
+        "avx512_fp16)",
+        choices=("fp32", "fp16", "bf16"),
+    )
+    deepspeed_config: str | None = setting(
+        None, "a DeepSpeed JSON merged over the generated one (batch keys must agree)"
+    )
+    deepspeed_overrides: dict = field(default_factory=dict)  # a recipe's "deepspeed" section (not a flag)
 
     def __post_init__(self):
         # against the layout (mp × pipeline_stage must divide it) where a world is chosen: plan.py --check, which
@@ -136,60 +189,94 @@ class ParallelSection:
         written for (it runs anyway: dp = world // mp // pipeline_stage follows the real world)."""
         if self.world_size is None or self.world_size == world:
             return None
-        return (f"note: the layout is written for {self.world_size} processes (world_size) but this job has "
-                f"{world}; dp follows the job: world // mp // pipeline_stage")
+        return (
+            f"note: the layout is written for {self.world_size} processes (world_size) but this job has "
+            f"{world}; dp follows the job: world // mp // pipeline_stage"
+        )
 
     def parallel_config(self, world_size: int) -> ParallelConfig:
         """The layout at this world size (dp derived as world // mp // pipeline_stage, as in the seed)."""
-        cfg = ParallelConfig.for_world(world_size, model_parallel=self.model_parallel,
-                                       pipeline_stage=self.pipeline_stage, micro_batch_num=self.micro_batch_num,
-                                       optimizer_shard=self.optimizer_shard,
-                                       gradient_aggregation_group=self.gradient_aggregation_group,
-                                       recompute=self.recompute, vocab_emb_dp=self.vocab_emb_dp,
-                                       zero_stage=self.zero_stage, interleave_num=self.interleave_num)
+        cfg = ParallelConfig.for_world(
+            world_size,
+            model_parallel=self.model_parallel,
+            pipeline_stage=self.pipeline_stage,
+            micro_batch_num=self.micro_batch_num,
+            optimizer_shard=self.optimizer_shard,
+            gradient_aggregation_group=self.gradient_aggregation_group,
+            recompute=self.recompute,
+            vocab_emb_dp=self.vocab_emb_dp,
+            zero_stage=self.zero_stage,
+            interleave_num=self.interleave_num,
+        )
         if self.data_parallel is not None and self.data_parallel != cfg.data_parallel:
-            raise UserError(f"data_parallel={self.data_parallel} was asked for but world_size {world_size} // mp "
-                            f"{self.model_parallel} // pipeline_stage {self.pipeline_stage} = {cfg.data_parallel}")
+            raise UserError(
+                f"data_parallel={self.data_parallel} was asked for but world_size {world_size} // mp "
+                f"{self.model_parallel} // pipeline_stage {self.pipeline_stage} = {cfg.data_parallel}"
+            )
         return cfg
 
 
 def _corpus_flags(group) -> None:
     """The table-input flags every corpus-reading command shares (preprocess.corpus_source declares them)."""
-    add_corpus_flags(group, split_help="split of --file_path when it is a DatasetDict folder or a Hub dataset "
-                                       "(default: train; a plain Dataset folder or a .jsonl/.json/.csv/.parquet "
-                                       "file is read whole)")
+    add_corpus_flags(
+        group,
+        split_help="split of --file_path when it is a DatasetDict folder or a Hub dataset "
+        "(default: train; a plain Dataset folder or a .jsonl/.json/.csv/.parquet "
+        "file is read whole)",
+    )
 
 
 @dataclass(frozen=True)
 class DataSection:
     """data and batches (token batches: fairseq's --max-tokens; tables: docs/data.md, Input formats)"""
+
     file_path: str | None = setting(
-        None, "training data: a TSV of 'source<TAB>target' pairs (preprocess.parallel); or a datasets save_to_disk "
-        "folder, a .jsonl/.json/.csv/.parquet file or a Hub name, with the table-input flags")
+        None,
+        "training data: a TSV of 'source<TAB>target' pairs (preprocess.parallel); or a datasets save_to_disk "
+        "folder, a .jsonl/.json/.csv/.parquet file or a Hub name, with the table-input flags",
+    )
     cache_dir: str | None = setting(
-        None, "where the token store of --file_path/--valid_file (and an auto-built tokenizer) is written and "
-        "looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder")
-    batch_size: int = setting(32, "GLOBAL batch size in sentence pairs (default 32)", POSITIVE,
-                              carried=(FIXED_ORDER,))
+        None,
+        "where the token store of --file_path/--valid_file (and an auto-built tokenizer) is written and "
+        "looked for (default: .tokcache/ beside the TSV); for a read-only or shared data folder",
+    )
+    batch_size: int = setting(32, "GLOBAL batch size in sentence pairs (default 32)", POSITIVE, carried=(FIXED_ORDER,))
     max_tokens: int = setting(
-        0, "instead of --batch_size pairs padded to src_len/tgt_len: global batches of pairs of similar length, each "
+        0,
+        "instead of --batch_size pairs padded to src_len/tgt_len: global batches of pairs of similar length, each "
         "padded only to its own longest pair, pairs × padded length <= N on each side (default 0 = off; "
         "preprocess/token_batches.py). Layout-free like fixed batches",
-        integer(0, why="0: fixed batches of --batch_size"), carried=(TOKEN_ORDER,))
+        integer(0, why="0: fixed batches of --batch_size"),
+        carried=(TOKEN_ORDER,),
+    )
     batch_multiple: int = setting(
-        16, "with --max_tokens: pairs per batch are a multiple of this (default 16); data_parallel × "
-        "micro_batch_num (× interleave_num) must divide it", POSITIVE, carried=(TOKEN_ORDER,))
-    pad_multiple: int = setting(8, "with --max_tokens: batch lengths are rounded up to a multiple of this (default "
-                                   "8: few shapes)", POSITIVE, carried=(TOKEN_ORDER,))
+        16,
+        "with --max_tokens: pairs per batch are a multiple of this (default 16); data_parallel × "
+        "micro_batch_num (× interleave_num) must divide it",
+        POSITIVE,
+        carried=(TOKEN_ORDER,),
+    )
+    pad_multiple: int = setting(
+        8,
+        "with --max_tokens: batch lengths are rounded up to a multiple of this (default 8: few shapes)",
+        POSITIVE,
+        carried=(TOKEN_ORDER,),
+    )
     num_batch_buckets: int = setting(
-        0, "with --max_tokens: snap each side's lengths to at most N lengths, chosen to add the fewest PAD positions "
+        0,
+        "with --max_tokens: snap each side's lengths to at most N lengths, chosen to add the fewest PAD positions "
         "(fairseq's --num-batch-buckets): batches come in fewer shapes, so pipeline stages exchange fewer tensor "
-        "sizes (default 0 = off; the recipes say what they use)", integer(0, why="0: no buckets"),
-        carried=(TOKEN_ORDER,))
+        "sizes (default 0 = off; the recipes say what they use)",
+        integer(0, why="0: no buckets"),
+        carried=(TOKEN_ORDER,),
+    )
     seed: int = setting(1234, "seed for weights, data order and dropout", SEED, carried=ORDER)
-    split: str | None = flag_from(_corpus_flags)       # None: train (--file_path)
-    valid_split: str | None = setting(None, "split of --valid_file when it is a DatasetDict folder or a Hub dataset "
-                                            "(default: validation)", metavar="SPLIT")
+    split: str | None = flag_from(_corpus_flags)  # None: train (--file_path)
+    valid_split: str | None = setting(
+        None,
+        "split of --valid_file when it is a DatasetDict folder or a Hub dataset (default: validation)",
+        metavar="SPLIT",
+    )
     src_field: str | None = flag_from(_corpus_flags)
     tgt_field: str | None = flag_from(_corpus_flags)
     src_lang: str | None = flag_from(_corpus_flags)
@@ -199,9 +286,15 @@ class DataSection:
 
     def corpus(self, valid: bool = False) -> CorpusOptions:
         """How --file_path's (or with `valid` --valid_file's) pairs are taken from a table."""
-        return CorpusOptions(split=self.valid_split if valid else self.split, src_field=self.src_field,
-                             tgt_field=self.tgt_field, src_lang=self.src_lang, tgt_lang=self.tgt_lang,
-                             config=self.dataset_config, default_split="validation" if valid else "train")
+        return CorpusOptions(
+            split=self.valid_split if valid else self.split,
+            src_field=self.src_field,
+            tgt_field=self.tgt_field,
+            src_lang=self.src_lang,
+            tgt_lang=self.tgt_lang,
+            config=self.dataset_config,
+            default_split="validation" if valid else "train",
+        )
 
     @property
     def batch_unit(self) -> tuple[int, str]:
@@ -220,32 +313,58 @@ class DataSection:
 @dataclass(frozen=True)
 class OptimizationSection:
     """schedule and optimizer (a checkpoint carries the trajectory: a run from it takes these unless given)"""
-    lr: float = setting(1e-4, "peak learning rate (default 1e-4)", number(0, why="the peak learning rate; 0 freezes "
-                                                                              "the weights"), carried=(TRAJECTORY,))
+
+    lr: float = setting(
+        1e-4,
+        "peak learning rate (default 1e-4)",
+        number(0, why="the peak learning rate; 0 freezes the weights"),
+        carried=(TRAJECTORY,),
+    )
     lr_schedule: str = setting(
-        "constant", "learning rate after warmup (training/core/schedule.py): constant (default), inverse_sqrt "
+        "constant",
+        "learning rate after warmup (training/core/schedule.py): constant (default), inverse_sqrt "
         "(fairseq), cosine or polynomial (the seed's family) decay to --min_lr_ratio × --lr at the last step",
-        choices=tuple(SCHEDULES), carried=(TRAJECTORY,))
+        choices=tuple(SCHEDULES),
+        carried=(TRAJECTORY,),
+    )
     warmup_steps: int = setting(0, "linear learning-rate warmup steps (default 0)", integer(0), carried=(TRAJECTORY,))
     decay_steps: int | None = setting(
-        None, "cosine/polynomial: the step at which the decay reaches --min_lr_ratio (default: the run's last "
+        None,
+        "cosine/polynomial: the step at which the decay reaches --min_lr_ratio (default: the run's last "
         "step). A resumed run keeps its checkpoint's, so raising --steps trains on at the final rate; set it to "
-        "stretch the schedule", integer(1), carried=(TRAJECTORY,))
-    min_lr_ratio: float = setting(0.0, "cosine/polynomial: final learning rate as a fraction of --lr (default 0)",
-                                  number(0, 1, why="a fraction of --lr"), carried=(TRAJECTORY,))
-    lr_power: float = setting(1.0, "polynomial decay power (default 1: linear)", number(0, low_open=True),
-                              carried=(TRAJECTORY,))
+        "stretch the schedule",
+        integer(1),
+        carried=(TRAJECTORY,),
+    )
+    min_lr_ratio: float = setting(
+        0.0,
+        "cosine/polynomial: final learning rate as a fraction of --lr (default 0)",
+        number(0, 1, why="a fraction of --lr"),
+        carried=(TRAJECTORY,),
+    )
+    lr_power: float = setting(
+        1.0, "polynomial decay power (default 1: linear)", number(0, low_open=True), carried=(TRAJECTORY,)
+    )
     clip_grad: float = setting(
-        0.0, "clip the global gradient norm (the serial model's, under any layout) to this value (default 0 = off); "
-        "the pre-clip norm is logged as grad_norm", number(0, why="0 turns clipping off"), carried=(TRAJECTORY,))
-    weight_decay: float = setting(0.1, "AdamW weight decay (not on LayerNorm/bias)", number(0),
-                                  carried=(TRAJECTORY,))
-    adam_beta1: float = setting(0.9, "AdamW beta1 (default 0.9)", number(0, 1, high_open=True,
-                                                                         why="AdamW's first-moment decay"),
-                                carried=(TRAJECTORY,))
-    adam_beta2: float = setting(0.98, "AdamW beta2 (default 0.98, as fairseq's Transformer recipes)",
-                                number(0, 1, high_open=True, why="AdamW's second-moment decay"),
-                                carried=(TRAJECTORY,))
+        0.0,
+        "clip the global gradient norm (the serial model's, under any layout) to this value (default 0 = off); "
+        "the pre-clip norm is logged as grad_norm",
+        number(0, why="0 turns clipping off"),
+        carried=(TRAJECTORY,),
+    )
+    weight_decay: float = setting(0.1, "AdamW weight decay (not on LayerNorm/bias)", number(0), carried=(TRAJECTORY,))
+    adam_beta1: float = setting(
+        0.9,
+        "AdamW beta1 (default 0.9)",
+        number(0, 1, high_open=True, why="AdamW's first-moment decay"),
+        carried=(TRAJECTORY,),
+    )
+    adam_beta2: float = setting(
+        0.98,
+        "AdamW beta2 (default 0.98, as fairseq's Transformer recipes)",
+        number(0, 1, high_open=True, why="AdamW's second-moment decay"),
+        carried=(TRAJECTORY,),
+    )
     adam_eps: float = setting(1e-8, "AdamW epsilon (default 1e-8)", number(0, low_open=True), carried=(TRAJECTORY,))
     steps: int | None = setting(None, "optimizer steps (default: --epochs worth)", integer(0), carried=(TRAJECTORY,))
     epochs: int = setting(1, "epochs when --steps is not given (default 1)", POSITIVE)
@@ -261,33 +380,47 @@ class OptimizationSection:
         return self.adam_beta1, self.adam_beta2
 
 
-RESUME_LATEST, RESUME_AUTO = "latest", "auto"       # --resume given bare; --resume auto (training.run.start_point)
+RESUME_LATEST, RESUME_AUTO = "latest", "auto"  # --resume given bare; --resume auto (training.run.start_point)
 
 
 @dataclass(frozen=True)
 class CheckpointSection:
     """checkpoints (docs/checkpoints.md)"""
+
     output_dir: str = setting("out/train", "metrics.jsonl, TensorBoard, checkpoints")
-    save_checkpoint_steps: int = setting(0, "save every N steps and at the last step (default 0 = never)",
-                                         integer(0, why="0: never"))
-    keep_checkpoint_max: int = setting(4, "keep the newest K checkpoints (default 4; 0: all)",
-                                       integer(0, why="0 keeps every checkpoint"))
+    save_checkpoint_steps: int = setting(
+        0, "save every N steps and at the last step (default 0 = never)", integer(0, why="0: never")
+    )
+    keep_checkpoint_max: int = setting(
+        4, "keep the newest K checkpoints (default 4; 0: all)", integer(0, why="0 keeps every checkpoint")
+    )
     resume: str | None = setting(
-        None, "continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the folder has "
+        None,
+        "continue the run in --output_dir from its latest checkpoint (from --ckpt_file while the folder has "
         "none); 'auto': the same, or a fresh start when there is neither; PATH: from that checkpoint (a step_* "
         "folder or a run's output_dir). A run without --resume is refused when --output_dir already holds "
-        "checkpoints", nargs="?", const=RESUME_LATEST, metavar=f"{RESUME_AUTO}|PATH")
+        "checkpoints",
+        nargs="?",
+        const=RESUME_LATEST,
+        metavar=f"{RESUME_AUTO}|PATH",
+    )
     ckpt_file: str | None = setting(None, "checkpoint directory to resume from (or to evaluate)")
-    verify: bool = setting(True, "1 (default): check every checkpoint file a resume reads against the sha256 its "
-                                 "writer stored in meta.json, and refuse a damaged one naming the file; 0: load "
-                                 "without checking", as_bool)
+    verify: bool = setting(
+        True,
+        "1 (default): check every checkpoint file a resume reads against the sha256 its "
+        "writer stored in meta.json, and refuse a damaged one naming the file; 0: load "
+        "without checking",
+        as_bool,
+    )
     save_mode: str = setting(
-        "background", "background (default): a periodic save copies the state into host memory (pinned, on a GPU) "
+        "background",
+        "background (default): a periodic save copies the state into host memory (pinned, on a GPU) "
         "and training goes on while a thread writes, hashes and commits it — host memory grows by the state being "
         "saved while it is written; sync: training waits for every save (no extra memory). The last step's save, a "
         "save on a stop signal and the best checkpoint are always synchronous. docs/checkpoints.md",
-        choices=("background", "sync"))
-    train: bool = copy_of(OptimizationSection, "train")     # an evaluation-only run never writes checkpoints
+        choices=("background", "sync"),
+    )
+    train: bool = copy_of(OptimizationSection, "train")  # an evaluation-only run never writes checkpoints
 
     @property
     def will_touch_checkpoints(self) -> bool:
@@ -297,49 +430,78 @@ class CheckpointSection:
 @dataclass(frozen=True)
 class ValidationSection:
     """validation"""
+
     valid_file: str | None = setting(
-        None, "validation TSV (source<TAB>target, same tokenizer; or a table, as --file_path): valid_loss is logged "
-        "every --valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best")
-    valid_interval: int = setting(0, "steps between validations (default 0 = once per epoch); also after the last "
-                                     "step", integer(0, why="0: once per epoch"))
-    valid_bleu: bool = setting(False, "0/1: also translate --valid_file greedily at each validation and log its "
-                                      "sacreBLEU (valid_bleu; the best checkpoint is still chosen by valid_loss)",
-                               as_bool)
-    early_stop_patience: int = setting(0, "stop after K validations in a row without a new best (default 0 = never)",
-                                       integer(0, why="0: never"))
+        None,
+        "validation TSV (source<TAB>target, same tokenizer; or a table, as --file_path): valid_loss is logged "
+        "every --valid_interval steps and the best checkpoint kept in OUTPUT_DIR/checkpoints/best",
+    )
+    valid_interval: int = setting(
+        0,
+        "steps between validations (default 0 = once per epoch); also after the last step",
+        integer(0, why="0: once per epoch"),
+    )
+    valid_bleu: bool = setting(
+        False,
+        "0/1: also translate --valid_file greedily at each validation and log its "
+        "sacreBLEU (valid_bleu; the best checkpoint is still chosen by valid_loss)",
+        as_bool,
+    )
+    early_stop_patience: int = setting(
+        0, "stop after K validations in a row without a new best (default 0 = never)", integer(0, why="0: never")
+    )
 
 
 @dataclass(frozen=True)
 class FaultsSection:
     """failures (docs/failures.md)"""
+
     nan_policy: str = setting(
-        "stop", "a step whose loss or gradient is not finite never updates the weights; stop (default): the run "
+        "stop",
+        "a step whose loss or gradient is not finite never updates the weights; stop (default): the run "
         "then ends with an error naming the step; skip: it goes on, counting such steps as skipped_steps in "
-        "metrics.jsonl (the fp16 loss scaler's overflow steps are counted there too)", choices=("stop", "skip"))
-    nan_skip_limit: int = setting(10, "with --nan_policy skip: stop after this many non-finite steps in a row "
-                                      "(default 10)", POSITIVE)
+        "metrics.jsonl (the fp16 loss scaler's overflow steps are counted there too)",
+        choices=("stop", "skip"),
+    )
+    nan_skip_limit: int = setting(
+        10, "with --nan_policy skip: stop after this many non-finite steps in a row (default 10)", POSITIVE
+    )
     comm_timeout: float = setting(
-        1800.0, "seconds a collective waits for the other ranks before the job is ended with a message (default "
+        1800.0,
+        "seconds a collective waits for the other ranks before the job is ended with a message (default "
         "1800): a rank that hangs or is paused (SIGSTOP) ends the job instead of hanging it. Raise it if a step or "
-        "a save legitimately takes longer (a first-time token store build is not bounded by it)", COMM_TIMEOUT)
+        "a save legitimately takes longer (a first-time token store build is not bounded by it)",
+        COMM_TIMEOUT,
+    )
     save_on_signal: bool = setting(
-        True, "1 (default): on SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) or SIGHUP (a "
+        True,
+        "1 (default): on SIGTERM, SIGUSR1 (a scheduler's preemption notice; SLURM's --signal) or SIGHUP (a "
         "closed terminal) to any rank or to the launcher, every rank finishes its step, a checkpoint of that step "
-        "is saved and the job exits non-zero, saying how to resume; 0: stop after the step, no save", as_bool)
+        "is saved and the job exits non-zero, saying how to resume; 0: stop after the step, no save",
+        as_bool,
+    )
 
 
 @dataclass(frozen=True)
 class LoggingSection:
     """logging and experiment trackers (training/core/trackers.py; rank 0 logs there)"""
+
     log_interval: int = setting(1, "print a loss line every N steps (default 1)", POSITIVE)
     tensorboard: bool = setting(True, "0/1: write TensorBoard events", as_bool)
-    wandb: str | None = setting(None, "also log metrics.jsonl's numbers (and run.json as the config) to this Weights "
-                                      "& Biases project; WANDB_MODE=offline writes the run under OUTPUT_DIR/wandb "
-                                      "without a network", metavar="PROJECT")
+    wandb: str | None = setting(
+        None,
+        "also log metrics.jsonl's numbers (and run.json as the config) to this Weights "
+        "& Biases project; WANDB_MODE=offline writes the run under OUTPUT_DIR/wandb "
+        "without a network",
+        metavar="PROJECT",
+    )
     wandb_entity: str | None = setting(None, "the W&B team or user the project belongs to")
     wandb_run_name: str | None = setting(None, "the run's name in W&B or MLflow (default: theirs)")
-    mlflow: str | None = setting(None, "also log them to this MLflow experiment, at MLFLOW_TRACKING_URI (default: a "
-                                       "store in OUTPUT_DIR/mlruns)", metavar="EXPERIMENT")
+    mlflow: str | None = setting(
+        None,
+        "also log them to this MLflow experiment, at MLFLOW_TRACKING_URI (default: a store in OUTPUT_DIR/mlruns)",
+        metavar="EXPERIMENT",
+    )
 
     def __post_init__(self):
         # a tracker's package is checked here, before any process group: one line naming the extra to install
@@ -348,9 +510,16 @@ class LoggingSection:
                 require(package)
 
 
-SECTIONS = {"model": ModelSection, "parallel": ParallelSection, "optimization": OptimizationSection,
-            "data": DataSection, "checkpoint": CheckpointSection, "validation": ValidationSection,
-            "faults": FaultsSection, "logging": LoggingSection}
+SECTIONS = {
+    "model": ModelSection,
+    "parallel": ParallelSection,
+    "optimization": OptimizationSection,
+    "data": DataSection,
+    "checkpoint": CheckpointSection,
+    "validation": ValidationSection,
+    "faults": FaultsSection,
+    "logging": LoggingSection,
+}
 
 
 def carried(what: str) -> dict[str, str]:
@@ -382,18 +551,22 @@ class TrainConfig:
             # `param.grad` (`_hp_grad` under BF16_Optimizer), but fp16 runs ZeRO-1 with fp32 gradient accumulation,
             # which keeps it in `param.grad_accum` and sets `param.grad = None`: the sum is skipped and stage 0's
             # table and the last stage's replica drift apart without an error
-            raise UserError(f"--precision fp16 with --pipeline_stage {p.pipeline_stage} and --share_embeddings 1 "
-                            f"would train the two copies of the shared table apart (DeepSpeed does not sum their "
-                            f"gradients under its fp16 optimizer); use --precision bf16 or fp32, or "
-                            f"--share_embeddings 0")
+            raise UserError(
+                f"--precision fp16 with --pipeline_stage {p.pipeline_stage} and --share_embeddings 1 "
+                f"would train the two copies of the shared table apart (DeepSpeed does not sum their "
+                f"gradients under its fp16 optimizer); use --precision bf16 or fp32, or "
+                f"--share_embeddings 0"
+            )
 
     @classmethod
     def from_flags(cls, args: argparse.Namespace) -> TrainConfig:
         """Each section takes the flags of its fields' names (a copy_of field its own copy); the rest (plan.py's
         --hostfile ...) are the caller's."""
         flags = vars(args)
-        sections = {name: kind(**{f.name: flags[f.name] for f in dataclasses.fields(kind) if f.name in flags})
-                    for name, kind in SECTIONS.items()}
+        sections = {
+            name: kind(**{f.name: flags[f.name] for f in dataclasses.fields(kind) if f.name in flags})
+            for name, kind in SECTIONS.items()
+        }
         return cls(**sections, recipe=flags.get("recipe"), explicit=dict(flags.get("explicit") or {}))
 
     def to_flags(self) -> argparse.Namespace:
@@ -408,7 +581,7 @@ class TrainConfig:
         """The same configuration with some flags changed, every section checked again."""
         flags = self.to_flags()
         unknown = set(changes) - set(vars(flags))
-        if unknown:                              # a misspelt name would otherwise change nothing, silently
+        if unknown:  # a misspelt name would otherwise change nothing, silently
             raise TypeError(f"with_flags: no setting named {sorted(unknown)}")
         for dest, value in changes.items():
             setattr(flags, dest, value)

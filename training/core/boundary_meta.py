@@ -13,12 +13,17 @@ The receive buffers still come from the engine's one growing pool (`_allocate_or
 `dynamic_shape` uses), so memory does not grow with the number of shapes; gradient buffers are sized from the
 stage's own outputs, which needs no message. Token batches snap to few shapes
 (preprocess.token_batches, `--num_batch_buckets`), so a run sends a handful of metadata messages."""
+
 from __future__ import annotations
 
 import torch
 
-PARTITION_RECORDS = ("pipe_partition_input_meta_cache", "pipe_partition_output_meta_cache",
-                     "pipe_partition_grad_meta_cache", "grad_partition_grad_layer_meta_cache")
+PARTITION_RECORDS = (
+    "pipe_partition_input_meta_cache",
+    "pipe_partition_output_meta_cache",
+    "pipe_partition_grad_meta_cache",
+    "grad_partition_grad_layer_meta_cache",
+)
 
 
 def _layout(buffers) -> tuple:
@@ -34,14 +39,16 @@ class BoundaryMeta:
     def __init__(self, ds_engine):
         self.ds = ds_engine
         self.shape: tuple | None = None
-        self.sent: set = set()                  # shapes whose metadata this stage sent to the next one
-        self.received: dict = {}                # shape -> the layout this stage received from the one before
-        self.partition: dict = {}               # shape -> the engine's split records for it
-        self.messages = {"sent": 0, "received": 0}      # metadata messages that really crossed (tests count them)
+        self.sent: set = set()  # shapes whose metadata this stage sent to the next one
+        self.received: dict = {}  # shape -> the layout this stage received from the one before
+        self.partition: dict = {}  # shape -> the engine's split records for it
+        self.messages = {"sent": 0, "received": 0}  # metadata messages that really crossed (tests count them)
         # the engine's parts this relies on (DeepSpeed >= 0.15, its dynamic-shape pipeline work); without them
         # the engine starts over at each change of shape, as before
-        self.remembers = all(hasattr(ds_engine, name) for name in
-                             ("_send_tensor_meta", "_recv_tensor_meta", "_allocate_or_extend_buffers"))
+        self.remembers = all(
+            hasattr(ds_engine, name)
+            for name in ("_send_tensor_meta", "_recv_tensor_meta", "_allocate_or_extend_buffers")
+        )
         if self.remembers:
             self._send, self._recv = ds_engine._send_tensor_meta, ds_engine._recv_tensor_meta
             ds_engine._send_tensor_meta = self._send_once

@@ -10,6 +10,7 @@ the last step's save every rank waits for every check, on the job's store and no
 a minute of hashing, which --comm_timeout must not bound: training.core.data_wait), so that no run ends with its
 checkpoint of data nobody checked.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,7 +22,7 @@ from common.ranks import local_rank_from_env
 from preprocess.trusted_files import first_mismatch, take
 from training.core.data_wait import DataWait
 
-NICE = 10                     # the thread's niceness: the steps' own threads come first on a busy CPU
+NICE = 10  # the thread's niceness: the steps' own threads come first on a busy CPU
 
 
 class DataRecheck:
@@ -40,7 +41,7 @@ class DataRecheck:
         return check
 
     def _run(self) -> None:
-        with contextlib.suppress(OSError, AttributeError):     # per thread on Linux; elsewhere it keeps its priority
+        with contextlib.suppress(OSError, AttributeError):  # per thread on Linux; elsewhere it keeps its priority
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), NICE)
         self.problem = first_mismatch(self.files)
 
@@ -61,9 +62,12 @@ class DataRecheck:
         mine = self.thread is not None
         with wait.preparing("checks the sha256 of its data files") if wait and mine else contextlib.nullcontext():
             if mine:
-                if self.thread.is_alive():      # a short run on a large corpus: say why its end waits
-                    print(f"step {step}: waiting for the full sha256 check of {len(self.files)} data file(s) this "
-                          f"start took on their record, before the last save", flush=True)
+                if self.thread.is_alive():  # a short run on a large corpus: say why its end waits
+                    print(
+                        f"step {step}: waiting for the full sha256 check of {len(self.files)} data file(s) this "
+                        f"start took on their record, before the last save",
+                        flush=True,
+                    )
                 self.thread.join()
                 self._raise_if_bad(step)
         if wait:

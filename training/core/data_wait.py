@@ -6,6 +6,7 @@ next collective while another node still builds. Waiting is polling: rank 0 prin
 naming the ranks still preparing. A leader that fails writes its error under FAILED; a waiter that reads it leaves
 (normally the job watch, training.run.job_watch, has ended it already with the failed rank's line).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -21,8 +22,8 @@ from training.core.job_store import closed, master_address
 PREFIX = "dsr/data"
 POLL = 0.2
 REPORT = 30.0
-OTHERS_DELAY = 10.0            # a waiter's own line comes late: the failed rank's line is the one to read
-_round = itertools.count()     # every rank prepares the same data sets in the same order: one key space each
+OTHERS_DELAY = 10.0  # a waiter's own line comes late: the failed rank's line is the one to read
+_round = itertools.count()  # every rank prepares the same data sets in the same order: one key space each
 
 
 def _canary() -> socket.socket | None:
@@ -43,15 +44,17 @@ class DataWait:
         self.rank, self.world, self.local_rank, self.store = rank, world, local_rank, store
         self.canary = _canary()
         self.key = f"{PREFIX}/{next(_round)}"
-        self.leader = rank - local_rank                        # the node's local rank 0 (ranks are node-contiguous)
+        self.leader = rank - local_rank  # the node's local rank 0 (ranks are node-contiguous)
 
     @classmethod
     def for_job(cls, local_rank: int) -> DataWait | None:
         """None for a single process (nothing to wait for)."""
         import torch.distributed as dist
+
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() <= 1:
             return None
         from torch.distributed.distributed_c10d import _get_default_store
+
         return cls(dist.get_rank(), dist.get_world_size(), local_rank, _get_default_store())
 
     def _ask(self, call, *args):
@@ -60,8 +63,12 @@ class DataWait:
                 raise ConnectionError
             return call(*args)
         except Exception:  # noqa: BLE001 - the store is gone: rank 0's process ended
-            raise UserError(f"rank {self.rank}: stopping: rank 0's process ended while the data was being prepared; "
-                            f"its log says why", report_delay=OTHERS_DELAY, exit_status=ABORTED) from None
+            raise UserError(
+                f"rank {self.rank}: stopping: rank 0's process ended while the data was being prepared; "
+                f"its log says why",
+                report_delay=OTHERS_DELAY,
+                exit_status=ABORTED,
+            ) from None
 
     def _store_gone(self) -> bool:
         """The canary reads its end: asking the store now would fail (the job watch, which sees the same, ends this
@@ -83,11 +90,14 @@ class DataWait:
         try:
             yield
         except Stopped:
-            raise                  # no failure: the others hear of the stop itself (training.run.job_watch)
+            raise  # no failure: the others hear of the stop itself (training.run.job_watch)
         except BaseException as exc:
             with contextlib.suppress(Exception):
-                self.store.compare_set(f"{self.key}/failed", "",
-                                       f"rank {self.rank} ({socket.gethostname()}) could not prepare the data: {exc}")
+                self.store.compare_set(
+                    f"{self.key}/failed",
+                    "",
+                    f"rank {self.rank} ({socket.gethostname()}) could not prepare the data: {exc}",
+                )
                 # the waiters read it and stop asking the store before this process (rank 0's: the store's server)
                 # ends: a store call that meets the server's end makes torch log a C++ stack on their rank
                 time.sleep(3 * POLL)
@@ -123,7 +133,10 @@ class DataWait:
             if self.rank == 0 and time.monotonic() - reported >= REPORT:
                 reported = time.monotonic()
                 busy = [b for b in (self._get(f"{self.key}/busy/{r}") for r in range(self.world)) if b]
-                print(f"waiting for the data ({time.monotonic() - started:.0f} s): {count} of {self.world} ranks "
-                      f"have it" + (f"; {'; '.join(busy)}" if busy else ""), flush=True)
+                print(
+                    f"waiting for the data ({time.monotonic() - started:.0f} s): {count} of {self.world} ranks "
+                    f"have it" + (f"; {'; '.join(busy)}" if busy else ""),
+                    flush=True,
+                )
             time.sleep(POLL)
             count = self._ask(self.store.add, f"{self.key}/count", 0)

@@ -17,6 +17,7 @@ ends in `TypeError: '>' not supported` after the model is built), and its pydant
 
 Keys starting with "_" are comments, as elsewhere in recipes.
 """
+
 from __future__ import annotations
 
 import enum
@@ -27,24 +28,55 @@ import typing
 from common.errors import UserError
 
 NUMBER, INTEGER, BOOLEAN, STRING, OBJECT = "a number", "an integer", "true or false", "a string", "a JSON object"
-SCALARS = {"train_batch_size": INTEGER, "train_micro_batch_size_per_gpu": INTEGER,
-           "gradient_accumulation_steps": INTEGER, "steps_per_print": INTEGER, "gradient_clipping": NUMBER,
-           "gradient_predivide_factor": NUMBER, "prescale_gradients": BOOLEAN, "sparse_gradients": BOOLEAN,
-           "wall_clock_breakdown": BOOLEAN, "memory_breakdown": BOOLEAN, "dump_state": BOOLEAN,
-           "zero_allow_untested_optimizer": BOOLEAN, "zero_force_ds_cpu_optimizer": BOOLEAN,
-           "disable_allgather": BOOLEAN, "dataloader_drop_last": BOOLEAN, "communication_data_type": STRING,
-           "seq_parallel_communication_data_type": STRING}
-OBJECTS = ("zero_optimization", "fp16", "bf16", "pipeline", "data_types", "optimizer", "scheduler",
-           "activation_checkpointing", "flops_profiler", "tensorboard", "wandb", "csv_monitor", "comms_logger",
-           "aio", "autotuning", "compression_training", "checkpoint", "elasticity")
+SCALARS = {
+    "train_batch_size": INTEGER,
+    "train_micro_batch_size_per_gpu": INTEGER,
+    "gradient_accumulation_steps": INTEGER,
+    "steps_per_print": INTEGER,
+    "gradient_clipping": NUMBER,
+    "gradient_predivide_factor": NUMBER,
+    "prescale_gradients": BOOLEAN,
+    "sparse_gradients": BOOLEAN,
+    "wall_clock_breakdown": BOOLEAN,
+    "memory_breakdown": BOOLEAN,
+    "dump_state": BOOLEAN,
+    "zero_allow_untested_optimizer": BOOLEAN,
+    "zero_force_ds_cpu_optimizer": BOOLEAN,
+    "disable_allgather": BOOLEAN,
+    "dataloader_drop_last": BOOLEAN,
+    "communication_data_type": STRING,
+    "seq_parallel_communication_data_type": STRING,
+}
+OBJECTS = (
+    "zero_optimization",
+    "fp16",
+    "bf16",
+    "pipeline",
+    "data_types",
+    "optimizer",
+    "scheduler",
+    "activation_checkpointing",
+    "flops_profiler",
+    "tensorboard",
+    "wandb",
+    "csv_monitor",
+    "comms_logger",
+    "aio",
+    "autotuning",
+    "compression_training",
+    "checkpoint",
+    "elasticity",
+)
 
 
 def _model(section: str):
     if section == "zero_optimization":
         from deepspeed.runtime.zero.config import DeepSpeedZeroConfig
+
         return DeepSpeedZeroConfig
     if section in ("fp16", "bf16"):
         from deepspeed.runtime.precision_config import DeepSpeedBF16Config, DeepSpeedFP16Config
+
         return DeepSpeedFP16Config if section == "fp16" else DeepSpeedBF16Config
     return None
 
@@ -53,8 +85,9 @@ def _kind_ok(value, kind: str) -> bool:
     if kind == BOOLEAN:
         return isinstance(value, bool)
     if kind == INTEGER:
-        return not isinstance(value, bool) and (isinstance(value, int) or
-                                                (isinstance(value, float) and value.is_integer()))
+        return not isinstance(value, bool) and (
+            isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+        )
     if kind == NUMBER:
         return not isinstance(value, bool) and isinstance(value, (int, float))
     if kind == STRING:
@@ -98,7 +131,7 @@ def _check_fields(model, values: dict, where: str, path: str) -> None:
             continue
         field = fields.get(key) or next((f for f in fields.values() if f.alias == key), None)
         if field is None:
-            continue                                       # the model below names unknown keys
+            continue  # the model below names unknown keys
         kind, nullable, sub = _expected(field.annotation)
         if kind is None or (value is None and nullable):
             continue
@@ -122,9 +155,11 @@ def check_communication_dtype(values: dict, where: str) -> None:
     """Refuse a gradient-reduction dtype other than fp32 (module docstring). null is refused too: DeepSpeed would
     then reduce in the training precision."""
     if "communication_data_type" in values and str(values["communication_data_type"]).lower() != "fp32":
-        raise UserError(f"{where}: communication_data_type is {json.dumps(values['communication_data_type'])}, but "
-                        f"gradients are averaged over the data-parallel ranks in fp32 under every --precision here "
-                        f"(a bf16 average is off by about 4e-3 relative at dp 8); remove the key or set it to \"fp32\"")
+        raise UserError(
+            f"{where}: communication_data_type is {json.dumps(values['communication_data_type'])}, but "
+            f"gradients are averaged over the data-parallel ranks in fp32 under every --precision here "
+            f'(a bf16 average is off by about 4e-3 relative at dp 8); remove the key or set it to "fp32"'
+        )
 
 
 def check_deepspeed_config(values: dict, where: str, precision: str) -> None:
@@ -144,6 +179,7 @@ def check_deepspeed_config(values: dict, where: str, precision: str) -> None:
             continue
         _check_fields(model, value, where, key)
         import pydantic
+
         try:
             model(**strip_comments(value))
         except pydantic.ValidationError as exc:
@@ -153,6 +189,8 @@ def check_deepspeed_config(values: dict, where: str, precision: str) -> None:
                 raise UserError(f"{where}: {field} is not a DeepSpeed setting (a typo?)") from None
             raise UserError(f"{where}: {field} is {json.dumps(err.get('input'), default=str)}: {err['msg']}") from None
         if key in ("fp16", "bf16") and "enabled" in value and value["enabled"] != (precision == key):
-            raise UserError(f"{where}: {key}.enabled is {json.dumps(value['enabled'])} but --precision is "
-                            f"{precision}; choose the precision with --precision (or the recipe's "
-                            f"training.precision), not in the DeepSpeed config")
+            raise UserError(
+                f"{where}: {key}.enabled is {json.dumps(value['enabled'])} but --precision is "
+                f"{precision}; choose the precision with --precision (or the recipe's "
+                f"training.precision), not in the DeepSpeed config"
+            )

@@ -6,6 +6,7 @@ pipeline_stage = 1 → the same blocks in one `nn.Module` on DeepSpeed's regular
 gradient-accumulation steps. In both cases DeepSpeed gets our grid as `mpu`, so its data-parallel reductions use the
 DP group and its gradient-norm treats TP-sharded parameters correctly.
 """
+
 from __future__ import annotations
 
 import math
@@ -49,14 +50,18 @@ def check_precision(precision: str) -> None:
     if precision == "fp32":
         return
     from deepspeed.accelerator import get_accelerator
+
     acc = get_accelerator()
     supported = acc.supported_dtypes()
     if HALF_DTYPES[precision] not in supported:
-        names = [n for n, d in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16))
-                 if d in supported]
+        names = [
+            n for n, d in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)) if d in supported
+        ]
         fallback = names[-1] if len(names) > 1 else "fp32"
-        raise UserError(f"--precision {precision}: DeepSpeed's {acc.device_name()} accelerator supports "
-                        f"{', '.join(names)} on this machine; use --precision {fallback}")
+        raise UserError(
+            f"--precision {precision}: DeepSpeed's {acc.device_name()} accelerator supports "
+            f"{', '.join(names)} on this machine; use --precision {fallback}"
+        )
 
 
 def optimizer_zero_stage(parallel: ParallelConfig, precision: str) -> int:
@@ -67,7 +72,7 @@ def optimizer_zero_stage(parallel: ParallelConfig, precision: str) -> int:
     without fp32 accumulation, sum micro-batch gradients in half precision, and ZeRO 0 with fp32 accumulation is
     refused), so a ZeRO-0 layout in fp16/bf16 runs stage 1: bf16 → BF16_Optimizer, fp16 → the ZeRO-1 optimizer
     with dynamic loss scaling. Stage 1 only partitions the optimizer state over dp (nothing changes at dp 1)."""
-    return deepspeed_zero_stage(parallel.effective_zero_stage, precision)   # one rule, plan.py's too
+    return deepspeed_zero_stage(parallel.effective_zero_stage, precision)  # one rule, plan.py's too
 
 
 def clips_in_client_optimizer(parallel: ParallelConfig, precision: str) -> bool:
@@ -79,7 +84,7 @@ def clips_in_client_optimizer(parallel: ParallelConfig, precision: str) -> bool:
 # (latency is amortised), small enough not to cost a noticeable share of memory on a large model (DeepSpeed's
 # default, 5e8 elements, is 2 GB in fp32). PyTorch DDP's default bucket is 25 MB; Megatron-DeepSpeed's recipes use
 # 50-500 MB.
-BUCKET_CAP_BYTES = 100 * 2 ** 20
+BUCKET_CAP_BYTES = 100 * 2**20
 
 # Gradients are averaged over the data-parallel ranks in fp32 under every precision (DeepSpeed's
 # `communication_data_type`; without it DeepSpeed reduces in the training precision: a bf16 average over 8 to 64
@@ -107,8 +112,10 @@ def bucket_elements(num_grad_elements: int, groups: int) -> int:
 # settings of its tutorials: gradient reduction overlapped with the backward pass, gradients copied into one
 # contiguous buffer); on CPUs/gloo off, as measured (no faster, slightly slower: BENCHMARKS.md). A recipe's
 # "deepspeed" section overrides either. Which optimizers overlap at all: docs/speed.md.
-ZERO_OVERLAP = {"cuda": {"overlap_comm": True, "contiguous_gradients": True},
-                "cpu": {"overlap_comm": False, "contiguous_gradients": False}}
+ZERO_OVERLAP = {
+    "cuda": {"overlap_comm": True, "contiguous_gradients": True},
+    "cpu": {"overlap_comm": False, "contiguous_gradients": False},
+}
 
 
 def zero_overlap(parallel: ParallelConfig, device_type: str) -> dict:
@@ -122,9 +129,16 @@ def zero_overlap(parallel: ParallelConfig, device_type: str) -> dict:
     return settings
 
 
-def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str, clip_grad: float,
-                     num_grad_elements: int, overrides: dict | None = None,
-                     user_file: str | None = None, device_type: str = "cpu") -> dict:
+def deepspeed_config(
+    parallel: ParallelConfig,
+    global_batch: int,
+    precision: str,
+    clip_grad: float,
+    num_grad_elements: int,
+    overrides: dict | None = None,
+    user_file: str | None = None,
+    device_type: str = "cpu",
+) -> dict:
     """The DeepSpeed config for a layout; `device_type`: the accelerator's ("cuda", "cpu"), which picks the ZeRO
     overlap defaults (ZERO_OVERLAP)."""
     micro = global_batch // (parallel.data_parallel * parallel.micro_batch_num)
@@ -136,11 +150,15 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
         "gradient_accumulation_steps": parallel.micro_batch_num,
         # fp32 ZeRO 0 clips in training.core.grad_norm.ClippingAdamW (exact under pipelining); the rest in DeepSpeed
         "gradient_clipping": 0.0 if clips_in_client_optimizer(parallel, precision) else clip_grad,
-        "steps_per_print": 10 ** 9,
+        "steps_per_print": 10**9,
         "wall_clock_breakdown": False,
         "zero_allow_untested_optimizer": True,
-        "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": bucket, "allgather_bucket_size": bucket,
-                              **zero_overlap(parallel, device_type)},
+        "zero_optimization": {
+            "stage": zero_stage,
+            "reduce_bucket_size": bucket,
+            "allgather_bucket_size": bucket,
+            **zero_overlap(parallel, device_type),
+        },
         "fp16": {"enabled": precision == "fp16"},
         "bf16": {"enabled": precision == "bf16"},
         # every optimizer DeepSpeed builds here casts to this before its gradient all-reduce / reduce-scatter
@@ -160,35 +178,51 @@ def deepspeed_config(parallel: ParallelConfig, global_batch: int, precision: str
     extra = dict(overrides or {})
     if user_file:
         from common.user_files import read_json
+
         extra.update(read_json(user_file, "--deepspeed_config"))
     for key in ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"):
         if key in extra and extra[key] != cfg[key]:
-            raise UserError(f"DeepSpeed config sets {key}={extra[key]} but the flags give {cfg[key]} "
-                            f"(batch_size={global_batch}, dp={parallel.data_parallel}, micro_batch_num="
-                            f"{parallel.micro_batch_num}); remove it from the DeepSpeed config or change the flags")
+            raise UserError(
+                f"DeepSpeed config sets {key}={extra[key]} but the flags give {cfg[key]} "
+                f"(batch_size={global_batch}, dp={parallel.data_parallel}, micro_batch_num="
+                f"{parallel.micro_batch_num}); remove it from the DeepSpeed config or change the flags"
+            )
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(cfg.get(key), dict):
             cfg[key] = {**cfg[key], **value}
         else:
             cfg[key] = value
     if cfg["zero_optimization"]["stage"] != zero_stage:
-        raise UserError("set the ZeRO stage with --zero_stage / --enable_parallel_optimizer, not in the DeepSpeed "
-                        "config, so the layout check sees it")
-    for key in ("fp16", "bf16"):        # (DeepSpeed ignores the old "bfloat16" key when "bf16" is there)
+        raise UserError(
+            "set the ZeRO stage with --zero_stage / --enable_parallel_optimizer, not in the DeepSpeed "
+            "config, so the layout check sees it"
+        )
+    for key in ("fp16", "bf16"):  # (DeepSpeed ignores the old "bfloat16" key when "bf16" is there)
         # another precision here would make DeepSpeed build an optimizer the run does not describe (fp16/bf16
         # at ZeRO 0 → FP16_UnfusedOptimizer, whose state checkpoints cannot find)
         if isinstance(cfg.get(key), dict) and bool(cfg[key].get("enabled")) != (precision == key):
-            raise UserError(f"the DeepSpeed config sets {key}.enabled={cfg[key].get('enabled')} but --precision is "
-                            f"{precision}; choose the precision with --precision (fp32, bf16, fp16), not in the "
-                            f"DeepSpeed config")
+            raise UserError(
+                f"the DeepSpeed config sets {key}.enabled={cfg[key].get('enabled')} but --precision is "
+                f"{precision}; choose the precision with --precision (fp32, bf16, fp16), not in the "
+                f"DeepSpeed config"
+            )
     return cfg
 
 
 class Engine:
     """The DeepSpeed engine plus what the loop needs to know about this rank's place and the objective."""
 
-    def __init__(self, ds_engine, ctx: ParallelContext, parallel: ParallelConfig, model_cfg: ModelConfig,
-                 pipelined: bool, ds_config: dict, objective: GlobalTokenMean, precision: str):
+    def __init__(
+        self,
+        ds_engine,
+        ctx: ParallelContext,
+        parallel: ParallelConfig,
+        model_cfg: ModelConfig,
+        pipelined: bool,
+        ds_config: dict,
+        objective: GlobalTokenMean,
+        precision: str,
+    ):
         self.ds, self.ctx, self.parallel, self.model_cfg = ds_engine, ctx, parallel, model_cfg
         self.pipelined, self.ds_config, self.objective, self.precision = pipelined, ds_config, objective, precision
         # checkpoint lineage (training.checkpoint.manager): first save, or the loaded one
@@ -218,22 +252,31 @@ class Engine:
     def describe(self) -> dict:
         """What runs: the layout, and the precision and optimizer DeepSpeed actually built (OUTPUT_DIR/run.json)."""
         import torch.distributed as dist
+
         _, accum_dtype = self.ds.get_data_types()
         p = self.parallel
-        return {"world": dist.get_world_size(), "dp": p.data_parallel, "mp": p.model_parallel,
-                "pp": p.pipeline_stage, "micro_batch_num": p.micro_batch_num, "interleave_num": p.interleave_num,
-                "zero_stage": self.zero_stage,
-                "recompute": p.recompute, "precision": self.precision, "optimizer": type(self.ds.optimizer).__name__,
-                "grad_accum_dtype": str(accum_dtype).replace("torch.", ""),
-                # the dtype DeepSpeed casts gradients to for the data-parallel reduction, and whether the optimizer
-                # it built overlaps that reduction with the backward pass (ZeRO 1-3 with overlap_comm; docs/speed.md)
-                "grad_reduce_dtype": str(self.ds.communication_data_type).replace("torch.", ""),
-                "grad_reduce_overlap": self.reduction_overlaps_backward(),
-                "backend": dist.get_backend(),
-                "device": self.device.type,
-                # stage boundaries split over the TP ranks on the wire (the pipeline engine's own flags)
-                "pipe_partitioned": bool(getattr(self.ds, "is_pipe_partitioned", False)),
-                "grad_partitioned": bool(getattr(self.ds, "is_grad_partitioned", False))}
+        return {
+            "world": dist.get_world_size(),
+            "dp": p.data_parallel,
+            "mp": p.model_parallel,
+            "pp": p.pipeline_stage,
+            "micro_batch_num": p.micro_batch_num,
+            "interleave_num": p.interleave_num,
+            "zero_stage": self.zero_stage,
+            "recompute": p.recompute,
+            "precision": self.precision,
+            "optimizer": type(self.ds.optimizer).__name__,
+            "grad_accum_dtype": str(accum_dtype).replace("torch.", ""),
+            # the dtype DeepSpeed casts gradients to for the data-parallel reduction, and whether the optimizer
+            # it built overlaps that reduction with the backward pass (ZeRO 1-3 with overlap_comm; docs/speed.md)
+            "grad_reduce_dtype": str(self.ds.communication_data_type).replace("torch.", ""),
+            "grad_reduce_overlap": self.reduction_overlaps_backward(),
+            "backend": dist.get_backend(),
+            "device": self.device.type,
+            # stage boundaries split over the TP ranks on the wire (the pipeline engine's own flags)
+            "pipe_partitioned": bool(getattr(self.ds, "is_pipe_partitioned", False)),
+            "grad_partitioned": bool(getattr(self.ds, "is_grad_partitioned", False)),
+        }
 
     def reduction_overlaps_backward(self) -> bool:
         """Whether the optimizer DeepSpeed built reduces gradients on a stream of its own while backward runs: ZeRO 1/2
@@ -259,8 +302,9 @@ class Engine:
         fp32_groups_flat_partition (BF16_Optimizer)."""
         opt = self.ds.optimizer
         base = getattr(opt, "optimizer", opt)
-        total = sum(v.nbytes for state in base.state.values() for k, v in state.items()
-                    if k in ("exp_avg", "exp_avg_sq"))
+        total = sum(
+            v.nbytes for state in base.state.values() for k, v in state.items() if k in ("exp_avg", "exp_avg_sq")
+        )
         for attr in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
             total += sum(t.nbytes for t in getattr(opt, attr, None) or [] if torch.is_tensor(t))
         return int(total)
@@ -270,15 +314,29 @@ class Engine:
         return float(self.ds.optimizer.loss_scale) if self.precision == "fp16" else None
 
 
-def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size: int, global_batch: int,
-                 seed: int, lr: float, weight_decay: float, lr_schedule: Callable[[int], float], clip_grad: float,
-                 betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8, precision: str = "fp32",
-                 pipeline_func: str | None = None,
-                 ds_overrides: dict | None = None, ds_config_file: str | None = None) -> Engine:
+def build_engine(
+    model_cfg: ModelConfig,
+    parallel: ParallelConfig,
+    *,
+    world_size: int,
+    global_batch: int,
+    seed: int,
+    lr: float,
+    weight_decay: float,
+    lr_schedule: Callable[[int], float],
+    clip_grad: float,
+    betas: tuple[float, float] = (0.9, 0.98),
+    eps: float = 1e-8,
+    precision: str = "fp32",
+    pipeline_func: str | None = None,
+    ds_overrides: dict | None = None,
+    ds_config_file: str | None = None,
+) -> Engine:
     """The DeepSpeed engine for a layout the caller has validated (model.config.validate_layout, once, in
     training.trainer.Trainer.setup). With token batches (shapes that change between steps, `Engine.expect_shape`)
     `global_batch` is the number the batch sizes are a multiple of, which DeepSpeed's config counts as its batch."""
     import deepspeed
+
     func = load_pipeline_func(pipeline_func)
     grid = build_grid(parallel)
     pipelined = parallel.pipeline_stage > 1
@@ -292,19 +350,21 @@ def build_engine(model_cfg: ModelConfig, parallel: ParallelConfig, *, world_size
     # dropout streams: same default stream on the TP ranks of a stage, one extra stream per TP rank
     RNG.seed(seed, tp_rank=ctx.tp_rank, pp_rank=ctx.pp_rank)
     n_grad = sum(p.numel() for p in model.parameters())
-    ds_cfg = deepspeed_config(parallel, global_batch, precision, clip_grad, n_grad, ds_overrides, ds_config_file,
-                              device_type=device().type)
+    ds_cfg = deepspeed_config(
+        parallel, global_batch, precision, clip_grad, n_grad, ds_overrides, ds_config_file, device_type=device().type
+    )
     groups = weight_decay_groups(model, weight_decay)
     # fused: one kernel over all parameters instead of ~10 elementwise passes per tensor (on this repository's
     # CPU benchmark 2.5 s → 0.14 s per step for 13 M parameters; CUDA has a fused AdamW too). Elementwise, so every
     # layout and ZeRO partitioning computes each element alike.
     adamw = dict(lr=lr, betas=tuple(betas), eps=eps, fused=True)
     if clips_in_client_optimizer(parallel, precision):
-        optimizer = ClippingAdamW(groups, max_norm=clip_grad, tp_rank=ctx.tp_rank,
-                                  norm_group=grid.get_model_parallel_group(), **adamw)
+        optimizer = ClippingAdamW(
+            groups, max_norm=clip_grad, tp_rank=ctx.tp_rank, norm_group=grid.get_model_parallel_group(), **adamw
+        )
     else:
         optimizer = torch.optim.AdamW(groups, **adamw)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)      # training.core.schedule.lr_factor
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_schedule)  # training.core.schedule.lr_factor
     kwargs = dict(model=model, optimizer=optimizer, lr_scheduler=scheduler, config=ds_cfg)
     if not pipelined:
         kwargs["mpu"] = grid

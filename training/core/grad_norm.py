@@ -13,6 +13,7 @@ the accumulation boundary, after the data-parallel gradient all-reduce. DeepSpee
 on `PipelineParallelGrid` — is 0, which drops the replicated parameters of every stage but the first. The optimizers
 DeepSpeed wraps (ZeRO 1–3, BF16_Optimizer) count them by the TP rank and compute the same norm themselves.
 """
+
 from __future__ import annotations
 
 import math

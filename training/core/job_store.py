@@ -9,6 +9,7 @@ another job's, which is then only read) and refuses a store whose launcher's id 
 is not its own; once its process group exists it is "joined" to the job named there. The job watch and the rank
 supervisors (training.run.job_watch) act only on the store holding their job's id; an unjoined rank writes nothing.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -25,13 +26,13 @@ from common.ranks import launch_id_from_env
 _ATTEMPT = f"/{os.environ['TORCHELASTIC_RESTART_COUNT']}" if os.environ.get("TORCHELASTIC_RESTART_COUNT") else ""
 JOB_KEY = f"dsr/job{_ATTEMPT}"
 LAUNCH_KEY = f"dsr/launch{_ATTEMPT}"
-SEAT_KEY = f"dsr/seat{_ATTEMPT}/"   # + rank: taken by that rank (a random value) before its rendezvous
+SEAT_KEY = f"dsr/seat{_ATTEMPT}/"  # + rank: taken by that rank (a random value) before its rendezvous
 # seconds a store may take to show its launch id after it answers (rank 0 writes it at once)
 LAUNCH_WAIT = 10.0
 
-_job: str | None = None    # this process's job id, once joined
-_pending: str | None = None   # the job id of the store this rank took its seat in, until the rendezvous is done
-_server = None                # rank 0: the store object that keeps the server alive while torch's rendezvous reuses it
+_job: str | None = None  # this process's job id, once joined
+_pending: str | None = None  # the job id of the store this rank took its seat in, until the rendezvous is done
+_server = None  # rank 0: the store object that keeps the server alive while torch's rendezvous reuses it
 
 
 def joined_job() -> str | None:
@@ -40,13 +41,15 @@ def joined_job() -> str | None:
 
 
 def _use_libuv() -> bool:
-    return os.environ.get("USE_LIBUV", "1") == "1"          # as torch's env:// rendezvous decides it
+    return os.environ.get("USE_LIBUV", "1") == "1"  # as torch's env:// rendezvous decides it
 
 
 def busy_port_error(addr: str, port: int) -> UserError:
-    return UserError(f"the master port {port} at {addr} is in use (another job's rendezvous?): start this job on "
-                     f"another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun (run.sh "
-                     f"and run_cluster.sh take a free one when MASTER_PORT is unset)")
+    return UserError(
+        f"the master port {port} at {addr} is in use (another job's rendezvous?): start this job on "
+        f"another port — `deepspeed --master_port N`, or MASTER_PORT=N for mpirun/torchrun (run.sh "
+        f"and run_cluster.sh take a free one when MASTER_PORT is unset)"
+    )
 
 
 def master_address() -> tuple[str, int] | None:
@@ -68,31 +71,46 @@ def closed(canary: socket.socket) -> bool:
 
 def client(addr: str, port: int, timeout: float):
     from torch.distributed import TCPStore
-    return TCPStore(addr, port, is_master=False, timeout=datetime.timedelta(seconds=timeout),
-                    wait_for_workers=False, use_libuv=_use_libuv())
+
+    return TCPStore(
+        addr,
+        port,
+        is_master=False,
+        timeout=datetime.timedelta(seconds=timeout),
+        wait_for_workers=False,
+        use_libuv=_use_libuv(),
+    )
 
 
 def create(addr: str, port: int, timeout: float) -> str:
     """Rank 0, before the rendezvous: serve the job's store on `port` and name the job in it; returns the job id."""
     global _job, _server
     if _server is not None:
-        return _job                                          # a second run in the same process (the tests' driver)
+        return _job  # a second run in the same process (the tests' driver)
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        store = client(addr, port, timeout)    # torchrun's agent serves this job's store (torch's rendezvous knows)
+        store = client(addr, port, timeout)  # torchrun's agent serves this job's store (torch's rendezvous knows)
     else:
         store = _serve(addr, port, timeout)
     job = uuid.uuid4().hex
     store.set(LAUNCH_KEY, launch_id_from_env())
-    store.set(JOB_KEY, job)                                  # last: a store with a job id also has its launch id
+    store.set(JOB_KEY, job)  # last: a store with a job id also has its launch id
     _server, _job = store, job
     return job
 
 
 def _serve(addr: str, port: int, timeout: float):
     from torch.distributed import DistNetworkError, TCPStore
+
     try:
-        return TCPStore(addr, port, is_master=True, multi_tenant=True, wait_for_workers=False,
-                        timeout=datetime.timedelta(seconds=timeout), use_libuv=_use_libuv())
+        return TCPStore(
+            addr,
+            port,
+            is_master=True,
+            multi_tenant=True,
+            wait_for_workers=False,
+            timeout=datetime.timedelta(seconds=timeout),
+            use_libuv=_use_libuv(),
+        )
     except DistNetworkError as exc:
         if "EADDRINUSE" in str(exc) or "already in use" in str(exc):
             raise busy_port_error(addr, port) from None
@@ -118,11 +136,11 @@ def check_before_rendezvous(addr: str, port: int, rank: int, timeout: float) -> 
     compare_set changes nothing: the other job's store is only read."""
     global _pending
     if _job is not None:
-        return                                               # a second run in the same process (the tests' driver)
+        return  # a second run in the same process (the tests' driver)
     store = client(addr, port, timeout)
     theirs = launch_of(store)
     if theirs is None:
-        return                      # no job named there: a failed rank 0's news (the job watch hears it), or not ours
+        return  # no job named there: a failed rank 0's news (the job watch hears it), or not ours
     mine = launch_id_from_env()
     if mine and theirs.partition("=")[0] == mine.partition("=")[0] and theirs != mine:
         raise _another_job(addr, port, f"its launcher's job id is {theirs}; this rank's is {mine}")
@@ -137,9 +155,11 @@ ANOTHER_JOB_DELAY = 10.0
 
 
 def _another_job(addr: str, port: int, why: str) -> UserError:
-    return UserError(f"the store at MASTER_ADDR:MASTER_PORT {addr}:{port} belongs to another job ({why}): start this "
-                     f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N",
-                     report_delay=ANOTHER_JOB_DELAY)
+    return UserError(
+        f"the store at MASTER_ADDR:MASTER_PORT {addr}:{port} belongs to another job ({why}): start this "
+        f"job on another port — `deepspeed --master_port N`, or MASTER_PORT=N",
+        report_delay=ANOTHER_JOB_DELAY,
+    )
 
 
 def join(addr: str, port: int, timeout: float) -> str:

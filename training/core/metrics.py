@@ -6,6 +6,7 @@ they vary), tokens (the global batch's target tokens), tokens_per_sec,
 step_time, padding (PAD share of the batch's positions), tflops (the model's FLOPs per second, all ranks), mfu
 (where the device's peak is known), peak_mem_mib; see training/core/speed.py), and the experiment trackers chosen
 (training/core/trackers.py: the same numbers, and run.json as their configuration)."""
+
 from __future__ import annotations
 
 import json
@@ -37,41 +38,61 @@ def format_duration(seconds: float) -> str:
 
 
 class MetricsWriter:
-    def __init__(self, output_dir: str, enabled: bool, total_steps: int, start_step: int = 0, resumed: bool = False,
-                 log_interval: int = 1, tensorboard: bool = True, checkpoint_steps: int = 0,
-                 trackers: Trackers | None = None):
+    def __init__(
+        self,
+        output_dir: str,
+        enabled: bool,
+        total_steps: int,
+        start_step: int = 0,
+        resumed: bool = False,
+        log_interval: int = 1,
+        tensorboard: bool = True,
+        checkpoint_steps: int = 0,
+        trackers: Trackers | None = None,
+    ):
         self.enabled, self.log_interval, self.output_dir = enabled, max(1, log_interval), output_dir
         self.total_steps = total_steps
         self._jsonl = self._tb = self._bar = None
-        self._trackers = trackers if enabled and trackers else None     # rank 0's alone: one tracker run per job
-        self._clock: tuple[float, int] | None = None    # (when this run's first step began, the step before it)
+        self._trackers = trackers if enabled and trackers else None  # rank 0's alone: one tracker run per job
+        self._clock: tuple[float, int] | None = None  # (when this run's first step began, the step before it)
         if not enabled:
             return
         os.makedirs(output_dir, exist_ok=True)
         # append: a resumed run continues the same file (its steps carry on from the checkpoint's), after dropping
         # the records of the steps it replays; TensorBoard hides those events itself (purge_step)
         path = os.path.join(output_dir, "metrics.jsonl")
-        if not resumed:                   # a fresh start (training.run.start_point decided it)
+        if not resumed:  # a fresh start (training.run.start_point decided it)
             forget_earlier_runs(output_dir)
             kept = keep_earlier_records(path)
             if kept:
-                print(f"{path} held the records of an earlier run with no checkpoint to continue; kept as {kept}",
-                      flush=True)
+                print(
+                    f"{path} held the records of an earlier run with no checkpoint to continue; kept as {kept}",
+                    flush=True,
+                )
         else:
             if self._trackers is not None:
                 self._trackers.resuming()
             dropped = drop_records_after(path, start_step)
             if dropped:
-                print(f"{path}: removed {dropped} records after step {start_step} (this run writes those steps "
-                      f"again)", flush=True)
+                print(
+                    f"{path}: removed {dropped} records after step {start_step} (this run writes those steps again)",
+                    flush=True,
+                )
         self._path = path
         # unbuffered: one whole line per write call (see _append)
         self._jsonl = open(path, "ab", buffering=0)  # noqa: SIM115 - the run's log, open until close()
         if tensorboard:
-            self._tb = TensorBoard(os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1,
-                                   flush_steps=checkpoint_steps)
-        self._bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
-                         disable=None if sys.stderr.isatty() else True)
+            self._tb = TensorBoard(
+                os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1, flush_steps=checkpoint_steps
+            )
+        self._bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            disable=None if sys.stderr.isatty() else True,
+        )
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -79,33 +100,39 @@ class MetricsWriter:
         # strict JSON: a non-finite value (an fp16 overflow's grad norm) is written as null
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
         step = record["step"]
-        if self._clock is None:                       # the first step of this run (a resume starts later)
+        if self._clock is None:  # the first step of this run (a resume starts later)
             self._clock = (time.monotonic() - record.get("step_time", 0.0), step - 1)
         self._append(json.dumps(record, allow_nan=False) + "\n", step)
         if self._tb is not None:
             scalars = {f"train/{key}": record[key] for key in TRAIN_SCALARS if record.get(key) is not None}
-            scalars.update({f"valid/{key[len('valid_'):]}": record[key] for key in ("valid_loss", "valid_bleu")
-                            if record.get(key) is not None})
+            scalars.update(
+                {
+                    f"valid/{key[len('valid_') :]}": record[key]
+                    for key in ("valid_loss", "valid_bleu")
+                    if record.get(key) is not None
+                }
+            )
             self._tb.write(scalars, step)
         if self._trackers is not None:
             self._trackers.log(record)
         if self._bar is not None:
             self._bar.update(1)
-            self._bar.set_postfix(loss=_fmt(record['loss']), tok_s=f"{record['tokens_per_sec']:.0f}")
+            self._bar.set_postfix(loss=_fmt(record["loss"]), tok_s=f"{record['tokens_per_sec']:.0f}")
         if step % self.log_interval == 0 or "valid_loss" in record:
             # the seed's LossMonitor/TimeMonitor line, plus throughput (and every validation, whatever the interval)
             line = f"epoch: {record['epoch']} step: {step}, loss is {_fmt(record['loss'])}"
             if "grad_norm" in record:
                 line += f", grad norm: {_fmt(record['grad_norm'])}"
             if "valid_loss" in record:
-                line += (f", valid loss: {_fmt(record['valid_loss'])} (best {_fmt(record['best_valid_loss'])} "
-                         f"at step {record['best_step']})")
+                line += (
+                    f", valid loss: {_fmt(record['valid_loss'])} (best {_fmt(record['best_valid_loss'])} "
+                    f"at step {record['best_step']})"
+                )
             if "valid_bleu" in record:
                 line += f", valid BLEU: {record['valid_bleu']:.2f}"
             if record.get("loss_scale") is not None:
                 line += f", loss scale: {record['loss_scale']:g} (skipped steps: {record['skipped_steps']})"
-            line += (f", step time: {record['step_time'] * 1000:.1f} ms, "
-                     f"tokens/s: {record['tokens_per_sec']:.0f}")
+            line += f", step time: {record['step_time'] * 1000:.1f} ms, tokens/s: {record['tokens_per_sec']:.0f}"
             if record.get("mfu") is not None:
                 line += f", MFU: {100 * record['mfu']:.1f}%"
             line += f", ETA: {format_duration(self.eta_seconds(step))}"
@@ -126,14 +153,16 @@ class MetricsWriter:
         start = self._jsonl.seek(0, os.SEEK_END)
         try:
             while data:
-                data = data[self._jsonl.write(data):]
+                data = data[self._jsonl.write(data) :]
         except OSError as exc:
             self._jsonl.truncate(start)
             if no_room_error(exc) is None:
                 raise
-            raise UserError(f"writing {self._path} failed at step {step} ({exc.strerror}): the file ends with "
-                            f"step {step - 1}'s record, whole. Free space (or raise the file-size limit) and "
-                            f"continue with --resume from the last checkpoint") from None
+            raise UserError(
+                f"writing {self._path} failed at step {step} ({exc.strerror}): the file ends with "
+                f"step {step - 1}'s record, whole. Free space (or raise the file-size limit) and "
+                f"continue with --resume from the last checkpoint"
+            ) from None
 
     def run_info(self, info: dict) -> None:
         """OUTPUT_DIR/run.json: what this run is (layout, precision, optimizer DeepSpeed built, steps)."""
@@ -164,8 +193,18 @@ class MetricsWriter:
             self._trackers.close(status)
 
 
-TRAIN_SCALARS = ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_sec", "step_time", "padding", "tflops", "mfu",
-                 "peak_mem_mib")
+TRAIN_SCALARS = (
+    "loss",
+    "lr",
+    "grad_norm",
+    "loss_scale",
+    "tokens_per_sec",
+    "step_time",
+    "padding",
+    "tflops",
+    "mfu",
+    "peak_mem_mib",
+)
 
 
 class TensorBoard:
@@ -183,6 +222,7 @@ class TensorBoard:
 
     def __init__(self, folder: str, purge_step: int, flush_secs: float = FLUSH_SECS, flush_steps: int = 0):
         from torch.utils.tensorboard import SummaryWriter
+
         _quiet_tensorboard_threads()
         self.folder, self.flush_secs, self.flush_steps = folder, flush_secs, flush_steps
         self._writer = SummaryWriter(folder, purge_step=purge_step)
@@ -196,6 +236,7 @@ class TensorBoard:
             if now - self._flushed >= self.flush_secs or (self.flush_steps and step % self.flush_steps == 0):
                 self._writer.flush()
                 self._flushed = now
+
         self._guarded(step, add)
 
     def close(self) -> None:
@@ -212,9 +253,12 @@ class TensorBoard:
                 raise
             self._writer = None
             at = f" at step {step}" if step is not None else ""
-            print(f"warning: TensorBoard events into {self.folder} stopped{at} ({full.strerror}); training goes "
-                  f"on and metrics.jsonl keeps every step. Free space there (or use --tensorboard 0)",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: TensorBoard events into {self.folder} stopped{at} ({full.strerror}); training goes "
+                f"on and metrics.jsonl keeps every step. Free space there (or use --tensorboard 0)",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _quiet_tensorboard_threads() -> None:
@@ -227,6 +271,7 @@ def _quiet_tensorboard_threads() -> None:
     def hook(args):
         if not (type(args.thread).__module__.startswith("tensorboard.") and no_room_error(args.exc_value)):
             before(args)
+
     hook.tensorboard_quiet = True
     threading.excepthook = hook
 
@@ -258,7 +303,7 @@ def drop_records_after(path: str, step: int) -> int:
             if isinstance(record, dict) and int(record.get("step", 0)) <= step:
                 keep.append(line if line.endswith("\n") else line + "\n")
         except (ValueError, TypeError):
-            pass                                   # a line a crash cut short
+            pass  # a line a crash cut short
     dropped = len(lines) - len(keep)
     if dropped:
         with atomic_write(path) as f:

@@ -15,6 +15,7 @@ mean. The non-pipelined loop reports the loss the way DeepSpeed's pipeline engin
 micro-batches, then mean over the data-parallel ranks — with the reduction on the engine's device (nccl only takes
 device tensors).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

@@ -12,6 +12,7 @@ Every schedule starts with a linear warmup over `--warmup_steps` (factor (k+1)/w
 The factor is a pure function of the step, so a resumed run (any layout) continues the schedule exactly from the
 step stored in the checkpoint. Changing --steps on resume changes where cosine/polynomial end.
 """
+
 from __future__ import annotations
 
 import math
@@ -22,8 +23,9 @@ from common.errors import UserError
 SCHEDULES = ("constant", "inverse_sqrt", "cosine", "polynomial")
 
 
-def lr_factor(kind: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0,
-              power: float = 1.0) -> Callable[[int], float]:
+def lr_factor(
+    kind: str, warmup_steps: int, total_steps: int, min_ratio: float = 0.0, power: float = 1.0
+) -> Callable[[int], float]:
     check_schedule(kind, warmup_steps, total_steps, min_ratio, power)
 
     def factor(k: int) -> float:
@@ -37,6 +39,7 @@ def lr_factor(kind: str, warmup_steps: int, total_steps: int, min_ratio: float =
         if kind == "cosine":
             return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
         return min_ratio + (1.0 - min_ratio) * (1.0 - progress) ** power
+
     return factor
 
 
@@ -50,5 +53,7 @@ def check_schedule(kind: str, warmup_steps: int, total_steps: int, min_ratio: fl
     if power <= 0:
         raise UserError(f"--lr_power {power} must be > 0")
     if kind in ("cosine", "polynomial") and total_steps <= warmup_steps:
-        raise UserError(f"--lr_schedule {kind} decays from --warmup_steps {warmup_steps} to the last step, but the "
-                        f"run has {total_steps} steps; use more --steps or fewer --warmup_steps")
+        raise UserError(
+            f"--lr_schedule {kind} decays from --warmup_steps {warmup_steps} to the last step, but the "
+            f"run has {total_steps} steps; use more --steps or fewer --warmup_steps"
+        )

@@ -1,5 +1,6 @@
 """A step's speed figures for metrics.jsonl: achieved model FLOP/s, MFU where the device's peak is known, and
 peak memory — all from the one cost model (`model.costs`)."""
+
 from __future__ import annotations
 
 import resource
@@ -29,9 +30,9 @@ class SpeedMeter:
 
     def peak_memory_mib(self) -> float:
         if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2 ** 20
-        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss          # KiB on Linux, bytes on macOS
-        return kib / 1024 if sys.platform != "darwin" else kib / 2 ** 20
+            return torch.cuda.max_memory_allocated(self.device) / 2**20
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
+        return kib / 1024 if sys.platform != "darwin" else kib / 2**20
 
     def figures(self, src_tokens: int, tgt_tokens: int, pairs: int, lengths: tuple[int, int], seconds: float) -> dict:
         flops = model_flops(self.model_cfg, src_tokens, tgt_tokens, pairs, *lengths)

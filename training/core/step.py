@@ -1,4 +1,5 @@
 """One optimizer step for either engine kind, and what the step loop reads back from the engine."""
+
 from __future__ import annotations
 
 import time
@@ -17,7 +18,7 @@ def train_step(engine: Engine, batches: StepBatches) -> float:
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
         engine.expect_shape(batches.micro_shape)
-        engine.module.expect_packings(batches.packings())      # model.pipeline: no nonzero() on any stage
+        engine.module.expect_packings(batches.packings())  # model.pipeline: no nonzero() on any stage
         loss = float(ds.train_batch(data_iter=iter(batches)))
     else:
         ds.train()
@@ -40,9 +41,9 @@ def eval_step(engine: Engine, batches: StepBatches) -> float:
     engine.objective.begin_step(batches.global_tokens)
     if engine.pipelined:
         engine.expect_shape(batches.micro_shape)
-        engine.module.expect_packings(batches.packings())      # model.pipeline: no nonzero() on any stage
+        engine.module.expect_packings(batches.packings())  # model.pipeline: no nonzero() on any stage
         return float(ds.eval_batch(data_iter=iter(batches)))
-    ds.eval()                                              # no dropout while evaluating
+    ds.eval()  # no dropout while evaluating
     with torch.no_grad():
         micro_losses = [ds.module.loss_fn(ds(*inputs), labels) for inputs, labels in batches]
     return engine.objective.reported(micro_losses, engine.ctx.dp_group)

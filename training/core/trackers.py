@@ -6,6 +6,7 @@ tracker runs OUTPUT_DIR/trackers.json names. A tracker is a side channel: one th
 full, its server unreachable) is turned off with one warning, and training goes on.
 docs/metrics-and-validation.md#experiment-trackers.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,8 @@ from pathlib import Path
 from common.errors import UserError
 from common.staging import atomic_write
 
-DISTRIBUTION = "ds-transformer-recipes"          # setup.cfg's name: its extras [wandb] and [mlflow] install these
-RECORD = "trackers.json"        # in OUTPUT_DIR: the tracker runs this folder's run logs to, continued by its resumes
+DISTRIBUTION = "ds-transformer-recipes"  # setup.cfg's name: its extras [wandb] and [mlflow] install these
+RECORD = "trackers.json"  # in OUTPUT_DIR: the tracker runs this folder's run logs to, continued by its resumes
 
 
 def install_hint(extra: str) -> str:
@@ -41,7 +42,7 @@ def require(flag: str) -> None:
     for package in packages:
         try:
             found = importlib.util.find_spec(package) is not None
-        except (ImportError, ValueError):           # a finder that refuses it; a broken half-imported module
+        except (ImportError, ValueError):  # a finder that refuses it; a broken half-imported module
             found = False
         if not found:
             raise UserError(f"--{flag} needs the {package} package: {install_hint(flag)}, or leave --{flag} out")
@@ -49,8 +50,11 @@ def require(flag: str) -> None:
 
 def scalars(record: dict) -> dict:
     """The numbers of one metrics.jsonl record, under its keys, `step` left out (it is the tracker's step)."""
-    return {key: value for key, value in record.items() if key != "step" and not isinstance(value, bool)
-            and isinstance(value, (int, float)) and math.isfinite(value)}
+    return {
+        key: value
+        for key, value in record.items()
+        if key != "step" and not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+    }
 
 
 class WandbRun:
@@ -68,6 +72,7 @@ class WandbRun:
         (and entity). An offline run continued writes a second offline-run-* folder with the same id: `wandb sync`
         uploads them, in order, as one run."""
         import wandb
+
         self._wandb = wandb
         # WANDB_MODE (offline, disabled), WANDB_DIR and the rest of wandb's environment are read by wandb itself;
         # the run folder goes under OUTPUT_DIR unless WANDB_DIR says otherwise. console="off": wandb leaves
@@ -76,22 +81,39 @@ class WandbRun:
         mode = None if self.has_credentials(wandb) else "offline"
         if mode:
             folder = os.path.join(os.environ.get("WANDB_DIR") or self.output_dir, "wandb")
-            print(f"note: --wandb: no W&B credentials here (`wandb login` or WANDB_API_KEY), so the run is logged "
-                  f"offline in {folder}; upload it later with `wandb sync {folder}/offline-run-*`", flush=True)
-        self.continued = bool(earlier) and (earlier.get("project"), earlier.get("entity")) == \
-            (self.project, self.entity) and isinstance(earlier.get("id"), str)
+            print(
+                f"note: --wandb: no W&B credentials here (`wandb login` or WANDB_API_KEY), so the run is logged "
+                f"offline in {folder}; upload it later with `wandb sync {folder}/offline-run-*`",
+                flush=True,
+            )
+        self.continued = (
+            bool(earlier)
+            and (earlier.get("project"), earlier.get("entity")) == (self.project, self.entity)
+            and isinstance(earlier.get("id"), str)
+        )
 
         def init(**resume):
-            return wandb.init(project=self.project, entity=self.entity, name=self.name, dir=where, config=record,
-                              mode=mode, settings=wandb.Settings(console="off"), **resume)
+            return wandb.init(
+                project=self.project,
+                entity=self.entity,
+                name=self.name,
+                dir=where,
+                config=record,
+                mode=mode,
+                settings=wandb.Settings(console="off"),
+                **resume,
+            )
+
         if self.continued:
             try:
                 self._run = init(id=earlier["id"], resume="allow")
             except Exception as exc:  # noqa: BLE001 - e.g. a run deleted on the server: W&B refuses its id (409)
                 self.continued = False
-                print(f"note: --wandb: the run this one resumes ({earlier['id']}) cannot be continued "
-                      f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); a new run starts",
-                      flush=True)
+                print(
+                    f"note: --wandb: the run this one resumes ({earlier['id']}) cannot be continued "
+                    f"({str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}); a new run starts",
+                    flush=True,
+                )
         if not self.continued:
             self._run = init()
         # online, a resumed run's starting_step is the step after the server's last one (wandb drops, with a
@@ -106,8 +128,9 @@ class WandbRun:
         """Whether wandb may go online: credentials found (WANDB_API_KEY, a settings file, .netrc) or a mode that
         needs none. Without any, wandb.init asks for a key at a terminal — rank 0 blocked while the other ranks
         wait at their next collective — or, without one, raises."""
-        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or \
-                os.environ.get("WANDB_DISABLED", "").lower() in ("true", "1"):
+        if os.environ.get("WANDB_MODE", "").lower() in ("offline", "dryrun", "disabled") or os.environ.get(
+            "WANDB_DISABLED", ""
+        ).lower() in ("true", "1"):
             return True
         return bool(wandb.login(prompt=False, verify=False))
 
@@ -143,37 +166,50 @@ class MlflowRun:
         """earlier: trackers.json's entry of the run this one resumes, continued when it names the same experiment
         in the same tracking store and the store still has it."""
         import mlflow
+
         self._mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             # mlflow's default, a store in the working folder (and its file store refused since 3.x): the run's own
             # folder instead, a SQLite database with the artifacts beside it
             mlflow.set_tracking_uri(f"sqlite:///{Path(self.output_dir, 'mlflow.db').resolve()}")
             if mlflow.get_experiment_by_name(self.experiment) is None:
-                mlflow.create_experiment(self.experiment,
-                                         artifact_location=Path(self.output_dir, "mlruns").resolve().as_uri())
+                mlflow.create_experiment(
+                    self.experiment, artifact_location=Path(self.output_dir, "mlruns").resolve().as_uri()
+                )
         mlflow.set_experiment(self.experiment)
         self._logged = set()
-        if earlier and (earlier.get("experiment"), earlier.get("tracking_uri")) == \
-                (self.experiment, mlflow.get_tracking_uri()) and isinstance(earlier.get("run_id"), str):
+        if (
+            earlier
+            and (earlier.get("experiment"), earlier.get("tracking_uri")) == (self.experiment, mlflow.get_tracking_uri())
+            and isinstance(earlier.get("run_id"), str)
+        ):
             try:
                 # what the store has (the steps a killed run logged but still had queued, log_metrics being
                 # asynchronous, are not there); every training record has an lr
-                have = max((m.step for m in mlflow.tracking.MlflowClient().get_metric_history(earlier["run_id"],
-                                                                                             "lr")), default=0)
-                run = mlflow.start_run(run_id=earlier["run_id"])       # refuses a deleted run, changing nothing
+                have = max(
+                    (m.step for m in mlflow.tracking.MlflowClient().get_metric_history(earlier["run_id"], "lr")),
+                    default=0,
+                )
+                run = mlflow.start_run(run_id=earlier["run_id"])  # refuses a deleted run, changing nothing
                 self.continued, self.have_through = True, have
                 # a parameter keeps its first value (MLflow refuses a change); run.json, the artifact, is the latest
                 self._logged = set(run.data.params)
             except mlflow.exceptions.MlflowException as exc:
-                print(f"note: --mlflow: the run this one resumes ({earlier['run_id']}) cannot be continued "
-                      f"({str(exc).splitlines()[0][:200]}); a new run starts", flush=True)
+                print(
+                    f"note: --mlflow: the run this one resumes ({earlier['run_id']}) cannot be continued "
+                    f"({str(exc).splitlines()[0][:200]}); a new run starts",
+                    flush=True,
+                )
         if not self.continued:
             mlflow.start_run(run_name=self.name)
         self.update(record)
 
     def identity(self) -> dict:
-        return {"run_id": self._mlflow.active_run().info.run_id, "experiment": self.experiment,
-                "tracking_uri": self._mlflow.get_tracking_uri()}
+        return {
+            "run_id": self._mlflow.active_run().info.run_id,
+            "experiment": self.experiment,
+            "tracking_uri": self._mlflow.get_tracking_uri(),
+        }
 
     def update(self, record: dict) -> None:
         # parameters cannot change once logged: the new ones go in (the run record grows at the end), and the
@@ -222,11 +258,17 @@ class Trackers:
         self._runs, self._started, self._output_dir = list(runs), False, output_dir
         self._chosen = tuple(runs)
         self._step: int | None = None
-        self._resuming = False                         # from a checkpoint: continue the runs trackers.json names
+        self._resuming = False  # from a checkpoint: continue the runs trackers.json names
 
     @classmethod
-    def chosen(cls, output_dir: str, wandb: str | None = None, wandb_entity: str | None = None,
-               wandb_run_name: str | None = None, mlflow: str | None = None) -> Trackers:
+    def chosen(
+        cls,
+        output_dir: str,
+        wandb: str | None = None,
+        wandb_entity: str | None = None,
+        wandb_run_name: str | None = None,
+        mlflow: str | None = None,
+    ) -> Trackers:
         runs = []
         if wandb:
             runs.append(WandbRun(wandb, wandb_entity, wandb_run_name, output_dir))
@@ -255,9 +297,15 @@ class Trackers:
             self._guarded(run, "start", record, earlier.get(run.key))
         for run in self._runs:
             if run.continued:
-                print(f"note: {run.flag} continues the run named in {os.path.join(self._output_dir, RECORD)}"
-                      + (f" (it has steps through {run.have_through}: those are not sent again)"
-                         if run.have_through else ""), flush=True)
+                print(
+                    f"note: {run.flag} continues the run named in {os.path.join(self._output_dir, RECORD)}"
+                    + (
+                        f" (it has steps through {run.have_through}: those are not sent again)"
+                        if run.have_through
+                        else ""
+                    ),
+                    flush=True,
+                )
         ids = {}
         for run in self._runs:
             with contextlib.suppress(Exception):  # without its identity a resume starts a new tracker run, no more
@@ -278,7 +326,7 @@ class Trackers:
         try:
             with open(os.path.join(self._output_dir, RECORD), encoding="utf-8") as f:
                 record = json.load(f)
-        except (OSError, ValueError):               # none yet (a run before trackers.json existed), or damaged
+        except (OSError, ValueError):  # none yet (a run before trackers.json existed), or damaged
             return {}
         return {k: v for k, v in record.items() if isinstance(v, dict)} if isinstance(record, dict) else {}
 
@@ -288,8 +336,11 @@ class Trackers:
             with atomic_write(path) as f:
                 json.dump(record, f, indent=1)
         except OSError as exc:
-            print(f"warning: could not write {path} ({exc.strerror}): a resume of this run will start new tracker "
-                  f"runs", file=sys.stderr, flush=True)
+            print(
+                f"warning: could not write {path} ({exc.strerror}): a resume of this run will start new tracker runs",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self, status: str) -> None:
         """status: finished, stopped (a stop request) or failed."""
@@ -305,5 +356,8 @@ class Trackers:
             run.abandon()
             at = f" at step {self._step}" if self._step is not None else ""
             why = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-            print(f"warning: {run.flag} tracking stopped{at} ({why}); training goes on, metrics.jsonl keeps every "
-                  f"step", file=sys.stderr, flush=True)
+            print(
+                f"warning: {run.flag} tracking stopped{at} ({why}); training goes on, metrics.jsonl keeps every step",
+                file=sys.stderr,
+                flush=True,
+            )

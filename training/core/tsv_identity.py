@@ -3,6 +3,7 @@ record, or a hash when the file changed) and the job's store hands it to the oth
 collective (training.core.data_wait) — instead of every rank hashing the whole corpus at every start (a 40 GB corpus
 is about a minute of CPU per rank). A rank that sees another file at the path (another size, time or sample of its
 bytes: a node with its own copy) hashes its own."""
+
 from __future__ import annotations
 
 import os
@@ -32,12 +33,12 @@ def shared_tsv_sha256(file_path: str, cache_dir: str | None, source: CorpusSourc
 
     def on_rank_0():
         try:
-            return [source.identity(root), None] if table else [*tsv_sha256(file_path, root),
-                                                                sample_sha256(file_path)]
-        except OSError as exc:                       # every rank stops with rank 0's line, none waits
+            return [source.identity(root), None] if table else [*tsv_sha256(file_path, root), sample_sha256(file_path)]
+        except OSError as exc:  # every rank stops with rank 0's line, none waits
             return f"{file_path} cannot be read on rank 0 ({exc.strerror or exc})"
-        except UserError as exc:                     # a wrong split or column: the same line on every rank
+        except UserError as exc:  # a wrong split or column: the same line on every rank
             return str(exc)
+
     box = wait.from_rank_0(on_rank_0)
     if isinstance(box, str):
         raise UserError(box)
@@ -46,5 +47,5 @@ def shared_tsv_sha256(file_path: str, cache_dir: str | None, source: CorpusSourc
     digest, seen, sample = box
     mine = os.stat(file_path)
     if (mine.st_size, mine.st_mtime_ns) != (seen["size"], seen["mtime_ns"]) or sample_sha256(file_path) != sample:
-        return file_sha256(file_path)                # another file at this path here (a node's own copy): its own
+        return file_sha256(file_path)  # another file at this path here (a node's own copy): its own
     return digest

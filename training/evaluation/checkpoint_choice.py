@@ -4,6 +4,7 @@ or checkpoints/ folder (→ latest), a step folder, a consolidated .pt — so th
 `best` is the run's validation record: the trainer keeps the checkpoint of its lowest valid_loss in
 checkpoints/best (outside the rotation) with that validation in its meta.json.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,7 +37,7 @@ def _best_reason(path: str) -> str:
 def choose(ckpt: str) -> tuple[str, str]:
     """(the path to load, why it was chosen: '' for a path that names one checkpoint itself)."""
     name = os.path.basename(os.path.normpath(ckpt))
-    if name == latest_pointer.NAME and os.path.isfile(ckpt):     # the pointer itself (RUN/checkpoints/latest)
+    if name == latest_pointer.NAME and os.path.isfile(ckpt):  # the pointer itself (RUN/checkpoints/latest)
         root = os.path.dirname(os.path.abspath(ckpt))
         return latest_checkpoint(root), f"latest: the newest complete checkpoint of {os.path.dirname(ckpt) or '.'}"
     if not os.path.exists(ckpt) and name in NAMES:
@@ -50,13 +51,15 @@ def choose(ckpt: str) -> tuple[str, str]:
             if found:
                 return found, f"latest: the newest complete checkpoint of {run}"
         if name == BEST:
-            raise UserError(f"--ckpt_file {ckpt}: {run} holds no best checkpoint (checkpoints/best is kept by a run "
-                            f"that validates: train with --valid_file); use "
-                            f"{os.path.join(run, latest_pointer.NAME)} or a step_* folder")
+            raise UserError(
+                f"--ckpt_file {ckpt}: {run} holds no best checkpoint (checkpoints/best is kept by a run "
+                f"that validates: train with --valid_file); use "
+                f"{os.path.join(run, latest_pointer.NAME)} or a step_* folder"
+            )
         raise UserError(f"--ckpt_file {ckpt}: {run} holds no complete checkpoint (no checkpoints/latest)")
     if os.path.isfile(ckpt):
         return ckpt, ""
-    path = resolve(ckpt)                      # a step folder, or a run / checkpoints folder → its latest
+    path = resolve(ckpt)  # a step folder, or a run / checkpoints folder → its latest
     if os.path.normpath(path) != os.path.normpath(ckpt):
         return path, f"latest: the newest complete checkpoint of {ckpt}"
     if name == BEST:

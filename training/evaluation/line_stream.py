@@ -5,6 +5,7 @@ Each group is every complete line that can be read without waiting — at least 
 an answer per line; a whole file poured into a pipe comes in groups of a pipe's capacity (64 KiB on Linux), big
 enough for full decoding batches. A last line without its newline is given at the end of the stream.
 """
+
 from __future__ import annotations
 
 import os
@@ -27,11 +28,11 @@ def arriving_lines(fd: int, name: str = "stdin") -> Iterator[list[str]]:
     Reads with os.read (no buffer of Python's between the pipe and select, which would hide lines already read)."""
     pending, lineno, ended = b"", 0, False
     while not ended:
-        while b"\n" not in pending and not ended:           # wait for one complete line (or the end)
+        while b"\n" not in pending and not ended:  # wait for one complete line (or the end)
             chunk = os.read(fd, CHUNK)
             pending += chunk
             ended = not chunk
-        while not ended and _readable_now(fd):               # and take whatever else has arrived meanwhile
+        while not ended and _readable_now(fd):  # and take whatever else has arrived meanwhile
             chunk = os.read(fd, CHUNK)
             pending += chunk
             ended = not chunk
@@ -41,7 +42,7 @@ def arriving_lines(fd: int, name: str = "stdin") -> Iterator[list[str]]:
             cut = pending.rindex(b"\n") + 1
             ready, pending = pending[:cut], pending[cut:]
         group = []
-        lines = ready.split(b"\n")                          # "\n" alone ends a line (bytes.splitlines: \r too)
+        lines = ready.split(b"\n")  # "\n" alone ends a line (bytes.splitlines: \r too)
         if lines[-1] == b"":
             lines.pop()
         for raw in lines:
@@ -54,4 +55,5 @@ def arriving_lines(fd: int, name: str = "stdin") -> Iterator[list[str]]:
 def is_stream(fd: int) -> bool:
     """A pipe, socket or terminal (lines may still be coming), not a regular file (all there: read it at once)."""
     import stat
+
     return not stat.S_ISREG(os.fstat(fd).st_mode)

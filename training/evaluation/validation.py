@@ -13,6 +13,7 @@ rank, not ZeRO-3-partitioned), else the weights consolidated from a temporary ch
 (checkpoints/.valid_bleu, removed afterwards). It draws no random numbers and changes no parameter, so training goes
 on exactly as without it; the other ranks wait, and every rank gets the same figure.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,22 +32,45 @@ class Validator:
     """`bleu`: a callable step → a consolidated serial checkpoint folder (written collectively by every rank), used
     when the engine's module is not the whole serial model; None: no BLEU."""
 
-    def __init__(self, valid_file: str, tokenizer_path: str, src_len: int, tgt_len: int, global_batch: int,
-                 ctx, micro_batch_num: int, device, progress: bool, bleu=None, cache_dir=None, corpus=None):
-        self.data = prepare_data(valid_file, tokenizer_path, src_len, tgt_len, progress=progress,
-                                 flag="--valid_file", cache_dir=cache_dir, corpus=corpus)
+    def __init__(
+        self,
+        valid_file: str,
+        tokenizer_path: str,
+        src_len: int,
+        tgt_len: int,
+        global_batch: int,
+        ctx,
+        micro_batch_num: int,
+        device,
+        progress: bool,
+        bleu=None,
+        cache_dir=None,
+        corpus=None,
+    ):
+        self.data = prepare_data(
+            valid_file,
+            tokenizer_path,
+            src_len,
+            tgt_len,
+            progress=progress,
+            flag="--valid_file",
+            cache_dir=cache_dir,
+            corpus=corpus,
+        )
         self.global_batch, self.ctx, self.micro, self.device = global_batch, ctx, micro_batch_num, device
         self.tokenizer_path, self.save_for_bleu = str(tokenizer_path), bleu
         self.references = None
         if bleu is not None:
             from preprocess.corpus_source import read_pairs
+
             self.sources, self.references = read_pairs(valid_file, corpus, "--valid_file")
 
     def evaluate(self, engine, step: int = 0) -> dict:
         """{"valid_loss": ...[, "valid_bleu": ...]}, identical on every rank. Collective: every rank calls it."""
         total, tokens = 0.0, 0
-        for batches in validation_batches(self.data, self.global_batch, self.ctx.dp_rank, self.ctx.dp_size,
-                                          self.micro, self.device):
+        for batches in validation_batches(
+            self.data, self.global_batch, self.ctx.dp_rank, self.ctx.dp_size, self.micro, self.device
+        ):
             if batches.global_tokens:
                 total += eval_step(engine, batches) * batches.global_tokens
                 tokens += batches.global_tokens
@@ -57,9 +81,9 @@ class Validator:
 
     def _bleu(self, engine, step: int) -> float:
         from model.transformer import Seq2SeqTransformer
-        whole = (isinstance(engine.module, Seq2SeqTransformer) and engine.ctx.tp_size == 1
-                 and engine.zero_stage < 3)
-        folder = None if whole else self.save_for_bleu(step)      # collective: every rank writes its shards
+
+        whole = isinstance(engine.module, Seq2SeqTransformer) and engine.ctx.tp_size == 1 and engine.zero_stage < 3
+        folder = None if whole else self.save_for_bleu(step)  # collective: every rank writes its shards
         score = torch.zeros((), dtype=torch.float64, device=engine.device)
         if dist.get_rank() == 0:
             score.fill_(self._translate_and_score(engine.module if whole else None, folder))
@@ -74,11 +98,16 @@ class Validator:
 
         from preprocess.tokenizer import load_tokenizer
         from training.evaluation.translator import Translator
+
         if model is None:
             translator = Translator.load(folder, self.tokenizer_path, device=str(self.device))
         else:
-            translator = Translator(model, load_tokenizer(self.tokenizer_path), self.tokenizer_path,
-                                    {"step": None, "checkpoint": "(training)"})
+            translator = Translator(
+                model,
+                load_tokenizer(self.tokenizer_path),
+                self.tokenizer_path,
+                {"step": None, "checkpoint": "(training)"},
+            )
         hypotheses = translator.translate(self.sources).hypotheses
         return float(sacrebleu.corpus_bleu(hypotheses, [self.references]).score)
 
@@ -90,7 +119,7 @@ class BestTracker:
         """`resumed_at`: the step a resumed run continues from (None: a fresh start)."""
         self.patience, self.best, self.since_best = patience, None, 0
         meta = os.path.join(ckpt_root, BEST, "meta.json")
-        if resumed_at is not None and os.path.isfile(meta):      # a resumed run continues the same competition
+        if resumed_at is not None and os.path.isfile(meta):  # a resumed run continues the same competition
             with open(meta, encoding="utf-8") as f:
                 self.best = json.load(f).get("validation")
             if self.best:

@@ -2,6 +2,7 @@
 the GPUs. Every remedy is re-planned (its ratios are those of the changed plan, not guesses) and keeps the GPU count.
 Why these thresholds: docs/parallelism.md ("What plan.py advises").
 """
+
 from __future__ import annotations
 
 import bisect
@@ -23,7 +24,7 @@ MEASURES = {"params": "parameters", "peak_bytes": "peak memory", "flops": "compu
 SEARCH_LIMIT = 50_000
 # Streaming multiprocessors by --device name (data sheets), for the small-batch note; unknown devices: an H100's.
 SMS = {"h100": 132, "h200": 132, "a100": 108, "a100-40gb": 108, "v100": 80, "l40s": 142, "a10": 72, "l4": 58}
-TILE = 128                       # rows and columns of the output tile one SM computes at a time (cuBLAS/CUTLASS)
+TILE = 128  # rows and columns of the output tile one SM computes at a time (cuBLAS/CUTLASS)
 
 
 def ratios(measures: dict) -> dict:
@@ -44,7 +45,7 @@ def _worst(r: dict) -> float:
 def _cut_score(cuts: tuple[int, ...], params: list[int], flops: list[int]) -> float:
     """The largest params or compute ratio of the split whose stage k + 1 starts at block cuts[k]; `params` and
     `flops` are prefix sums over the layers (embeddings, the blocks, the head): O(pp) a split, not O(layers)."""
-    bounds = [0, *(c + 1 for c in cuts), len(params) - 1]          # stage k holds layers bounds[k]..bounds[k+1]-1
+    bounds = [0, *(c + 1 for c in cuts), len(params) - 1]  # stage k holds layers bounds[k]..bounds[k+1]-1
     ratio = 0.0
     for pre in (params, flops):
         sums = [pre[b] - pre[a] for a, b in zip(bounds, bounds[1:])]
@@ -62,10 +63,12 @@ def _splits(n: int, pp: int):
 def _first_best_cut(prev: list[float], pre: list[float], j: int, lo: int, hi: int, tail: float) -> int:
     """The first i in lo..hi minimising max(prev[i], pre[j] - pre[i] + tail): prev is non-decreasing and the
     second term non-increasing in i, so the minimum sits where they cross, found by bisection."""
+
     def weight(i: int) -> float:
         return pre[j] - pre[i] + tail
+
     a, b = lo, hi + 1
-    while a < b:                                  # the first i where prev[i] >= weight(i)
+    while a < b:  # the first i where prev[i] >= weight(i)
         m = (a + b) // 2
         if prev[m] >= weight(m):
             b = m
@@ -101,9 +104,9 @@ def _minmax_split(weights: list[float], pp: int) -> list[int]:
     for k in range(1, pp):
         last = k == pp - 1
         tail = weights[-1] if last else 0.0
-        lo = k - 1                                # stages 1..k-1 hold a block each: best[k-1][i] is finite from here
+        lo = k - 1  # stages 1..k-1 hold a block each: best[k-1][i] is finite from here
         for j in range(n + 1):
-            hi = j if last else j - 1             # middle stages hold a block
+            hi = j if last else j - 1  # middle stages hold a block
             if hi < lo:
                 continue
             i = _first_best_cut(best[k - 1], pre, j, lo, hi, tail)
@@ -135,27 +138,43 @@ def best_split(measures: dict, pp: int) -> list[int]:
 
 def split_func(base: Callable, block_stages: list[int]) -> Callable:
     """The recipe's pipeline_func with its stages replaced by `block_stages` (recompute and fusion ids kept)."""
+
     def placed(network, layer_id, offset, parallel_config, layers):
         base(network, layer_id, offset, parallel_config, layers)
         network.pipeline_stage = block_stages[layer_id + offset]
+
     return placed
 
 
 def _describe_moves(model: ModelConfig, now: list[int], best: list[int]) -> str:
-    names = ([f"encoder.{i}" for i in range(model.encoder_layers)]
-             + [f"decoder.{i}" for i in range(model.decoder_layers)])
+    names = [f"encoder.{i}" for i in range(model.encoder_layers)] + [
+        f"decoder.{i}" for i in range(model.decoder_layers)
+    ]
     return ", ".join(f"{names[i]} to stage {b}" for i, (a, b) in enumerate(zip(now, best, strict=True)) if a != b)
 
 
 def _remedy(change: str, flags: str | None, world: int, measures: dict, why: str) -> dict:
     """`change`: what to do, as a person reads it; `flags`: the train.py flags that do it (None: no flag does)."""
     r = ratios(measures)
-    return {"change": change, "flags": flags, "world_size": world, "changes_gpu_count": False, "why": why,
-            "ratios": {k: v["ratio"] for k, v in r.items()}}
+    return {
+        "change": change,
+        "flags": flags,
+        "world_size": world,
+        "changes_gpu_count": False,
+        "why": why,
+        "ratios": {k: v["ratio"] for k, v in r.items()},
+    }
 
 
-def balance(cfg: TrainConfig, world: int, model: ModelConfig, parallel: ParallelConfig, func: Callable,
-            measures: dict, remeasure: Callable[[TrainConfig, Callable | None], dict]) -> dict | None:
+def balance(
+    cfg: TrainConfig,
+    world: int,
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    func: Callable,
+    measures: dict,
+    remeasure: Callable[[TrainConfig, Callable | None], dict],
+) -> dict | None:
     """Stage imbalance of a pipeline and the remedies that keep the GPU count: the embeddings split over the TP ranks
     (when replicated ones weigh on stage 0) and the split of blocks over stages that balances best, each re-planned
     with `remeasure(config, pipeline_func)`. None without a pipeline."""
@@ -178,23 +197,30 @@ def balance(cfg: TrainConfig, world: int, model: ModelConfig, parallel: Parallel
             split_emb = None
         better = split_emb is not None and ratios(split_emb)["params"]["ratio"] < r["params"]["ratio"]
         if better:
-            out["remedies"].append(_remedy("--vocab_emb_dp 0", "--vocab_emb_dp 0", world, split_emb,
-                                           f"the word tables split over the {parallel.model_parallel} TP ranks "
-                                           f"instead of replicated on each"))
+            out["remedies"].append(
+                _remedy(
+                    "--vocab_emb_dp 0",
+                    "--vocab_emb_dp 0",
+                    world,
+                    split_emb,
+                    f"the word tables split over the {parallel.model_parallel} TP ranks instead of replicated on each",
+                )
+            )
             tries.append((changed, "--vocab_emb_dp 0", "with the tables split, ", split_emb))
     now = assign_stages(model, parallel, func)
     for changed, prefix, context, base in tries:
         best = best_split(base, pp)
         if best == now:
             continue
-        named = [name for name in BUILTIN_PIPELINE_FUNCS
-                 if assign_stages(model, parallel, load_pipeline_func(name)) == best]
+        named = [
+            name for name in BUILTIN_PIPELINE_FUNCS if assign_stages(model, parallel, load_pipeline_func(name)) == best
+        ]
         try:
             replanned = remeasure(changed, split_func(func, best))
         except UserError:
             continue
         if _worst(ratios(replanned)) >= _worst(ratios(base)):
-            continue                                  # no split does better than the one it has
+            continue  # no split does better than the one it has
         both = f"{prefix} + " if prefix else ""
         if named:
             flags = f"{prefix} --pipeline_func {named[0]}".strip()
@@ -202,8 +228,10 @@ def balance(cfg: TrainConfig, world: int, model: ModelConfig, parallel: Parallel
         else:
             flags = None
             change = f"{both}move {_describe_moves(model, now, best)}"
-            why = (f"{context}the split that balances best; no built-in pipeline_func gives it: write one "
-                   f"(--pipeline_func package.module:function, model/placement.py)")
+            why = (
+                f"{context}the split that balances best; no built-in pipeline_func gives it: write one "
+                f"(--pipeline_func package.module:function, model/placement.py)"
+            )
         rem = _remedy(change, flags, world, replanned, why)
         rem["block_stages"] = best
         out["remedies"].append(rem)
@@ -223,12 +251,28 @@ def small_batch(cfg: TrainConfig, model: ModelConfig, parallel: ParallelConfig, 
     if tokens >= threshold:
         return None
     pairs = math.ceil(threshold / model.src_len)
-    return {"pairs_per_micro_batch": micro, "tokens_per_micro_batch": tokens, "threshold_tokens": threshold,
-            "sms": sms, "device": name if name in SMS else f"{name} (counted as an h100)",
-            "pairs_per_dp_rank": cfg.data.batch_size // dp, "batch_size_at_threshold": pairs * mb * dp}
+    return {
+        "pairs_per_micro_batch": micro,
+        "tokens_per_micro_batch": tokens,
+        "threshold_tokens": threshold,
+        "sms": sms,
+        "device": name if name in SMS else f"{name} (counted as an h100)",
+        "pairs_per_dp_rank": cfg.data.batch_size // dp,
+        "batch_size_at_threshold": pairs * mb * dp,
+    }
 
 
-def plan_advice(cfg: TrainConfig, world: int, model: ModelConfig, parallel: ParallelConfig, func: Callable,
-                measures: dict, device: str | None, remeasure) -> dict:
-    return {"balance": balance(cfg, world, model, parallel, func, measures, remeasure),
-            "small_batch": small_batch(cfg, model, parallel, device)}
+def plan_advice(
+    cfg: TrainConfig,
+    world: int,
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    func: Callable,
+    measures: dict,
+    device: str | None,
+    remeasure,
+) -> dict:
+    return {
+        "balance": balance(cfg, world, model, parallel, func, measures, remeasure),
+        "small_batch": small_batch(cfg, model, parallel, device),
+    }

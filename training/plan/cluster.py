@@ -16,6 +16,7 @@ The MindSpore seed describes the same cluster with a rank table (`rank_table_16p
 that its rank_ids are 0..N-1 and run server after server in server_list order, since that is the only numbering a
 hostfile can express. No torch import here: the converter and the launch scripts stay fast.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 
 from common.errors import UserError
 
-_LINE = re.compile(r"^(\S+)\s+slots=(\d+)(\s.*)?$")   # DeepSpeed's pattern (extra MPI keys allowed)
+_LINE = re.compile(r"^(\S+)\s+slots=(\d+)(\s.*)?$")  # DeepSpeed's pattern (extra MPI keys allowed)
 # what a host name may hold: it travels unquoted through pdsh, ssh and the remote shell (and into MASTER_ADDR)
 _HOST_NAME = re.compile(r"^[A-Za-z0-9_.:@\[\]-]+$")
 BOM = "\ufeff"
@@ -56,19 +57,26 @@ def parse_hostfile_text(text: str, source: str = "hostfile") -> list[Host]:
             continue
         m = _LINE.match(line)
         if not m:
-            raise UserError(f"{source} line {lineno}: {line!r} is not 'HOST slots=N' (DeepSpeed hostfile format, "
-                            f"e.g. 'worker-0 slots=8')")
+            raise UserError(
+                f"{source} line {lineno}: {line!r} is not 'HOST slots=N' (DeepSpeed hostfile format, "
+                f"e.g. 'worker-0 slots=8')"
+            )
         name, slots = m.group(1), int(m.group(2))
         if not _HOST_NAME.match(name):
             hidden = _invisible(name)
-            what = f"holds characters a terminal does not show ({hidden})" if hidden else \
-                "holds characters other than letters, digits and . _ - : @ [ ]"
+            what = (
+                f"holds characters a terminal does not show ({hidden})"
+                if hidden
+                else "holds characters other than letters, digits and . _ - : @ [ ]"
+            )
             raise UserError(f"{source} line {lineno}: host {name!r} {what}; write the plain host name or address")
         if slots < 1:
             raise UserError(f"{source} line {lineno}: {name} has slots={slots}; every host needs slots >= 1")
         if name in seen:
-            raise UserError(f"{source} line {lineno}: host {name} is listed twice (first on line {seen[name]}); "
-                            f"list each node once, with all its slots (DeepSpeed refuses duplicate hosts)")
+            raise UserError(
+                f"{source} line {lineno}: host {name} is listed twice (first on line {seen[name]}); "
+                f"list each node once, with all its slots (DeepSpeed refuses duplicate hosts)"
+            )
         seen[name] = lineno
         hosts.append(Host(name, slots))
     if not hosts:
@@ -80,14 +88,17 @@ def read_hostfile(path: str) -> list[Host]:
     if os.path.isdir(path):
         raise UserError(f"hostfile {path} is a folder; give the file (one 'HOST slots=N' line per node)")
     if not os.path.isfile(path):
-        raise UserError(f"hostfile {path} not found (one 'HOST slots=N' line per node, see "
-                        f"run_scripts/hostfiles/hostfile_2nodes)")
+        raise UserError(
+            f"hostfile {path} not found (one 'HOST slots=N' line per node, see run_scripts/hostfiles/hostfile_2nodes)"
+        )
     try:
-        with open(path, encoding="utf-8-sig") as f:      # -sig: a byte-order mark (Windows editors) is dropped
+        with open(path, encoding="utf-8-sig") as f:  # -sig: a byte-order mark (Windows editors) is dropped
             text = f.read()
     except UnicodeDecodeError as exc:
-        raise UserError(f"hostfile {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); it needs one "
-                        f"'HOST slots=N' line per node") from None
+        raise UserError(
+            f"hostfile {path} is not UTF-8 text ({exc.reason} at byte {exc.start}); it needs one "
+            f"'HOST slots=N' line per node"
+        ) from None
     return parse_hostfile_text(text, source=f"hostfile {path}")
 
 
@@ -97,8 +108,9 @@ def format_hostfile(hosts: Sequence[Host], header: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def rank_nodes(world_size: int, hosts: Sequence[Host] | None = None,
-               ranks_per_node: int = 8) -> list[tuple[int, str, int]]:
+def rank_nodes(
+    world_size: int, hosts: Sequence[Host] | None = None, ranks_per_node: int = 8
+) -> list[tuple[int, str, int]]:
     """(node index, host name, local rank) of every global rank, numbered as DeepSpeed's launcher does.
 
     With `hosts` the world must use exactly their slots; without, nodes of `ranks_per_node` ranks are assumed
@@ -109,8 +121,10 @@ def rank_nodes(world_size: int, hosts: Sequence[Host] | None = None,
         return [(r // ranks_per_node, f"node{r // ranks_per_node}", r % ranks_per_node) for r in range(world_size)]
     total = sum(h.slots for h in hosts)
     if total != world_size:
-        raise UserError(f"the hostfile has {total} slots ({', '.join(f'{h.name}:{h.slots}' for h in hosts)}) but "
-                        f"the world size is {world_size}")
+        raise UserError(
+            f"the hostfile has {total} slots ({', '.join(f'{h.name}:{h.slots}' for h in hosts)}) but "
+            f"the world size is {world_size}"
+        )
     out = []
     for i, h in enumerate(hosts):
         out += [(i, h.name, local) for local in range(h.slots)]
@@ -119,27 +133,27 @@ def rank_nodes(world_size: int, hosts: Sequence[Host] | None = None,
 
 def _field(obj, key: str, where: str, kind=str):
     if not isinstance(obj, dict) or key not in obj:
-        raise UserError(f"{where}: missing \"{key}\"")
+        raise UserError(f'{where}: missing "{key}"')
     value = obj[key]
     if kind is int:
         try:
             return int(str(value).strip())
         except ValueError:
-            raise UserError(f"{where}: \"{key}\" is {value!r}, not an integer") from None
+            raise UserError(f'{where}: "{key}" is {value!r}, not an integer') from None
     if kind is list and not isinstance(value, list):
-        raise UserError(f"{where}: \"{key}\" must be a list, got {type(value).__name__}")
+        raise UserError(f'{where}: "{key}" must be a list, got {type(value).__name__}')
     if kind is str and (not isinstance(value, str) or not value.strip()):
-        raise UserError(f"{where}: \"{key}\" must be a non-empty string, got {value!r}")
+        raise UserError(f'{where}: "{key}" must be a non-empty string, got {value!r}')
     return value
 
 
 def rank_table_to_hosts(table: dict, source: str = "rank table") -> list[Host]:
     """The seed's rank table → hostfile entries (server_id, number of devices), checked for consistency."""
     if not isinstance(table, dict):
-        raise UserError(f"{source}: expected a JSON object with \"server_list\", got {type(table).__name__}")
+        raise UserError(f'{source}: expected a JSON object with "server_list", got {type(table).__name__}')
     servers = _field(table, "server_list", source, list)
     if not servers:
-        raise UserError(f"{source}: \"server_list\" is empty")
+        raise UserError(f'{source}: "server_list" is empty')
     if "server_count" in table:
         count = _field(table, "server_count", source, int)
         if count != len(servers):
@@ -153,15 +167,17 @@ def rank_table_to_hosts(table: dict, source: str = "rank table") -> list[Host]:
         seen.add(name)
         devices = _field(server, "device", where, list)
         if not devices:
-            raise UserError(f"{where} ({name}): \"device\" is empty")
+            raise UserError(f'{where} ({name}): "device" is empty')
         device_ids = []
         for j, dev in enumerate(devices):
             dwhere = f"{where}.device[{j}]"
             device_ids.append(_field(dev, "device_id", dwhere, int))
             rank = _field(dev, "rank_id", dwhere, int)
             if rank != next_rank:
-                raise UserError(f"{dwhere} ({name}): rank_id {rank}, expected {next_rank}: rank_ids must count "
-                                f"0, 1, 2, … server after server, which is how DeepSpeed numbers a hostfile's slots")
+                raise UserError(
+                    f"{dwhere} ({name}): rank_id {rank}, expected {next_rank}: rank_ids must count "
+                    f"0, 1, 2, … server after server, which is how DeepSpeed numbers a hostfile's slots"
+                )
             next_rank += 1
         if len(set(device_ids)) != len(device_ids):
             raise UserError(f"{where} ({name}): device_id repeated in {device_ids}")
@@ -171,6 +187,7 @@ def rank_table_to_hosts(table: dict, source: str = "rank table") -> list[Host]:
 
 def read_rank_table(path: str) -> list[Host]:
     from common.user_files import read_json
+
     table = read_json(path, "rank table")
     return rank_table_to_hosts(table, source=f"rank table {path}")
 
@@ -181,8 +198,13 @@ def hosts_to_rank_table(hosts: Sequence[Host], device_ip_base: str = "198.51.100
     for i, h in enumerate(hosts):
         devices = []
         for d in range(h.slots):
-            devices.append({"device_id": str(d), "device_ip": f"{device_ip_base}.{(i * h.slots + d) % 254 + 1}",
-                            "rank_id": str(rank)})
+            devices.append(
+                {
+                    "device_id": str(d),
+                    "device_ip": f"{device_ip_base}.{(i * h.slots + d) % 254 + 1}",
+                    "rank_id": str(rank),
+                }
+            )
             rank += 1
         servers.append({"server_id": h.name, "device": devices, "host_nic_ip": "reserve"})
     return {"version": "1.0", "server_count": str(len(hosts)), "server_list": servers, "status": "completed"}

@@ -7,6 +7,7 @@ a middle and the last block of each kind are all that can differ (the last encod
 LayerNorm), so a 96-layer model costs what a 6-layer one does, once per tensor-parallel size. FLOPs are
 `model.costs.layer_forward_flops`, which is linear in the pairs of a micro-batch: one pair's, scaled by the caller.
 """
+
 from __future__ import annotations
 
 import functools
@@ -21,21 +22,22 @@ from model.placement import blocks_pipeline_func
 
 @dataclass(frozen=True)
 class LayerFigures:
-    names: tuple[str, ...]          # embeddings, encoder.0…, decoder.0…, head: stage_build.layer_names' order
-    params: np.ndarray              # (TP ranks, layers): the parameters each TP rank holds of each layer
-    flops_per_pair: np.ndarray      # (layers,): forward FLOPs of one padded pair on one TP rank
+    names: tuple[str, ...]  # embeddings, encoder.0…, decoder.0…, head: stage_build.layer_names' order
+    params: np.ndarray  # (TP ranks, layers): the parameters each TP rank holds of each layer
+    flops_per_pair: np.ndarray  # (layers,): forward FLOPs of one padded pair on one TP rank
     encoders: int
-    tensors: np.ndarray             # (layers,): parameter tensors of each layer (ZeRO 3 gathers them one by one)
+    tensors: np.ndarray  # (layers,): parameter tensors of each layer (ZeRO 3 gathers them one by one)
     _ranges: dict = field(default_factory=dict, compare=False, repr=False)
 
     def rank_params(self, lo: int, hi: int) -> list[tuple[int, int]]:
         """(parameters, the largest block's) of each distinct TP rank holding layers lo..hi-1."""
         key = (lo, hi)
         if key not in self._ranges:
-            blocks = self.params[:, max(lo, 1):min(hi, len(self.names) - 1)]
+            blocks = self.params[:, max(lo, 1) : min(hi, len(self.names) - 1)]
             largest = blocks.max(axis=1) if blocks.shape[1] else np.zeros(len(self.params), dtype=np.int64)
-            self._ranges[key] = sorted({(int(n), int(b)) for n, b in zip(self.params[:, lo:hi].sum(axis=1), largest,
-                                                                          strict=True)})
+            self._ranges[key] = sorted(
+                {(int(n), int(b)) for n, b in zip(self.params[:, lo:hi].sum(axis=1), largest, strict=True)}
+            )
         return self._ranges[key]
 
     def stage_params(self, lo: int, hi: int) -> int:
@@ -69,11 +71,13 @@ def _no_init():
     build time, and seconds importing sympy for the first)."""
     import torch
     from torch.overrides import TorchFunctionMode
+
     skip = {torch.Tensor.normal_, torch.Tensor.uniform_, torch.Tensor.fill_, torch.Tensor.zero_, torch.Tensor.clone}
 
     class NoInit(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
             return args[0] if func in skip else func(*args, **(kwargs or {}))
+
     return NoInit()
 
 
@@ -86,11 +90,12 @@ def layer_figures(model: ModelConfig, tp: int, vocab_emb_dp: bool, pipelined: bo
 @functools.lru_cache(maxsize=256)
 def _layer_figures(model: ModelConfig, tp: int, vocab_emb_dp: bool, pipelined: bool) -> LayerFigures:
     from training.plan.stage_build import build_stage_modules, count_params, layer_names
+
     enc, dec = min(model.encoder_layers, 3), min(model.decoder_layers, 3)
     cut = model.replace(encoder_layers=enc, decoder_layers=dec)
     stages = 2 if pipelined else 1
     parallel = ParallelConfig(model_parallel=tp, vocab_emb_dp=vocab_emb_dp, pipeline_stage=stages)
-    func = blocks_pipeline_func([enc, dec]) if pipelined else None      # encoders on stage 0, decoders on stage 1
+    func = blocks_pipeline_func([enc, dec]) if pipelined else None  # encoders on stage 0, decoders on stage 1
     per_rank, tensor_counts = [], {}
     # TP ranks hold equal slices (heads, FFN columns and vocabulary rows are divided evenly: validate_layout and
     # the padded vocabulary); the first and the last are built, where an uneven remainder would show

@@ -6,6 +6,7 @@ Everything a stage's figures depend on is a key of the search's cache (Context.c
 mostly hold the same blocks, and thousands of layouts share their tensor-parallel size and micro-batch — what makes
 10⁴ layouts a matter of seconds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -25,8 +26,8 @@ from training.plan.stage_split import SplitCosts
 class Prediction:
     layout: Layout
     blocks_per_stage: list[int]
-    terms: sm.Terms                 # the step's, by (category, factor)
-    stage_peaks: list[int]          # bytes, the largest rank of each stage
+    terms: sm.Terms  # the step's, by (category, factor)
+    stage_peaks: list[int]  # bytes, the largest rank of each stage
     slowest_stage: int
 
     def seconds(self, factors: dict) -> float:
@@ -81,22 +82,29 @@ def _group_key(layout: Layout) -> Layout:
 
 def _terms_key(ctx: Context, layout: Layout) -> tuple:
     """What a stage's seconds per micro-batch depend on: the micro-batch, not how dp × micro_batch_num make it."""
-    return (layout.model_parallel, layout.vocab_emb_dp, layout.recompute, layout.interleave_num,
-            micro_of(ctx.setting, layout), layout.pipeline_stage > 1)
+    return (
+        layout.model_parallel,
+        layout.vocab_emb_dp,
+        layout.recompute,
+        layout.interleave_num,
+        micro_of(ctx.setting, layout),
+        layout.pipeline_stage > 1,
+    )
 
 
 def parallel_of(ctx: Context, layout: Layout) -> ParallelConfig:
-    return ctx.memo(("parallel", layout),
-                    lambda: layout.parallel(ctx.setting.cfg.parallel.gradient_aggregation_group))
+    return ctx.memo(("parallel", layout), lambda: layout.parallel(ctx.setting.cfg.parallel.gradient_aggregation_group))
 
 
 def _piece(ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures, lo: int, hi: int) -> sm.Terms:
     """The additive terms of layers lo..hi-1 (step_model.stage_terms without the interleaved overlap)."""
+
     def make():
         micro = micro_of(ctx.setting, key)
         flops = float(figs.flops_per_pair[lo:hi].sum()) * micro
-        blocks = float(figs.flops_per_pair[max(lo, 1):min(hi, len(figs.names) - 1)].sum()) * micro
+        blocks = float(figs.flops_per_pair[max(lo, 1) : min(hi, len(figs.names) - 1)].sum()) * micro
         return sm.stage_terms(ctx.setting, ctx.prior, key, figs.names[lo:hi], flops, blocks, micro, hide=False)
+
     return ctx.memo(("piece", tkey, lo, hi), make)
 
 
@@ -105,6 +113,7 @@ def _stage(ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures, lo: int, 
     a stage with decoder blocks makes once and the interleaved overlap (step_model), so a stage is its embeddings,
     encoder blocks, decoder blocks, the once-per-stage part and its head, each counted once per key — whatever its
     place. tests/test_layout_search.py checks it against step_model.stage_terms on the whole stage."""
+
     def make():
         emb, enc, _, dec, _, head = figs.composition(lo, hi)
         e = figs.encoders
@@ -116,12 +125,13 @@ def _stage(ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures, lo: int, 
         if dec:
             one = _piece(ctx, tkey, key, figs, e + 1, e + 2)
             if dec > 1:
-                step = _piece(ctx, tkey, key, figs, e + 1, e + 3).plus(one.scaled(-1))   # a second decoder block
+                step = _piece(ctx, tkey, key, figs, e + 1, e + 3).plus(one.scaled(-1))  # a second decoder block
                 one = one.plus(step.scaled(dec - 1))
             total = total.plus(one)
         if head:
             total = total.plus(_piece(ctx, tkey, key, figs, len(figs.names) - 1, len(figs.names)))
         return sm.stage_wide(total, ctx.prior, key.interleave_num)
+
     return ctx.memo(("stage", tkey, figs.composition(lo, hi)), make)
 
 
@@ -130,15 +140,20 @@ def _edge_kind(figs: LayerFigures, last: int) -> tuple:
     key = ("edge", last)
     if key not in figs._ranges:
         name = figs.names[last]
-        figs._ranges[key] = (name, False) if "." not in name else (
-            name.split(".")[0], name in (f"encoder.{figs.encoders - 1}", figs.names[-2]))
+        figs._ranges[key] = (
+            (name, False)
+            if "." not in name
+            else (name.split(".")[0], name in (f"encoder.{figs.encoders - 1}", figs.names[-2]))
+        )
     return figs._ranges[key]
 
 
 def _send(ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures, last: int, spans: bool) -> sm.Terms:
     """A boundary's transfers after layer `last`."""
-    return ctx.memo(("send", tkey, _edge_kind(figs, last), spans), lambda: sm.send_terms(
-        ctx.setting, ctx.prior, key, figs.names[last], micro_of(ctx.setting, key), spans))
+    return ctx.memo(
+        ("send", tkey, _edge_kind(figs, last), spans),
+        lambda: sm.send_terms(ctx.setting, ctx.prior, key, figs.names[last], micro_of(ctx.setting, key), spans),
+    )
 
 
 def _spans(setting: Setting, first: int, last: int) -> bool:
@@ -149,22 +164,31 @@ def _layout_spans(ctx: Context, tp: int, dp: int, pp: int) -> tuple[list[bool], 
     """(whether each boundary k → k + 1 crosses nodes, whether each stage's data-parallel groups do). Ranks rise
     with nodes, so a group crosses iff its ends do: a boundary's first or last pair, a DP group's first and last
     rank (model.parallel.topology: TP fastest, then DP, then PP)."""
+
     def make():
         s, width = ctx.setting, dp * tp
-        edges = [_spans(s, k * width, (k + 1) * width) or _spans(s, (k + 1) * width - 1, (k + 2) * width - 1)
-                 for k in range(pp - 1)]
-        groups = [_spans(s, k * width, k * width + (dp - 1) * tp) or _spans(s, k * width + tp - 1, (k + 1) * width - 1)
-                  for k in range(pp)]
+        edges = [
+            _spans(s, k * width, (k + 1) * width) or _spans(s, (k + 1) * width - 1, (k + 2) * width - 1)
+            for k in range(pp - 1)
+        ]
+        groups = [
+            _spans(s, k * width, k * width + (dp - 1) * tp) or _spans(s, k * width + tp - 1, (k + 1) * width - 1)
+            for k in range(pp)
+        ]
         return edges, groups
+
     return ctx.memo(("spans", tp, dp, pp), make)
 
 
-def _stage_with_edges(ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures, bounds: list, k: int,
-                      edge_spans: list[bool]) -> tuple:
+def _stage_with_edges(
+    ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures, bounds: list, k: int, edge_spans: list[bool]
+) -> tuple:
     """(terms, seconds at the context's factors) of stage k with the transfers on its boundaries."""
     lo, hi = bounds[k]
-    edges = ((bounds[k - 1][1] - 1, edge_spans[k - 1]) if k > 0 else None,
-             (hi - 1, edge_spans[k]) if k < len(bounds) - 1 else None)
+    edges = (
+        (bounds[k - 1][1] - 1, edge_spans[k - 1]) if k > 0 else None,
+        (hi - 1, edge_spans[k]) if k < len(bounds) - 1 else None,
+    )
 
     def make():
         terms = _stage(ctx, tkey, key, figs, lo, hi)
@@ -172,6 +196,7 @@ def _stage_with_edges(ctx: Context, tkey: tuple, key: Layout, figs: LayerFigures
             if edge:
                 terms = terms.plus(_send(ctx, tkey, key, figs, *edge))
         return terms, terms.seconds(ctx.factors)
+
     kinds = tuple(edge and (_edge_kind(figs, edge[0]), edge[1]) for edge in edges)
     return ctx.memo(("edged", tkey, figs.composition(lo, hi), kinds), make)
 

@@ -2,6 +2,7 @@
 recipe splits them and as the min-max split (training.plan.stage_split), ZeRO stages, a prediction for each
 (training.plan.layout_prediction), rejections with reasons, and the ranking. The design: docs/layout-search.md.
 """
+
 from __future__ import annotations
 
 import time
@@ -17,16 +18,16 @@ from training.plan.layout_space import Group, Layout, enumerate_space, errors
 from training.plan.search_setting import GIB, Setting
 from training.plan.stage_split import best_split
 
-SPLIT_SEARCH_LIMIT = 4096       # (i, j) pairs × stages up to which a memory-bound split is searched stage by stage
+SPLIT_SEARCH_LIMIT = 4096  # (i, j) pairs × stages up to which a memory-bound split is searched stage by stage
 
 
 @dataclass
 class SearchResult:
-    candidates: list[Prediction]            # ranked, fastest first
-    rejected: list[dict]                    # {"layout": Layout, "reason": str, "kind": str}
+    candidates: list[Prediction]  # ranked, fastest first
+    rejected: list[dict]  # {"layout": Layout, "reason": str, "kind": str}
     factors: dict
-    seconds: float = 0.0                    # wall clock
-    cpu_seconds: float = 0.0                # this process's CPU: what one core spent (a busy machine's wall is longer)
+    seconds: float = 0.0  # wall clock
+    cpu_seconds: float = 0.0  # this process's CPU: what one core spent (a busy machine's wall is longer)
     recipe_own: dict = field(default_factory=dict)
 
     @property
@@ -41,9 +42,11 @@ def usable_bytes(setting: Setting) -> float:
 def memory_reason(setting: Setting, pred: Prediction) -> str:
     k = max(range(len(pred.stage_peaks)), key=pred.stage_peaks.__getitem__)
     usable = usable_bytes(setting)
-    return (f"memory: stage {k} needs {pred.stage_peaks[k] / GIB:.2f} GiB per rank, "
-            f"{(pred.stage_peaks[k] - usable) / GIB:.2f} GiB over the {usable / GIB:.2f} GiB usable "
-            f"({mem.USABLE:.0%} of {setting.memory_name})")
+    return (
+        f"memory: stage {k} needs {pred.stage_peaks[k] / GIB:.2f} GiB per rank, "
+        f"{(pred.stage_peaks[k] - usable) / GIB:.2f} GiB over the {usable / GIB:.2f} GiB usable "
+        f"({mem.USABLE:.0%} of {setting.memory_name})"
+    )
 
 
 def zero_stages(setting: Setting, group: Group) -> tuple[list[int], list[int]]:
@@ -92,6 +95,7 @@ def memory_bound_split(ctx: Context, layout: Layout) -> list[int] | None:
     (stage, blocks i..j-1) is a memory count of its own)."""
     from training.plan.layout_memory import stage_memory
     from training.plan.layout_prediction import parallel_of
+
     s, pp, n = ctx.setting, layout.pipeline_stage, ctx.setting.model.num_blocks
     if pp * (n + 1) ** 2 > SPLIT_SEARCH_LIMIT:
         return None
@@ -100,6 +104,7 @@ def memory_bound_split(ctx: Context, layout: Layout) -> list[int] | None:
 
     def feasible(k, i, j):
         import numpy as np
+
         out = np.zeros(np.broadcast(i, j).shape, dtype=bool)
         for idx in np.ndindex(out.shape):
             a, b = int(np.broadcast_to(i, out.shape)[idx]), int(np.broadcast_to(j, out.shape)[idx])
@@ -122,14 +127,21 @@ def evaluate(ctx: Context, group: Group) -> tuple[list[Prediction], list[dict]]:
     for zero in allowed:
         fits = False
         for func, counts in options:
-            pred = predict(ctx, group.base.with_(zero_stage=zero, pipeline_func=func), counts,
-                           usable_bytes(ctx.setting))
+            pred = predict(
+                ctx, group.base.with_(zero_stage=zero, pipeline_func=func), counts, usable_bytes(ctx.setting)
+            )
             if pred.terms is not None:
                 found.append(pred)
                 fits = True
             else:
-                rejected.append({"layout": pred.layout, "reason": memory_reason(ctx.setting, pred), "kind": "memory",
-                                 "blocks_per_stage": counts})
+                rejected.append(
+                    {
+                        "layout": pred.layout,
+                        "reason": memory_reason(ctx.setting, pred),
+                        "kind": "memory",
+                        "blocks_per_stage": counts,
+                    }
+                )
         if not fits and group.base.pipeline_stage > 1:
             counts = memory_bound_split(ctx, group.base.with_(zero_stage=zero))
             if counts is not None:
@@ -141,8 +153,19 @@ def evaluate(ctx: Context, group: Group) -> tuple[list[Prediction], list[dict]]:
 def rank_key(factors: dict):
     def key(p: Prediction):
         L = p.layout
-        return (round(p.seconds(factors), 12), p.peak_bytes, L.pipeline_stage, L.model_parallel, L.micro_batch_num,
-                L.zero_stage, L.recompute, L.interleave_num, not L.vocab_emb_dp, L.pipeline_func)
+        return (
+            round(p.seconds(factors), 12),
+            p.peak_bytes,
+            L.pipeline_stage,
+            L.model_parallel,
+            L.micro_batch_num,
+            L.zero_stage,
+            L.recompute,
+            L.interleave_num,
+            not L.vocab_emb_dp,
+            L.pipeline_func,
+        )
+
     return key
 
 
@@ -153,8 +176,9 @@ def search(setting: Setting, factors: dict | None = None) -> SearchResult:
     factors = dict(factors or default_factors(prior))
     ctx = Context(setting, prior, factors)
     groups, refused = enumerate_space(setting)
-    rejected = [{"layout": lay, "reason": why, "kind": "nodes" if "spans nodes" in why else "rules"}
-                for lay, why in refused]
+    rejected = [
+        {"layout": lay, "reason": why, "kind": "nodes" if "spans nodes" in why else "rules"} for lay, why in refused
+    ]
     candidates = []
     for group in groups:
         found, more = evaluate(ctx, group)
@@ -178,14 +202,25 @@ def recipe_layout(ctx: Context) -> dict:
     tp, pp = p.model_parallel, p.pipeline_stage
     dp = max(s.world // max(tp * pp, 1), 1)
     zero = p.zero_stage if p.zero_stage is not None else (1 if p.optimizer_shard else 0)
-    layout = Layout(tp, pp, dp, zero, p.micro_batch_num, p.recompute, p.vocab_emb_dp, p.interleave_num,
-                    (p.pipeline_func or "seed") if pp > 1 else "seed")
-    problems = errors(layout, s) if tp * pp * dp == s.world else [
-        f"mp {tp} × pipeline_stage {pp} does not divide the world of {s.world} ranks"]
+    layout = Layout(
+        tp,
+        pp,
+        dp,
+        zero,
+        p.micro_batch_num,
+        p.recompute,
+        p.vocab_emb_dp,
+        p.interleave_num,
+        (p.pipeline_func or "seed") if pp > 1 else "seed",
+    )
+    problems = (
+        errors(layout, s)
+        if tp * pp * dp == s.world
+        else [f"mp {tp} × pipeline_stage {pp} does not divide the world of {s.world} ranks"]
+    )
     counts = own_counts(s, layout) if not problems else None
     if problems or counts is None:
         return {"layout": layout, "runs": False, "reason": "; ".join(problems) or "its pipeline_func refuses it"}
     pred = predict(ctx, layout, counts)
     fits = pred.peak_bytes <= usable_bytes(s)
-    return {"layout": layout, "runs": fits, "prediction": pred,
-            "reason": None if fits else memory_reason(s, pred)}
+    return {"layout": layout, "runs": fits, "prediction": pred, "reason": None if fits else memory_reason(s, pred)}

@@ -7,6 +7,7 @@ nothing at dp 1). Stage splits are the search's (training.plan.stage_split). Whe
 `model.config.layout_errors` — THE layout rules, the sentences train.py would print — so a rejection reads as
 train.py's own refusal; the search adds one rule of its own: a tensor-parallel group inside one node.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -16,12 +17,13 @@ from dataclasses import dataclass
 from model.config import ParallelConfig, layout_errors
 from training.plan.search_setting import Setting
 
-INTERLEAVES = (2, 4)          # MicroBatchInterleaved parts tried with tp > 1 (1 is always tried)
+INTERLEAVES = (2, 4)  # MicroBatchInterleaved parts tried with tp > 1 (1 is always tried)
 
 
 @dataclass(frozen=True)
 class Layout:
     """One layout: what a recipe's "parallel" section says (the seed's names)."""
+
     model_parallel: int
     pipeline_stage: int
     data_parallel: int
@@ -33,11 +35,18 @@ class Layout:
     pipeline_func: str = "seed"
 
     def parallel(self, gradient_aggregation_group: int = 4) -> ParallelConfig:
-        return ParallelConfig(data_parallel=self.data_parallel, model_parallel=self.model_parallel,
-                              pipeline_stage=self.pipeline_stage, micro_batch_num=self.micro_batch_num,
-                              optimizer_shard=self.zero_stage > 0, zero_stage=self.zero_stage,
-                              gradient_aggregation_group=gradient_aggregation_group, recompute=self.recompute,
-                              vocab_emb_dp=self.vocab_emb_dp, interleave_num=self.interleave_num)
+        return ParallelConfig(
+            data_parallel=self.data_parallel,
+            model_parallel=self.model_parallel,
+            pipeline_stage=self.pipeline_stage,
+            micro_batch_num=self.micro_batch_num,
+            optimizer_shard=self.zero_stage > 0,
+            zero_stage=self.zero_stage,
+            gradient_aggregation_group=gradient_aggregation_group,
+            recompute=self.recompute,
+            vocab_emb_dp=self.vocab_emb_dp,
+            interleave_num=self.interleave_num,
+        )
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -47,8 +56,13 @@ class Layout:
 
     def short(self) -> str:
         """tp2 pp2 dp4 zero1 mb4 rc vocab-split il2 blocks:3,5 — the table's layout column."""
-        parts = [f"tp{self.model_parallel}", f"pp{self.pipeline_stage}", f"dp{self.data_parallel}",
-                 f"zero{self.zero_stage}", f"mb{self.micro_batch_num}"]
+        parts = [
+            f"tp{self.model_parallel}",
+            f"pp{self.pipeline_stage}",
+            f"dp{self.data_parallel}",
+            f"zero{self.zero_stage}",
+            f"mb{self.micro_batch_num}",
+        ]
         parts += ["rc"] if self.recompute else []
         parts += ["vocab-split"] if not self.vocab_emb_dp and self.model_parallel > 1 else []
         parts += [f"il{self.interleave_num}"] if self.interleave_num > 1 else []
@@ -59,7 +73,8 @@ class Layout:
 @dataclass(frozen=True)
 class Group:
     """Layouts that differ only in ZeRO stage and stage split: their stages compute the same."""
-    base: Layout                    # zero 0, the recipe's split
+
+    base: Layout  # zero 0, the recipe's split
 
     def zero_stages(self) -> tuple[list[int], list[int]]:
         """(stages to evaluate, stages DeepSpeed refuses here: rejected with layout_errors' reason)."""
@@ -71,15 +86,16 @@ class Group:
 
 
 def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n ** 0.5) + 1) if n % d == 0]
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
     return sorted(set(small + [n // d for d in small]))
 
 
 def errors(layout: Layout, setting: Setting) -> list[str]:
     """THE layout rules (model.config.layout_errors) for this layout at the setting's world and batch."""
     unit, name = setting.batch_unit
-    return layout_errors(layout.parallel(setting.cfg.parallel.gradient_aggregation_group), setting.model,
-                         setting.world, unit, name)
+    return layout_errors(
+        layout.parallel(setting.cfg.parallel.gradient_aggregation_group), setting.model, setting.world, unit, name
+    )
 
 
 def tp_crosses_nodes(tp: int, setting: Setting) -> bool:
@@ -94,8 +110,10 @@ def _tp_pp_rejection(tp: int, pp: int, setting: Setting) -> tuple[Layout, str] |
     base = Layout(tp, pp, dp, vocab_emb_dp=tp == 1 or not setting.model.share_embeddings)
     found = errors(base, setting)
     if tp > 1 and tp_crosses_nodes(tp, setting):
-        found = found + [f"model_parallel={tp} spans nodes ({setting.per_node} ranks per node): tensor-parallel "
-                         f"all-reduces run in every layer and stay inside a node (NVLink), as in Megatron"]
+        found = found + [
+            f"model_parallel={tp} spans nodes ({setting.per_node} ranks per node): tensor-parallel "
+            f"all-reduces run in every layer and stay inside a node (NVLink), as in Megatron"
+        ]
     return (base, "; ".join(found)) if found else None
 
 

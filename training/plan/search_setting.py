@@ -1,6 +1,7 @@
 """What the user fixes for `plan.py --search`: the model, precision, global batch, world size, nodes, device and
 links — everything the search does not choose (docs/layout-search.md).
 """
+
 from __future__ import annotations
 
 import os
@@ -13,24 +14,24 @@ from training.plan import memory as mem
 from training.plan.cluster import Host, rank_nodes
 from training.plan.speed_prediction import Links
 
-GIB = 2 ** 30
+GIB = 2**30
 
 
 @dataclass(frozen=True, eq=False)
 class Setting:
-    cfg: TrainConfig                # the recipe and flags (the planning batch already applied: token_budget)
-    model: ModelConfig              # with the vocabulary train.py would size it to
-    vocab_source: str               # where that vocabulary comes from, for the report
+    cfg: TrainConfig  # the recipe and flags (the planning batch already applied: token_budget)
+    model: ModelConfig  # with the vocabulary train.py would size it to
+    vocab_source: str  # where that vocabulary comes from, for the report
     world: int
-    nodes: tuple                    # (node index, host, local rank) of every rank: cluster.rank_nodes
-    per_node: int                   # ranks of the largest node
-    device: str                     # h100, h200, a100, ... or cpu
-    device_type: str                # "cuda" or "cpu": the DeepSpeed settings train.py picks there
+    nodes: tuple  # (node index, host, local rank) of every rank: cluster.rank_nodes
+    per_node: int  # ranks of the largest node
+    device: str  # h100, h200, a100, ... or cpu
+    device_type: str  # "cuda" or "cpu": the DeepSpeed settings train.py picks there
     memory_bytes: float
     memory_name: str
     links: Links
     assumed_mfu: float
-    cores: int = 0                  # CPU ranks: the cores they share (this machine's: the trials run here)
+    cores: int = 0  # CPU ranks: the cores they share (this machine's: the trials run here)
 
     @property
     def precision(self) -> str:
@@ -58,6 +59,7 @@ def vocabulary(cfg: TrainConfig) -> tuple[int, str]:
         return m.vocab_size, "--vocab_size"
     if m.tokenizer:
         from preprocess.tokenizer import load_tokenizer
+
         return load_tokenizer(m.tokenizer).get_vocab_size(), f"--tokenizer {m.tokenizer}"
     return m.tokenizer_vocab_size, "--tokenizer_vocab_size (the BPE tokenizer train.py builds)"
 
@@ -75,17 +77,39 @@ def device_memory(device: str, device_memory_gib: float | None, per_node: int) -
     return memory, name
 
 
-def make_setting(cfg: TrainConfig, world: int, hosts: list[Host] | None, gpus_per_node: int, device: str,
-                 device_memory_gib: float | None, links: Links, assumed_mfu: float) -> Setting:
+def make_setting(
+    cfg: TrainConfig,
+    world: int,
+    hosts: list[Host] | None,
+    gpus_per_node: int,
+    device: str,
+    device_memory_gib: float | None,
+    links: Links,
+    assumed_mfu: float,
+) -> Setting:
     vocab, source = vocabulary(cfg)
     model = cfg.model.model_config(vocab_size=vocab, pad_id=0)
     nodes = tuple(rank_nodes(world, hosts, gpus_per_node))
     per_node = max(h.slots for h in hosts) if hosts else min(gpus_per_node, world)
     if device != "cpu" and device not in mem.DEVICE_MEMORY_GIB and device_memory_gib is None:
-        raise UserError(f"--device {device}: unknown; known: cpu, {', '.join(mem.DEVICE_MEMORY_GIB)} — or give its "
-                        f"memory with --device_memory GiB")
+        raise UserError(
+            f"--device {device}: unknown; known: cpu, {', '.join(mem.DEVICE_MEMORY_GIB)} — or give its "
+            f"memory with --device_memory GiB"
+        )
     memory, name = device_memory(device, device_memory_gib, per_node)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return Setting(cfg=cfg, model=model, vocab_source=source, world=world, nodes=nodes, per_node=per_node,
-                   device=device, device_type="cpu" if device == "cpu" else "cuda", memory_bytes=memory,
-                   memory_name=name, links=links, assumed_mfu=assumed_mfu, cores=cores if device == "cpu" else 0)
+    return Setting(
+        cfg=cfg,
+        model=model,
+        vocab_source=source,
+        world=world,
+        nodes=nodes,
+        per_node=per_node,
+        device=device,
+        device_type="cpu" if device == "cpu" else "cuda",
+        memory_bytes=memory,
+        memory_name=name,
+        links=links,
+        assumed_mfu=assumed_mfu,
+        cores=cores if device == "cpu" else 0,
+    )

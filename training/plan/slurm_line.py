@@ -8,15 +8,16 @@ first — written at the storage's bandwidth, then the ranks' exit, the batch sc
 requeue` (EXIT_AND_REQUEUE_S); rounded up to 10 s, and never under MIN_LEAD_S. A checkpoint holds every parameter's
 fp32 weight and AdamW's two fp32 moments: 12 bytes per parameter, whatever the layout (docs/checkpoints.md).
 """
+
 from __future__ import annotations
 
 import math
 
-SAVE_GB_S = 1.0                  # a job's write bandwidth to shared storage (a conservative network file system)
-EXIT_AND_REQUEUE_S = 30.0        # ranks leave, the batch script decides, scontrol requeue
+SAVE_GB_S = 1.0  # a job's write bandwidth to shared storage (a conservative network file system)
+EXIT_AND_REQUEUE_S = 30.0  # ranks leave, the batch script decides, scontrol requeue
 MIN_LEAD_S = 60
 CHECKPOINT_BYTES_PER_PARAM = 12
-SIGNAL_EARLY_S = 60              # SLURM sends the signal up to this much earlier than asked (its event resolution)
+SIGNAL_EARLY_S = 60  # SLURM sends the signal up to this much earlier than asked (its event resolution)
 
 
 def checkpoint_bytes(plan: dict) -> int:
@@ -40,13 +41,31 @@ def slurm_section(plan: dict, step_s: float, gpus_per_node: int, save_gb_s: floa
     save_s = size / (save_gb_s * 1e9)
     lead = signal_lead(save_s, step_s)
     tasks = [f"-N {nodes}", f"--ntasks-per-node={per_node}"]
-    if per_node * nodes != world:                   # uneven: the total, with at most per_node on a node
+    if per_node * nodes != world:  # uneven: the total, with at most per_node on a node
         tasks.append(f"--ntasks={world}")
-    line = " ".join(["sbatch", *tasks, f"--gpus-per-node={per_node}", f"--signal=B:USR1@{lead}",
-                     "run_scripts/slurm.sbatch", "DATA_PATH", plan["recipe"] or "RECIPE_JSON"])
-    return {"nodes": nodes, "tasks_per_node": per_node, "gpus_per_node": per_node, "world_size": world,
-            "checkpoint_bytes": size, "save_GB_s": save_gb_s, "save_s": save_s, "step_s": step_s,
-            "signal_lead_s": lead, "sbatch": line}
+    line = " ".join(
+        [
+            "sbatch",
+            *tasks,
+            f"--gpus-per-node={per_node}",
+            f"--signal=B:USR1@{lead}",
+            "run_scripts/slurm.sbatch",
+            "DATA_PATH",
+            plan["recipe"] or "RECIPE_JSON",
+        ]
+    )
+    return {
+        "nodes": nodes,
+        "tasks_per_node": per_node,
+        "gpus_per_node": per_node,
+        "world_size": world,
+        "checkpoint_bytes": size,
+        "save_GB_s": save_gb_s,
+        "save_s": save_s,
+        "step_s": step_s,
+        "signal_lead_s": lead,
+        "sbatch": line,
+    }
 
 
 def format_slurm(sec: dict, layout: dict) -> list[str]:

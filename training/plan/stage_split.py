@@ -10,6 +10,7 @@ target side crosses). best[k][j], the lightest slowest-stage of blocks 0..j-1 on
 min over i of max(best[k-1][i], cost_k(i, j)): O(p·n²), one numpy operation per stage. `feasible` can forbid
 stages (memory); tests/test_layout_search.py checks the result against every split, by brute force.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -21,12 +22,13 @@ import numpy as np
 @dataclass(frozen=True)
 class SplitCosts:
     """Seconds per micro-batch of the parts a stage is made of."""
-    block: np.ndarray               # (n,): each block's own cost (encoder blocks, then decoder blocks)
-    encoders: int                   # blocks 0..encoders-1 are encoder blocks
-    decoder_extra: float            # once per stage holding a decoder block
-    embeddings: float               # on stage 0
-    head: float                     # on the last stage
-    send: np.ndarray                # (n + 1,): a boundary after block j - 1 (send[0]: after the embeddings)
+
+    block: np.ndarray  # (n,): each block's own cost (encoder blocks, then decoder blocks)
+    encoders: int  # blocks 0..encoders-1 are encoder blocks
+    decoder_extra: float  # once per stage holding a decoder block
+    embeddings: float  # on stage 0
+    head: float  # on the last stage
+    send: np.ndarray  # (n + 1,): a boundary after block j - 1 (send[0]: after the embeddings)
 
 
 def stage_cost(c: SplitCosts, k: int, stages: int, i: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -37,18 +39,19 @@ def stage_cost(c: SplitCosts, k: int, stages: int, i: np.ndarray, j: np.ndarray)
     return cost + (c.head if k == stages - 1 else c.send[j])
 
 
-def best_split(c: SplitCosts, stages: int,
-               feasible: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None) -> list[int] | None:
+def best_split(
+    c: SplitCosts, stages: int, feasible: Callable[[int, np.ndarray, np.ndarray], np.ndarray] | None = None
+) -> list[int] | None:
     """Blocks per stage of the min-max split (None when `feasible` leaves no split)."""
     n = len(c.block)
-    i, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")      # [i, j]: stage holds i..j-1
+    i, j = np.meshgrid(np.arange(n + 1), np.arange(n + 1), indexing="ij")  # [i, j]: stage holds i..j-1
     first = stage_cost(c, 0, stages, np.zeros(n + 1, dtype=int), np.arange(n + 1))
     if feasible:
         first = np.where(feasible(0, np.zeros(n + 1, dtype=int), np.arange(n + 1)), first, np.inf)
     best, cuts = first, []
-    middle = np.where(i < j, stage_cost(c, 1, stages + 1, i, j), np.inf)         # the same for every middle stage
+    middle = np.where(i < j, stage_cost(c, 1, stages + 1, i, j), np.inf)  # the same for every middle stage
     for k in range(1, stages):
-        if k == stages - 1:                           # the last stage ends after block n: one column
+        if k == stages - 1:  # the last stage ends after block n: one column
             cost = stage_cost(c, k, stages, np.arange(n + 1), np.full(n + 1, n))[:, None]
             cost = np.where(np.arange(n + 1)[:, None] <= n, cost, np.inf)
             cols = [n]
@@ -57,7 +60,7 @@ def best_split(c: SplitCosts, stages: int,
         if feasible:
             ii, jj = (i, j) if k < stages - 1 else (np.arange(n + 1)[:, None], np.full((n + 1, 1), n))
             cost = np.where(feasible(k, ii, jj), cost, np.inf)
-        total = np.maximum(best[:, None], cost)                                # rows i, columns j
+        total = np.maximum(best[:, None], cost)  # rows i, columns j
         arg = np.argmin(total, axis=0)
         cuts.append(dict(zip(cols, arg.tolist(), strict=True)))
         best = total[arg, np.arange(len(cols))]
@@ -75,5 +78,6 @@ def best_split(c: SplitCosts, stages: int,
 def split_cost(c: SplitCosts, counts: list[int]) -> float:
     """The slowest stage of a split (what best_split minimises)."""
     bounds = np.concatenate([[0], np.cumsum(counts)])
-    return max(float(stage_cost(c, k, len(counts), np.array(bounds[k]), np.array(bounds[k + 1])))
-               for k in range(len(counts)))
+    return max(
+        float(stage_cost(c, k, len(counts), np.array(bounds[k]), np.array(bounds[k + 1]))) for k in range(len(counts))
+    )

@@ -8,6 +8,7 @@ padding never exceeds) that is the fewest pairs but the most memory and time a s
 the length, everything else with the tokens — so that is the batch planned. A --batch_size given on the command line
 is planned as given (a user asking "what if"), and the plan says which one it used.
 """
+
 from __future__ import annotations
 
 from training.config.sections import TrainConfig
@@ -28,19 +29,28 @@ def planning_batch(cfg: TrainConfig, batch_size_given: bool) -> tuple[TrainConfi
         return cfg, None
     pairs = budget_pairs(cfg)
     longest = max(cfg.model.src_len, cfg.model.tgt_len)
-    note = {"max_tokens": d.max_tokens, "longest": longest, "batch_multiple": d.batch_multiple,
-            "budget_pairs": pairs, "planned_pairs": d.batch_size if batch_size_given else pairs,
-            "source": "--batch_size" if batch_size_given else "max_tokens"}
+    note = {
+        "max_tokens": d.max_tokens,
+        "longest": longest,
+        "batch_multiple": d.batch_multiple,
+        "budget_pairs": pairs,
+        "planned_pairs": d.batch_size if batch_size_given else pairs,
+        "source": "--batch_size" if batch_size_given else "max_tokens",
+    }
     return (cfg if batch_size_given else cfg.with_flags(batch_size=pairs)), note
 
 
 def describe(note: dict) -> str:
     """The report's line under the batch arithmetic."""
-    budget = (f"--max_tokens {note['max_tokens']:,} / {note['longest']} tokens (the longer side at full length), in "
-              f"groups of --batch_multiple {note['batch_multiple']} = {note['budget_pairs']:,} pairs")
+    budget = (
+        f"--max_tokens {note['max_tokens']:,} / {note['longest']} tokens (the longer side at full length), in "
+        f"groups of --batch_multiple {note['batch_multiple']} = {note['budget_pairs']:,} pairs"
+    )
     if note["source"] == "--batch_size":
-        return (f"token batches: planned at --batch_size {note['planned_pairs']:,} as given; the budget holds at most "
-                f"{budget}")
+        return (
+            f"token batches: planned at --batch_size {note['planned_pairs']:,} as given; the budget holds at most "
+            f"{budget}"
+        )
     return f"token batches: planned at the largest batch a step can hold, {budget} (not --batch_size)"
 
 

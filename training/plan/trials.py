@@ -11,6 +11,7 @@ or run_cluster.sh with the hostfile — for S steps on the ranks at hand, the wa
 is the median of metrics.jsonl's step_time after the first steps (start-up, the first batches' shapes), its memory
 the largest peak_mem_mib rank 0 logged.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,9 @@ from training.plan.recipe_writer import recipe_name, write_recipe
 from training.plan.search_setting import Setting
 from training.plan.step_model import FACTORS
 
-POOL = 4                        # trials are chosen among the top POOL × K layouts (at least MIN_POOL)
+POOL = 4  # trials are chosen among the top POOL × K layouts (at least MIN_POOL)
 MIN_POOL = 12
-MIN_TIMED_STEPS = 3             # steps left to time once the warm-up is left out
+MIN_TIMED_STEPS = 3  # steps left to time once the warm-up is left out
 
 
 def warmup_steps(steps: int) -> int:
@@ -41,7 +42,7 @@ def warmup_steps(steps: int) -> int:
 
 @dataclass
 class Trial:
-    prediction: Prediction          # at the factors the trial was chosen with
+    prediction: Prediction  # at the factors the trial was chosen with
     recipe: str = ""
     measured_step_s: float | None = None
     measured_peak_mib: float | None = None
@@ -52,7 +53,7 @@ class Trial:
 
 def choose(candidates: list[Prediction], k: int, factors: dict) -> list[Prediction]:
     """K of the top layouts: the best, then each adding the most information (module docstring)."""
-    pool = candidates[:max(POOL * k, MIN_POOL)]
+    pool = candidates[: max(POOL * k, MIN_POOL)]
     if not pool:
         return []
     z = np.array([[p.features()[f] / max(p.seconds(factors), 1e-30) for f in FACTORS] for p in pool])
@@ -71,7 +72,7 @@ def _measure(metrics: str, steps: int) -> tuple[float, float, int]:
     """(median step seconds after the warm-up, largest peak MiB, steps timed) from a run's metrics.jsonl."""
     with open(metrics, encoding="utf-8") as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    times = [r["step_time"] for r in rows if "step_time" in r][warmup_steps(steps):]
+    times = [r["step_time"] for r in rows if "step_time" in r][warmup_steps(steps) :]
     if len(times) < MIN_TIMED_STEPS:
         raise ValueError(f"only {len(times)} steps timed after the warm-up (metrics.jsonl has {len(rows)} rows)")
     peaks = [r["peak_mem_mib"] for r in rows if r.get("peak_mem_mib") is not None]
@@ -84,25 +85,35 @@ def _last_error(text: str) -> str:
     return (marked or lines or ["no output"])[-1][:400]
 
 
-def run_trial(trial: Trial, index: int, setting: Setting, data: str, steps: int, workdir: str,
-              hostfile: str | None, given: dict, timeout: float) -> Trial:
+def run_trial(
+    trial: Trial,
+    index: int,
+    setting: Setting,
+    data: str,
+    steps: int,
+    workdir: str,
+    hostfile: str | None,
+    given: dict,
+    timeout: float,
+) -> Trial:
     """Write the trial's recipe, launch it for `steps` steps, and read what it measured (or why it failed)."""
     folder = os.path.join(workdir, f"trial-{index}")
     one_node = hostfile is None
-    trial.recipe = write_recipe(folder, setting, trial.prediction.layout, given,
-                                f"trial {index} of plan.py --search", one_node)
+    trial.recipe = write_recipe(
+        folder, setting, trial.prediction.layout, given, f"trial {index} of plan.py --search", one_node
+    )
     env = dict(os.environ, RUNS_DIR=os.path.join(workdir, "runs"), QUIET="1")
-    env.pop("MASTER_PORT", None)                     # run.sh takes a free port (never a fixed 29500)
+    env.pop("MASTER_PORT", None)  # run.sh takes a free port (never a fixed 29500)
     cmd = ["bash", os.path.join(folder, "run.sh"), data] + ([hostfile] if hostfile else [])
-    cmd += ["--steps", str(steps), "--save_checkpoint_steps", "0", "--tensorboard", "0",
-            "--log_interval", str(steps)]
+    cmd += ["--steps", str(steps), "--save_checkpoint_steps", "0", "--tensorboard", "0", "--log_interval", str(steps)]
     started = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+    )
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)           # the launcher and every rank it started
+        os.killpg(proc.pid, signal.SIGKILL)  # the launcher and every rank it started
         proc.communicate()
         trial.error = f"timed out after {timeout:g} s (--trial_timeout); its logs: {folder}"
         return trial

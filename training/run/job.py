@@ -1,6 +1,7 @@
 """Joining the job: the process group (training.core.distributed) with the job watch around its rendezvous, so a
 rank that fails on any node — even before the rendezvous, as rank 0 refusing its output folder — is heard by every
 rank (training.run.job_watch). Every entry point that trains (train.py, the seed demos, the benchmarks) joins here."""
+
 from __future__ import annotations
 
 import contextlib
@@ -19,8 +20,9 @@ def join_job(distribute: str, comm_timeout: float | None = None) -> int:
     # before the rendezvous: rank 0 may refuse before it serves the store; after it: rank 0's store exists, and
     # its end tells every rank
     with stop_signals_end_the_rank():
-        world = init_distributed(distribute, comm_timeout, before_rendezvous=JobWatch.start,
-                                 after_rendezvous=mark_store_served)
+        world = init_distributed(
+            distribute, comm_timeout, before_rendezvous=JobWatch.start, after_rendezvous=mark_store_served
+        )
     share_cores()
     return world
 
@@ -55,10 +57,14 @@ def share_cores(environ=os.environ, cores: int | None = None) -> int | None:
     threads = max(1, cores // local)
     environ["OMP_NUM_THREADS"] = str(threads)
     import torch
-    torch.set_num_threads(threads)                  # torch is loaded by now: its pool takes the new size too
+
+    torch.set_num_threads(threads)  # torch is loaded by now: its pool takes the new size too
     if local_rank_from_env() == 0:
-        print(f"note: OMP_NUM_THREADS is not set: each of the {local} ranks on this node uses {threads} thread"
-              f"{'s' if threads > 1 else ''} ({cores} cores ÷ {local}); set OMP_NUM_THREADS to choose", flush=True)
+        print(
+            f"note: OMP_NUM_THREADS is not set: each of the {local} ranks on this node uses {threads} thread"
+            f"{'s' if threads > 1 else ''} ({cores} cores ÷ {local}); set OMP_NUM_THREADS to choose",
+            flush=True,
+        )
     return threads
 
 
@@ -69,6 +75,7 @@ def leave_job() -> None:
     that tears it down while a peer still talks to it can abort the peer ("terminate called without an active
     exception"). On an error this is skipped: the launcher stops the other ranks."""
     import torch.distributed as dist
+
     if JobWatch.current is not None:
         JobWatch.current.close()
     if dist.is_available() and dist.is_initialized():

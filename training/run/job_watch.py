@@ -33,6 +33,7 @@ rendezvous. So:
 
 torch is imported only when needed: the supervisor is a small process without torch until it has news to send.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,13 +51,13 @@ from training.core import job_store
 ABORT = "dsr/abort"
 SEEN = "dsr/abort_seen"
 STOPPED = "dsr/stopped/"
-NEWS = "dsr/news"                # in a failed rank 0's news store: its launcher's job id (see _serve_news)
-ABORTED = errors.ABORTED         # exit status of a rank ended because another rank failed
-POLL = 0.5                       # seconds between two looks at the store
-HOLD = 20.0                      # seconds a failed rank 0's supervisor serves the news to ranks that join late
-STOPPING = "dsr/stopping"        # the signal that stopped a rank before its first step (see publish_stopping)
+NEWS = "dsr/news"  # in a failed rank 0's news store: its launcher's job id (see _serve_news)
+ABORTED = errors.ABORTED  # exit status of a rank ended because another rank failed
+POLL = 0.5  # seconds between two looks at the store
+HOLD = 20.0  # seconds a failed rank 0's supervisor serves the news to ranks that join late
+STOPPING = "dsr/stopping"  # the signal that stopped a rank before its first step (see publish_stopping)
 STOPPING_SEEN = "dsr/stopping_seen"
-HEAR = 5.0                       # seconds rank 0 waits for the others to hear of its stop
+HEAR = 5.0  # seconds rank 0 waits for the others to hear of its stop
 
 
 def _listening(addr: tuple[str, int], timeout: float = 1.0) -> bool:
@@ -104,7 +105,7 @@ def _job_connection(addr: tuple[str, int], job: str, patience: float):
 
 
 # ------------------------------------------------------------------------------------------------ writers
-READY_FD = "DSR_STORE_READY_FD"           # the supervisor's pipe: the rank writes its job id once it has joined
+READY_FD = "DSR_STORE_READY_FD"  # the supervisor's pipe: the rank writes its job id once it has joined
 
 
 def mark_store_served() -> None:
@@ -143,7 +144,7 @@ def publish_abort(message: str, rank: int, world: int, job: str | None, patience
     if store is None:
         return False
     try:
-        store.compare_set(ABORT, "", message)           # the first failure is the one every rank reports
+        store.compare_set(ABORT, "", message)  # the first failure is the one every rank reports
         return True
     except Exception:  # noqa: BLE001 - the store ended meanwhile: the others will see that instead
         return False
@@ -161,9 +162,11 @@ def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
     read `message` (their watchers acknowledge in SEEN) or HOLD seconds pass. It names no job (no JOB_KEY): NEWS
     holds the launcher's id, and only ranks that have not joined a job listen to it."""
     from torch.distributed import TCPStore
+
     try:
-        store = TCPStore(addr[0], addr[1], is_master=True, timeout=datetime.timedelta(seconds=5),
-                         wait_for_workers=False)
+        store = TCPStore(
+            addr[0], addr[1], is_master=True, timeout=datetime.timedelta(seconds=5), wait_for_workers=False
+        )
     except Exception:  # noqa: BLE001 - the port is taken (another job's store): write nothing anywhere
         return False
     store.set(NEWS, launch_id_from_env())
@@ -173,7 +176,7 @@ def _serve_news(addr: tuple[str, int], message: str, world: int) -> bool:
         if store.add(SEEN, 0) >= world - 1:
             break
         time.sleep(0.2)
-    time.sleep(0.5)                                         # let the last reader's connection finish
+    time.sleep(0.5)  # let the last reader's connection finish
     return True
 
 
@@ -194,7 +197,7 @@ def publish_stopping(signum: int) -> None:
         return
     try:
         with watch._lock:
-            watch.stopped_here = True                   # its own watcher does not count as a rank that heard
+            watch.stopped_here = True  # its own watcher does not count as a rank that heard
             watch.store.compare_set(STOPPING, "", str(int(signum)))
         deadline = time.monotonic() + HEAR
         while watch.rank == 0 and time.monotonic() < deadline:
@@ -236,7 +239,7 @@ class JobWatch:
         self.store = None
         self._closing = threading.Event()
         self._lock = threading.Lock()
-        self.stopped_here = False            # this rank published STOPPING (publish_stopping)
+        self.stopped_here = False  # this rank published STOPPING (publish_stopping)
         self._thread = threading.Thread(target=self._run, name="job-watch", daemon=True)
 
     @classmethod
@@ -245,7 +248,7 @@ class JobWatch:
         if world <= 1 or addr is None or os.environ.get("DSR_JOB_WATCH") == "0":
             return None
         if cls.current is not None and cls.current.addr == addr:
-            return cls.current          # one watch per process: a second run in the same job (the tests' driver)
+            return cls.current  # one watch per process: a second run in the same job (the tests' driver)
         watch = cls(rank, world, addr)
         watch._thread.start()
         cls.current = watch
@@ -271,7 +274,7 @@ class JobWatch:
             job = job_store.joined_job()
             self.store = _job_connection(self.addr, job, POLL) if job else None
             try:
-                if self.store is not None:                      # idle: readable when the server's end closes
+                if self.store is not None:  # idle: readable when the server's end closes
                     canary = socket.create_connection(self.addr, timeout=2.0)
             except OSError:
                 self.store = None
@@ -279,8 +282,10 @@ class JobWatch:
                 self._closing.wait(POLL)
         while not self._closing.wait(POLL):
             if job_store.closed(canary):
-                self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); its "
-                          f"log says why")
+                self._end(
+                    f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); its "
+                    f"log says why"
+                )
                 return
             try:
                 with self._lock:
@@ -293,8 +298,10 @@ class JobWatch:
                         if news is None:
                             self.store.add(STOPPING_SEEN, 1)
             except Exception:  # noqa: BLE001 - the store is gone: rank 0's process ended
-                self._end(f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); "
-                          f"its log says why")
+                self._end(
+                    f"rank 0's process ended (the job's store at {self.addr[0]}:{self.addr[1]} is gone); "
+                    f"its log says why"
+                )
                 return
             if news is not None:
                 self._end(news)
@@ -332,7 +339,7 @@ class JobWatch:
                 continue
             if news is not None:
                 with contextlib.suppress(Exception):
-                    store.add(SEEN, 1)                          # the news store is no job's: it may be written
+                    store.add(SEEN, 1)  # the news store is no job's: it may be written
                 self._end(news)
                 return
             self._closing.wait(POLL)

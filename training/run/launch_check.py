@@ -19,6 +19,7 @@ never gave). Run folders used to carry their launch's time (RUNS_DIR/NAME-YYYYmm
 `--resume` or `--resume auto` that finds no checkpoint in the run folder while such an earlier folder holds some is
 refused naming it — `--resume auto` would otherwise start that run over from step 0.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,13 +31,14 @@ from common.errors import UserError, run_cli
 from training.config.sections import RESUME_AUTO, RESUME_LATEST
 from training.run import start_point
 
-OUTPUT = "output"                                 # a run folder's train.py --output_dir
-TIMESTAMPED = r"-\d{8}-\d{6}(-\d+)?"              # the per-launch suffix run folders had: -YYYYmmdd-HHMMSS[-N]
+OUTPUT = "output"  # a run folder's train.py --output_dir
+TIMESTAMPED = r"-\d{8}-\d{6}(-\d+)?"  # the per-launch suffix run folders had: -YYYYmmdd-HHMMSS[-N]
 
 
 def world_size(argv: list[str]) -> str:
     """The world size train.py would read from these flags (and their recipe), or "" when none is set."""
     from training.config.flags import parse_args
+
     value = parse_args(argv).world_size
     return "" if value is None else str(value)
 
@@ -53,29 +55,36 @@ def earlier_run_folders(prefix: str) -> list[str]:
 
 def check_run_folder(run_dir: str, resume: str | None, earlier: str | None) -> None:
     """UserError when a launch into RUN_DIR would mix two runs, or when --resume would miss the run it means."""
-    held = start_point.held_checkpoints(os.path.join(run_dir, OUTPUT))     # train.py's own rule
+    held = start_point.held_checkpoints(os.path.join(run_dir, OUTPUT))  # train.py's own rule
     if held and resume is None:
-        raise UserError(f"run folder {run_dir} already holds {held}: add --resume to this command to continue that "
-                        f"run, or set RUN_NAME=NAME to start a new run beside it")
+        raise UserError(
+            f"run folder {run_dir} already holds {held}: add --resume to this command to continue that "
+            f"run, or set RUN_NAME=NAME to start a new run beside it"
+        )
     if held or resume not in (RESUME_LATEST, RESUME_AUTO) or not earlier:
         return
     for old in earlier_run_folders(earlier):
         old_held = start_point.held_checkpoints(os.path.join(old, OUTPUT))
         if old_held:
             flag = "--resume auto" if resume == RESUME_AUTO else "--resume"
-            raise UserError(f"{flag}: run folder {run_dir} holds no checkpoint, but {old} (the folder of an earlier "
-                            f"launch, from before run folders kept their name) holds {old_held}: continue that run "
-                            f"here with --resume {os.path.join(old, OUTPUT)}, or move {old} away to start afresh")
+            raise UserError(
+                f"{flag}: run folder {run_dir} holds no checkpoint, but {old} (the folder of an earlier "
+                f"launch, from before run folders kept their name) holds {old_held}: continue that run "
+                f"here with --resume {os.path.join(old, OUTPUT)}, or move {old} away to start afresh"
+            )
 
 
 def data_path(path: str) -> str:
     """DATA_PATH as train.py will take it (module docstring), or UserError naming why train.py would refuse it."""
     from preprocess.corpus_source import FORMATS, CorpusSource
-    if CorpusSource(path, flag="DATA_PATH").kind == "hub":     # a Hub dataset's name (train.py reads it online)
+
+    if CorpusSource(path, flag="DATA_PATH").kind == "hub":  # a Hub dataset's name (train.py reads it online)
         return path
     if not os.path.exists(path):
-        raise UserError(f"DATA_PATH '{path}' is not a file or folder here; give {FORMATS} (make a TSV with python "
-                        f"-m preprocess.parallel)")
+        raise UserError(
+            f"DATA_PATH '{path}' is not a file or folder here; give {FORMATS} (make a TSV with python "
+            f"-m preprocess.parallel)"
+        )
     return os.path.abspath(path)
 
 
@@ -95,10 +104,12 @@ def main(argv: list[str] | None = None) -> int:
         args = p.parse_args(argv[1:])
         check_run_folder(args.run_dir, args.resume, args.earlier)
         return 0
-    raise UserError("usage: python -m training.run.launch_check world_size [train.py flags] | run_folder RUN_DIR "
-                    "[--resume VALUE] [--earlier RUNS_DIR/NAME] | data_path DATA_PATH")
+    raise UserError(
+        "usage: python -m training.run.launch_check world_size [train.py flags] | run_folder RUN_DIR "
+        "[--resume VALUE] [--earlier RUNS_DIR/NAME] | data_path DATA_PATH"
+    )
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("DS_ACCELERATOR", "cpu")     # a recipe's deepspeed section imports DeepSpeed: no GPU probe
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")  # a recipe's deepspeed section imports DeepSpeed: no GPU probe
     run_cli(main)

@@ -9,6 +9,7 @@ did not end in order: an error, a non-finite step, a killed rank. run_scripts/sl
 launch (by DSR_LAUNCH_ID, which the launch scripts give every rank) to decide whether to requeue
 (training.run.slurm_chain).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -16,8 +17,13 @@ import json
 import os
 import socket
 
-SLURM_KEYS = {"job_id": "SLURM_JOB_ID", "restart_count": "SLURM_RESTART_COUNT", "nodes": "SLURM_JOB_NODELIST",
-              "tasks": "SLURM_STEP_NUM_TASKS", "partition": "SLURM_JOB_PARTITION"}
+SLURM_KEYS = {
+    "job_id": "SLURM_JOB_ID",
+    "restart_count": "SLURM_RESTART_COUNT",
+    "nodes": "SLURM_JOB_NODELIST",
+    "tasks": "SLURM_STEP_NUM_TASKS",
+    "partition": "SLURM_JOB_PARTITION",
+}
 
 
 def slurm_job(environ=os.environ) -> dict | None:
@@ -34,9 +40,12 @@ def slurm_job(environ=os.environ) -> dict | None:
 
 
 def this_launch(start_step: int, environ=os.environ) -> dict:
-    record = {"launch_id": environ.get("DSR_LAUNCH_ID") or None,
-              "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-              "host": socket.gethostname(), "start_step": start_step}
+    record = {
+        "launch_id": environ.get("DSR_LAUNCH_ID") or None,
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "start_step": start_step,
+    }
     job = slurm_job(environ)
     if job is not None:
         record["slurm"] = job
@@ -62,7 +71,10 @@ def launches(output_dir: str, start_step: int, resumed: bool, environ=os.environ
 
 def ended(launch: dict, status: str, step: int, by: str | None = None, checkpoint: str | None = None) -> None:
     """Mark how this launch ended (see the module's docstring)."""
-    launch["end"] = {"status": status, "step": step, "time": datetime.datetime.now().astimezone().isoformat(
-        timespec="seconds")}
+    launch["end"] = {
+        "status": status,
+        "step": step,
+        "time": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
     if status == "stopped":
         launch["end"].update(by=by, checkpoint=checkpoint)

@@ -18,6 +18,7 @@ engine's skipped-step count):
 No checkpoint holds non-finite weights: training.checkpoint.nonfinite. The tests make real non-finite steps through
 training.faults_for_tests.
 """
+
 from __future__ import annotations
 
 import math
@@ -26,14 +27,14 @@ import math
 class NonFiniteSteps:
     def __init__(self, engine, policy: str, skip_limit: int, lr: float, latest_checkpoint):
         self.engine, self.policy, self.skip_limit, self.lr = engine, policy, max(1, int(skip_limit)), lr
-        self.latest_checkpoint = latest_checkpoint          # () -> the latest checkpoint's path, or None
+        self.latest_checkpoint = latest_checkpoint  # () -> the latest checkpoint's path, or None
         self.skipped_before = engine.ds.skipped_steps
         self.in_a_row = 0
 
     def after_step(self, step: int, loss: float, record: dict) -> str | None:
         """Add `skipped_steps` to the step's record; the message to stop with, or None."""
         skipped_now = self.engine.ds.skipped_steps
-        dropped = skipped_now > self.skipped_before           # this step's update was not applied
+        dropped = skipped_now > self.skipped_before  # this step's update was not applied
         self.skipped_before = skipped_now
         record["skipped_steps"] = skipped_now
         bad_loss = not math.isfinite(loss)
@@ -45,14 +46,18 @@ class NonFiniteSteps:
         what = f"the loss is {loss}" if bad_loss else "the gradient is not finite (its norm is inf or nan)"
         latest = self.latest_checkpoint()
         keep = f"the latest checkpoint stays {latest}" if latest else "no checkpoint was written"
-        if not dropped:                                       # cannot happen with the optimizers built here
+        if not dropped:  # cannot happen with the optimizers built here
             return f"step {step}: {what} and the optimizer applied the update; stopped ({keep})"
         if self.policy == "stop":
-            return (f"step {step}: {what}, so training stopped (--nan_policy stop; the step's update was dropped, "
-                    f"{keep}). Lower --lr (now {self.lr:g}) or set --clip_grad, or pass --nan_policy skip to go "
-                    f"on without such steps")
+            return (
+                f"step {step}: {what}, so training stopped (--nan_policy stop; the step's update was dropped, "
+                f"{keep}). Lower --lr (now {self.lr:g}) or set --clip_grad, or pass --nan_policy skip to go "
+                f"on without such steps"
+            )
         if self.in_a_row >= self.skip_limit:
             steps = "step" if self.in_a_row == 1 else "steps"
-            return (f"step {step}: {self.in_a_row} non-finite {steps} in a row (--nan_skip_limit {self.skip_limit}), "
-                    f"so training stopped; the weights are not recovering ({keep}). Lower --lr (now {self.lr:g})")
+            return (
+                f"step {step}: {self.in_a_row} non-finite {steps} in a row (--nan_skip_limit {self.skip_limit}), "
+                f"so training stopped; the weights are not recovering ({keep}). Lower --lr (now {self.lr:g})"
+            )
         return None

@@ -15,6 +15,7 @@ model), so every mistake here costs seconds and prints one line:
   while its data is prepared) leaves nothing it made: `undo()` deletes the lock file if the run created it, and the
   folders it created while they are empty (`dstr-train` with no arguments made ./out/train/.train.lock).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,7 +33,7 @@ from training.config.sections import CheckpointSection
 LOCK_NAME = ".train.lock"
 
 
-FOLDERS = ("checkpoints", "tensorboard")          # what train.py writes inside OUTPUT_DIR, by kind
+FOLDERS = ("checkpoints", "tensorboard")  # what train.py writes inside OUTPUT_DIR, by kind
 
 
 FILES = ("metrics.jsonl", "run.json")
@@ -49,18 +50,23 @@ def check_writable_folder(output_dir: str) -> str:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise UserError(f"--output_dir {output_dir} cannot be created ({exc.strerror}); choose a folder you can "
-                        f"write to") from exc
+        raise UserError(
+            f"--output_dir {output_dir} cannot be created ({exc.strerror}); choose a folder you can write to"
+        ) from exc
     for name in FOLDERS:
         inside = os.path.join(path, name)
         if os.path.exists(inside) and not os.path.isdir(inside):
-            raise UserError(f"--output_dir {output_dir}: {inside} is a file, but train.py writes a folder there; "
-                            f"move it away or choose another --output_dir")
+            raise UserError(
+                f"--output_dir {output_dir}: {inside} is a file, but train.py writes a folder there; "
+                f"move it away or choose another --output_dir"
+            )
     for name in FILES:
         inside = os.path.join(path, name)
         if os.path.isdir(inside):
-            raise UserError(f"--output_dir {output_dir}: {inside} is a folder, but train.py writes a file there; "
-                            f"move it away or choose another --output_dir")
+            raise UserError(
+                f"--output_dir {output_dir}: {inside} is a folder, but train.py writes a file there; "
+                f"move it away or choose another --output_dir"
+            )
     return path
 
 
@@ -82,9 +88,9 @@ class OutputDirLock:
 
     def __init__(self, folder: str, output_dir: str, created: tuple = ()):
         self.path = os.path.join(folder, LOCK_NAME)
-        self.created = created                     # the folders this run made, deepest first (undo removes them)
+        self.created = created  # the folders this run made, deepest first (undo removes them)
         self.made_file = False
-        while not self._lock(output_dir):          # a run that undid its start deleted the file we locked: again
+        while not self._lock(output_dir):  # a run that undid its start deleted the file we locked: again
             pass
         since = datetime.datetime.now().isoformat(timespec="seconds")
         os.ftruncate(self._fd, 0)
@@ -98,15 +104,19 @@ class OutputDirLock:
         except FileExistsError:
             pass
         except OSError as exc:
-            raise UserError(f"--output_dir {output_dir} cannot be written ({exc.strerror} creating {LOCK_NAME}); "
-                            f"choose a folder you can write to") from exc
+            raise UserError(
+                f"--output_dir {output_dir} cannot be written ({exc.strerror} creating {LOCK_NAME}); "
+                f"choose a folder you can write to"
+            ) from exc
         try:
             return os.open(self.path, os.O_RDWR)
-        except FileNotFoundError:                  # deleted between the two opens (undo): make it anew
+        except FileNotFoundError:  # deleted between the two opens (undo): make it anew
             return self._open(output_dir)
         except OSError as exc:
-            raise UserError(f"--output_dir {output_dir} cannot be written ({exc.strerror} opening {LOCK_NAME}); "
-                            f"choose a folder you can write to") from exc
+            raise UserError(
+                f"--output_dir {output_dir} cannot be written ({exc.strerror} opening {LOCK_NAME}); "
+                f"choose a folder you can write to"
+            ) from exc
 
     def _lock(self, output_dir: str) -> bool:
         """Lock the file at self.path; False when the file locked is no longer the one there (deleted by a run's
@@ -117,11 +127,15 @@ class OutputDirLock:
         except BlockingIOError:
             holder = self._holder()
             os.close(self._fd)
-            raise UserError(f"--output_dir {output_dir} is in use by another training run ({holder}); wait for it "
-                            f"to finish or stop it, or choose another --output_dir") from None
-        except OSError as exc:       # a filesystem without flock (some network mounts): run unlocked, say so
-            print(f"warning: cannot lock {self.path} ({exc.strerror}); make sure no other run writes to "
-                  f"{output_dir}", flush=True)
+            raise UserError(
+                f"--output_dir {output_dir} is in use by another training run ({holder}); wait for it "
+                f"to finish or stop it, or choose another --output_dir"
+            ) from None
+        except OSError as exc:  # a filesystem without flock (some network mounts): run unlocked, say so
+            print(
+                f"warning: cannot lock {self.path} ({exc.strerror}); make sure no other run writes to {output_dir}",
+                flush=True,
+            )
             return True
         try:
             same = os.stat(self.path).st_ino == os.fstat(self._fd).st_ino
@@ -155,7 +169,7 @@ class OutputDirLock:
 
     def release(self) -> None:
         if self._fd is not None:
-            os.close(self._fd)                     # closing the descriptor drops the lock
+            os.close(self._fd)  # closing the descriptor drops the lock
             self._fd = None
 
 

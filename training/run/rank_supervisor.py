@@ -35,6 +35,7 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
 
 Only a failure inside torch.distributed's collectives is converted; any other exception keeps its traceback.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -51,25 +52,36 @@ from common.errors import UserError
 from common.ranks import world_and_rank_from_env
 from training.run import job_watch
 
-PEER_LOST_DELAY = 5.0        # > DeepSpeed's launcher poll (1 s) + its SIGTERM to every rank
+PEER_LOST_DELAY = 5.0  # > DeepSpeed's launcher poll (1 s) + its SIGTERM to every rank
 # with a job watch running, the dead rank's supervisor's news normally ends this rank within a second or two; on a
 # loaded machine (other jobs on its cores) it was seen to take longer than PEER_LOST_DELAY, and the survivor's
 # secondary line then stood beside the cause
 PEER_LOST_WAIT_FOR_NEWS = 20.0
 TIMEOUT_DELAY_PER_RANK = 2.0
-PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
-             "Socket closed", "NCCL communicator was aborted")
+PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Connection refused",
+    "Socket closed",
+    "NCCL communicator was aborted",
+)
 TIMED_OUT = ("Timed out", "timed out", "Timeout", "timeout")
 FORWARDED = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1)
-HINTS = {signal.SIGKILL: "kill -9, or the kernel's out-of-memory killer: see `dmesg`",
-         signal.SIGSEGV: "a crash in native code", signal.SIGBUS: "a crash in native code",
-         signal.SIGABRT: "an abort in native code (its log may say why)",
-         signal.SIGTERM: "a stop request sent to this rank alone",
-         signal.SIGINT: "an interrupt sent to this rank alone"}
+HINTS = {
+    signal.SIGKILL: "kill -9, or the kernel's out-of-memory killer: see `dmesg`",
+    signal.SIGSEGV: "a crash in native code",
+    signal.SIGBUS: "a crash in native code",
+    signal.SIGABRT: "an abort in native code (its log may say why)",
+    signal.SIGTERM: "a stop request sent to this rank alone",
+    signal.SIGINT: "an interrupt sent to this rank alone",
+}
 # torch's NCCL watchdog, before it aborts the process: "... Watchdog caught collective operation timeout:
 # WorkNCCL(SeqNum=5, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=60000) ran for 60007 milliseconds ..."
-WATCHDOG = re.compile(r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>.*?)\)"
-                      r"(?:\s+ran for (?P<ms>\d+) milliseconds|\s*$)")
+WATCHDOG = re.compile(
+    r"Watchdog caught collective operation timeout: WorkNCCL\((?P<work>.*?)\)"
+    r"(?:\s+ran for (?P<ms>\d+) milliseconds|\s*$)"
+)
 PG_NAME = re.compile(r"\[PG ID (?P<id>\d+) PG GUID (?P<guid>[^\s(\]]+)(?:\((?P<desc>[^)]*)\))?")
 
 
@@ -92,12 +104,12 @@ def supervise_rank() -> None:
     sys.stderr.flush()
     parent = os.getpid()
     read_end, write_end = os.pipe()
-    ready_read, ready_write = os.pipe()        # the child sends its job id once it has joined (job_watch)
+    ready_read, ready_write = os.pipe()  # the child sends its job id once it has joined (job_watch)
     child = os.fork()
     if child == 0:
         os.close(read_end)
         os.close(ready_read)
-        os.dup2(write_end, 2)                  # the child's stderr goes through the parent (StderrRelay)
+        os.dup2(write_end, 2)  # the child's stderr goes through the parent (StderrRelay)
         os.close(write_end)
         os.environ[job_watch.READY_FD] = str(ready_write)
         _die_with_parent(parent)
@@ -110,18 +122,19 @@ def supervise_rank() -> None:
 def _prctl(option: int, arg) -> None:
     try:
         import ctypes
+
         ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
     except (OSError, AttributeError):
         pass
 
 
 def _set_process_name(name: bytes) -> None:
-    _prctl(15, name)                                                        # PR_SET_NAME (ps -o comm, top)
+    _prctl(15, name)  # PR_SET_NAME (ps -o comm, top)
 
 
 def _die_with_parent(parent: int) -> None:
-    _prctl(1, int(signal.SIGKILL))                                          # PR_SET_PDEATHSIG
-    if os.getppid() != parent:                                              # it died before prctl took effect
+    _prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before prctl took effect
         os._exit(1)
 
 
@@ -148,7 +161,7 @@ class StderrRelay:
             view = memoryview(chunk)
             while view:
                 try:
-                    view = view[os.write(2, view):]
+                    view = view[os.write(2, view) :]
                 except OSError:
                     break
             lines = (self._partial + chunk).split(b"\n")
@@ -158,7 +171,7 @@ class StderrRelay:
 
     def _note(self, line: str) -> None:
         if line.startswith("error: "):
-            self.last_error = line[len("error: "):].strip()
+            self.last_error = line[len("error: ") :].strip()
         elif "Watchdog caught collective operation timeout" in line:
             self.watchdog = line.strip()
 
@@ -207,13 +220,13 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
         told.append(signum)
         with contextlib.suppress(ProcessLookupError):
             os.kill(child, signum)
-            os.kill(child, signal.SIGCONT)                                  # a stopped child must run to end
+            os.kill(child, signal.SIGCONT)  # a stopped child must run to end
 
     _set_process_name(b"rank-supervisor")
     for s in FORWARDED:
-        if signal.getsignal(s) != signal.SIG_IGN:       # nohup: the child ignores SIGHUP too (inherited); so do we
+        if signal.getsignal(s) != signal.SIG_IGN:  # nohup: the child ignores SIGHUP too (inherited); so do we
             signal.signal(s, forward)
-    signal.signal(signal.SIGINT, lambda *_: told.append(signal.SIGINT))    # the terminal sent it to the child too
+    signal.signal(signal.SIGINT, lambda *_: told.append(signal.SIGINT))  # the terminal sent it to the child too
     stopped_since: float | None = None
     stop_signal = signal.SIGSTOP
     where = f"rank {rank} (pid {child} on {socket.gethostname()})"
@@ -224,40 +237,46 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
             text = f"{where} was stopped by {_signal_name(stop_signal)} at {time.strftime('%H:%M:%S')}"
             threading.Thread(target=job_watch.publish_stopped, args=(rank, text, joined()), daemon=True).start()
         elif os.WIFCONTINUED(status):
-            if not told:                                        # (not the SIGCONT we sent to end it)
+            if not told:  # (not the SIGCONT we sent to end it)
                 stopped_since = None
         else:
             break
     relay.finish()
     if stopped_since is not None:
-        print(f"error: {where} had been stopped by {_signal_name(stop_signal)} for {time.time() - stopped_since:.0f}"
-              f" s when the job was ended: it could not answer the other ranks", file=sys.stderr, flush=True)
+        print(
+            f"error: {where} had been stopped by {_signal_name(stop_signal)} for {time.time() - stopped_since:.0f}"
+            f" s when the job was ended: it could not answer the other ranks",
+            file=sys.stderr,
+            flush=True,
+        )
     if os.WIFEXITED(status):
         code = os.WEXITSTATUS(status)
         # a rank that stopped on a request saved and exits 128 + the signal — often before the launcher's own
         # SIGTERM reaches us (the request came through a collective): no failure, nothing to tell
         stopped = code in {128 + s for s in FORWARDED + (signal.SIGINT,)}
-        if code not in (0, job_watch.ABORTED) and not told and not stopped:    # news: this rank failed
+        if code not in (0, job_watch.ABORTED) and not told and not stopped:  # news: this rank failed
             detail = relay.last_error or f"it exited with status {code}; its log says why"
             job_watch.publish_abort(f"{where} failed: {detail}", rank, world, joined())
         os._exit(code)
     signum = os.WTERMSIG(status)
     if signum in FORWARDED + (signal.SIGINT,) and not told:
-        time.sleep(0.5)               # a stop request to the whole job reaches the child a moment before us
+        time.sleep(0.5)  # a stop request to the whole job reaches the child a moment before us
     if not told and stopped_since is None:
         if signum == signal.SIGABRT and relay.watchdog:
-            line = (f"error: {where} was ended by NCCL's watchdog: {watchdog_report(relay.watchdog)}; "
-                    f"a rank did not join it")
+            line = (
+                f"error: {where} was ended by NCCL's watchdog: {watchdog_report(relay.watchdog)}; "
+                f"a rank did not join it"
+            )
             paused = job_watch.paused_ranks_now(world, joined())
             line += f" ({'; '.join(paused)})" if paused else " (paused, hung, or its node is down)"
         else:
             hint = HINTS.get(signum)
             line = f"error: {where} was killed by {_signal_name(signum)}{f' ({hint})' if hint else ''}; the job stops"
         print(line, file=sys.stderr, flush=True)
-        job_watch.publish_abort(line[len("error: "):], rank, world, joined())
+        job_watch.publish_abort(line[len("error: ") :], rank, world, joined())
     for s in FORWARDED + (signal.SIGINT,):
         signal.signal(s, signal.SIG_DFL)
-    os.kill(os.getpid(), signum)      # end as the child did, so the launcher sees the same status
+    os.kill(os.getpid(), signum)  # end as the child did, so the launcher sees the same status
     os._exit(128 + signum)
 
 
@@ -265,8 +284,10 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
 def _collective_failure(exc: BaseException) -> str | None:
     """'lost' or 'timeout' for an error raised by a torch.distributed collective, else None."""
     import torch.distributed as dist
-    if not (isinstance(exc, RuntimeError) and dist.is_available() and dist.is_initialized()
-            and dist.get_world_size() > 1):
+
+    if not (
+        isinstance(exc, RuntimeError) and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    ):
         return None
     text = str(exc)
     if any(s in text for s in PEER_LOST):
@@ -280,6 +301,7 @@ def _lost_peer(error: str) -> str:
     """Who an error's `peer [ADDRESS]:PORT` is: 'node vnode1 (ranks 2, 3)' when the job gathered its hosts (a whole
     node lost says nothing itself: this line is the only one naming it), else 'another rank'."""
     from common.ranks import ranks_at
+
     found = re.search(r"peer \[([^\]]+)\]:\d+", error)
     if not found:
         return "another rank"
@@ -298,17 +320,23 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         if kind is None:
             raise
         import torch.distributed as dist
+
         rank = dist.get_rank()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if kind == "lost":
             delay = PEER_LOST_WAIT_FOR_NEWS if job_watch.JobWatch.current is not None else PEER_LOST_DELAY
-            raise UserError(f"rank {rank}: {_lost_peer(first)} closed its connection ({first[:160]}); it ended "
-                            f"first, and its own line or log says why (no line at all: its node is lost)",
-                            report_delay=delay, exit_status=job_watch.ABORTED) from None
+            raise UserError(
+                f"rank {rank}: {_lost_peer(first)} closed its connection ({first[:160]}); it ended "
+                f"first, and its own line or log says why (no line at all: its node is lost)",
+                report_delay=delay,
+                exit_status=job_watch.ABORTED,
+            ) from None
         watch = job_watch.JobWatch.current
         paused = watch.stopped_ranks() if watch is not None else []
         who = "; ".join(paused) if paused else "a rank stopped responding (paused, hung, or its node is down)"
-        raise UserError(f"rank {rank}: no answer from the other ranks within --comm_timeout {comm_timeout:g} s: "
-                        f"{who}, so the job stops. Raise "
-                        f"--comm_timeout if a step or a save legitimately takes longer",
-                        report_delay=min(TIMEOUT_DELAY_PER_RANK * rank, 60.0)) from None
+        raise UserError(
+            f"rank {rank}: no answer from the other ranks within --comm_timeout {comm_timeout:g} s: "
+            f"{who}, so the job stops. Raise "
+            f"--comm_timeout if a step or a save legitimately takes longer",
+            report_delay=min(TIMEOUT_DELAY_PER_RANK * rank, 60.0),
+        ) from None

@@ -15,6 +15,7 @@ error, stopped on a non-finite loss, refused a user mistake, or was cancelled by
 with no time limit reached) — no requeue loops — and at most --max_requeues times per job (SLURM's restart count).
 When SLURM ends the job because a node failed, it requeues the job itself (--requeue): the line says so.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,15 +31,25 @@ from common.errors import UserError, run_cli
 
 MAX_REQUEUES = 20
 STOP_SIGNALS = {"USR1": 10, "TERM": 15, "HUP": 1}
-ENDING = ("COMPLETING", "CANCELLED", "TIMEOUT", "FAILED", "COMPLETED", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-          "DEADLINE", "OUT_OF_MEMORY")
+ENDING = (
+    "COMPLETING",
+    "CANCELLED",
+    "TIMEOUT",
+    "FAILED",
+    "COMPLETED",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "BOOT_FAIL",
+    "DEADLINE",
+    "OUT_OF_MEMORY",
+)
 
 
 @dataclass(frozen=True)
 class Decision:
     requeue: bool
-    line: str                  # what the job's output says
-    exit_status: int           # the batch script's, when the chain ends
+    line: str  # what the job's output says
+    exit_status: int  # the batch script's, when the chain ends
 
 
 def this_launch(output_dir: str, launch_id: str) -> dict | None:
@@ -56,8 +67,9 @@ def this_launch(output_dir: str, launch_id: str) -> dict | None:
 def job_fields(job_id: str) -> dict:
     """`scontrol -o show job ID` as {key: value} ({} when scontrol cannot say)."""
     try:
-        out = subprocess.run(["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True,
-                             timeout=30).stdout
+        out = subprocess.run(
+            ["scontrol", "-o", "show", "job", job_id], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return {}
     return dict(re.findall(r"(?:^|\s)([A-Za-z/:]+)=(\S*)", out))
@@ -66,7 +78,7 @@ def job_fields(job_id: str) -> dict:
 def going_on(job: dict) -> str | None:
     """Why SLURM lets this job be continued (None: SLURM is ending it for good, e.g. scancel)."""
     state, reason = job.get("JobState", ""), job.get("Reason", "")
-    if state in ("RUNNING", "SUSPENDED", ""):           # (unknown: scontrol failed; the requeue will say)
+    if state in ("RUNNING", "SUSPENDED", ""):  # (unknown: scontrol failed; the requeue will say)
         return "the job still runs"
     if reason == "TimeLimit" or state == "TIMEOUT":
         return "SLURM ended the job at its time limit"
@@ -85,54 +97,82 @@ def node_lost(job: dict) -> bool:
     return job.get("JobState") == "NODE_FAIL" or job.get("Reason", "").startswith(("NodeDown", "NodeFail"))
 
 
-def decide(launch: dict | None, status: int, signal: str | None, job: dict, restarts: int,
-           max_requeues: int) -> Decision:
+def decide(
+    launch: dict | None, status: int, signal: str | None, job: dict, restarts: int, max_requeues: int
+) -> Decision:
     end = (launch or {}).get("end") or {}
     if node_lost(job) and end.get("status") != "finished":
-        return Decision(False, f"a node of the job was lost ({job.get('JobState')} {job.get('Reason')}): SLURM "
-                               f"requeues the job itself (submitted with --requeue), and it resumes from the newest "
-                               f"checkpoint", status or 1)
+        return Decision(
+            False,
+            f"a node of the job was lost ({job.get('JobState')} {job.get('Reason')}): SLURM "
+            f"requeues the job itself (submitted with --requeue), and it resumes from the newest "
+            f"checkpoint",
+            status or 1,
+        )
     if end.get("status") == "finished":
         return Decision(False, f"training finished at step {end.get('step')}: the chain of jobs ends", 0)
     if end.get("status") == "stopped":
         saved = end.get("checkpoint")
-        what = (f"stopped by {end.get('by')} at step {end.get('step')}, "
-                + (f"checkpoint {saved} saved" if saved else "no checkpoint saved (--save_on_signal 0)"))
+        what = f"stopped by {end.get('by')} at step {end.get('step')}, " + (
+            f"checkpoint {saved} saved" if saved else "no checkpoint saved (--save_on_signal 0)"
+        )
     elif launch is None and stopped_before_start(status, signal):
         name = signal or next(n for n, number in STOP_SIGNALS.items() if status == 128 + number)
         what = f"stopped by SIG{name} before its first step (the last checkpoint stands)"
     else:
-        return Decision(False, f"training failed (srun exit status {status}): no requeue — fix what the ranks' "
-                               f"error says, then submit the same command to continue from the newest checkpoint",
-                        status or 1)
+        return Decision(
+            False,
+            f"training failed (srun exit status {status}): no requeue — fix what the ranks' "
+            f"error says, then submit the same command to continue from the newest checkpoint",
+            status or 1,
+        )
     why = going_on(job)
     status = status or 1
     if why is None:
-        return Decision(False, f"{what}; the job was cancelled (scancel, or ended by SLURM: {job.get('JobState')} "
-                               f"{job.get('Reason')}): the chain ends — submit the same command to continue", status)
+        return Decision(
+            False,
+            f"{what}; the job was cancelled (scancel, or ended by SLURM: {job.get('JobState')} "
+            f"{job.get('Reason')}): the chain ends — submit the same command to continue",
+            status,
+        )
     if job.get("BatchFlag") == "0":
-        return Decision(False, f"{what}; not a batch job (salloc): nothing to requeue — run the script again to "
-                               f"continue", status)
+        return Decision(
+            False, f"{what}; not a batch job (salloc): nothing to requeue — run the script again to continue", status
+        )
     if restarts >= max_requeues:
-        return Decision(False, f"{what}; this job was requeued {restarts} times, --max_requeues {max_requeues}: the "
-                               f"chain ends — submit the same command to continue", status)
-    return Decision(True, f"{what}; {why}: requeueing job (restart {restarts + 1} of at most {max_requeues}); it "
-                          f"resumes from the newest checkpoint", status)
+        return Decision(
+            False,
+            f"{what}; this job was requeued {restarts} times, --max_requeues {max_requeues}: the "
+            f"chain ends — submit the same command to continue",
+            status,
+        )
+    return Decision(
+        True,
+        f"{what}; {why}: requeueing job (restart {restarts + 1} of at most {max_requeues}); it "
+        f"resumes from the newest checkpoint",
+        status,
+    )
 
 
 def requeue(job_id: str) -> None:
     proc = subprocess.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=60)
     if proc.returncode != 0:
         said = (proc.stderr or proc.stdout).strip().splitlines()
-        raise UserError(f"scontrol requeue {job_id} failed ({said[-1] if said else proc.returncode}): submit "
-                        f"with --requeue (the script's default; a partition or site may refuse it), or submit the "
-                        f"same command again to continue")
+        raise UserError(
+            f"scontrol requeue {job_id} failed ({said[-1] if said else proc.returncode}): submit "
+            f"with --requeue (the script's default; a partition or site may refuse it), or submit the "
+            f"same command again to continue"
+        )
 
 
 def parser() -> Parser:
     p = Parser(prog="python -m training.run.slurm_chain", description=__doc__.split("\n\n")[0])
-    p.add_argument("--max_requeues", type=integer(0), default=MAX_REQUEUES,
-                   help=f"requeue one job at most this many times (SLURM's restart count; default {MAX_REQUEUES})")
+    p.add_argument(
+        "--max_requeues",
+        type=integer(0),
+        default=MAX_REQUEUES,
+        help=f"requeue one job at most this many times (SLURM's restart count; default {MAX_REQUEUES})",
+    )
     p.add_argument("--check", action="store_true", help="only check the flags")
     p.add_argument("--output_dir", help="the run's train.py --output_dir")
     p.add_argument("--launch_id", default="", help="this launch's DSR_LAUNCH_ID")
@@ -150,8 +190,14 @@ def main(argv=None) -> int:
         raise UserError("needs SLURM_JOB_ID (inside a SLURM job) and --output_dir: run_scripts/slurm.sbatch calls it")
     job = job_fields(job_id)
     restarts = job.get("Restarts", os.environ.get("SLURM_RESTART_COUNT", "0"))
-    decision = decide(this_launch(args.output_dir, args.launch_id), args.status, args.signal, job,
-                      int(restarts) if restarts.isdigit() else 0, args.max_requeues)
+    decision = decide(
+        this_launch(args.output_dir, args.launch_id),
+        args.status,
+        args.signal,
+        job,
+        int(restarts) if restarts.isdigit() else 0,
+        args.max_requeues,
+    )
     print(f"{time.strftime('%H:%M:%S')} slurm job {job_id}: {decision.line}", flush=True)
     if decision.requeue:
         requeue(job_id)

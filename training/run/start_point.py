@@ -14,6 +14,7 @@ while newer ones exist), and reads its meta.json. One broadcast gives every rank
 one-line refusal. `StartPoint.fresh` is the run's fresh-or-continued answer: the metrics, trackers and run record
 take it from here.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,10 +40,10 @@ from training.config.sections import CheckpointSection
 
 @dataclass(frozen=True)
 class StartPoint:
-    path: str | None = None        # the checkpoint folder; None: a fresh start
-    how: str = "fresh"                # the flag that chose it
-    verified: bool = False            # every file already checked against its sha256 by the job (--resume auto)
-    meta: dict | None = None       # its meta.json
+    path: str | None = None  # the checkpoint folder; None: a fresh start
+    how: str = "fresh"  # the flag that chose it
+    verified: bool = False  # every file already checked against its sha256 by the job (--resume auto)
+    meta: dict | None = None  # its meta.json
 
     @property
     def fresh(self) -> bool:
@@ -61,7 +62,7 @@ def held_checkpoints(output_dir: str) -> str | None:
 
 
 def _newest_step(saved: list[str]) -> str | None:
-    steps = [name for name in saved if name.startswith("step_") and step_of(name) is not None]     # not best/
+    steps = [name for name in saved if name.startswith("step_") and step_of(name) is not None]  # not best/
     return max(steps, key=step_of) if steps else None
 
 
@@ -69,6 +70,7 @@ def newest_intact(root: str, verify: bool = True) -> tuple[str | None, list[str]
     """(the newest step_* checkpoint of `root` that verifies, or None; "step_N: why" for each newer one skipped).
     verify=False checks completeness only (meta.json and the files it lists), not the checksums."""
     from training.checkpoint.format import read_meta, verify_checkpoint
+
     skipped = []
     for path in step_checkpoints(root):
         try:
@@ -88,20 +90,24 @@ def _resume_auto(section: CheckpointSection, verify: bool, report, intact: tuple
     if found:
         return found
     if skipped:
-        raise UserError(f"--resume auto: no intact checkpoint in {root} (skipped: "
-                        + "; ".join(s.split(":", 1)[0] for s in skipped) + "); move the damaged ones away to "
-                        "start fresh, or name a checkpoint with --resume PATH")
+        raise UserError(
+            f"--resume auto: no intact checkpoint in {root} (skipped: "
+            + "; ".join(s.split(":", 1)[0] for s in skipped)
+            + "); move the damaged ones away to "
+            "start fresh, or name a checkpoint with --resume PATH"
+        )
     return resolve(section.ckpt_file) if section.ckpt_file else None
 
 
-def resume_source(section: CheckpointSection, verify: bool = False, report=None,
-                  intact: tuple | None = None) -> str | None:
+def resume_source(
+    section: CheckpointSection, verify: bool = False, report=None, intact: tuple | None = None
+) -> str | None:
     """The checkpoint folder this run starts from, or None for a fresh start (UserError when there is none where
     the flags say there must be one). `verify`: with --resume auto, check the candidates' checksums too; `intact`:
     newest_intact's answer already found (train.py's ranks together: training.checkpoint.spread_verify);
     `report(line)` is told which ones were skipped."""
     resume, ckpt_file = section.resume, section.ckpt_file
-    if resume not in (None, AUTO, LATEST):                     # --resume PATH
+    if resume not in (None, AUTO, LATEST):  # --resume PATH
         if ckpt_file:
             raise UserError(f"--resume {resume} and --ckpt_file {ckpt_file} both name a checkpoint; give one")
         return resolve(resume)
@@ -114,8 +120,10 @@ def resume_source(section: CheckpointSection, verify: bool = False, report=None,
             return found
         if ckpt_file:
             return resolve(ckpt_file)
-        raise UserError(f"--resume: no checkpoint in {root}; use --resume auto to start fresh when there is none, "
-                        f"or --ckpt_file PATH")
+        raise UserError(
+            f"--resume: no checkpoint in {root}; use --resume auto to start fresh when there is none, "
+            f"or --ckpt_file PATH"
+        )
     return resolve(ckpt_file) if ckpt_file else None
 
 
@@ -125,25 +133,31 @@ def check_start_point(section: CheckpointSection, source: str | None) -> None:
     if not section.train or what is None:
         return
     if source is None:
-        raise UserError(f"--output_dir {section.output_dir} already holds {what} and this run starts fresh: its saves "
-                        f"would replace them. Continue that run with --resume (or --resume auto), or choose "
-                        f"another --output_dir")
+        raise UserError(
+            f"--output_dir {section.output_dir} already holds {what} and this run starts fresh: its saves "
+            f"would replace them. Continue that run with --resume (or --resume auto), or choose "
+            f"another --output_dir"
+        )
     root = os.path.realpath(checkpoints_dir(section.output_dir))
     source_real = os.path.realpath(source)
-    own_latest = latest_checkpoint(root, strict=False)        # `latest` naming a missing step: not the source
+    own_latest = latest_checkpoint(root, strict=False)  # `latest` naming a missing step: not the source
     if own_latest and os.path.realpath(own_latest) == source_real:
-        return                                                 # the folder's own run continues
+        return  # the folder's own run continues
     if section.resume == AUTO and os.path.dirname(source_real) == root:
-        return                        # the newest intact one: later ones were skipped as damaged (and said so)
+        return  # the newest intact one: later ones were skipped as damaged (and said so)
     if os.path.dirname(source_real) != root:
-        raise UserError(f"--output_dir {section.output_dir} already holds {what} of its own; continuing {source} "
-                        f"there would mix two runs. Choose another --output_dir (or pass --resume alone to "
-                        f"continue {section.output_dir}'s own run)")
+        raise UserError(
+            f"--output_dir {section.output_dir} already holds {what} of its own; continuing {source} "
+            f"there would mix two runs. Choose another --output_dir (or pass --resume alone to "
+            f"continue {section.output_dir}'s own run)"
+        )
     step, newest = step_of(source_real), _newest_step(saved_checkpoints(section.output_dir))
     if newest is not None and step is not None and step < step_of(newest):
-        raise UserError(f"{source} is step {step}, but {section.output_dir} also holds later checkpoints (up to "
-                        f"{newest}) that this run would overwrite one by one. Start from it in another "
-                        f"--output_dir, or move the later checkpoints away first")
+        raise UserError(
+            f"{source} is step {step}, but {section.output_dir} also holds later checkpoints (up to "
+            f"{newest}) that this run would overwrite one by one. Start from it in another "
+            f"--output_dir, or move the later checkpoints away first"
+        )
 
 
 def _how(section: CheckpointSection, path: str | None) -> str:
@@ -152,17 +166,20 @@ def _how(section: CheckpointSection, path: str | None) -> str:
     if section.resume not in (None, AUTO, LATEST):
         return f"--resume {section.resume}"
     if section.resume is not None and os.path.dirname(os.path.realpath(path)) == os.path.realpath(
-            checkpoints_dir(section.output_dir)):
+        checkpoints_dir(section.output_dir)
+    ):
         return "--resume auto" if section.resume == AUTO else "--resume"
     return "--ckpt_file"
 
 
 # ------------------------------------------------------------------------------------------------ the decision
-def decide(section: CheckpointSection, report: Callable[[str], None] = print,
-           intact: tuple | None = None) -> StartPoint:
+def decide(
+    section: CheckpointSection, report: Callable[[str], None] = print, intact: tuple | None = None
+) -> StartPoint:
     """Rank 0's decision (under the output folder's lock); UserError when the flags name no usable start.
     `intact`: --resume auto's candidates already verified (newest_intact_spread)."""
     from training.checkpoint.format import check_headers, read_meta
+
     verify = section.resume == AUTO and section.verify
     path = resume_source(section, verify=verify, report=report, intact=intact)
     check_start_point(section, path)
@@ -170,7 +187,7 @@ def decide(section: CheckpointSection, report: Callable[[str], None] = print,
         return StartPoint()
     how = _how(section, path)
     meta = read_meta(path)
-    check_headers(path, meta)     # meta.json against its files' headers: an edited step refused before any setup
+    check_headers(path, meta)  # meta.json against its files' headers: an edited step refused before any setup
     return StartPoint(path=path, how=how, verified=verify and how == "--resume auto", meta=meta)
 
 
@@ -180,6 +197,7 @@ def agree(section: CheckpointSection, report: Callable[[str], None] = print) -> 
     import torch.distributed as dist
 
     from training.checkpoint.spread_verify import newest_intact_spread
+
     several = dist.is_initialized() and dist.get_world_size() > 1
     intact = None
     if section.resume == AUTO and section.verify:

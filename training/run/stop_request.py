@@ -29,6 +29,7 @@ run.sh / run_cluster.sh after 40 s; a step plus a save (and the rest of a backgr
 stop's save waits for: docs/checkpoints.md) must fit in that (on GPUs a big model's save may not: raise
 the scheduler's grace period, e.g. SLURM's KillWait, or send SIGUSR1 earlier with `--signal=USR1@120`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -40,12 +41,24 @@ from collections.abc import Iterator
 from common.errors import Stopped
 
 SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP)
-LAUNCHER_ENDED = 100              # the code a rank notes when its launcher ended (signals use their numbers)
-SIGNAL_VOTE = 1000                # in the all-reduce a signal counts 1000 + its number, above LAUNCHER_ENDED
+LAUNCHER_ENDED = 100  # the code a rank notes when its launcher ended (signals use their numbers)
+SIGNAL_VOTE = 1000  # in the all-reduce a signal counts 1000 + its number, above LAUNCHER_ENDED
 # command-line fragments of the processes that launch and supervise ranks
-LAUNCHERS = ("deepspeed.launcher.launch", "deepspeed.launcher.runner", "bin/deepspeed", "training.run.launcher",
-             "torch.distributed.run", "torchrun", "mpirun", "orterun", "orted", "prted", "prterun", "mpiexec",
-             "rank-supervisor")
+LAUNCHERS = (
+    "deepspeed.launcher.launch",
+    "deepspeed.launcher.runner",
+    "bin/deepspeed",
+    "training.run.launcher",
+    "torch.distributed.run",
+    "torchrun",
+    "mpirun",
+    "orterun",
+    "orted",
+    "prted",
+    "prterun",
+    "mpiexec",
+    "rank-supervisor",
+)
 POLL = 1.0
 
 
@@ -60,7 +73,7 @@ def _proc_stat(pid: int) -> tuple[int, str] | None:
             comm = f.read().decode("utf-8", "replace").strip()
     except OSError:
         return None
-    ppid = int(stat.rsplit(")", 1)[1].split()[1])              # field 4, after the (comm) field
+    ppid = int(stat.rsplit(")", 1)[1].split()[1])  # field 4, after the (comm) field
     return ppid, f"{cmdline} [{comm}]"
 
 
@@ -97,6 +110,7 @@ def _hung_up(fd: int) -> bool:
     """Whether `fd` is a terminal that was hung up (closed): poll says POLLHUP at once (a live terminal, a file or a
     pipe does not)."""
     import select
+
     try:
         poller = select.poll()
         poller.register(fd, select.POLLOUT)
@@ -117,17 +131,17 @@ def leave_a_closed_terminal() -> None:
 
 class StopRequest:
     def __init__(self):
-        self.code = 0                          # 0: none; a signal number; LAUNCHER_ENDED
-        self.launcher = ""                     # which launcher ended
+        self.code = 0  # 0: none; a signal number; LAUNCHER_ENDED
+        self.launcher = ""  # which launcher ended
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._chain: list[tuple[int, int, str]] = []
-        self._pending: _Vote | None = None      # the vote started after the last step, read after the next
-        self._preparing = False                 # a signal now raises Stopped (see preparing)
+        self._pending: _Vote | None = None  # the vote started after the last step, read after the next
+        self._preparing = False  # a signal now raises Stopped (see preparing)
 
     def install(self) -> StopRequest:
         for s in SIGNALS:
-            if signal.getsignal(s) != signal.SIG_IGN:                     # nohup's SIGHUP stays ignored
+            if signal.getsignal(s) != signal.SIG_IGN:  # nohup's SIGHUP stays ignored
                 signal.signal(s, self._note_signal)
         chain = self._chain = launcher_chain()
         if chain and os.path.isdir("/proc"):
@@ -138,7 +152,7 @@ class StopRequest:
     def _note_signal(self, signum, _frame) -> None:
         if signum == signal.SIGHUP:
             leave_a_closed_terminal()
-        if not self.code or self.code == LAUNCHER_ENDED:        # the signal is the cause, the launcher's end its effect
+        if not self.code or self.code == LAUNCHER_ENDED:  # the signal is the cause, the launcher's end its effect
             self.code = int(signum)
         if self._preparing:
             raise self._stopped()
@@ -148,17 +162,19 @@ class StopRequest:
         """While the data is prepared, a stop request ends the run at once (module docstring)."""
         self._preparing = True
         try:
-            if self.code:                                   # noted before: stop before starting
+            if self.code:  # noted before: stop before starting
                 raise self._stopped()
             yield
         finally:
             self._preparing = False
 
     def _stopped(self) -> Stopped:
-        self._preparing = False                 # raised once: the cleanup on its way up is not cut short in turn
-        return Stopped(f"stopped by {self.describe(self.code, self.launcher)} while preparing the data, before the "
-                       f"first step: nothing to save, and nothing half built is left; the same command starts again",
-                       self.exit_status(self.code))
+        self._preparing = False  # raised once: the cleanup on its way up is not cut short in turn
+        return Stopped(
+            f"stopped by {self.describe(self.code, self.launcher)} while preparing the data, before the "
+            f"first step: nothing to save, and nothing half built is left; the same command starts again",
+            self.exit_status(self.code),
+        )
 
     def _watch(self) -> None:
         while not self._closing.wait(POLL):
@@ -174,7 +190,7 @@ class StopRequest:
         for i, (pid, ppid, cmdline) in enumerate(chain):
             now = _proc_stat(pid)
             if now is None or now[1] != cmdline:
-                ended = i                                   # the highest one gone is where it started
+                ended = i  # the highest one gone is where it started
             elif i < len(chain) - 1 and now[0] != ppid and ended is None:
                 ended = i + 1
         if ended is None:
@@ -233,12 +249,13 @@ class _Vote:
     def __init__(self, device, vote: int):
         import torch
         import torch.distributed as dist
+
         # filled on the device (a kernel), not copied from the host: a blocking copy would wait for the queue
         self.flag = torch.full((1,), vote, dtype=torch.int32, device=device)
         self.work = dist.all_reduce(self.flag, op=dist.ReduceOp.MAX, async_op=True)
         self.copied = None
         if self.flag.is_cuda:
-            self.work.wait()                          # the device's stream waits for the reduction, the host does not
+            self.work.wait()  # the device's stream waits for the reduction, the host does not
             self.work, self.flag = None, self.flag.to("cpu", non_blocking=True)
             self.copied = torch.cuda.Event()
             self.copied.record()
