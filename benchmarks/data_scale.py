@@ -209,13 +209,35 @@ def _rank_memory(pids: list) -> dict:
 TOKEN_BATCHES = ["--max_tokens", "4096", "--batch_multiple", "16"]
 
 
+def _watch_ranks(proc: subprocess.Popen, metrics: Path, start: float) -> tuple[float | None, dict]:
+    """Until `proc` ends: when its first step's record appeared (seconds after `start`), and each train.py
+    process's peak (RSS, PSS), sampled every 0.25 s."""
+    import psutil
+
+    first_step, peaks, main = None, {}, psutil.Process(proc.pid)
+    while proc.poll() is None:
+        if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
+            first_step = time.perf_counter() - start
+        try:
+            procs = [
+                p
+                for p in main.children(recursive=True)
+                if "train.py" in " ".join(p.cmdline()) and "deepspeed.launcher" not in " ".join(p.cmdline())
+            ]
+        except psutil.Error:
+            procs = []
+        for pid, (rss, pss) in _rank_memory([p.pid for p in procs]).items():
+            old = peaks.get(pid, (0, 0))
+            peaks[pid] = (max(old[0], rss), max(old[1], pss))
+        time.sleep(0.25)
+    return first_step, peaks
+
+
 def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, extra: tuple = ()) -> dict:
     """Launch train.py on `ranks` ranks (one step) and measure: seconds from the launch to the first step's record
     in metrics.jsonl; `peak_mib` the exact peak RSS of the largest rank (GNU time's %M over the process tree);
     each rank's RSS and PSS, sampled every 0.25 s."""
     import tempfile
-
-    import psutil
 
     from training.core.distributed import free_port  # not a port near 29500 that another job may hold
 
@@ -259,23 +281,7 @@ def train_first_step(tsv: Path, tok: Path, cache: Path, ranks: int, work: Path, 
             stderr=subprocess.STDOUT,
             text=True,
         )
-        metrics = out_dir / "metrics.jsonl"
-        first_step, peaks, main = None, {}, psutil.Process(proc.pid)
-        while proc.poll() is None:
-            if first_step is None and metrics.is_file() and metrics.stat().st_size > 0:
-                first_step = time.perf_counter() - start
-            try:
-                procs = [
-                    p
-                    for p in main.children(recursive=True)
-                    if "train.py" in " ".join(p.cmdline()) and "deepspeed.launcher" not in " ".join(p.cmdline())
-                ]
-            except psutil.Error:
-                procs = []
-            for pid, (rss, pss) in _rank_memory([p.pid for p in procs]).items():
-                old = peaks.get(pid, (0, 0))
-                peaks[pid] = (max(old[0], rss), max(old[1], pss))
-            time.sleep(0.25)
+        first_step, peaks = _watch_ranks(proc, out_dir / "metrics.jsonl", start)
         log = proc.communicate()[0]
         peak_kib = int(timing.read().strip().splitlines()[-1])
     if proc.returncode != 0:
@@ -437,6 +443,11 @@ def report(results: dict) -> str:
         "store ÷ (real tokens × 2 B) |",
         "|---|---|---|---|---|---|---|",
     ]
+    return lines + _preprocess_rows(rows) + _train_table(rows) + _schedule_table(results, rows) + _rest(results, rows)
+
+
+def _preprocess_rows(rows: list) -> list[str]:
+    lines = []
     for r in rows:
         p, s = r["preprocess"], r["store"]
         lines.append(
@@ -444,7 +455,11 @@ def report(results: dict) -> str:
             f"{s['pairs'] / p['seconds']:,.0f} | {p['peak_max_mib']:,.0f} / {p['peak_tree_mib']:,.0f} MiB | "
             f"{s['store_bytes'] / 1e6:,.0f} MB | {s['ratio']:.2f} |"
         )
-    lines += [
+    return lines
+
+
+def _train_table(rows: list) -> list[str]:
+    lines = [
         "",
         "train.py, the store already built, one step: time from the launch to the first step's record; peak "
         "RSS exact (getrusage: the largest rank); RSS and PSS per rank sampled every 0.25 s.",
@@ -464,7 +479,11 @@ def report(results: dict) -> str:
             f"{' + '.join(f'{a:,.0f} / {b:,.0f}' for a, b in zip(two['rss_mib'], two['pss_mib']))} MiB | "
             f"{sum(two['pss_mib']):,.0f} MiB |"
         )
-    lines += [
+    return lines
+
+
+def _schedule_table(results: dict, rows: list) -> list[str]:
+    lines = [
         "",
         "Schedules (a fresh process each; fixed: the epoch's permutation and batch 0; token batches: "
         "--max_tokens 4096, batch_multiple 16, over the store's real lengths; peak RSS of the process):",
@@ -482,6 +501,12 @@ def report(results: dict) -> str:
             f"{sc['lengths_s']:.2f} s | {sc['fixed_s']:.2f} s | {sc['tokens_s']:.2f} s | "
             f"{sc['token_batches']:,} | {sc['peak_mib']:,.0f} MiB |"
         )
+    return lines
+
+
+def _rest(results: dict, rows: list) -> list[str]:
+    """The store formats compared, the machine's load, the commands and notes, the end marker."""
+    lines = []
     f = results.get("formats")
     if f:
         lines += [

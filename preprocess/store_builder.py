@@ -296,6 +296,31 @@ def _file_state(path: Path) -> tuple[int, int, int]:
     return st.st_size, st.st_mtime_ns, st.st_ino
 
 
+def _reading(tsv_path: Path, expected_sha256: str, num_proc, block_bytes, source, batch_rows):
+    """(the worker processes, the (pieces, fraction) it reads, whether the input changed while read): a TSV in
+    blocks of lines, hashed as read; a table in batches of rows."""
+    if source is None or source.is_tsv:
+        before = _file_state(tsv_path)
+        block_bytes = block_bytes or BLOCK_BYTES
+        blocks = LineBlocks(tsv_path, block_bytes)
+        workers = worker_count(num_proc, blocks.size, block_bytes, is_gzip(tsv_path))  # (num_proc >= 1: checked)
+
+        def changed() -> bool:
+            return blocks.sha256 != expected_sha256 or _file_state(tsv_path) != before
+
+        return workers, _with_fractions(blocks), changed
+    before = source.state()
+    rows = batch_rows or BATCH_ROWS
+    total = source.num_rows
+    wanted = default_num_proc() if num_proc is None else int(num_proc)
+    workers = max(1, min(wanted, -(-total // rows))) if total else wanted
+
+    def changed() -> bool:
+        return source.state() != before
+
+    return workers, _table_fractions(source, rows), changed
+
+
 def build_store(
     tsv_path: Path,
     tokenizer_path: Path,
@@ -323,26 +348,7 @@ def build_store(
             f"are stored as uint32 (4 bytes each instead of 2)",
             flush=True,
         )
-    if source is None or source.is_tsv:
-        before = _file_state(tsv_path)
-        block_bytes = block_bytes or BLOCK_BYTES
-        blocks = LineBlocks(tsv_path, block_bytes)
-        workers = worker_count(num_proc, blocks.size, block_bytes, is_gzip(tsv_path))  # (num_proc >= 1: checked)
-        read = _with_fractions(blocks)
-
-        def changed() -> bool:
-            return blocks.sha256 != expected_sha256 or _file_state(tsv_path) != before
-    else:
-        before = source.state()
-        rows = batch_rows or BATCH_ROWS
-        total = source.num_rows
-        wanted = default_num_proc() if num_proc is None else int(num_proc)
-        workers = max(1, min(wanted, -(-total // rows))) if total else wanted
-        read = _table_fractions(source, rows)
-
-        def changed() -> bool:
-            return source.state() != before
-
+    workers, read, changed = _reading(tsv_path, expected_sha256, num_proc, block_bytes, source, batch_rows)
     ahead = list(islice(read, workers)) if workers > 1 else []
     if len(ahead) < workers:
         workers = max(1, len(ahead))  # fewer blocks than workers: one worker each

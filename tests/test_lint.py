@@ -56,6 +56,22 @@ def test_the_pre_commit_hooks_run_the_same_checks(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_the_formatting_commit_is_left_out_of_blame():
+    """.git-blame-ignore-revs lists the commit that adopted `ruff format` (and, where the history is here, that
+    commit only reformatted: its message says so)."""
+    revs = [
+        line.strip()
+        for line in (REPO_ROOT / ".git-blame-ignore-revs").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    assert revs and all(re.fullmatch(r"[0-9a-f]{40}", rev) for rev in revs), revs
+    shown = subprocess.run(
+        ["git", "log", "-1", "--format=%s", revs[0]], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    if shown.returncode == 0:  # a shallow clone may not hold it
+        assert shown.stdout.startswith("ruff format:"), shown.stdout
+
+
 NOQA = re.compile(r"#\s*noqa\b(?P<rest>.*)$")
 
 

@@ -209,6 +209,22 @@ def test_where_a_run_starts_has_one_home():
     assert hooks and all(name.endswith("_for_tests") for name in hooks), hooks
 
 
+LONGEST_FUNCTION = 80  # lines, decorators and docstring included, as `ruff format` lays the code out
+
+
+def test_no_function_outside_tests_is_longer_than_80_lines():
+    """A function that does one job fits on a screen: past 80 lines, split it into the steps it takes."""
+    long = []
+    for folder in (*PACKAGES, "benchmarks", "run_scripts"):
+        for path in sorted((REPO_ROOT / folder).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+                    if node.end_lineno - first + 1 > LONGEST_FUNCTION:
+                        long.append(f"{path.relative_to(REPO_ROOT)}:{node.lineno} {node.name}")
+    assert not long, f"functions over {LONGEST_FUNCTION} lines: {long}"
+
+
 def what_is_where() -> dict[str, str]:
     """docs/code-map.md's code block ("What is where") as {package folder: the text of its entry}."""
     section = (REPO_ROOT / "docs" / "code-map.md").read_text()

@@ -73,9 +73,13 @@ class Trainer:
         # the layout and the DeepSpeed settings before touching data (cheap, and the error users need first); the
         # same checks as plan.py --check, which the launch scripts run before any rank starts
         _, self.parallel = check_run(cfg, self.world)
-        batch_unit = cfg.data.batch_unit[0]
         check_precision(cfg.parallel.precision)
+        self._prepare_data()
+        self._build(cfg.data.batch_unit[0])
 
+    def _prepare_data(self) -> None:
+        """The token store (built on local rank 0 if needed) and the vocabulary and batch size checked against it."""
+        cfg = self.cfg
         with self.request.preparing():  # a stop request ends a long first build at once, leaving nothing of it
             self.data = prepare_data(
                 cfg.data.file_path,
@@ -98,6 +102,10 @@ class Trainer:
             raise UserError(
                 f"--batch_size {cfg.data.batch_size} is larger than the dataset ({self.data.num_samples} pairs)"
             )
+
+    def _build(self, batch_unit: int) -> None:
+        """The model's config, the batch schedule, the DeepSpeed engine, the feeder and the checkpoint manager."""
+        cfg = self.cfg
         self.model_cfg = cfg.model.model_config(vocab_size=self.vocab, pad_id=self.data.pad_id)
         schedule = batch_schedule(
             self.data,

@@ -54,11 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    start = time.perf_counter()
-
-    from common.staging import atomic_write
+def _read_inputs(args) -> tuple[list[str], list[str] | None]:
+    """The sources and references (line-aligned, cut to --limit), once --output is known not to overwrite them."""
     from common.text_lines import read_lines
     from common.user_files import check_output_file, refuse_output_over_inputs
 
@@ -79,7 +76,38 @@ def main(argv=None) -> int:
     if args.limit is not None:
         sources = sources[: args.limit]
         references = references[: args.limit] if references is not None else None
+    return sources, references
 
+
+def _score(hyps: list[str], references: list[str], lowercase: bool) -> tuple[dict, list[str]]:
+    """sacreBLEU's BLEU and chrF of the hypotheses: the figures and the lines that report them."""
+    from sacrebleu.metrics import BLEU, CHRF
+
+    bleu_metric, chrf_metric = BLEU(lowercase=lowercase), CHRF(lowercase=lowercase)
+    bleu = bleu_metric.corpus_score(hyps, [references])
+    chrf = chrf_metric.corpus_score(hyps, [references])
+    scores = {
+        "bleu": round(bleu.score, 4),
+        "chrf": round(chrf.score, 4),
+        "bleu_signature": str(bleu_metric.get_signature()),
+        "chrf_signature": str(chrf_metric.get_signature()),
+    }
+    lines = [
+        f"{bleu}",
+        f"BLEU signature: {bleu_metric.get_signature()}",
+        f"{chrf}",
+        f"chrF signature: {chrf_metric.get_signature()}",
+    ]
+    return scores, lines
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.perf_counter()
+
+    from common.staging import atomic_write
+
+    sources, references = _read_inputs(args)
     translator = load_translator(args)
     load_seconds = time.perf_counter() - start
     result = translator.translate(
@@ -88,19 +116,7 @@ def main(argv=None) -> int:
     hyps, cfg = result.hypotheses, translator.cfg
     warn_truncated(result.truncated, len(sources), cfg.src_len)
 
-    scores = {}
-    if references is not None:
-        from sacrebleu.metrics import BLEU, CHRF
-
-        bleu_metric, chrf_metric = BLEU(lowercase=args.lowercase), CHRF(lowercase=args.lowercase)
-        bleu = bleu_metric.corpus_score(hyps, [references])
-        chrf = chrf_metric.corpus_score(hyps, [references])
-        scores = {
-            "bleu": round(bleu.score, 4),
-            "chrf": round(chrf.score, 4),
-            "bleu_signature": str(bleu_metric.get_signature()),
-            "chrf_signature": str(chrf_metric.get_signature()),
-        }
+    scores, score_lines = _score(hyps, references, args.lowercase) if references is not None else ({}, [])
 
     if args.output:
         os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
@@ -109,11 +125,8 @@ def main(argv=None) -> int:
                 handle.write(h + "\n")
     seconds = time.perf_counter() - start
 
-    if scores:
-        print(f"{bleu}")
-        print(f"BLEU signature: {bleu_metric.get_signature()}")
-        print(f"{chrf}")
-        print(f"chrF signature: {chrf_metric.get_signature()}")
+    for line in score_lines:
+        print(line)
     decoding = f"beam {args.beam} (lenpen {args.lenpen})" if args.beam > 1 else "greedy"
     print(
         f"checkpoint {translator.checkpoint} (step {translator.step}{translator.chosen}), {len(hyps)} sentences, "

@@ -298,6 +298,108 @@ def _stage_entry(
     return stage
 
 
+def _memory_by_rank_kind(counts, acts_by_stage, parallel, ds_cfgs, prec) -> dict:
+    """{(stage, TP rank): params and bytes}: a rank's bytes depend on those two only, so they are computed once
+    each and the plan is linear in the world size."""
+    return {
+        (k, r): {
+            "params": sum(counts[(k, r)].values()),
+            **rank_memory(
+                sum(counts[(k, r)].values()),
+                counts[(k, r)],
+                acts_by_stage[k]["peak"],
+                parallel,
+                ds_cfgs[(k, r)],
+                prec,
+            ),
+        }
+        for (k, r) in counts
+    }
+
+
+def _layout_entry(cfg: TrainConfig, parallel, func, zero: int, micro: int, nodes, world_size: int) -> dict:
+    """The plan's "layout": the parallel sizes, ZeRO, the batch arithmetic, and the groups that cross nodes."""
+    tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
+
+    def groups_spanning_nodes(first_ranks, last_rank_of) -> int:
+        # a group's ranks rise from its first to its last, and so do their nodes: it spans nodes iff its ends do
+        return sum(1 for r in first_ranks if nodes[r][0] != nodes[last_rank_of(r)][0])
+
+    tp_firsts = range(0, world_size, tp)  # (pp, dp): tp consecutive ranks
+    dp_firsts = [k * dp * tp + r for k in range(pp) for r in range(tp)]  # (pp, tp): ranks tp apart
+    return {
+        "data_parallel": dp,
+        "model_parallel": tp,
+        "pipeline_stage": pp,
+        "micro_batch_num": parallel.micro_batch_num,
+        "zero_stage": zero,
+        "zero_stage_requested": parallel.effective_zero_stage,
+        "optimizer_shard": parallel.optimizer_shard,
+        "recompute": parallel.recompute,
+        "vocab_emb_dp": parallel.vocab_emb_dp,
+        "pipeline_func": pipeline_func_name(func),
+        "global_batch": cfg.data.batch_size,
+        "micro_batch": micro,
+        # the global batch is fixed: the per-GPU micro-batch shrinks as dp grows (said in the report)
+        "micro_batch_at_dp1": cfg.data.batch_size // parallel.micro_batch_num,
+        "world_at_dp1": tp * pp,
+        "tp_groups_spanning_nodes": groups_spanning_nodes(tp_firsts, lambda r: r + tp - 1),
+        "dp_groups_spanning_nodes": groups_spanning_nodes(dp_firsts, lambda r: r + (dp - 1) * tp),
+    }
+
+
+def _model_entry(cfg: TrainConfig, model, tp: int) -> dict:
+    return {
+        "vocab_size": model.vocab_size,
+        "vocab_source": planned_vocab(cfg)[1],
+        "padded_vocab": model.padded_vocab(tp),
+        "d_model": model.d_model,
+        "num_heads": model.num_heads,
+        "ffn_size": model.ffn,
+        "encoder_layers": model.encoder_layers,
+        "decoder_layers": model.decoder_layers,
+        "src_len": model.src_len,
+        "tgt_len": model.tgt_len,
+        "precision": cfg.parallel.precision,
+    }
+
+
+# the DeepSpeed settings the plan shows (the batch arithmetic and ZeRO), as train.py would give them
+DEEPSPEED_KEYS = (
+    "train_batch_size",
+    "train_micro_batch_size_per_gpu",
+    "gradient_accumulation_steps",
+    "zero_optimization",
+)
+
+
+def _nodes_entry(hosts: list[Host] | None, ranks_per_node: int, world_size: int):
+    if hosts is not None:
+        return [{"host": h.name, "slots": h.slots} for h in hosts]
+    return {"ranks_per_node": ranks_per_node, "count": -(-world_size // ranks_per_node)}
+
+
+def _memory_entry(device_name: str, memory: float, verdict: list, fixes: list) -> dict:
+    return {
+        "device": device_name,
+        "device_bytes": int(memory),
+        "usable_fraction": mem.USABLE,
+        "stages": verdict,
+        "remedies": [f["text"] for f in fixes],
+        "remedy_changes": fixes,
+    }
+
+
+def _memory_verdict(cfg, world_size: int, model, parallel, stages: list, memory: float, device_type: str):
+    """(each stage's fit on the device, and the layouts that would fit when one does not)."""
+    verdict = mem.verdict([st["peak_bytes"] for st in stages], memory)
+    if all(v["fits"] for v in verdict):
+        return verdict, []
+    return verdict, mem.remedies(
+        cfg, world_size, parallel, model.num_blocks, memory, lambda c, w: stage_peaks(c, w, device_type)
+    )
+
+
 def make_plan(
     cfg: TrainConfig,
     world_size: int,
@@ -319,7 +421,6 @@ def make_plan(
     recomputed = [p.name for p in placements if p.recomputed]
     micro = cfg.data.batch_size // (parallel.data_parallel * parallel.micro_batch_num)
     prec = cfg.parallel.precision
-    tp, dp, pp = parallel.model_parallel, parallel.data_parallel, parallel.pipeline_stage
 
     # every distinct (stage, tp rank) builds its own blocks and counts their parameters
     built = _layout_memory(cfg, model, parallel, func, device_type)
@@ -329,29 +430,8 @@ def make_plan(
     acts_by_stage = stage_activations(cfg, model, parallel, func)
 
     nodes = rank_nodes(world_size, hosts, ranks_per_node)
-    # a rank's bytes depend on its (stage, TP rank) only: computed once each, so the plan is linear in the world
-    memory_by = {
-        (k, r): {
-            "params": sum(counts[(k, r)].values()),
-            **rank_memory(
-                sum(counts[(k, r)].values()),
-                counts[(k, r)],
-                acts_by_stage[k]["peak"],
-                parallel,
-                built["ds_cfgs"][(k, r)],
-                prec,
-            ),
-        }
-        for (k, r) in counts
-    }
+    memory_by = _memory_by_rank_kind(counts, acts_by_stage, parallel, built["ds_cfgs"], prec)
     ranks = RankRows(parallel, nodes, memory_by)
-
-    def groups_spanning_nodes(first_ranks, last_rank_of) -> int:
-        # a group's ranks rise from its first to its last, and so do their nodes: it spans nodes iff its ends do
-        return sum(1 for r in first_ranks if nodes[r][0] != nodes[last_rank_of(r)][0])
-
-    tp_firsts = range(0, world_size, tp)  # (pp, dp): tp consecutive ranks
-    dp_firsts = [k * dp * tp + r for k in range(pp) for r in range(tp)]  # (pp, tp): ranks tp apart
     stages = [
         _stage_entry(
             k,
@@ -369,14 +449,7 @@ def make_plan(
         for k, idx in enumerate(per_stage)
     ]
 
-    verdict = mem.verdict([st["peak_bytes"] for st in stages], memory)
-    fixes = (
-        []
-        if all(v["fits"] for v in verdict)
-        else mem.remedies(
-            cfg, world_size, parallel, model.num_blocks, memory, lambda c, w: stage_peaks(c, w, device_type)
-        )
-    )
+    verdict, fixes = _memory_verdict(cfg, world_size, model, parallel, stages, memory, device_type)
     measures = _measures(
         model, parallel, cfg, counts, [st["peak_bytes"] for st in stages], [st["layers"] for st in stages]
     )
@@ -390,67 +463,20 @@ def make_plan(
         device,
         lambda c, f: stage_measures(c, world_size, f, device_type),
     )
-    batch_at_dp1 = cfg.data.batch_size // parallel.micro_batch_num
     return {
         "recipe": cfg.recipe,
         "world_size": world_size,
-        "nodes": (
-            [{"host": h.name, "slots": h.slots} for h in hosts]
-            if hosts is not None
-            else {"ranks_per_node": ranks_per_node, "count": -(-world_size // ranks_per_node)}
-        ),
-        "layout": {
-            "data_parallel": dp,
-            "model_parallel": tp,
-            "pipeline_stage": pp,
-            "micro_batch_num": parallel.micro_batch_num,
-            "zero_stage": zero,
-            "zero_stage_requested": parallel.effective_zero_stage,
-            "optimizer_shard": parallel.optimizer_shard,
-            "recompute": parallel.recompute,
-            "vocab_emb_dp": parallel.vocab_emb_dp,
-            "pipeline_func": pipeline_func_name(func),
-            "global_batch": cfg.data.batch_size,
-            "micro_batch": micro,
-            # the global batch is fixed: the per-GPU micro-batch shrinks as dp grows (said in the report)
-            "micro_batch_at_dp1": batch_at_dp1,
-            "world_at_dp1": tp * pp,
-            "tp_groups_spanning_nodes": groups_spanning_nodes(tp_firsts, lambda r: r + tp - 1),
-            "dp_groups_spanning_nodes": groups_spanning_nodes(dp_firsts, lambda r: r + (dp - 1) * tp),
-        },
-        "model": {
-            "vocab_size": model.vocab_size,
-            "vocab_source": planned_vocab(cfg)[1],
-            "padded_vocab": model.padded_vocab(tp),
-            "d_model": model.d_model,
-            "num_heads": model.num_heads,
-            "ffn_size": model.ffn,
-            "encoder_layers": model.encoder_layers,
-            "decoder_layers": model.decoder_layers,
-            "src_len": model.src_len,
-            "tgt_len": model.tgt_len,
-            "precision": prec,
-        },
-        "deepspeed": {
-            "train_batch_size": ds_cfg["train_batch_size"],
-            "train_micro_batch_size_per_gpu": ds_cfg["train_micro_batch_size_per_gpu"],
-            "gradient_accumulation_steps": ds_cfg["gradient_accumulation_steps"],
-            "zero_optimization": ds_cfg["zero_optimization"],
-        },
+        "nodes": _nodes_entry(hosts, ranks_per_node, world_size),
+        "layout": _layout_entry(cfg, parallel, func, zero, micro, nodes, world_size),
+        "model": _model_entry(cfg, model, parallel.model_parallel),
+        "deepspeed": {key: ds_cfg[key] for key in DEEPSPEED_KEYS},
         "blocks": [
             {"block": p.name, "stage": p.pipeline_stage, "recompute": p.recomputed, "comm_fusion": p.comm_fusion}
             for p in placements
         ],
         "stages": stages,
         "ranks": ranks,
-        "memory": {
-            "device": device_name,
-            "device_bytes": int(memory),
-            "usable_fraction": mem.USABLE,
-            "stages": verdict,
-            "remedies": [f["text"] for f in fixes],
-            "remedy_changes": fixes,
-        },
+        "memory": _memory_entry(device_name, memory, verdict, fixes),
         "advice": tips,
     }
 
@@ -605,6 +631,17 @@ def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
         help="with --hostfile: write it as the launcher should read it (byte-order mark, CRLF, tabs and "
         "comments dropped; run_cluster.sh passes this copy to DeepSpeed and mpirun)",
     )
+    _add_slurm_flags(p)
+    _add_speed_flags(p)
+    from training.plan.search_cli import add_search_flags
+
+    add_search_flags(p)  # its own group: plan.py --search (docs/layout-search.md)
+    if not full:
+        _common_flags_first(p)
+    return p
+
+
+def _add_slurm_flags(p: argparse.ArgumentParser) -> None:
     sl = p.add_argument_group("dstr-plan --slurm (docs/slurm.md)")
     sl.add_argument(
         "--slurm",
@@ -621,6 +658,9 @@ def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
         help=f"GB/s a job writes its checkpoint to shared storage, for --slurm's signal "
         f"lead (default {slurm_line.SAVE_GB_S:g})",
     )
+
+
+def _add_speed_flags(p: argparse.ArgumentParser) -> None:
     s = p.add_argument_group("dstr-plan --predict_speed (docs/speed.md)")
     s.add_argument(
         "--predict_speed",
@@ -657,12 +697,6 @@ def build_plan_parser(full: bool = False) -> argparse.ArgumentParser:
         help=f"Gb/s a node sends to the network, all its NICs, each way (default {speed.INTER_NODE_GB_S:g}:"
         f" 8 × 400 Gb/s InfiniBand NDR, a DGX H100)",
     )
-    from training.plan.search_cli import add_search_flags
-
-    add_search_flags(p)  # its own group: plan.py --search (docs/layout-search.md)
-    if not full:
-        _common_flags_first(p)
-    return p
 
 
 def main(argv: list | None = None) -> int:
