@@ -257,6 +257,12 @@ def test_a_survivor_names_the_node_and_ranks_of_a_peer_that_vanished():
     try:
         gloo = "[pair.cc:553] Connection closed by peer [127.0.0.1]:50365. This is typically caused by a remote worker"
         assert _lost_peer(gloo) == "node localhost (ranks 2, 3)"
+        # the other wording gloo uses (seen on the virtual SLURM cluster when a node's ranks were killed at once)
+        reset = (
+            "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:55487: "
+            "Connection reset by peer. This is typically caused by a r"
+        )
+        assert _lost_peer(reset) == "node localhost (ranks 2, 3)"
         assert _lost_peer("Connection reset by peer") == "another rank"
     finally:
         note_rank_hosts([])

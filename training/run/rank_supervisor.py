@@ -302,7 +302,9 @@ def _lost_peer(error: str) -> str:
     node lost says nothing itself: this line is the only one naming it), else 'another rank'."""
     from common.ranks import ranks_at
 
-    found = re.search(r"peer \[([^\]]+)\]:\d+", error)
+    # gloo names the peer as `... by peer [ADDRESS]:PORT` (closed) or `Read error [ADDRESS]:PORT: ... reset by peer`;
+    # its own source position, `[/path/pair.cc:537]`, is no address
+    found = re.search(r"\[([^\]/\s]+)\]:\d+", error)
     if not found:
         return "another rank"
     host, ranks = ranks_at(found.group(1))
