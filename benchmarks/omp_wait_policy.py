@@ -23,44 +23,14 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# fmt: off
 MODELS = {
-    "tiny": [
-        "--d_model",
-        "32",
-        "--num_heads",
-        "4",
-        "--ffn_size",
-        "64",
-        "--encoder_layer",
-        "2",
-        "--decoder_layer",
-        "2",
-        "--src_len",
-        "12",
-        "--tgt_len",
-        "12",
-        "--batch_size",
-        "16",
-    ],
-    "bench": [
-        "--d_model",
-        "256",
-        "--num_heads",
-        "4",
-        "--ffn_size",
-        "1024",
-        "--encoder_layer",
-        "3",
-        "--decoder_layer",
-        "3",
-        "--src_len",
-        "32",
-        "--tgt_len",
-        "32",
-        "--batch_size",
-        "64",
-    ],
+    "tiny": ["--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
+             "--src_len", "12", "--tgt_len", "12", "--batch_size", "16"],
+    "bench": ["--d_model", "256", "--num_heads", "4", "--ffn_size", "1024", "--encoder_layer", "3",
+              "--decoder_layer", "3", "--src_len", "32", "--tgt_len", "32", "--batch_size", "64"],
 }
+# fmt: on
 HOG = (
     "import os, torch\n"
     "parent, a = os.getppid(), torch.randn(96, 96)\n"

@@ -96,7 +96,12 @@ choose_master_port() {  # sets MASTER_PORT (a free one unless given) and MASTER_
         MASTER_PORT_GIVEN=1
     else
         MASTER_PORT_GIVEN=""
-        MASTER_PORT=$(free_port) || MASTER_PORT=29500
+        # no fallback to DeepSpeed's 29500: another job on this machine may hold it, and that fails only at the rendezvous
+        MASTER_PORT=$(free_port) || {
+            echo "error: could not pick a free master port ($PYTHON could not bind a TCP socket); set MASTER_PORT to" \
+                 "a port free on this machine" >&2
+            exit 2
+        }
     fi
 }
 

@@ -24,34 +24,16 @@ SPAWN = str(REPO_ROOT / "tests" / "drivers" / "spawn_ranks.py")
 FORK_SERVER = str(REPO_ROOT / "tests" / "drivers" / "fork_server.py")
 
 # Tiny but complete: 2 encoder + 2 decoder blocks, 4 heads, padded sentences, real Multi30k batches.
-TINY = [
-    "--d_model",
-    "32",
-    "--num_heads",
-    "4",
-    "--ffn_size",
-    "64",
-    "--encoder_layer",
-    "2",
-    "--decoder_layer",
-    "2",
-    "--src_len",
-    "12",
-    "--tgt_len",
-    "12",
-    "--batch_size",
-    "16",
-    "--lr",
-    "1e-3",
-    "--seed",
-    "7",
-    "--dropout",
-    "0",
-    "--tensorboard",
-    "0",
-    "--log_interval",
-    "5",
+# fmt: off
+TINY_MODEL = [
+    "--d_model", "32", "--num_heads", "4", "--ffn_size", "64", "--encoder_layer", "2", "--decoder_layer", "2",
+    "--src_len", "12", "--tgt_len", "12",
 ]
+TINY = [
+    *TINY_MODEL,
+    "--batch_size", "16", "--lr", "1e-3", "--seed", "7", "--dropout", "0", "--tensorboard", "0", "--log_interval", "5",
+]
+# fmt: on
 
 _fork_server: dict = {}  # the session's server: its process, socket path, a start lock
 
@@ -71,9 +53,8 @@ def _fork_server_socket():
             return None
         proc = _fork_server.get("proc")
         if proc is None or proc.poll() is not None:
-            path = os.path.join(
-                tempfile.mkdtemp(prefix="dsr-fork-", dir="/tmp" if os.path.isdir("/tmp") else None), "socket"
-            )
+            folder = tempfile.mkdtemp(prefix="dsr-fork-", dir="/tmp" if os.path.isdir("/tmp") else None)
+            path = os.path.join(folder, "socket")
             proc = subprocess.Popen(
                 [sys.executable, FORK_SERVER, path], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE, text=True
             )
@@ -88,13 +69,23 @@ def _fork_server_socket():
                     flush=True,
                 )
                 _fork_server["failed"] = True
+                _stop_fork_server(proc, folder)
                 return None
             proc.stdout.close()
             import atexit
 
-            atexit.register(proc.kill)
+            atexit.register(_stop_fork_server, proc, folder)
             _fork_server.update(proc=proc, path=path)
         return _fork_server["path"]
+
+
+def _stop_fork_server(proc: subprocess.Popen, folder: str) -> None:
+    """End the session's fork server and remove its socket's folder (a suite leaves nothing in /tmp)."""
+    import shutil
+
+    proc.kill()
+    proc.wait()
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -29,6 +29,7 @@ from tests import accelerator
 from tests.launch import (
     REPO_ROOT,
     TINY,
+    TINY_MODEL,
     attempt_dir,
     concurrently,
     env,
@@ -698,28 +699,7 @@ def test_resume_takes_the_checkpoints_settings_unless_a_flag_overrides_them(mult
     them, and its tokenizer copy) — the same losses as the uninterrupted run — and says which settings it took; a
     flag that may change (dropout) overrides it and is named; one whose weights could not load (heads; a recipe's
     d_model) is refused in one line naming it, before anything is built."""
-    model = [
-        "--d_model",
-        "32",
-        "--num_heads",
-        "4",
-        "--ffn_size",
-        "64",
-        "--encoder_layer",
-        "2",
-        "--decoder_layer",
-        "2",
-        "--src_len",
-        "12",
-        "--tgt_len",
-        "12",
-        "--batch_size",
-        "16",
-        "--seed",
-        "7",
-        "--dropout",
-        "0.1",
-    ]
+    model = [*TINY_MODEL, "--batch_size", "16", "--seed", "7", "--dropout", "0.1"]
     rest = ["--lr", "1e-3", "--tensorboard", "0", "--log_interval", "1"]
     full, cut = tmp_path / "full", tmp_path / "cut"
     whole, first = concurrently(

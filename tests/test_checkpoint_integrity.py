@@ -450,3 +450,15 @@ def test_on_two_ranks_resume_auto_passes_a_checkpoint_whose_tokenizer_copy_is_go
     assert auto.returncode == 0, auto.stderr[-3000:]
     assert f"resumed from {step_dir(out, 2)} at step 2" in auto.stdout
     assert "--resume auto: skipping step_00000004: checkpoint " in auto.stdout and "tokenizer copy" in auto.stdout
+
+
+def test_a_latest_pointer_gone_between_a_look_and_the_read_is_no_checkpoint(tmp_path, monkeypatch):
+    """A save replaces `latest` while another process reads it (a translate.py --ckpt_file RUN beside training): a
+    pointer seen and gone before it was read means no checkpoint yet, not a TypeError from joining None."""
+    from training.checkpoint import folder
+
+    (tmp_path / "step_00000002").mkdir()
+    monkeypatch.setattr(os.path, "isfile", lambda path: True)  # it was there when looked at, gone when read
+    assert folder.latest_checkpoint(str(tmp_path)) is None
+    (tmp_path / "latest").write_text("step_00000002")
+    assert folder.latest_checkpoint(str(tmp_path)) == str(tmp_path / "step_00000002")

@@ -249,6 +249,19 @@ def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, 
             assert not (tmp_path / "runs").exists() and not (tmp_path / "q").exists()
         proc = run_script(RUN, [tsv, 2], script_env(tmp_path / "runs", MASTER_PORT="29x"))
         assert proc.returncode == 2 and proc.stderr.startswith("error: MASTER_PORT '29x' is not a port number")
+        # no free port to be had (a Python that cannot bind): one line, not DeepSpeed's 29500 as before
+        python = tmp_path / "python"
+        python.write_text(
+            f'#!/bin/bash\ncase "$*" in *\'bind(("", 0))\'*) exit 1 ;; esac\nexec {sys.executable} "$@"\n'
+        )
+        python.chmod(0o755)
+        env = script_env(tmp_path / "runs", DRY_RUN=1, PYTHON=str(python))
+        env.pop("MASTER_PORT")
+        proc = run_script(RUN, [tsv, 2, "recipes/2pcs/2pcs.json"], env)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [
+            f"error: could not pick a free master port ({python} could not bind a TCP socket); set MASTER_PORT to a "
+            f"port free on this machine"
+        ]
     finally:
         busy.close()
         held.close()
@@ -803,3 +816,24 @@ def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mo
         assert int(run_python([sys.executable, tmp_path / "parent.py"], env=e).stdout) == _fork_server["proc"].pid
         monkeypatch.setenv("DSR_TEST_FORK", "0")
         assert int(run_python([sys.executable, tmp_path / "parent.py"], env=e).stdout) == os.getpid()
+
+
+def test_a_session_s_fork_server_leaves_nothing_in_tmp(tmp_path):
+    """A test session that started the fork server removes the server and its socket's folder when it ends
+    (before, every suite run left two dsr-fork-* folders in /tmp)."""
+    from tests.launch import env
+
+    session = (
+        "import sys\n"
+        "from tests.launch import _fork_server, run_python\n"
+        "proc = run_python([sys.executable, '-m', 'json.tool', '--help'])\n"
+        "assert proc.returncode == 0, proc.stderr\n"
+        "print(_fork_server['path'], _fork_server['proc'].pid)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", session], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    path, pid = done.stdout.split()
+    assert path.startswith("/tmp/dsr-fork-") and not Path(path).parent.exists()
+    assert not Path(f"/proc/{pid}").exists()

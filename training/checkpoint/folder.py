@@ -54,9 +54,9 @@ def latest_checkpoint(ckpt_root: str, strict: bool = True) -> str | None:
     but a step folder of this run (its saves write only a step_N name), is a UserError (strict) or None (for
     messages that only mention it)."""
     pointer = pointer_path(ckpt_root)
-    if not os.path.isfile(pointer):
+    name = read_name(ckpt_root)  # None: no pointer (also one removed between a look and the read)
+    if name is None:
         return None
-    name = read_name(ckpt_root)
     path = os.path.join(ckpt_root, name)
     outside = _outside_the_run(ckpt_root, name, path)
     if outside is not None:
