@@ -39,6 +39,27 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def installed_checkout() -> str | None:
+    """Where Python, started outside the checkout, imports this repository's packages from (None: nowhere)."""
+    probe = "import common.script_entry as s; print(s.package_root())"
+    found = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    return found.stdout.strip() if found.returncode == 0 else None
+
+
+def pytest_configure(config):
+    """The launch scripts, SLURM jobs and console scripts the tests start import the installed packages: installed
+    from another folder (or not at all), dozens of tests would fail far from the cause, after most of an hour."""
+    if hasattr(config, "workerinput"):
+        return  # an xdist worker: the controller has checked
+    found = installed_checkout()
+    if found != str(REPO_ROOT):
+        where = f"from {found}" if found else "nowhere (not installed)"
+        raise pytest.UsageError(
+            f"the tests need this checkout's packages installed, and Python imports them {where}: run "
+            f"`pip install -e '.[test]'` in {REPO_ROOT} (the README's test command does), then the tests again"
+        )
+
+
 @pytest.fixture(scope="session")
 def multi30k_dir() -> Path:
     return REPO_ROOT / "data" / "multi30k"

@@ -489,3 +489,40 @@ def test_the_quickstart_as_written_gives_the_readmes_figures(tmp_path):
         bleu = json.loads(proc.stdout.strip().splitlines()[-1])["bleu"]
         print(f"quickstart BLEU, beam {beam}: {bleu}")
         assert abs(bleu - float(want)) <= 0.3, (beam, bleu, want)
+
+
+def test_the_suite_run_against_another_checkouts_packages_stops_at_once_in_one_line(tmp_path):
+    """With this repository's packages installed from another folder (another clone's `pip install -e`, a CI folder
+    since removed), the launch scripts, SLURM jobs and console scripts the tests start ran that code: 41 tests failed
+    far from the cause after 47 minutes. The suite now stops before any test, naming both folders and the fix."""
+    other = tmp_path / "other-clone"
+    (other / "common").mkdir(parents=True)
+    # another clone's `common`, whose modules fall back to this checkout's (so that conftest itself still imports)
+    (other / "common" / "__init__.py").write_text(f"__path__.append({str(REPO_ROOT / 'common')!r})\n")
+    (other / "common" / "script_entry.py").write_text(f"def package_root():\n    return {str(other)!r}\n")
+    e = dict(env(), PYTHONPATH=f"{other}{os.pathsep}{REPO_ROOT}")
+    start = time.monotonic()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "--basetemp",
+            tmp_path / "t",
+            "tests/test_tp_layers.py",
+        ],
+        cwd=REPO_ROOT,
+        env=e,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 4 and time.monotonic() - start < 60, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines() == [
+        f"ERROR: the tests need this checkout's packages installed, and Python imports them from {other}: run "
+        f"`pip install -e '.[test]'` in {REPO_ROOT} (the README's test command does), then the tests again"
+    ]
+    assert "passed" not in proc.stdout

@@ -100,11 +100,18 @@ class SlurmCluster(VirtualCluster):
         """Poll `until(job_fields)` (or `until()` reading files) until it returns something true; on timeout fail with
         the job's state and the end of its output file."""
         end = time.monotonic() + timeout
+        unknown_since = None  # SLURM has not known the job since: ended and purged (MinJobAge), it cannot progress
         while True:
             job = self.job(job_id)
             found = until(job)
             if found:
                 return found
+            unknown_since = None if job else (unknown_since or time.monotonic())
+            if unknown_since is not None and time.monotonic() - unknown_since > 15:
+                raise AssertionError(
+                    f"job {job_id}: no {what}, and SLURM no longer knows the job (it ended and was purged); its "
+                    f"output:\n{self.log(job_id, cwd)[-4000:]}"
+                )
             if time.monotonic() > end:
                 raise AssertionError(
                     f"job {job_id}: no {what} within {timeout:.0f} s; state {job.get('JobState')} "
