@@ -91,10 +91,14 @@ def _stop_fork_server(proc: subprocess.Popen, folder: str) -> None:
 def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300) -> subprocess.CompletedProcess:
     """`subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)` for a command
     `python SCRIPT ...` or `python -m MODULE ...`, started as a fork of the session's fork server (its own process,
-    exit code and output, without importing torch and DeepSpeed again: tests/drivers/fork_server.py)."""
+    exit code and output, without importing torch and DeepSpeed again: tests/drivers/fork_server.py). `timeout` is
+    the limit on an idle machine, scaled by the load seen (tests/progress.py): beside other jobs all is slower."""
     import signal
     import tempfile
 
+    from tests.progress import scaled
+
+    timeout = scaled(timeout)
     cmd = [str(c) for c in cmd]
     rest = cmd[2:] if cmd[1:2] == ["-u"] else cmd[1:]  # `python [-u] SCRIPT|-m MODULE ...`
     forkable = cmd[0] == sys.executable and bool(rest) and (rest[0] == "-m" or not rest[0].startswith("-"))
@@ -249,6 +253,8 @@ def merged(ckpt) -> dict:
 
 def run_tool(script, *args, cwd=REPO_ROOT, stdin=None) -> subprocess.CompletedProcess:
     """run_scripts/SCRIPT (or a path) with ARGS, captured; `stdin`: a file to redirect it from (a shell's `< FILE`)."""
+    from tests.progress import scaled
+
     cmd = [
         sys.executable,
         str(script if os.path.isabs(str(script)) else REPO_ROOT / "run_scripts" / script),
@@ -257,7 +263,7 @@ def run_tool(script, *args, cwd=REPO_ROOT, stdin=None) -> subprocess.CompletedPr
     if stdin is None:
         return run_python(cmd, cwd=cwd, env=env())
     with open(stdin, "rb") as f:
-        return subprocess.run(cmd, cwd=cwd, env=env(), stdin=f, capture_output=True, text=True, timeout=300)
+        return subprocess.run(cmd, cwd=cwd, env=env(), stdin=f, capture_output=True, text=True, timeout=scaled(300))
 
 
 def one_error(proc: subprocess.CompletedProcess, *needles: str, returncode: int = None, alone: bool = False) -> str:
@@ -315,14 +321,16 @@ def script_env(runs_dir, **extra) -> dict:
 
 
 def run_script(script: str, args: list, env_: dict, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`bash SCRIPT ARGS...` from the repository root (script relative to it)."""
+    """`bash SCRIPT ARGS...` from the repository root (script relative to it); `timeout` scaled as run_python's."""
+    from tests.progress import scaled
+
     return subprocess.run(
         ["bash", str(REPO_ROOT / script), *map(str, args)],
         cwd=REPO_ROOT,
         env=env_,
         capture_output=True,
         text=True,
-        timeout=timeout,
+        timeout=scaled(timeout),
     )
 
 

@@ -837,3 +837,18 @@ def test_a_session_s_fork_server_leaves_nothing_in_tmp(tmp_path):
     path, pid = done.stdout.split()
     assert path.startswith("/tmp/dsr-fork-") and not Path(path).parent.exists()
     assert not Path(f"/proc/{pid}").exists()
+
+
+@pytest.mark.parametrize("forked", [True, False])
+def test_a_commands_time_limit_grows_with_the_load(forked, tmp_path, monkeypatch):
+    """A test's limit on a command is the idle machine's, times the load seen (tests/progress.py): beside four
+    training jobs (load 30 on 2 cores) a 2-rank start took past its fixed 240 s and the test failed, not the code."""
+    from tests import progress
+    from tests.launch import env, run_python
+
+    if not forked:
+        monkeypatch.setenv("DSR_TEST_FORK", "0")
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(3)\nprint('done')\n")
+    monkeypatch.setattr(progress, "_worst", [4.0])  # as if the load had been 4× the cores
+    proc = run_python([sys.executable, tmp_path / "slow.py"], env=env(), timeout=1.5)
+    assert proc.returncode == 0 and proc.stdout == "done\n"
