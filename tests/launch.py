@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 from tests.multiproc import free_port
+from tests.progress import scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 TRAIN = str(REPO_ROOT / "run_scripts" / "train.py")
@@ -95,8 +96,6 @@ def run_python(cmd: list, cwd=REPO_ROOT, env: dict = None, timeout: float = 300)
     the limit on an idle machine, scaled by the load seen (tests/progress.py): beside other jobs all is slower."""
     import signal
     import tempfile
-
-    from tests.progress import scaled
 
     timeout = scaled(timeout)
     cmd = [str(c) for c in cmd]
@@ -253,8 +252,6 @@ def merged(ckpt) -> dict:
 
 def run_tool(script, *args, cwd=REPO_ROOT, stdin=None) -> subprocess.CompletedProcess:
     """run_scripts/SCRIPT (or a path) with ARGS, captured; `stdin`: a file to redirect it from (a shell's `< FILE`)."""
-    from tests.progress import scaled
-
     cmd = [
         sys.executable,
         str(script if os.path.isabs(str(script)) else REPO_ROOT / "run_scripts" / script),
@@ -322,8 +319,6 @@ def script_env(runs_dir, **extra) -> dict:
 
 def run_script(script: str, args: list, env_: dict, timeout: float = 300) -> subprocess.CompletedProcess:
     """`bash SCRIPT ARGS...` from the repository root (script relative to it); `timeout` scaled as run_python's."""
-    from tests.progress import scaled
-
     return subprocess.run(
         ["bash", str(REPO_ROOT / script), *map(str, args)],
         cwd=REPO_ROOT,

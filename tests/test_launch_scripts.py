@@ -214,12 +214,6 @@ def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, 
     machine failed at the rendezvous); a given port that is busy stops the launch with one line, nothing created."""
     import socket
 
-    held = socket.socket()
-    try:
-        held.bind(("", 29500))  # the old default, busy (if another job does not hold it already)
-        held.listen()
-    except OSError:
-        pass
     busy = socket.socket()
     busy.bind(("", 0))
     busy.listen()
@@ -264,7 +258,6 @@ def test_a_free_master_port_unless_one_is_given_and_a_busy_one_is_one_line(tsv, 
         ]
     finally:
         busy.close()
-        held.close()
 
 
 # --------------------------------------------------------------------------- pre-check and the built commands
