@@ -270,9 +270,9 @@ class _Progress:
             return
         total = max(done_pairs, int(round(done_pairs / fraction))) if fraction > 0 else done_pairs
         if self.bar is None:
-            from tqdm import tqdm
+            from common.progress_bar import ProgressBar
 
-            self.bar = tqdm(
+            self.bar = ProgressBar(
                 total=total,
                 unit=" pairs",
                 unit_scale=True,

@@ -21,9 +21,8 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tqdm import tqdm
-
 from common.errors import fail, run_cli
+from common.progress_bar import ProgressBar
 from common.staging import atomic_write
 from common.text_lines import check_readable, decode_lines
 
@@ -143,7 +142,7 @@ def pair_segments(en: dict[Key, str], fr: dict[Key, str], en_name: str, fr_name:
                     f"{lacks}: lacks doc {key[0]!r} seg {key[1]!r}, which {have} has; "
                     "the two files must contain the same (docid, seg id) pairs"
                 )
-    return [(en[key], fr[key]) for key in tqdm(en, desc="pairing segments", unit="seg", disable=None)]
+    return [(en[key], fr[key]) for key in ProgressBar(en, desc="pairing segments", unit="seg", disable=None)]
 
 
 def convert(input_path: str | Path, output_dir: str | Path) -> tuple[int, Path, Path]:

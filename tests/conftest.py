@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from common.omp_wait import choose_omp_wait_policy
+from tests.progress import scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The suite's own processes (xdist workers, the fork server, every command a test starts) wait as train.py's do:
@@ -42,7 +43,7 @@ if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
 def installed_checkout() -> str | None:
     """Where Python, started outside the checkout, imports this repository's packages from (None: nowhere)."""
     probe = "import common.script_entry as s; print(s.package_root())"
-    found = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=120)
+    found = subprocess.run([sys.executable, "-c", probe], cwd="/", capture_output=True, text=True, timeout=scaled(120))
     return found.stdout.strip() if found.returncode == 0 else None
 
 

@@ -51,6 +51,14 @@ def describe(pid: int, files=()) -> str:
     return "\n".join(lines)
 
 
+def running(pid: int) -> bool:
+    """The process exists and has not ended (a zombie, dead but not yet reaped by its parent, has ended)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def kill_tree(pid: int) -> None:
     with contextlib.suppress(psutil.NoSuchProcess):
         root = psutil.Process(pid)

@@ -16,6 +16,7 @@ import torch
 
 from tests.launch import REPO_ROOT, env, launch_cmd, losses, merged, read_metrics, run_python, train_flags
 from tests.multiproc import free_port
+from tests.progress import scaled
 
 FIXED_IDS = str(REPO_ROOT / "tests" / "drivers" / "fixed_ids.py")
 TRAIN_MANY = str(REPO_ROOT / "tests" / "drivers" / "train_many.py")
@@ -85,7 +86,7 @@ def test_kill_9_while_a_background_save_is_written_resumes_from_the_previous_che
         env=dict(env(), DSR_SAVE_DELAY="3", DSR_CRASH_AT="save:4"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert killed.returncode != 0, killed.stdout[-3000:]
     ckpts = out / "checkpoints"
@@ -138,7 +139,7 @@ def test_save_stall_benchmark_at_toy_size(multi30k_tsv, bpe_tokenizer):
         env=env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(600),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     table = proc.stdout[proc.stdout.index("| mode |") :].splitlines()
@@ -165,6 +166,6 @@ def test_save_stall_benchmark_refuses_too_few_steps(steps, every, tmp_path):
         env=env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == 2 and "--steps 4 must be larger than --every 4" in proc.stderr, proc.stderr

@@ -42,6 +42,7 @@ from tests.launch import (
     step_dir,
     train_flags,
 )
+from tests.progress import scaled
 
 STEPS, CUT = 4, 2
 LR = float(TINY[TINY.index("--lr") + 1])
@@ -189,7 +190,7 @@ def runs(multi30k_tsv, bpe_tokenizer, tmp_path_factory):
             env=dict(env(), DSR_CRASH_AT=crash),
             capture_output=True,
             text=True,
-            timeout=300,
+            timeout=scaled(300),
         )
         print(f"[kill -9 at {crash}: {time.time() - start:.0f} s]")
         ckpts = out / "checkpoints"
@@ -494,7 +495,7 @@ def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, a
         cwd=ckpt,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert_user_error(proc, "needs the ds-transformer-recipes package", "pip install", "merge_checkpoint.py")
     proc = subprocess.run(
@@ -503,7 +504,7 @@ def test_zero_to_fp32_in_the_checkpoint_folder_consolidates_it(runs, tmp_path, a
         env=env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert proc.returncode != 0
     assert "NOT-A-DEEPSPEED-CHECKPOINT_run-zero_to_fp32.py-in-this-folder" in proc.stderr.strip().splitlines()[-1]

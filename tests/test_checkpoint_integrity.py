@@ -33,6 +33,7 @@ from tests.launch import (
     step_dir,
     train_flags,
 )
+from tests.progress import scaled
 
 STEPS = ["--steps", "4", "--save_checkpoint_steps", "2"]
 
@@ -236,11 +237,11 @@ def test_a_damaged_tokenizer_copy_gives_advice_that_works(run_copy, multi30k_tsv
         str(src),
     ]
     one_error(
-        subprocess.run(translate, capture_output=True, text=True, timeout=300, env=env()),
+        subprocess.run(translate, capture_output=True, text=True, timeout=scaled(300), env=env()),
         "its tokenizer copy tokenizer.json is missing",
     )
     proc = subprocess.run(
-        translate + ["--tokenizer", str(bpe_tokenizer)], capture_output=True, text=True, timeout=300, env=env()
+        translate + ["--tokenizer", str(bpe_tokenizer)], capture_output=True, text=True, timeout=scaled(300), env=env()
     )
     assert proc.returncode == 0 and proc.stdout.strip(), proc.stderr[-3000:]
 
@@ -395,7 +396,7 @@ def test_a_full_disk_while_logging_leaves_whole_records(multi30k_tsv, bpe_tokeni
         env=env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
     )
     line = one_error(proc, f"writing {out / 'metrics.jsonl'} failed at step ", "continue with --resume")

@@ -23,6 +23,7 @@ import pytest
 
 from tests.launch import REPO_ROOT, TINY, concurrently, env, read_metrics
 from tests.multiproc import free_port
+from tests.progress import scaled
 
 OURS = "ds-transformer-recipes"
 
@@ -114,7 +115,7 @@ def scripts(tmp_path_factory):
         "    maker.make(spec)\n"
     )
     specs = [f"{name} = {target}" for name, target in entry_points().items()]
-    subprocess.run([sys.executable, "-c", code, str(folder), *specs], check=True, timeout=120)
+    subprocess.run([sys.executable, "-c", code, str(folder), *specs], check=True, timeout=scaled(120))
     return folder
 
 
@@ -138,7 +139,7 @@ def test_the_installed_commands_answer_help(scripts, tmp_path):
         env=env(),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     command = results[names.index("dstr-translate")]
     assert flag_names(shim.stdout) == flag_names(command.stdout) and "--ckpt_file" in flag_names(command.stdout)
@@ -193,7 +194,9 @@ def test_deepspeed_launches_the_installed_train_command(scripts, multi30k_tsv, b
         "--save_checkpoint_steps",
         "2",
     ]
-    proc = subprocess.run(list(map(str, cmd)), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        list(map(str, cmd)), cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=scaled(600)
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert [r["step"] for r in read_metrics(out) if "loss" in r] == [1, 2]
     assert (out / "checkpoints" / "step_00000002" / "meta.json").is_file()

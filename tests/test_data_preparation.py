@@ -74,7 +74,7 @@ def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv, bpe_tok
     monkeypatch.setattr("preprocess.build_lock.WAIT_REPORT", 0.5)
     capsys.readouterr()
     ds = TranslationDataset(val_tsv, bpe_tokenizer, 16, 16, cache_dir=cache, progress=False)
-    holder.wait(timeout=30)
+    holder.wait(timeout=scaled(30))
     assert ds.cache_hit and ds.build_info is None and ds.num_samples == first.num_samples
     lines = capsys.readouterr().out.splitlines()
     said = [line for line in lines if f"waiting for the token store {target}: " in line]
@@ -111,7 +111,7 @@ def test_a_killed_builder_leaves_no_stale_lock(tmp_path):
     started = time.monotonic()
     with one_builder(target, "the store", target.is_dir) as mine:
         assert mine
-    assert time.monotonic() - started < 2
+    assert time.monotonic() - started < scaled(2)
 
 
 # ------------------------------------------------------------------------------------------- a build that fails

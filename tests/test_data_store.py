@@ -28,6 +28,7 @@ from preprocess.token_batches import TokenBatchSchedule
 from preprocess.token_store import FORMAT_VERSION, SIDES, TokenStore
 from preprocess.tokenizer import load_tokenizer, train_tokenizer
 from tests.launch import REPO_ROOT, TINY, concurrently, env, read_metrics, run_train
+from tests.progress import scaled
 
 
 def store_files(folder) -> dict:
@@ -164,7 +165,7 @@ def test_two_processes_share_one_copy_of_the_store(multi30k_dataset_factory):
     finally:
         for child in children:
             child.stdin.close()
-            child.wait(timeout=30)
+            child.wait(timeout=scaled(30))
 
 
 def test_chunked_parallel_preprocessing_equals_one_shot(multi30k_tsv, bpe_tokenizer, tmp_path):
@@ -574,7 +575,7 @@ def test_a_write_that_runs_out_of_room_is_one_line_and_leaves_nothing(
         env=env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
     )
     assert_user_error(proc, "file too large", "writing the token store for", "pass --cache_dir DIR")

@@ -25,6 +25,7 @@ from model.config import ModelConfig
 from model.inference import greedy_decode
 from model.transformer import Seq2SeqTransformer
 from tests.launch import REPO_ROOT, TINY, concurrently, env, run_python, run_train
+from tests.progress import scaled
 
 PAD, UNK, BOS, EOS = 0, 1, 2, 3
 B, S, T, V = 6, 7, 8, 12
@@ -290,7 +291,7 @@ def translate(*args, stdin=None):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
 
 

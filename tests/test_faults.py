@@ -39,7 +39,7 @@ from tests.launch import (
     step_dir,
     train_flags,
 )
-from tests.progress import wait_exit, wait_until
+from tests.progress import scaled, wait_exit, wait_until
 
 # how a process dies and what it leaves behind is these tests' subject: every command its own interpreter
 pytestmark = pytest.mark.usefixtures("real_interpreters")
@@ -124,7 +124,7 @@ def test_diverging_run_stops_by_default_and_skip_drops_updates_on_every_rank(
         env=env(),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=scaled(600),
     )
     one_error(proc, "step 2: the loss is nan", "--nan_policy stop", f"latest checkpoint stays {step_dir(diverging, 1)}")
     for name in layouts:
@@ -205,7 +205,7 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
         env=dict(env(), DSR_CRASH_AT="train:5"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-2000:]
     resumed = subprocess.run(
@@ -214,7 +214,7 @@ def test_resume_from_a_path_after_a_crash_and_no_save_of_non_finite_weights(mult
         env=dict(env(), DSR_INF_WEIGHT_AT="8"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert f"resumed from {step_dir(out, 4)} at step 4" in resumed.stdout  # --resume PATH is used
     assert "removed 1 records after step 4" in resumed.stdout
@@ -265,7 +265,7 @@ def test_a_save_refuses_tied_copies_that_differ(multi30k_tsv, bpe_tokenizer, tmp
         env=dict(env(), DSR_UNTIE_AT="3"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     one_error(
         proc,
@@ -290,7 +290,7 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
         launch_cmd(1) + args, cwd=REPO_ROOT, env=env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + scaled(120)
         while not (out / "metrics.jsonl").is_file() or not (out / "metrics.jsonl").read_text():
             assert first.poll() is None and time.time() < deadline, "run 1 did not start training"
             time.sleep(0.5)
@@ -300,7 +300,7 @@ def test_second_run_into_the_same_folder_is_refused(multi30k_tsv, bpe_tokenizer,
         assert (out / ".train.lock").read_text().startswith(f"pid {first.pid} ")
     finally:
         first.send_signal(signal.SIGTERM)
-        first.wait(timeout=60)
+        first.wait(timeout=scaled(60))
     steps = [r["step"] for r in strict_metrics(out)]
     assert steps == list(range(1, len(steps) + 1))  # nothing written twice
 
@@ -345,7 +345,7 @@ def test_output_dir_that_cannot_be_used_fails_before_any_work(multi30k_tsv, bpe_
     start = time.time()
     proc = run_train(1, train_flags(multi30k_tsv, bpe_tokenizer, a_file / "run", "--steps", 1), check=False)
     one_error(proc, f"--output_dir {a_file / 'run'} cannot be created: {a_file} is a file")
-    assert "layout:" not in proc.stdout and time.time() - start < 60  # no model was built
+    assert "layout:" not in proc.stdout and time.time() - start < scaled(60)  # no model was built
 
     from common.errors import UserError
     from training.run.output_lock import check_writable_folder
@@ -471,7 +471,7 @@ def test_killed_rank_is_named_with_its_signal(multi30k_tsv, bpe_tokenizer, tmp_p
     killed_at = time.time()
     proc = job.finish(60)
     one_error(proc, f"error: rank 0 (pid {victim.pid} on ", "was killed by SIGKILL")
-    assert time.time() - killed_at < 30
+    assert time.time() - killed_at < scaled(30)
 
 
 def test_stopped_rank_ends_the_job_after_comm_timeout(multi30k_tsv, bpe_tokenizer, tmp_path):
@@ -550,7 +550,7 @@ def test_a_stop_signal_to_run_sh_stops_every_rank_with_a_save(sig, multi30k_tsv,
         job.wait_for(lambda: list(runs.glob("*/output/metrics.jsonl")), "training")
         job.popen.send_signal(sig)
         proc = job.finish(90)
-        deadline = time.time() + 10
+        deadline = time.time() + scaled(10)
         while job_processes() and time.time() < deadline:
             time.sleep(0.5)
         left = job_processes()
@@ -613,8 +613,8 @@ def test_a_stop_signal_saves_the_step_on_every_rank_and_the_run_resumes(
     at = _logged_step(out)
     if target == "process group":
         os.killpg(job.pid, sig)
-        job.popen.wait(timeout=30)  # launch.py dies of it at once...
-        deadline = time.time() + 60  # ...and the ranks follow, having saved
+        job.popen.wait(timeout=scaled(30))  # launch.py dies of it at once...
+        deadline = time.time() + scaled(60)  # ...and the ranks follow, having saved
         while _processes_naming(out) and time.time() < deadline:
             time.sleep(0.5)
         proc = job.finish(5)
@@ -687,12 +687,12 @@ def test_a_closed_terminal_saves_the_step(multi30k_tsv, bpe_tokenizer, tmp_path)
     reader = threading.Thread(target=read_terminal, daemon=True)
     reader.start()
     try:
-        deadline = time.time() + 150
+        deadline = time.time() + scaled(150)
         while _logged_step(out) < 2:
             assert popen.poll() is None and time.time() < deadline, b"".join(shown)[-3000:]
             time.sleep(0.5)
         os.close(master)  # the terminal closes: hangup
-        rc = popen.wait(timeout=60)
+        rc = popen.wait(timeout=scaled(60))
     finally:
         if popen.poll() is None:
             popen.kill()
@@ -752,8 +752,8 @@ def test_sigterm_to_the_bare_deepspeed_launcher_stops_its_orphaned_ranks_with_a_
         job.wait_for(lambda: _logged_step(out) >= 2, "training")
         at = _logged_step(out)
         job.popen.send_signal(signal.SIGTERM)
-        job.popen.wait(timeout=30)  # the runner is gone at once...
-        deadline = time.time() + 45  # ...and its orphans follow, having saved
+        job.popen.wait(timeout=scaled(30))  # the runner is gone at once...
+        deadline = time.time() + scaled(45)  # ...and its orphans follow, having saved
         while ours() and time.time() < deadline:
             time.sleep(0.5)
         assert not ours(), [command_line(p)[:160] for p in ours()]
@@ -816,7 +816,7 @@ def test_comm_timeout_reaches_every_process_group_nccl_ones_too(tmp_path):
     from tests.multiproc import free_port
 
     proc = subprocess.run(
-        [sys.executable, str(script), str(free_port())], capture_output=True, text=True, timeout=120, env=env()
+        [sys.executable, str(script), str(free_port())], capture_output=True, text=True, timeout=scaled(120), env=env()
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split()[-2:] == ["42.0", "42.0"]
@@ -844,7 +844,11 @@ def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path)
     )
     e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
     proc = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=60, env=dict(e, WORLD_SIZE="2", RANK="1")
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        env=dict(e, WORLD_SIZE="2", RANK="1"),
     )
     assert proc.returncode == -signal.SIGABRT
     assert WATCHDOG_LINE in proc.stderr  # relayed as it was written
@@ -883,7 +887,7 @@ def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
         [sys.executable, str(script)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
         env=dict(e, WORLD_SIZE="2", RANK="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)),
     )
     assert proc.returncode == 128 + signal.SIGTERM and not store.check([ABORT]), proc.stderr
@@ -915,7 +919,7 @@ def test_full_disk_during_a_save(multi30k_tsv, bpe_tokenizer, tmp_path):
                 env=env(),
                 capture_output=True,
                 text=True,
-                timeout=300,
+                timeout=scaled(300),
                 preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
             )
             line = one_error(proc, "a file-size limit was reached: saving checkpoint step_00000002")
@@ -1083,7 +1087,7 @@ def test_a_launched_rank_leaves_without_interpreter_teardown(world, code, tmp_pa
         env=dict(e, WORLD_SIZE=world, RANK="1", CODE=code),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == int(code), proc.stderr
     assert proc.stdout.startswith("rank output")

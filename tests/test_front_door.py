@@ -51,7 +51,9 @@ def test_without_e_the_copy_pip_installs_leaves_copied_recipes_without_the_check
     """What the README's -e avoids, for real: pip installing a clone without -e puts the Python packages in
     site-packages and nothing else, and a recipe's launcher then finds no repository (one line saying so)."""
     clone, target = tmp_path / "clone", tmp_path / "site"
-    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(REPO_ROOT), str(clone)], check=True, timeout=120)
+    subprocess.run(
+        ["git", "clone", "-q", "--no-hardlinks", str(REPO_ROOT), str(clone)], check=True, timeout=scaled(120)
+    )
     subprocess.run(
         [
             sys.executable,
@@ -67,7 +69,7 @@ def test_without_e_the_copy_pip_installs_leaves_copied_recipes_without_the_check
             str(clone),
         ],
         check=True,
-        timeout=300,
+        timeout=scaled(300),
         capture_output=True,
     )
     assert (target / "training").is_dir() and not (target / "run_scripts").exists()
@@ -80,7 +82,7 @@ def test_without_e_the_copy_pip_installs_leaves_copied_recipes_without_the_check
         env=dict(bare, PYTHONPATH=str(target)),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert "is not a checkout of the repository" in usage_error(proc, alone=True) and "pip install -e ." in proc.stderr
 
@@ -89,7 +91,10 @@ def test_free_port_prints_a_port_nobody_holds_and_the_readme_uses_it():
     """run_scripts/free_port.py: a port that binds; the README's Train block gives its deepspeed line one (DeepSpeed's
     default, 29500, may be another job's) and says what Ctrl-C of a bare deepspeed line ends in."""
     proc = subprocess.run(
-        [sys.executable, str(REPO_ROOT / "run_scripts" / "free_port.py")], capture_output=True, text=True, timeout=60
+        [sys.executable, str(REPO_ROOT / "run_scripts" / "free_port.py")],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
     )
     port = int(proc.stdout)
     with socket.socket() as s:
@@ -98,7 +103,7 @@ def test_free_port_prints_a_port_nobody_holds_and_the_readme_uses_it():
         [sys.executable, str(REPO_ROOT / "run_scripts" / "free_port.py"), "x"],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert usage_error(refused, alone=True).startswith("error: free_port")
     train = README.split("**Train** in one process", 1)[1].split("```", 2)[1]
@@ -191,7 +196,12 @@ def test_a_copied_recipes_usage_names_its_own_folder(tmp_path):
     shutil.copytree(REPO_ROOT / "recipes" / "cpu-tiny", copy)
     for args, rc, stream in ((["--help"], 0, "stdout"), ([], 2, "stderr")):
         proc = subprocess.run(
-            ["bash", str(copy / "run.sh"), *args], cwd=tmp_path, capture_output=True, text=True, timeout=60, env=env()
+            ["bash", str(copy / "run.sh"), *args],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=scaled(60),
+            env=env(),
         )
         first = getattr(proc, stream).splitlines()[0]
         assert proc.returncode == rc and first.startswith(f"usage: bash {copy}/run.sh DATA_PATH"), first
@@ -518,9 +528,9 @@ def test_the_suite_run_against_another_checkouts_packages_stops_at_once_in_one_l
         env=e,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
-    assert proc.returncode == 4 and time.monotonic() - start < 60, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert proc.returncode == 4 and time.monotonic() - start < scaled(60), proc.stdout[-2000:] + proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == [
         f"ERROR: the tests need this checkout's packages installed, and Python imports them from {other}: run "
         f"`pip install -e '.[test]'` in {REPO_ROOT} (the README's test command does), then the tests again"

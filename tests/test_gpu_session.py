@@ -17,6 +17,7 @@ import pytest
 from benchmarks import gpu_step
 from tests.accelerator import skip_unless
 from tests.launch import REPO_ROOT, env
+from tests.progress import scaled
 
 SCRIPT = str(REPO_ROOT / "benchmarks" / "gpu_session.sh")
 ROW = "tiny fp32 recompute=0 max_tokens=512"
@@ -38,7 +39,7 @@ def _env(tmp_path, **extra):
 
 def _run(tmp_path, *stages, **extra):
     return subprocess.run(
-        ["bash", SCRIPT, *stages], env=_env(tmp_path, **extra), capture_output=True, text=True, timeout=600
+        ["bash", SCRIPT, *stages], env=_env(tmp_path, **extra), capture_output=True, text=True, timeout=scaled(600)
     )
 
 
@@ -98,7 +99,7 @@ def test_the_log_streams_so_a_call_cut_mid_stage_keeps_the_rows_already_printed(
     )
     log, seen = tmp_path / "out" / "session.log", None
     try:
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + scaled(300)
         while time.monotonic() < deadline and proc.poll() is None:
             text = log.read_text() if log.exists() else ""
             if ROW in text:
@@ -176,7 +177,7 @@ def test_gpu_wheels_on_a_python_without_the_packages_leaves_the_wheels_that_were
         capture_output=True,
         text=True,
         env={**os.environ, "PATH": f"{shim}{os.pathsep}{os.environ['PATH']}"},
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 2 and "has no deepspeed" in proc.stderr, proc.stderr
     assert os.listdir(repo / ".whl") == ["kept-1.0-py3-none-any.whl"]

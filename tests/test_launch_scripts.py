@@ -17,6 +17,7 @@ import pytest
 from common import launch_payload
 from common.errors import UserError
 from tests.launch import REPO_ROOT, only_launch, only_run_dir, read_metrics, run_script, script_env
+from tests.progress import scaled
 from training.plan.cluster import (
     Host,
     format_hostfile,
@@ -187,7 +188,9 @@ def test_every_launcher_answers_help_and_starts_nothing(script, tmp_path):
     env = script_env(tmp_path / "runs")
     env.pop("MASTER_PORT")
     before = sorted(REPO_ROOT.joinpath("out").rglob("*")) if (REPO_ROOT / "out").exists() else []
-    proc = subprocess.run(["bash", str(path), "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", str(path), "--help"], cwd=work, env=env, capture_output=True, text=True, timeout=scaled(60)
+    )
     assert proc.returncode == 0, (proc.stdout, proc.stderr)
     assert proc.stdout.startswith("usage: ") and proc.stderr == "", (proc.stdout, proc.stderr)
     if script.startswith("recipes/"):  # a copy's usage names the copy, not the folder it was copied from
@@ -324,7 +327,7 @@ def test_a_copied_recipe_edited_to_2_ranks_launches_2(tsv, tmp_path):
         capture_output=True,
         text=True,
         env=script_env(tmp_path / "runs", DRY_RUN=1),
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
@@ -392,7 +395,7 @@ def test_rank_size_given_wins_over_the_recipes_world_size_and_run_name_names_a_s
         ],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0 and proc.stdout.startswith("layout ok: 16 ranks = dp 1 × mp 8 × pp 2"), proc.stderr
 
@@ -468,7 +471,7 @@ def test_a_launch_payload_carries_any_argument_through_a_shell(tmp_path):
     )
     line = f"{sys.executable} -c {shlex.quote(script)} {REPO_ROOT} --local_rank=0 --launch_payload {token}"
     proc = subprocess.run(
-        ["bash", "-c", line], capture_output=True, text=True, timeout=60, env=dict(os.environ, RANK="3")
+        ["bash", "-c", line], capture_output=True, text=True, timeout=scaled(60), env=dict(os.environ, RANK="3")
     )
     assert proc.returncode == 0 and not marker.exists(), proc.stderr
     logs = list((tmp_path / "log s").glob("*_rank3.log"))  # stdout went to the rank's log
@@ -493,7 +496,7 @@ def test_a_launch_payload_with_a_wrong_typed_field_is_one_line(payload, why):
         [sys.executable, str(REPO_ROOT / "run_scripts/train.py"), "--launch_payload", token],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         cwd=REPO_ROOT,
     )
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr
@@ -588,7 +591,7 @@ def convert(*args):
         [sys.executable, str(REPO_ROOT / "run_scripts/rank_table_to_hostfile.py"), *map(str, args)],
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
 
 
@@ -758,7 +761,7 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
         env=env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert own.returncode == 0, own.stderr[-2000:]
     assert seen["spawn"] == seen["deepspeed"] == ranks(tmp_path / "own")
@@ -770,11 +773,12 @@ def test_the_tests_rank_spawner_gives_what_deepspeeds_launcher_gives(tmp_path):
     assert [r["argv"] for r in seen["spawn"]] == [[f"--local_rank={r}", "x"] for r in range(3)]
     for start_it in (
         lambda cmd: run_python(cmd, env=env(), timeout=120),
-        lambda cmd: subprocess.run(cmd, cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120),
+        lambda cmd: subprocess.run(cmd, cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=scaled(120)),
     ):
         start = time.time()
         failed = start_it(launch_cmd(3, str(probe)) + ["fail", tmp_path / "f"])
-        assert failed.returncode == 3 and time.time() - start < 30  # the waiting ranks were ended, not waited for
+        # the waiting ranks were ended, not waited for
+        assert failed.returncode == 3 and time.time() - start < scaled(30)
 
 
 @pytest.mark.parametrize("mode", ["ok", "exit", "raise"])
@@ -797,7 +801,7 @@ def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mo
     cmd = [sys.executable, str(probe), mode, "two words"]
     e = dict(env(), X="42")
     forked = run_python(cmd, cwd=tmp_path, env=e)
-    real = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=60)
+    real = subprocess.run(cmd, cwd=tmp_path, env=e, capture_output=True, text=True, timeout=scaled(60))
     assert (forked.returncode, forked.stdout, forked.stderr) == (real.returncode, real.stdout, real.stderr)
     assert forked.returncode == {"ok": 0, "exit": 3, "raise": 1}[mode]
     assert json.loads(forked.stdout)["x"] == "42" and forked.stderr.startswith("to stderr")
@@ -824,12 +828,54 @@ def test_a_session_s_fork_server_leaves_nothing_in_tmp(tmp_path):
         "print(_fork_server['path'], _fork_server['proc'].pid)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", session], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", session], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=scaled(120)
     )
     assert done.returncode == 0, done.stderr[-2000:]
     path, pid = done.stdout.split()
     assert path.startswith("/tmp/dsr-fork-") and not Path(path).parent.exists()
     assert not Path(f"/proc/{pid}").exists()
+
+
+def test_a_killed_session_s_fork_server_ends_its_commands_and_leaves_nothing_in_tmp(tmp_path):
+    """A test session killed (SIGKILL; SIGTERM, which pytest does not handle, is the same: no atexit runs) while a
+    command it started runs: its fork server ends that command — in a process group of its own, which no signal to
+    the suite's group reaches — and removes its socket's folder. Before: the folder stayed and the command ran on."""
+    from tests.launch import env
+    from tests.progress import running, wait_until
+
+    pid_file = tmp_path / "command.pid"
+    (tmp_path / "long.py").write_text(
+        "import os, sys, time\nopen(sys.argv[1], 'w').write(str(os.getpid()))\ntime.sleep(600)\n"
+    )
+    session = (
+        "import sys, threading, time\n"
+        "from tests.launch import _fork_server, run_python\n"
+        f"cmd = [sys.executable, {str(tmp_path / 'long.py')!r}, {str(pid_file)!r}]\n"
+        "threading.Thread(target=run_python, args=(cmd,), daemon=True).start()\n"
+        "while not _fork_server.get('path'):\n"
+        "    time.sleep(0.1)\n"
+        "print(_fork_server['path'], _fork_server['proc'].pid, flush=True)\n"
+        "time.sleep(600)\n"
+    )
+    popen = subprocess.Popen(
+        [sys.executable, "-c", session], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE, text=True
+    )
+    try:
+        path, server = popen.stdout.readline().split()
+        wait_until(lambda: pid_file.exists() and pid_file.read_text(), popen, 60, "the command's start")
+        command = int(pid_file.read_text())
+    finally:
+        popen.kill()
+        popen.wait()
+
+    def left() -> list[str]:
+        folder = [path] if Path(path).parent.exists() else []
+        return folder + [f"pid {pid}" for pid in (int(server), command) if running(pid)]
+
+    deadline = time.monotonic() + scaled(30)
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left() == []
 
 
 @pytest.mark.parametrize("forked", [True, False])

@@ -11,6 +11,7 @@ import pytest
 import yaml
 
 from tests.conftest import REPO_ROOT
+from tests.progress import scaled
 
 needs_ruff = pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is not installed (pip install -e '.[test]')")
 
@@ -18,7 +19,7 @@ needs_ruff = pytest.mark.skipif(shutil.which("ruff") is None, reason="ruff is no
 @needs_ruff
 def test_ruff_is_clean():
     proc = subprocess.run(
-        ["ruff", "check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+        ["ruff", "check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True, text=True, timeout=scaled(300)
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -26,7 +27,11 @@ def test_ruff_is_clean():
 @needs_ruff
 def test_the_code_is_formatted():
     proc = subprocess.run(
-        ["ruff", "format", "--check", "--no-cache", "."], cwd=REPO_ROOT, capture_output=True, text=True, timeout=300
+        ["ruff", "format", "--check", "--no-cache", "."],
+        cwd=REPO_ROOT,
+        capture_output=True,
+        text=True,
+        timeout=scaled(300),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -44,15 +49,15 @@ def test_the_pre_commit_hooks_run_the_same_checks(tmp_path):
     settings = ["--no-cache", "--config", str(REPO_ROOT / "pyproject.toml")]
     bad = tmp_path / "bad.py"
     bad.write_text("import os\nimport sys\n\nprint(sys.argv)\n")  # an unused import: F401
-    proc = subprocess.run([*lint, *settings, str(bad)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*lint, *settings, str(bad)], capture_output=True, text=True, timeout=scaled(120))
     assert proc.returncode == 1 and "F401" in proc.stdout, proc.stdout + proc.stderr
     unformatted = tmp_path / "unformatted.py"
     unformatted.write_text("x = {  'a':1 }\n")
-    proc = subprocess.run([*fmt, *settings, str(unformatted)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*fmt, *settings, str(unformatted)], capture_output=True, text=True, timeout=scaled(120))
     assert proc.returncode == 1 and "unformatted.py" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
     formatted = tmp_path / "formatted.py"
     formatted.write_text('x = {"a": 1}\n')
-    proc = subprocess.run([*fmt, *settings, str(formatted)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([*fmt, *settings, str(formatted)], capture_output=True, text=True, timeout=scaled(120))
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -66,7 +71,7 @@ def test_the_formatting_commit_is_left_out_of_blame():
     ]
     assert revs and all(re.fullmatch(r"[0-9a-f]{40}", rev) for rev in revs), revs
     shown = subprocess.run(
-        ["git", "log", "-1", "--format=%s", revs[0]], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+        ["git", "log", "-1", "--format=%s", revs[0]], cwd=REPO_ROOT, capture_output=True, text=True, timeout=scaled(60)
     )
     if shown.returncode == 0:  # a shallow clone may not hold it
         assert shown.stdout.startswith("ruff format:"), shown.stdout

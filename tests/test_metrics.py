@@ -16,6 +16,7 @@ from preprocess.textio import read_tsv_pairs
 from preprocess.token_batches import TokenBatchSchedule
 from preprocess.tokenizer import load_tokenizer
 from tests.launch import REPO_ROOT, TINY, read_metrics, run_train
+from tests.progress import scaled
 
 
 def test_step_metrics_padding_flops_memory(multi30k_tsv, bpe_tokenizer, tmp_path):
@@ -215,7 +216,7 @@ def test_tensorboard_out_of_room_is_one_line_naming_the_folder(tmp_path):
         [sys.executable, "-c", code],
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit)),
     )
     assert proc.returncode == 0 and proc.stdout.strip() == "went on", proc.stderr[-3000:]

@@ -31,6 +31,7 @@ import pytest
 
 from tests.cluster import VirtualCluster, unavailable
 from tests.launch import REPO_ROOT, TINY, only_launch, only_run_dir, read_metrics, run_train, script_env
+from tests.progress import scaled
 
 CLUSTER_SH = REPO_ROOT / "run_scripts" / "run_cluster.sh"
 RECIPE = REPO_ROOT / "recipes" / "cpu-tiny" / "cpu-tiny.json"
@@ -89,7 +90,7 @@ def launch(cluster, data, runs_dir, *flags, launcher="pdsh", wait=True, **env):
     proc = subprocess.Popen(cluster.command(0, cmd), **args)
     if not wait:
         return proc
-    out, err = proc.communicate(timeout=300)
+    out, err = proc.communicate(timeout=scaled(300))
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
@@ -119,7 +120,7 @@ def serial_losses(data, tmp_path, *layout_flags) -> list[float]:
 
 
 def assert_nothing_left(cluster, deadline: float = 40.0):
-    end = time.monotonic() + deadline
+    end = time.monotonic() + scaled(deadline)
     while cluster.leftovers() and time.monotonic() < end:
         time.sleep(0.5)
     assert not cluster.leftovers(), f"still running on the nodes: {cluster.leftovers()}"
@@ -127,7 +128,7 @@ def assert_nothing_left(cluster, deadline: float = 40.0):
 
 def wait_for_step(runs: Path, step: int, proc, timeout: float = 180.0) -> tuple[Path, int]:
     """(the job's run folder, the last step logged) once its metrics reach `step`."""
-    end = time.monotonic() + timeout
+    end = time.monotonic() + scaled(timeout)
     while time.monotonic() < end:
         if proc.poll() is not None:
             raise AssertionError(f"the job ended early:\n{proc.stdout.read()}\n{proc.stderr.read()}")
@@ -141,15 +142,15 @@ def wait_for_step(runs: Path, step: int, proc, timeout: float = 180.0) -> tuple[
 
 
 def ended_within(proc, seconds: float) -> tuple[float, str, str]:
-    start = time.monotonic()
+    """(seconds taken, stdout, stderr) of a job that ends within `seconds` on an idle machine (the limit grows with
+    the load, tests/progress.py)."""
+    start, limit = time.monotonic(), scaled(seconds)
     try:
-        out, err = proc.communicate(timeout=seconds)
+        out, err = proc.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         proc.kill()
         out, err = proc.communicate()
-        raise AssertionError(
-            f"the job was still running {seconds:.0f} s later:\n{out[-3000:]}\n{err[-3000:]}"
-        ) from None
+        raise AssertionError(f"the job was still running {limit:.0f} s later:\n{out[-3000:]}\n{err[-3000:]}") from None
     return time.monotonic() - start, out, err
 
 
@@ -299,11 +300,11 @@ def test_an_output_folder_node_1_does_not_share_is_refused_before_training(clust
     runs.mkdir()
     # node 1 sees another folder under the same path (a node-local disk where the others mount NFS)
     mount = cluster.command(1, ["mount", "-t", "tmpfs", "tmpfs", runs])
-    subprocess.run(mount, check=True, timeout=30)
+    subprocess.run(mount, check=True, timeout=scaled(30))
     try:
         proc = launch(cluster, data, runs, *DPxTP, *LONG)
     finally:
-        subprocess.run(cluster.command(1, ["umount", runs]), timeout=30)
+        subprocess.run(cluster.command(1, ["umount", runs]), timeout=scaled(30))
     assert proc.returncode != 0
     errors = sorted({line for line in proc.stderr.splitlines() if line.startswith("error: ")})
     assert len(errors) == 1 and "is not the same folder on every node: vnode1 (ranks 2, 3) do not see" in errors[0]

@@ -12,6 +12,7 @@ import pytest
 
 from common.omp_wait import DEFAULT, choose_omp_wait_policy
 from tests.launch import REPO_ROOT, TINY, TRAIN, env, read_metrics
+from tests.progress import scaled
 
 
 @pytest.mark.parametrize(
@@ -42,7 +43,7 @@ def test_train_py_chooses_before_torch_is_imported(entry):
     )
     code = f"import sys; {load}; print('torch' in sys.modules)"
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=scaled(120)
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "False"
@@ -81,7 +82,7 @@ def _median_step(tsv, tok, out, policy: str | None) -> float:
         env={k: str(v) for k, v in e.items()},
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=scaled(900),
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return statistics.median(r["step_time"] for r in read_metrics(out)[5:])

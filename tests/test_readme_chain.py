@@ -22,6 +22,7 @@ import pytest
 
 from tests.conftest import REPO_ROOT
 from tests.multiproc import free_port
+from tests.progress import scaled
 
 # the README's commands are the installed ones (dstr-*): `pip install -e .`, as the README's two commands do
 pytestmark = [
@@ -72,7 +73,13 @@ def _run(command: str, cwd, env=None, ok=True, stdin=None) -> subprocess.Complet
     if command.startswith("deepspeed ") and "--master_port" not in command:
         command = command.replace("deepspeed ", f"deepspeed --master_port {free_port()} ", 1)
     proc = subprocess.run(
-        ["bash", "-c", command], cwd=cwd, env=env or _env(), capture_output=True, text=True, timeout=900, input=stdin
+        ["bash", "-c", command],
+        cwd=cwd,
+        env=env or _env(),
+        capture_output=True,
+        text=True,
+        timeout=scaled(900),
+        input=stdin,
     )
     if ok:
         assert proc.returncode == 0, f"{command}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"

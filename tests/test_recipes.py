@@ -221,7 +221,7 @@ def test_a_copied_recipe_runs_from_anywhere(multi30k_tsv, tmp_path):
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run_dir = only_run_dir(runs)
@@ -238,7 +238,7 @@ def test_a_copied_recipe_runs_from_anywhere(multi30k_tsv, tmp_path):
         env=dict(bare, DSR_ROOT=str(REPO_ROOT), DRY_RUN="1"),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert proc.returncode == 0, proc.stderr
     assert f"{REPO_ROOT}/run_scripts/train.py" in proc.stdout.splitlines()[-1]
@@ -248,7 +248,7 @@ def test_a_copied_recipe_runs_from_anywhere(multi30k_tsv, tmp_path):
         env=dict(bare, DSR_ROOT=str(tmp_path)),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == 2 and proc.stderr.splitlines() == [
         f"error: DSR_ROOT={tmp_path} is not the repository's folder (it has no run_scripts/run.sh); set DSR_ROOT to "

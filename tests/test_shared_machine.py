@@ -18,7 +18,7 @@ import pytest
 from tests.drivers.spawn_ranks import rank_env
 from tests.launch import REPO_ROOT, TRAIN, env, launch_cmd, losses, read_metrics, train_flags
 from tests.multiproc import free_port
-from tests.progress import wait_exit, wait_until
+from tests.progress import scaled, wait_exit, wait_until
 
 STEPS = 400  # A must still be training when B ends (B takes about 10 s on 2 cores)
 
@@ -89,7 +89,7 @@ def test_a_job_on_a_busy_master_port_stops_in_one_line_and_the_jobs_running_trai
         text=True,
     )
     b = finish(b, tmp_path / "b", timeout=120)
-    out, err = lone.communicate(timeout=120)
+    out, err = lone.communicate(timeout=scaled(120))
     lone = subprocess.CompletedProcess(lone.args, lone.returncode, out, err)
     a_step_when_b_ended = logged_step(tmp_path / "a")
     a_done, twin_done = finish(a, tmp_path / "a"), finish(twin, tmp_path / "twin")
@@ -206,9 +206,9 @@ def test_stopping_a_multinode_run_ends_its_own_launchers_and_no_other_jobs():
     ]  # another job's hosts
     try:
         time.sleep(0.5)
-        subprocess.run(["bash", "-c", " ".join(ours[-2:])], timeout=30)  # as the node's shell runs it
+        subprocess.run(["bash", "-c", " ".join(ours[-2:])], timeout=scaled(30))  # as the node's shell runs it
         for p in mine:
-            p.wait(timeout=10)
+            p.wait(timeout=scaled(10))
         assert all(p.poll() is None for p in others), "another job's launcher was ended"
         # DeepSpeed's own pattern would have ended them all
         assert shlex.split(" ".join(kill_cmd[-2:]))[-1].replace("\\", "") in f"{launch} --world_info"

@@ -15,6 +15,7 @@ import pytest
 from common import slurm
 from common.errors import UserError
 from tests.launch import REPO_ROOT
+from tests.progress import scaled
 from training.run import launch_record, slurm_chain
 
 SBATCH = REPO_ROOT / "run_scripts" / "slurm.sbatch"
@@ -89,7 +90,7 @@ def test_master_outside_a_job_is_one_line(run_module, assert_user_error):
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert_user_error(proc, "not inside a SLURM job")
 
@@ -231,13 +232,15 @@ def test_the_batch_script_outside_a_job_is_one_line(tmp_path, assert_user_error)
         env=_outside_slurm(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert_user_error(proc, "not inside a SLURM job", "sbatch")
 
 
 def test_the_batch_script_says_its_usage_and_its_sbatch_defaults():
-    proc = subprocess.run(["bash", SBATCH, "--help"], env=_outside_slurm(), capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        ["bash", SBATCH, "--help"], env=_outside_slurm(), capture_output=True, text=True, timeout=scaled(60)
+    )
     assert proc.returncode == 0 and proc.stdout.startswith("usage: sbatch"), proc.stdout + proc.stderr
     head = SBATCH.read_text().splitlines()
     defaults = [

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch import REPO_ROOT, TINY, env, read_metrics, run_train
+from tests.progress import scaled
 
 # pip install -e '.[test]' installs both (setup.cfg); the missing-package case needs neither
 needs_wandb = pytest.mark.skipif(find_spec("wandb") is None, reason="wandb is not installed: pip install -e '.[wandb]'")
@@ -420,7 +421,7 @@ def test_missing_wandb_is_one_line_naming_the_extra(multi30k_tsv, tmp_path, asse
         env=e,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     # -e and the checkout: `pip install '.[wandb]'` would replace the editable install (copied recipes need it)
     assert_user_error(proc, f"--wandb needs the wandb package: pip install -e '{REPO_ROOT}[wandb]'")
@@ -438,7 +439,7 @@ def test_deepspeed_import_leaves_mlflow_out_until_asked():
         "import mlflow; print('ok', mlflow.__name__)"
     )
     proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=REPO_ROOT, env=env(), capture_output=True, text=True, timeout=scaled(120)
     )
     assert proc.returncode == 0 and proc.stdout.splitlines()[-1:] == ["ok mlflow"], proc.stderr[-2000:]
     # without the refusal the same import does bring mlflow in: the check above can fail
@@ -448,7 +449,7 @@ def test_deepspeed_import_leaves_mlflow_out_until_asked():
         env=env(),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=scaled(120),
     )
     assert bare.stdout.splitlines()[-1:] == ["True"], bare.stderr[-2000:]
 

@@ -19,6 +19,7 @@ from itertools import islice
 import pytest
 
 from tests.launch import REPO_ROOT, TINY, env, read_metrics, run_python, run_train
+from tests.progress import scaled
 
 TRANSLATE = str(REPO_ROOT / "run_scripts" / "translate.py")
 EVALUATE = str(REPO_ROOT / "run_scripts" / "evaluate.py")
@@ -74,7 +75,7 @@ def sources(multi30k_dir):
 
 def read_line(proc: subprocess.Popen, timeout: float) -> str:
     """One line of the process's stdout within `timeout` seconds (stdin still open), else fail."""
-    deadline = time.monotonic() + timeout
+    deadline = time.monotonic() + scaled(timeout)
     buf = b""
     fd = proc.stdout.fileno()
     while not buf.endswith(b"\n"):
@@ -113,7 +114,7 @@ def test_each_line_is_answered_before_the_next_is_written(validated_run, sources
             proc.stdin.write((line + "\n").encode("utf-8"))
             proc.stdin.flush()
             answers.append(read_line(proc, timeout=120))  # the first one includes loading the checkpoint
-        rest, err = proc.communicate(timeout=120)  # closes stdin: the end of the input
+        rest, err = proc.communicate(timeout=scaled(120))  # closes stdin: the end of the input
     finally:
         proc.kill()
     assert proc.returncode == 0, err.decode()[-3000:]
@@ -137,7 +138,7 @@ def test_a_whole_file_is_translated_as_before(validated_run, sources, tmp_path):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert by_file.returncode == 0, by_file.stderr[-3000:]
     assert by_file.stdout.splitlines() == want
@@ -148,7 +149,7 @@ def test_a_whole_file_is_translated_as_before(validated_run, sources, tmp_path):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert piped.returncode == 0, piped.stderr[-3000:]
     assert piped.stdout.splitlines() == want

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from tests.launch import REPO_ROOT, run_python, run_script, script_env
+from tests.progress import scaled
 from training.config.flags import load_recipe, parse_args
 
 TRANSLATION = {"multi30k-en-fr": ("en", "fr"), "multi30k-fr-en": ("fr", "en")}
@@ -200,7 +201,7 @@ def test_the_val_sweep_refuses_a_variant_it_cannot_name(tmp_path):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == 2 and "--variant '--dropout 0.1': expected NAME:FLAGS" in proc.stderr, proc.stderr
     proc = subprocess.run(
@@ -219,7 +220,7 @@ def test_the_val_sweep_refuses_a_variant_it_cannot_name(tmp_path):
         cwd=REPO_ROOT,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=scaled(60),
     )
     assert proc.returncode == 2 and f"--data {tmp_path} lacks train.tsv, val.tsv, bpe/tokenizer.json" in proc.stderr
     assert not (tmp_path / "sweep").exists()

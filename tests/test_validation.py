@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tests.launch import read_metrics, run_many, run_train, train_flags
+from tests.progress import scaled
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,7 @@ def test_the_valid_bleu_checkpoint_holds_the_weights_only(multi30k_tsv, bpe_toke
         env=dict(env(), DSR_CRASH_AT="save:2"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=scaled(300),
     )
     assert proc.returncode != 0
     partial = out / "checkpoints" / ".valid_bleu.tmp"

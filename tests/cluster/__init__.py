@@ -7,6 +7,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from tests.progress import scaled
+
 SCRIPT = Path(__file__).resolve().parent / "virtual_cluster.sh"
 NEEDS = ("pdsh", "mpirun", "ompi_info", "orted")
 
@@ -15,7 +17,7 @@ def unavailable() -> str | None:
     """Why this machine cannot host the cluster (root, network namespaces, sshd, pdsh, OpenMPI), or None."""
     import shutil
 
-    proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=scaled(60))
     if proc.returncode != 0:
         return proc.stdout.strip() or proc.stderr.strip()
     missing = [tool for tool in NEEDS if shutil.which(tool) is None]
@@ -51,7 +53,7 @@ class VirtualCluster:
             ["bash", str(SCRIPT), "up", str(nodes), str(self.root)],
             capture_output=True,
             text=True,
-            timeout=120,
+            timeout=scaled(120),
             env=dict(os.environ, SLOTS=str(slots)),
         )
         if proc.returncode != 0:
@@ -62,7 +64,7 @@ class VirtualCluster:
         return self
 
     def down(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down", str(self.root)], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(SCRIPT), "down", str(self.root)], capture_output=True, timeout=scaled(120))
 
     @property
     def hostfile(self) -> Path:

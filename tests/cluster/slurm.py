@@ -14,6 +14,7 @@ from pathlib import Path
 
 from tests.cluster import VirtualCluster
 from tests.cluster import unavailable as cluster_unavailable
+from tests.progress import scaled
 
 SCRIPT = Path(__file__).resolve().parent / "slurm_cluster.sh"
 FINAL = (
@@ -34,7 +35,7 @@ def unavailable() -> str | None:
     why = cluster_unavailable()
     if why is not None:
         return why
-    proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(["bash", str(SCRIPT), "check"], capture_output=True, text=True, timeout=scaled(60))
     return None if proc.returncode == 0 else (proc.stdout.strip() or proc.stderr.strip())
 
 
@@ -44,7 +45,7 @@ class SlurmCluster(VirtualCluster):
             ["bash", str(SCRIPT), "up", str(nodes), str(self.root)],
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=scaled(180),
             env=dict(os.environ, CPUS=str(cpus)),
         )
         if proc.returncode != 0:
@@ -55,7 +56,7 @@ class SlurmCluster(VirtualCluster):
         return self
 
     def down(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down", str(self.root)], capture_output=True, timeout=120)
+        subprocess.run(["bash", str(SCRIPT), "down", str(self.root)], capture_output=True, timeout=scaled(120))
 
     def command(self, node: int, cmd: list) -> list[str]:
         """`cmd` as a user logged in on `node` runs it (SLURM_CONF set: sbatch, scontrol, ... reach the cluster)."""
@@ -99,7 +100,7 @@ class SlurmCluster(VirtualCluster):
     def wait(self, job_id: int, cwd, until, what: str, timeout: float = 600, poll: float = 1.0):
         """Poll `until(job_fields)` (or `until()` reading files) until it returns something true; on timeout fail with
         the job's state and the end of its output file."""
-        end = time.monotonic() + timeout
+        end = time.monotonic() + scaled(timeout)
         unknown_since = None  # SLURM has not known the job since: ended and purged (MinJobAge), it cannot progress
         while True:
             job = self.job(job_id)

@@ -186,7 +186,28 @@ def main() -> int:
                 with contextlib.suppress(OSError):
                     conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
                 conn.close()
+    _session_gone(path, waiting)
     return 0
+
+
+def _session_gone(path: str, running: dict) -> None:
+    """The test session ended without stopping this server (SIGTERM or SIGKILL to the suite: no atexit ran): end
+    the commands still running, each its own process group, which no signal to the suite's group reaches, and remove
+    the socket and its folder (tests/launch.py made it for this server alone)."""
+    import signal
+
+    for pid in running:
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:  # it joined the client's group (request_fork's pgid)
+                os.kill(pid, signal.SIGKILL)
+    for pid in running:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+        os.rmdir(os.path.dirname(path))
 
 
 if __name__ == "__main__":

@@ -16,9 +16,8 @@ import sys
 import threading
 import time
 
-from tqdm import tqdm
-
 from common.errors import UserError, no_room_error
+from common.progress_bar import ProgressBar
 from common.staging import atomic_write
 from training.core.trackers import Trackers, forget_earlier_runs
 
@@ -85,7 +84,7 @@ class MetricsWriter:
             self._tb = TensorBoard(
                 os.path.join(output_dir, "tensorboard"), purge_step=start_step + 1, flush_steps=checkpoint_steps
             )
-        self._bar = tqdm(
+        self._bar = ProgressBar(
             total=total_steps,
             initial=start_step,
             desc="train",

@@ -152,13 +152,13 @@ class Translator:
             raise UserError(f"beam size {beam} must be >= 1 (1 = greedy)")
         if batch_size < 1:
             raise UserError(f"batch size {batch_size} must be >= 1")
-        from tqdm import tqdm
+        from common.progress_bar import ProgressBar
 
         start = time.perf_counter()
         sources, truncated = encode_sources(self.tokenizer, lines, self.cfg.src_len, self.ids.eos)
         order = sorted(range(len(sources)), key=lambda i: -len(sources[i]))  # similar lengths together
         generated: list[list[int]] = [[] for _ in sources]
-        for lo in tqdm(range(0, len(order), batch_size), desc="decoding", unit="batch", disable=not progress):
+        for lo in ProgressBar(range(0, len(order), batch_size), desc="decoding", unit="batch", disable=not progress):
             batch = order[lo : lo + batch_size]
             width = max(len(sources[i]) for i in batch)
             src = torch.full((len(batch), width), self.ids.pad, dtype=torch.long)

@@ -1,0 +1,73 @@
+"""The suite's limits grow with the load: no command's timeout, no wait's deadline and no "ended within" bound in
+the tests is a bare number of seconds; each is the idle machine's limit × tests/progress.py's load factor
+(`scaled`). Beside four 2-rank training jobs (load 30 on 2 cores) a train.py start that fails before any work took
+over a minute, and the test's fixed `< 60` failed, not the code.
+
+Read with `ast` from the tests' source. Not counted: tests/progress.py's own polling and the drivers (they are the
+commands, not the tests)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.launch import REPO_ROOT
+
+TESTS = REPO_ROOT / "tests"
+NOT_COUNTED = {TESTS / "progress.py", *TESTS.glob("drivers/*.py"), Path(__file__).resolve()}
+# the helpers that scale the timeout they are given (tests/launch.py, tests/progress.py, the SLURM cluster's waits,
+# the files' own finish and read_line helpers)
+SCALED_INSIDE = {
+    *("run_python", "run_train", "run_tool", "run_script", "run_many", "wait_exit", "wait_until"),
+    *("finish", "job.finish", "slurm.wait", "slurm.wait_final", "read_line"),
+}
+CLOCKS = {"time.time", "time.monotonic", "time.perf_counter"}
+
+
+def _bare_number(node: ast.AST) -> bool:
+    return isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool)
+
+
+def fixed_limits(tree: ast.Module) -> list[tuple[int, str]]:
+    """(line, what) of each limit in `tree` that is a bare number."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) not in SCALED_INSIDE:
+            found += [(kw.lineno, f"timeout={kw.value.value}") for kw in node.keywords if kw.arg == "timeout"
+                      if _bare_number(kw.value)]  # fmt: skip
+        clock = lambda n: isinstance(n, ast.Call) and ast.unparse(n.func) in CLOCKS  # noqa: E731
+        deadline = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and clock(node.left)
+        if deadline and _bare_number(node.right):  # clock() + N
+            found.append((node.lineno, ast.unparse(node)))
+        bound = isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Lt | ast.LtE)
+        elapsed = bound and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Sub)
+        if elapsed and clock(node.left.left) and _bare_number(node.comparators[0]):  # clock() - start < N
+            found.append((node.lineno, ast.unparse(node)))
+    return found
+
+
+def test_no_limit_in_the_tests_is_a_bare_number_of_seconds():
+    files = [p for p in sorted(TESTS.rglob("*.py")) if p not in NOT_COUNTED]
+    found = [
+        f"{path.relative_to(REPO_ROOT)}:{line}: {what}"
+        for path in files
+        for line, what in fixed_limits(ast.parse(path.read_text(), str(path)))
+    ]
+    assert found == [], "limits that do not grow with the load (wrap them in tests.progress.scaled):\n" + "\n".join(
+        found
+    )
+    assert len(files) > 50
+
+
+def test_the_check_finds_each_kind_of_fixed_limit():
+    source = (
+        "subprocess.run(cmd, timeout=60)\n"
+        "proc.wait(timeout=2.5)\n"
+        "deadline = time.monotonic() + 30\n"
+        "assert time.time() - start < 60\n"
+        "subprocess.run(cmd, timeout=scaled(60))\n"  # these are fine
+        "run_python(cmd, timeout=300)\n"
+        "deadline = time.monotonic() + scaled(30)\n"
+        "assert time.time() - start < scaled(60)\n"
+    )
+    assert [line for line, _ in fixed_limits(ast.parse(source))] == [1, 2, 3, 4]
