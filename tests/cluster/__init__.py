@@ -3,7 +3,9 @@ node (as a login there would), and see the processes each node runs."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 from pathlib import Path
 
@@ -48,23 +50,48 @@ class VirtualCluster:
         self.root = Path(root)
         self.env = {}
 
+    SCRIPT = SCRIPT  # the shell script that brings this kind of cluster up and down
+
     def up(self, nodes: int, slots: int = 2) -> VirtualCluster:
+        return self._up(nodes, {"SLOTS": str(slots)}, "virtual cluster")
+
+    def _up(self, nodes: int, settings: dict, name: str, limit: float = 120):
+        self._guard()
         proc = subprocess.run(
-            ["bash", str(SCRIPT), "up", str(nodes), str(self.root)],
+            ["bash", str(self.SCRIPT), "up", str(nodes), str(self.root)],
             capture_output=True,
             text=True,
-            timeout=scaled(120),
-            env=dict(os.environ, SLOTS=str(slots)),
+            timeout=scaled(limit),
+            env=dict(os.environ, **settings),
         )
         if proc.returncode != 0:
             self.down()
-            raise RuntimeError(f"virtual cluster did not come up:\n{proc.stdout}\n{proc.stderr}")
+            raise RuntimeError(f"the {name} did not come up:\n{proc.stdout}\n{proc.stderr}")
         self.env = dict(line.split("=", 1) for line in (self.root / "cluster.env").read_text().split())
         self.nodes = nodes
         return self
 
+    def _guard(self) -> None:
+        """Bring this cluster down if this test process ends without doing it: a SIGTERM or SIGKILL to the suite runs
+        no fixture's teardown, and the nodes' daemons, jobs and namespaces would stay on the machine. A process in a
+        session of its own (no signal to the suite's group reaches it) waits for the end of a pipe only this process
+        holds open, then runs the script's `down`; a normal down() ends it first."""
+        self._reaper = subprocess.Popen(
+            ["bash", "-c", 'cat > /dev/null; exec bash "$0" down "$1"', str(self.SCRIPT), str(self.root)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
     def down(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down", str(self.root)], capture_output=True, timeout=scaled(120))
+        reaper, self._reaper = getattr(self, "_reaper", None), None
+        if reaper is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(reaper.pid, signal.SIGKILL)
+            reaper.wait()
+            reaper.stdin.close()
+        subprocess.run(["bash", str(self.SCRIPT), "down", str(self.root)], capture_output=True, timeout=scaled(120))
 
     @property
     def hostfile(self) -> Path:

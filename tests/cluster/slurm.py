@@ -40,23 +40,10 @@ def unavailable() -> str | None:
 
 
 class SlurmCluster(VirtualCluster):
-    def up(self, nodes: int, cpus: int = 2) -> SlurmCluster:
-        proc = subprocess.run(
-            ["bash", str(SCRIPT), "up", str(nodes), str(self.root)],
-            capture_output=True,
-            text=True,
-            timeout=scaled(180),
-            env=dict(os.environ, CPUS=str(cpus)),
-        )
-        if proc.returncode != 0:
-            self.down()
-            raise RuntimeError(f"the SLURM cluster did not come up:\n{proc.stdout}\n{proc.stderr}")
-        self.env = dict(line.split("=", 1) for line in (self.root / "cluster.env").read_text().split())
-        self.nodes = nodes
-        return self
+    SCRIPT = SCRIPT
 
-    def down(self) -> None:
-        subprocess.run(["bash", str(SCRIPT), "down", str(self.root)], capture_output=True, timeout=scaled(120))
+    def up(self, nodes: int, cpus: int = 2) -> SlurmCluster:
+        return self._up(nodes, {"CPUS": str(cpus)}, "SLURM cluster", limit=180)
 
     def command(self, node: int, cmd: list) -> list[str]:
         """`cmd` as a user logged in on `node` runs it (SLURM_CONF set: sbatch, scontrol, ... reach the cluster)."""
