@@ -13,7 +13,7 @@ from tqdm import tqdm
 
 class ProgressBar(tqdm):
     def close(self) -> None:
-        if not hasattr(self, "pos"):  # its construction was cut short: nothing drawn, nothing registered to undo
+        if not hasattr(self, "pos"):  # construction cut short: nothing drawn (tqdm's set of bars holds it weakly)
             self.disable = True
             return
         super().close()

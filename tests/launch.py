@@ -57,7 +57,13 @@ def _fork_server_socket():
             folder = tempfile.mkdtemp(prefix="dsr-fork-", dir="/tmp" if os.path.isdir("/tmp") else None)
             path = os.path.join(folder, "socket")
             proc = subprocess.Popen(
-                [sys.executable, FORK_SERVER, path], cwd=REPO_ROOT, env=env(), stdout=subprocess.PIPE, text=True
+                [sys.executable, FORK_SERVER, path],
+                cwd=REPO_ROOT,
+                env=env(),
+                stdout=subprocess.PIPE,
+                text=True,
+                start_new_session=True,  # a signal to the suite's group (CI's cancel, `timeout`, Ctrl-C) leaves it to
+                # end the commands it forked, which that signal does not reach, once this process is gone
             )
             for line in proc.stdout:  # DeepSpeed's import logs to stdout first
                 if line.strip() == "ready":

@@ -16,6 +16,8 @@ import socket
 import tempfile
 import traceback
 
+from tests.progress import scaled
+
 # Master ports for the tests' jobs, without races: binding port 0 and releasing it let two pytest processes (or
 # another job, or an outgoing connection: port 0 draws from the kernel's ephemeral range) get the same port. A port
 # is ours only while we hold an exclusive lock on PORT_LOCKS/<port>.lock — shared by every test process on this
@@ -92,7 +94,9 @@ def _child(rank, world, port, fn, args, queue):
 
 
 def run_ranks(world: int, fn, *args, timeout: float = 180.0) -> list:
-    """fn(rank, world, *args) on `world` processes; returns [result of rank 0, ..., rank world-1]."""
+    """fn(rank, world, *args) on `world` processes; returns [result of rank 0, ..., rank world-1]. `timeout`: the
+    idle machine's limit, grown with the load (tests/progress.py)."""
+    limit = scaled(timeout)
     ctx = mp.get_context("fork")
     queue = ctx.Queue()
     port = free_port()
@@ -104,7 +108,7 @@ def run_ranks(world: int, fn, *args, timeout: float = 180.0) -> list:
         for _ in range(world):
             # after a failure the others get a few seconds to report too: the first to fail is often not the cause
             # (a peer's error closes its connections, and the ranks that were waiting on it fail next)
-            rank, status, payload = queue.get(timeout=timeout if not errors else 5.0)
+            rank, status, payload = queue.get(timeout=limit if not errors else 5.0)
             if status == "ok":
                 import torch
 
@@ -113,7 +117,7 @@ def run_ranks(world: int, fn, *args, timeout: float = 180.0) -> list:
                 errors.append(f"rank {rank}:\n{payload}")
     except Exception as exc:  # noqa: BLE001 - queue.Empty on a hang, or a rank's result that does not load
         if not errors:
-            errors.append(f"timed out after {timeout}s waiting for ranks ({exc!r})")
+            errors.append(f"timed out after {limit:.0f} s waiting for ranks ({exc!r})")
     finally:
         for p in procs:
             p.join(timeout=5 if not errors else 0.5)

@@ -2,7 +2,7 @@
 not handle) runs no fixture's teardown, and before, the nodes' daemons, jobs and network namespaces stayed on the
 machine (seen: a suite stopped beside four training jobs left the SLURM cluster's slurmctld, three slurmd, munged
 and a 2-rank SLURM job running, and four namespaces). tests/cluster's guard brings the cluster down when the process
-that brought it up ends; SlurmCluster comes up through the same code (VirtualCluster._up)."""
+that brought it up ends."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import time
 import pytest
 
 from tests.cluster import unavailable
+from tests.cluster.slurm import unavailable as slurm_unavailable
 from tests.launch import REPO_ROOT, env
 from tests.progress import running, scaled
 
@@ -22,8 +23,9 @@ pytestmark = pytest.mark.skipif(_why_not is not None, reason=f"virtual cluster: 
 SESSION = """
 import sys, time
 from tests.cluster import VirtualCluster
-vc = VirtualCluster(sys.argv[1]).up(1, slots=1)
-print(vc.env["PREFIX"], flush=True)
+from tests.cluster.slurm import SlurmCluster
+cluster = {"virtual": VirtualCluster, "SLURM": SlurmCluster}[sys.argv[2]](sys.argv[1]).up(1)
+print(cluster.env["PREFIX"], flush=True)
 time.sleep(600)
 """
 
@@ -33,9 +35,12 @@ def namespaces(prefix: str) -> list[str]:
     return [line.split()[0] for line in listed.splitlines() if line.startswith(f"{prefix}-")]
 
 
-def test_a_killed_session_s_cluster_is_brought_down(tmp_path):
+@pytest.mark.parametrize("kind", ["virtual", "SLURM"])
+def test_a_killed_session_s_cluster_is_brought_down(kind, tmp_path):
+    if kind == "SLURM" and slurm_unavailable() is not None:
+        pytest.skip(f"SLURM cluster: {slurm_unavailable()}")
     session = subprocess.Popen(
-        [sys.executable, "-c", SESSION, tmp_path / "cluster"],
+        [sys.executable, "-c", SESSION, tmp_path / "cluster", kind],
         cwd=REPO_ROOT,
         env=env(),
         stdout=subprocess.PIPE,

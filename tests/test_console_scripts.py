@@ -122,7 +122,7 @@ def scripts(tmp_path_factory):
 def run_script(path, *args, cwd=None, timeout=300):
     # a fresh interpreter, through the script's #! line, as a user's shell runs it
     return subprocess.run(
-        [str(path), *map(str, args)], cwd=cwd, env=env(), capture_output=True, text=True, timeout=timeout
+        [str(path), *map(str, args)], cwd=cwd, env=env(), capture_output=True, text=True, timeout=scaled(timeout)
     )
 
 

@@ -324,7 +324,7 @@ def test_the_readme_plan_commands_run_as_written():
     lines = [line.split("#", 1)[0].split() for line in block.splitlines() if line.startswith("dstr-plan ")]
     assert len(lines) == 2 and "--search" in lines[1]
     for words in lines:
-        proc = run_python([sys.executable, PLAN, *words[1:]], cwd=str(REPO_ROOT), timeout=scaled(120))
+        proc = run_python([sys.executable, PLAN, *words[1:]], cwd=str(REPO_ROOT), timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
     assert "ranked by predicted step time" in proc.stdout and "chosen: " in proc.stdout
 
@@ -509,7 +509,7 @@ def test_trials_calibrate_and_the_written_recipe_trains_like_one_process(multi30
     assert cal.load(str(calibration), "cpu")["rows"] and out["search"]["device"] == "cpu"
     runs = tmp_path / "runs"
     launched = run_script(
-        str(folder / "run.sh"), [multi30k_tsv, "--steps", 3, "--log_interval", 1], script_env(runs), timeout=scaled(300)
+        str(folder / "run.sh"), [multi30k_tsv, "--steps", 3, "--log_interval", 1], script_env(runs), timeout=300
     )
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     serial = tmp_path / "serial"
@@ -532,7 +532,7 @@ def test_trials_calibrate_and_the_written_recipe_trains_like_one_process(multi30
             "--save_checkpoint_steps",
             0,
         ],
-        timeout=scaled(300),
+        timeout=300,
     )
     got, want = losses(only_run_dir(runs) / "output"), losses(serial)
     assert len(got) == len(want) == 3
@@ -566,7 +566,7 @@ def test_a_written_pipeline_split_trains_like_one_process(multi30k_tsv, tmp_path
         str(tmp_path / "split" / "run.sh"),
         [multi30k_tsv, "--steps", 3, "--log_interval", 1],
         script_env(runs),
-        timeout=scaled(300),
+        timeout=300,
     )
     assert launched.returncode == 0, launched.stdout[-3000:] + launched.stderr[-3000:]
     serial = tmp_path / "serial"
@@ -591,7 +591,7 @@ def test_a_written_pipeline_split_trains_like_one_process(multi30k_tsv, tmp_path
             "--save_checkpoint_steps",
             0,
         ],
-        timeout=scaled(300),
+        timeout=300,
     )
     got, want = losses(only_run_dir(runs) / "output"), losses(serial)
     assert len(got) == 3 and all(a == pytest.approx(b, rel=1e-5) for a, b in zip(got, want, strict=True))

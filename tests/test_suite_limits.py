@@ -18,8 +18,8 @@ NOT_COUNTED = {TESTS / "progress.py", *TESTS.glob("drivers/*.py"), Path(__file__
 # the helpers that scale the timeout they are given (tests/launch.py, tests/progress.py, the SLURM cluster's waits,
 # the files' own finish and read_line helpers)
 SCALED_INSIDE = {
-    *("run_python", "run_train", "run_tool", "run_script", "run_many", "wait_exit", "wait_until"),
-    *("finish", "job.finish", "slurm.wait", "slurm.wait_final", "read_line"),
+    *("run_python", "run_train", "run_tool", "run_script", "run_many", "run_ranks", "wait_exit", "wait_until"),
+    *("finish", "job.finish", "slurm.wait", "slurm.wait_final", "slurm.run", "read_line", "ended_within"),
 }
 CLOCKS = {"time.time", "time.monotonic", "time.perf_counter"}
 
@@ -28,13 +28,20 @@ def _bare_number(node: ast.AST) -> bool:
     return isinstance(node, ast.Constant) and isinstance(node.value, int | float) and not isinstance(node.value, bool)
 
 
+def _scaled(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in ("scaled", "progress.scaled")
+
+
 def fixed_limits(tree: ast.Module) -> list[tuple[int, str]]:
-    """(line, what) of each limit in `tree` that is a bare number."""
+    """(line, what) of each limit in `tree` that is a bare number, or scaled twice."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) not in SCALED_INSIDE:
             found += [(kw.lineno, f"timeout={kw.value.value}") for kw in node.keywords if kw.arg == "timeout"
                       if _bare_number(kw.value)]  # fmt: skip
+        elif isinstance(node, ast.Call):  # a helper that scales: given a scaled limit, it would scale it twice
+            given = [*node.args, *(kw.value for kw in node.keywords)]
+            found += [(a.lineno, f"{ast.unparse(node.func)}(... {ast.unparse(a)} ...)") for a in given if _scaled(a)]
         clock = lambda n: isinstance(n, ast.Call) and ast.unparse(n.func) in CLOCKS  # noqa: E731
         deadline = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and clock(node.left)
         if deadline and _bare_number(node.right):  # clock() + N
@@ -65,9 +72,10 @@ def test_the_check_finds_each_kind_of_fixed_limit():
         "proc.wait(timeout=2.5)\n"
         "deadline = time.monotonic() + 30\n"
         "assert time.time() - start < 60\n"
+        "run_train(2, flags, timeout=scaled(300))\n"  # run_train scales it again
         "subprocess.run(cmd, timeout=scaled(60))\n"  # these are fine
         "run_python(cmd, timeout=300)\n"
         "deadline = time.monotonic() + scaled(30)\n"
         "assert time.time() - start < scaled(60)\n"
     )
-    assert [line for line, _ in fixed_limits(ast.parse(source))] == [1, 2, 3, 4]
+    assert [line for line, _ in fixed_limits(ast.parse(source))] == [1, 2, 3, 4, 5]

@@ -57,13 +57,17 @@ class VirtualCluster:
 
     def _up(self, nodes: int, settings: dict, name: str, limit: float = 120):
         self._guard()
-        proc = subprocess.run(
-            ["bash", str(self.SCRIPT), "up", str(nodes), str(self.root)],
-            capture_output=True,
-            text=True,
-            timeout=scaled(limit),
-            env=dict(os.environ, **settings),
-        )
+        try:
+            proc = subprocess.run(
+                ["bash", str(self.SCRIPT), "up", str(nodes), str(self.root)],
+                capture_output=True,
+                text=True,
+                timeout=scaled(limit),
+                env=dict(os.environ, **settings),
+            )
+        except BaseException:  # a bring-up past its limit, Ctrl-C: what it started goes now, not at the reaper's end
+            self.down()
+            raise
         if proc.returncode != 0:
             self.down()
             raise RuntimeError(f"the {name} did not come up:\n{proc.stdout}\n{proc.stderr}")
@@ -76,6 +80,7 @@ class VirtualCluster:
         no fixture's teardown, and the nodes' daemons, jobs and namespaces would stay on the machine. A process in a
         session of its own (no signal to the suite's group reaches it) waits for the end of a pipe only this process
         holds open, then runs the script's `down`; a normal down() ends it first."""
+        self._end_guard()
         self._reaper = subprocess.Popen(
             ["bash", "-c", 'cat > /dev/null; exec bash "$0" down "$1"', str(self.SCRIPT), str(self.root)],
             stdin=subprocess.PIPE,
@@ -84,13 +89,16 @@ class VirtualCluster:
             start_new_session=True,
         )
 
-    def down(self) -> None:
+    def _end_guard(self) -> None:
         reaper, self._reaper = getattr(self, "_reaper", None), None
         if reaper is not None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(reaper.pid, signal.SIGKILL)
             reaper.wait()
             reaper.stdin.close()
+
+    def down(self) -> None:
+        self._end_guard()
         subprocess.run(["bash", str(self.SCRIPT), "down", str(self.root)], capture_output=True, timeout=scaled(120))
 
     @property

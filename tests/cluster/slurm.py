@@ -66,7 +66,7 @@ class SlurmCluster(VirtualCluster):
 
     def run(self, cmd: list, node: int = 0, cwd=None, env=None, timeout: float = 120) -> subprocess.CompletedProcess:
         return subprocess.run(
-            self.command(node, cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+            self.command(node, cmd), cwd=cwd, env=env, capture_output=True, text=True, timeout=scaled(timeout)
         )
 
     def sbatch(self, args: list, cwd, env=None) -> int:
@@ -95,7 +95,7 @@ class SlurmCluster(VirtualCluster):
             if found:
                 return found
             unknown_since = None if job else (unknown_since or time.monotonic())
-            if unknown_since is not None and time.monotonic() - unknown_since > 15:
+            if unknown_since is not None and time.monotonic() - unknown_since > scaled(15):
                 raise AssertionError(
                     f"job {job_id}: no {what}, and SLURM no longer knows the job (it ended and was purged); its "
                     f"output:\n{self.log(job_id, cwd)[-4000:]}"
