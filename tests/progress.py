@@ -28,6 +28,13 @@ def load_factor() -> float:
     return _worst[0]
 
 
+def load_now() -> float:
+    """The machine's load factor at this moment (1-minute load average ÷ cores, at least 1), for a setting that must
+    match how fast things run now rather than bound a wait: load_factor keeps the highest ever seen."""
+    load_factor()
+    return max(1.0, os.getloadavg()[0] / _CORES)
+
+
 def scaled(limit: float) -> float:
     return limit * load_factor()
 

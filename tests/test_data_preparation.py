@@ -17,7 +17,7 @@ from preprocess.build_lock import lock_path, one_builder
 from preprocess.dataset import TranslationDataset
 from preprocess.tsv_digest import RECORDS as TSV_RECORDS
 from tests.launch import REPO_ROOT, env, launch_cmd, one_error, read_metrics, run_train, train_flags
-from tests.progress import load_factor, scaled
+from tests.progress import load_factor, load_now, scaled
 from tests.test_data_store import Tmpfs, leftovers
 from tests.test_faults import Job, _processes_naming, command_line, error_lines
 
@@ -30,8 +30,10 @@ def test_a_first_build_longer_than_comm_timeout_starts_training_on_2_ranks(corpu
     """Before: local rank 1 waited for rank 0's build in a barrier bounded by --comm_timeout, and the job stopped
     ("no answer from the other ranks within --comm_timeout 2 s"). Now it waits on the job's store. The 2 s are an
     idle machine's: beside four training jobs (load 28 on 2 cores) the ranks' first collective after the build came
-    more than 2 s apart (rank 0 opens the store it built), which --comm_timeout rightly stops: the limit scales."""
-    comm_timeout = round(scaled(2))
+    more than 2 s apart (rank 0 opens the store it built), which --comm_timeout rightly stops: it grows with the load
+    now — not with the highest load seen (load_factor), which after a burst made it 14 s against a 20 s build, and
+    the build no longer outlasted it twice."""
+    comm_timeout = round(2 * load_now())
     started = time.monotonic()
     proc = run_train(
         2,

@@ -32,6 +32,10 @@ def _scaled(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and ast.unparse(node.func) in ("scaled", "progress.scaled")
 
 
+def _clock(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in CLOCKS
+
+
 def fixed_limits(tree: ast.Module) -> list[tuple[int, str]]:
     """(line, what) of each limit in `tree` that is a bare number, or scaled twice."""
     found = []
@@ -42,13 +46,12 @@ def fixed_limits(tree: ast.Module) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Call):  # a helper that scales: given a scaled limit, it would scale it twice
             given = [*node.args, *(kw.value for kw in node.keywords)]
             found += [(a.lineno, f"{ast.unparse(node.func)}(... {ast.unparse(a)} ...)") for a in given if _scaled(a)]
-        clock = lambda n: isinstance(n, ast.Call) and ast.unparse(n.func) in CLOCKS  # noqa: E731
-        deadline = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and clock(node.left)
+        deadline = isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _clock(node.left)
         if deadline and _bare_number(node.right):  # clock() + N
             found.append((node.lineno, ast.unparse(node)))
         bound = isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Lt | ast.LtE)
         elapsed = bound and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Sub)
-        if elapsed and clock(node.left.left) and _bare_number(node.comparators[0]):  # clock() - start < N
+        if elapsed and _clock(node.left.left) and _bare_number(node.comparators[0]):  # clock() - start < N
             found.append((node.lineno, ast.unparse(node)))
     return found
 
