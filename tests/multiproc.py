@@ -82,6 +82,11 @@ def _child(rank, world, port, fn, args, queue):
     try:
         dist.init_process_group("gloo", rank=rank, world_size=world)
         result = fn(rank, world, *args)
+        # no rank leaves while another may still be connecting a group it made but never used: seen twice in full
+        # runs, a 4-rank case whose last group (DeepSpeed's grid builds several) a slow rank was still connecting
+        # failed there with gloo's "connectFullMesh ... Connection closed by peer" after the other ranks had
+        # finished their work and exited (every process exit 0)
+        dist.barrier()
         # Tensors go back as bytes: torch's fd-sharing pickler would break once this process exits.
         buf = io.BytesIO()
         torch.save(result, buf)
