@@ -84,8 +84,10 @@ def test_a_waiting_process_says_who_builds_and_opens_the_result(val_tsv, bpe_tok
     assert not lock_path(target).exists()
 
 
+# a builder as the real one: the store is written under another name and renamed into place (a copy made in place
+# was opened half-copied by the waiting process beside four training jobs, which then rebuilt it itself)
 HOLD_LOCK = """
-import shutil, sys, time
+import os, shutil, sys, time
 from pathlib import Path
 from preprocess.build_lock import one_builder
 target, ready = Path(sys.argv[1]), sys.argv[2]
@@ -93,7 +95,9 @@ with one_builder(target, "the store", target.is_dir) as mine:
     assert mine
     print("locked", flush=True)
     time.sleep(2)
-    shutil.copytree(ready, target)
+    staged = target.with_name(".tmp-" + target.name)
+    shutil.copytree(ready, staged)
+    os.replace(staged, target)
 """
 
 
