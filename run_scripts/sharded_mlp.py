@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """The seed's quickstart (003): an MLP with one op-level strategy, the rest propagated, on DTensor.
 
-    deepspeed --num_gpus 8 run_scripts/sharded_mlp.py --output_dir out/mlp          # 8 processes, mesh (2, 4)
-    mpirun -n 8 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29500 python run_scripts/sharded_mlp.py
+    deepspeed --master_port $(python run_scripts/free_port.py) --num_gpus 8 run_scripts/sharded_mlp.py \
+        --output_dir out/mlp                                                          # 8 processes, mesh (2, 4)
+    mpirun -n 8 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=$(python run_scripts/free_port.py) \
+        python run_scripts/sharded_mlp.py
     python run_scripts/sharded_mlp.py --simulate                                      # all 8 ranks in one process
     python run_scripts/sharded_mlp.py --simulate --mesh 8,8 --strategy "((8, 8), (8, 1))"   # plan 64 ranks
     python run_scripts/sharded_mlp.py --check --strategy "((2, 4), (4, 1))"           # strategies only
