@@ -24,6 +24,8 @@ from pathlib import Path
 import pytest
 
 from common.omp_wait import choose_omp_wait_policy
+from tests.live_failures import pytest_configure as _live_failures_configure
+from tests.live_failures import pytest_runtest_logreport  # noqa: F401 - a hook: a failure named as it happens
 from tests.progress import scaled
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -48,6 +50,7 @@ def installed_checkout() -> str | None:
 
 
 def pytest_configure(config):
+    _live_failures_configure(config)
     if hasattr(config.option, "loadscopereorder"):  # pytest-xdist 3.8+: files in SLOW_FILES_FIRST's order
         config.option.loadscopereorder = False
     _require_this_checkout(config)

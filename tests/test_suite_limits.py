@@ -1,5 +1,6 @@
-"""The suite's limits grow with the load: no command's timeout, no wait's deadline and no "ended within" bound in
-the tests is a bare number of seconds; each is the idle machine's limit × tests/progress.py's load factor
+"""The suite's limits grow with the load: no command's timeout, no wait's deadline, no "ended within" bound and no
+bound on a time the test measured itself (`took = clock() - start; assert took < N`) in the tests is a bare number
+of seconds; each is the idle machine's limit × tests/progress.py's load factor
 (`scaled`). Beside four 2-rank training jobs (load 30 on 2 cores) a train.py start that fails before any work took
 over a minute, and the test's fixed `< 60` failed, not the code.
 
@@ -36,9 +37,21 @@ def _clock(node: ast.AST) -> bool:
     return isinstance(node, ast.Call) and ast.unparse(node.func) in CLOCKS
 
 
+def _elapsed(node: ast.AST) -> bool:
+    """clock() - start, or that in other units: (clock() - start) * 1000"""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _elapsed(node.left) or _elapsed(node.right)
+    return isinstance(node, ast.BinOp) and isinstance(node.op, ast.Sub) and _clock(node.left)
+
+
 def fixed_limits(tree: ast.Module) -> list[tuple[int, str]]:
     """(line, what) of each limit in `tree` that is a bare number, or scaled twice."""
     found = []
+    timed = {  # names that hold a measured time: `took = clock() - start`
+        node.targets[0].id
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and _elapsed(node.value)
+    }
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) not in SCALED_INSIDE:
             found += [(kw.lineno, f"timeout={kw.value.value}") for kw in node.keywords if kw.arg == "timeout"
@@ -50,8 +63,8 @@ def fixed_limits(tree: ast.Module) -> list[tuple[int, str]]:
         if deadline and _bare_number(node.right):  # clock() + N
             found.append((node.lineno, ast.unparse(node)))
         bound = isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Lt | ast.LtE)
-        elapsed = bound and isinstance(node.left, ast.BinOp) and isinstance(node.left.op, ast.Sub)
-        if elapsed and _clock(node.left.left) and _bare_number(node.comparators[0]):  # clock() - start < N
+        measured = bound and (_elapsed(node.left) or isinstance(node.left, ast.Name) and node.left.id in timed)
+        if measured and _bare_number(node.comparators[0]):  # clock() - start < N, or took < N
             found.append((node.lineno, ast.unparse(node)))
     return found
 
@@ -76,9 +89,14 @@ def test_the_check_finds_each_kind_of_fixed_limit():
         "deadline = time.monotonic() + 30\n"
         "assert time.time() - start < 60\n"
         "run_train(2, flags, timeout=scaled(300))\n"  # run_train scales it again
+        "took = time.perf_counter() - start\n"
+        "assert took < 20\n"
+        "ms = (time.perf_counter() - start) * 1000\n"
+        "assert ms <= 200\n"
         "subprocess.run(cmd, timeout=scaled(60))\n"  # these are fine
         "run_python(cmd, timeout=300)\n"
         "deadline = time.monotonic() + scaled(30)\n"
         "assert time.time() - start < scaled(60)\n"
+        "assert took < scaled(20) and took < other / 4\n"
     )
-    assert [line for line, _ in fixed_limits(ast.parse(source))] == [1, 2, 3, 4, 5]
+    assert [line for line, _ in fixed_limits(ast.parse(source))] == [1, 2, 3, 4, 5, 7, 9]
