@@ -5,8 +5,10 @@ outside a job."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import subprocess
 import sys
 
@@ -53,10 +55,20 @@ def test_tasks_per_node_and_bad_specs():
 
 
 def test_the_job_port_is_derived_from_the_job_id_and_skips_busy_ports_and_29500():
-    assert slurm.job_port(12) == 20012
+    def free(port):  # this machine's own ports are not the subject: other jobs hold some (29501-29503 beside
+        return True  # tests/load/jobs_beside.sh's four jobs)
+
+    assert slurm.job_port(12, free=free) == 20012
     assert slurm.job_port(12, free=lambda port: port != 20012) == 20013
-    assert slurm.job_port(9500) == 29501  # 29500: torch's default, other jobs hold it
-    assert slurm.job_port(20012) == slurm.job_port(12)  # (the span wraps)
+    assert slurm.job_port(9500, free=free) == 29501  # 29500: torch's default, skipped even where it is free
+    assert slurm.job_port(20012, free=free) == 20012  # (the span wraps)
+    with socket.socket() as held:  # by default, a port something listens on here is skipped
+        for job in range(100, 200):  # the first of the job ports that nothing else holds now
+            with contextlib.suppress(OSError):
+                held.bind(("", slurm.job_port(job)))
+                break
+        held.listen()
+        assert slurm.job_port(job) != held.getsockname()[1]
 
 
 def test_a_task_of_an_srun_step_gets_torchs_variables():
