@@ -46,7 +46,7 @@ def test_a_failure_is_named_while_the_run_goes_on(tmp_path, workers):
     lines = []
     for line in proc.stdout:  # ends when pytest does: test_b gives up after LIMIT if the line never comes
         lines.append(line)
-        if re.fullmatch(r"FAILED test_inner\.py::test_a_fails \(call, \d+ s\)\n", line):
+        if re.fullmatch(r"FAILED test_inner\.py::test_a_fails \(call, \d+ s\) - AssertionError: on purpose\n", line):
             seen.touch()
     output = "".join(lines)
     assert proc.wait(timeout=scaled(60)) == 1, output
