@@ -49,6 +49,33 @@ def test_a_bar_whose_construction_was_cut_short_is_collected_quietly(stop, monke
     assert collected_after_a_cut_construction(ProgressBar, stop, monkeypatch) == []
 
 
+def drawn_by_a_construction_cut_after_its_first_draw(bar_class, monkeypatch) -> str:
+    out = io.StringIO()
+    draw = bar_class.refresh
+
+    def draw_then_stop(self, *args, **kwargs):
+        draw(self, *args, **kwargs)
+        raise a_stop_request()
+
+    monkeypatch.setattr(bar_class, "refresh", draw_then_stop)
+    with pytest.raises(Stopped):
+        bar_class(total=10, file=out, disable=False, desc="tokenizing")
+    gc.collect()
+    return out.getvalue()
+
+
+def test_a_construction_cut_after_the_first_draw_ends_the_bars_line(monkeypatch):
+    """Seen in a full run: the stop message glued to the bar's first draw. The line is ended, so the message that
+    follows is a line of its own."""
+
+    class Plain(tqdm):
+        pass
+
+    assert not drawn_by_a_construction_cut_after_its_first_draw(Plain, monkeypatch).endswith("\n")  # tqdm's own
+    drawn = drawn_by_a_construction_cut_after_its_first_draw(ProgressBar, monkeypatch)
+    assert drawn.startswith("\rtokenizing:") and drawn.endswith("\n") and drawn.count("\n") == 1, repr(drawn)
+
+
 def test_tqdm_itself_still_reports_a_cut_construction(monkeypatch):
     """The stand-in above reproduces the failure with tqdm's own class (when a tqdm release fixes it, this fails:
     ProgressBar.close can then go)."""
