@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 
@@ -43,12 +44,15 @@ def test_a_failure_is_named_while_the_run_goes_on(tmp_path, workers):
         stderr=subprocess.STDOUT,
         text=True,
     )
+    watchdog = threading.Timer(scaled(300), proc.kill)  # a pytest that hangs (an xdist worker that never starts)
+    watchdog.start()  # ends the pipe, and the test fails below instead of waiting forever
     lines = []
     for line in proc.stdout:  # ends when pytest does: test_b gives up after LIMIT if the line never comes
         lines.append(line)
         if re.fullmatch(r"FAILED test_inner\.py::test_a_fails \(call, \d+ s\) - AssertionError: on purpose\n", line):
             seen.touch()
     output = "".join(lines)
+    watchdog.cancel()
     assert proc.wait(timeout=scaled(60)) == 1, output
     assert seen.exists(), output
     assert re.search(r"1 failed, 1 passed", output), output  # the summary is pytest's own, unchanged

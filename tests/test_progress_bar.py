@@ -78,7 +78,7 @@ def test_a_construction_cut_after_the_first_draw_ends_the_bars_line(monkeypatch)
 
 def test_tqdm_itself_still_reports_a_cut_construction(monkeypatch):
     """The stand-in above reproduces the failure with tqdm's own class (when a tqdm release fixes it, this fails:
-    ProgressBar.close can then go)."""
+    ProgressBar's guard is then needed only for the line a cut draw leaves open)."""
 
     class Plain(tqdm):  # (a subclass, so the patch stays off tqdm itself)
         pass

@@ -67,6 +67,8 @@ def test_the_job_port_is_derived_from_the_job_id_and_skips_busy_ports_and_29500(
             with contextlib.suppress(OSError):
                 held.bind(("", slurm.job_port(job)))
                 break
+        else:
+            pytest.fail("every port job_port chose for jobs 100-199 was taken before the test could hold it")
         held.listen()
         assert slurm.job_port(job) != held.getsockname()[1]
 
