@@ -12,7 +12,7 @@ are SLURM's own), each job submitted from a folder of its own on node 0, as a us
 - USR1 to every task and not to the batch shell (what `--signal=USR1@T` sends; here `scancel --signal=USR1`): the
   same requeue, decided from run.json alone;
 - `scancel` ends the chain after the save; a non-finite loss and an allocation that does not fit the recipe do not
-  requeue;
+  requeue; a stop notice that reaches the batch shell after the ranks ended leaves the job COMPLETED;
 - the README's "Launch on a SLURM cluster" commands, as written;
 - after the module, no daemon, job or namespace is left.
 
@@ -29,11 +29,13 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.cluster.slurm import SlurmCluster, launches, metrics, unavailable
 from tests.launch import REPO_ROOT, run_train
+from tests.progress import scaled
 
 SBATCH = REPO_ROOT / "run_scripts" / "slurm.sbatch"
 README = REPO_ROOT / "README.md"
@@ -247,6 +249,35 @@ def test_scancel_ends_the_chain_after_the_save(slurm, data, tmp_path):
     assert (output_of(folder) / "checkpoints" / f"step_{step:08d}" / "meta.json").exists()
     assert metrics(output_of(folder))[-1]["step"] == step
     assert "the job was cancelled" in out and "the chain ends" in out, out[-4000:]
+
+
+def test_a_stop_notice_after_the_ranks_ended_leaves_the_job_completed(slurm, data, tmp_path):
+    """SLURM may send `--signal=B:USR1@T` up to a minute early (its event resolution): a notice that reaches the
+    batch shell after the ranks ended — while it reports and decides — must not kill it (seen once in a full run: a
+    chain that had trained every step ended FAILED). USR1 goes to the batch shell every 0.1 s from the moment
+    run.json says the run finished until the job has ended."""
+    folder = tmp_path / "late"
+    job = submit(slurm, folder, data, ["-w", "vnode0", "-N1", "--ntasks-per-node=2"], "--steps", 3)
+
+    def finished():
+        try:
+            return launches(output_of(folder))[-1]["end"]["status"] == "finished"
+        except (IndexError, KeyError, ValueError):  # (not yet; or read while rank 0 writes it)
+            return False
+
+    deadline = time.monotonic() + scaled(300)
+    while not finished():
+        assert time.monotonic() < deadline, slurm.log(job, folder)[-4000:]
+        time.sleep(0.02)
+    sent = 0  # until scancel finds the job no longer running
+    while slurm.run(["scancel", "--batch", "--signal=USR1", job]).returncode == 0:
+        sent += 1
+    fields = slurm.wait_final(job, folder)
+    out = slurm.log(job, folder)
+    assert sent >= 1, out[-4000:]
+    assert fields["JobState"] == "COMPLETED" and fields["Restarts"] == "0", (sent, out[-4000:])
+    assert "training finished at step 3: the chain of jobs ends" in out, out[-4000:]
+    print(f"{sent} USR1 to the batch shell after the run finished; the job COMPLETED")
 
 
 def test_a_real_error_or_a_mistake_does_not_requeue(slurm, data, tmp_path):

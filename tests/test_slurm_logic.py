@@ -273,13 +273,52 @@ def test_a_survivor_names_the_node_and_ranks_of_a_peer_that_vanished():
     note_rank_hosts(["vnode0", "vnode0", "localhost", "localhost"])  # as the job gathered them
     try:
         gloo = "[pair.cc:553] Connection closed by peer [127.0.0.1]:50365. This is typically caused by a remote worker"
-        assert _lost_peer(gloo) == "node localhost (ranks 2, 3)"
+        assert _lost_peer(gloo) == ("node localhost (ranks 2, 3)", [2, 3])
         # the other wording gloo uses (seen on the virtual SLURM cluster when a node's ranks were killed at once)
         reset = (
             "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:55487: "
             "Connection reset by peer. This is typically caused by a r"
         )
-        assert _lost_peer(reset) == "node localhost (ranks 2, 3)"
-        assert _lost_peer("Connection reset by peer") == "another rank"
+        assert _lost_peer(reset) == ("node localhost (ranks 2, 3)", [2, 3])
+        assert _lost_peer("Connection reset by peer") == ("another rank", [])
     finally:
         note_rank_hosts([])
+
+
+def test_a_survivor_waiting_on_a_survivor_names_the_node_that_was_lost_first():
+    """Two nodes, dp2×tp2: node 1 (ranks 2, 3) vanishes; rank 1 sees it at once and ends; rank 0, waiting on rank 1
+    in their tensor-parallel collective, then sees rank 1's connection close. Rank 0 names node 1, from what rank 1
+    recorded in the job's store (seen once in a full run: rank 0 named its own node, "it ended first")."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    from common.ranks import note_rank_hosts
+    from tests.multiproc import free_port
+    from training.run.job_watch import JobWatch
+    from training.run.rank_supervisor import lost_peer_line
+
+    port = free_port()
+    server = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=5))
+    watches = {}
+    for rank in (0, 1):
+        watches[rank] = JobWatch(rank, 4, ("127.0.0.1", port))
+        watches[rank].store = TCPStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=5))
+    node1_closed = "[pair.cc:553] Connection closed by peer [127.0.0.2]:50365. This is typically caused by a remote"
+    rank1_closed = "[pair.cc:553] Connection closed by peer [127.0.0.1]:41002. This is typically caused by a remote"
+    note_rank_hosts(["localhost", "localhost", "127.0.0.2", "127.0.0.2"])  # node 0 and node 1, as gathered
+    try:
+        # without rank 1's record, rank 0 blames rank 1's node (its own): the flaw
+        assert lost_peer_line(0, rank1_closed, None).startswith("rank 0: node localhost (ranks 0, 1) closed")
+        rank1 = lost_peer_line(1, node1_closed, watches[1])
+        assert rank1.startswith("rank 1: node 127.0.0.2 (ranks 2, 3) closed its connection ([pair.cc"), rank1
+        rank0 = lost_peer_line(0, rank1_closed, watches[0])
+        assert rank0.startswith(
+            "rank 0: node 127.0.0.2 (ranks 2, 3) closed its connection (rank 1 saw it close; then node localhost "
+            "(ranks 0, 1) closed its connection here: [pair.cc:553] Connection closed by peer [127.0.0.1]:41002."
+        ), rank0
+        # and rank 0 records what it named, for a third survivor waiting on it
+        assert watches[1].losses_seen_by([0, 2, 3]) == {0: "node 127.0.0.2 (ranks 2, 3)"}
+    finally:
+        note_rank_hosts([])
+        del watches, server

@@ -21,6 +21,10 @@ rendezvous. So:
   exists; after that the store's end is the news).
 - **Status** (`publish_stopped`, `stopped_ranks`): a rank paused with SIGSTOP is recorded by its supervisor, so the
   rank whose collective times out can name it.
+- **Losses** (`JobWatch.note_loss`, `losses_seen_by`): a survivor whose collective lost a peer records which (its
+  node and ranks), so that a survivor whose connection then closes because *that* survivor ended names the lost
+  node, not the rank that ended as a consequence (seen on two nodes: rank 1 saw node 1 vanish and ended; rank 0,
+  waiting on rank 1, named rank 1's node).
 - **A stop before the first step** (`publish_stopping`): a rank that a stop request ends while the data is prepared
   (training.run.stop_request, preparing) has no step's vote to carry it: it writes the signal under STOPPING, and
   every watcher sends its own process that signal, so each rank ends its own preparation (its cleanup included) with
@@ -51,6 +55,7 @@ from training.core import job_store
 ABORT = "dsr/abort"
 SEEN = "dsr/abort_seen"
 STOPPED = "dsr/stopped/"
+LOST = "dsr/lost/"  # + rank: the peer that rank lost (JobWatch.note_loss)
 NEWS = "dsr/news"  # in a failed rank 0's news store: its launcher's job id (see _serve_news)
 ABORTED = errors.ABORTED  # exit status of a rank ended because another rank failed
 POLL = 0.5  # seconds between two looks at the store
@@ -343,6 +348,24 @@ class JobWatch:
                 self._end(news)
                 return
             self._closing.wait(POLL)
+
+    def note_loss(self, peer: str) -> None:
+        """Record in the job's store that this rank lost `peer` (its words for the node and ranks)."""
+        if self.store is None:
+            return
+        with self._lock, contextlib.suppress(Exception):  # the store is gone: nobody is left to read it
+            self.store.compare_set(f"{LOST}{self.rank}", "", peer)
+
+    def losses_seen_by(self, ranks: list[int]) -> dict[int, str]:
+        """The peers that `ranks` recorded as lost ({rank: its words}); {} when none did or the store is gone."""
+        if self.store is None:
+            return {}
+        seen = {}
+        with self._lock, contextlib.suppress(Exception):
+            for r in ranks:
+                if self.store.check([f"{LOST}{r}"]):
+                    seen[r] = self.store.get(f"{LOST}{r}").decode()
+        return seen
 
     def stopped_ranks(self) -> list[str]:
         """What the supervisors recorded about paused ranks, through this rank's connection."""

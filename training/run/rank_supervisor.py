@@ -26,7 +26,9 @@ prints gloo's "Connection reset by peer" traceback; and it sees only its own nod
 - Survivors (`reported_collective_failures`): a collective that fails because a peer closed its connection
   becomes a UserError printed only after `PEER_LOST_DELAY` seconds (`PEER_LOST_WAIT_FOR_NEWS` with a job watch,
   whose news of the dead rank ends it first) — the launcher, which has seen the dead rank exit, normally ends the
-  survivor before that, so the dead rank's line is the one the user reads.
+  survivor before that, so the dead rank's line is the one the user reads. A survivor records in the job's store
+  which peer it lost; a survivor whose own broken connection is to a rank that recorded a loss names that loss
+  instead (the rank it was waiting on ended as a consequence, not first).
 - A rank that stops answering (paused with SIGSTOP, hung, its node gone) makes every collective that waits for it
   fail after `--comm_timeout` seconds (set on every process group: model.parallel.topology.init_deepspeed_comm). Rank 0
   reports it at once, other ranks a few seconds per rank later, so the lowest surviving rank speaks and the launcher
@@ -297,20 +299,40 @@ def _collective_failure(exc: BaseException) -> str | None:
     return None
 
 
-def _lost_peer(error: str) -> str:
-    """Who an error's `peer [ADDRESS]:PORT` is: 'node vnode1 (ranks 2, 3)' when the job gathered its hosts (a whole
-    node lost says nothing itself: this line is the only one naming it), else 'another rank'."""
+def _lost_peer(error: str) -> tuple[str, list[int]]:
+    """Who an error's `peer [ADDRESS]:PORT` is, and its ranks: ('node vnode1 (ranks 2, 3)', [2, 3]) when the job
+    gathered its hosts (a whole node lost says nothing itself: this line is the only one naming it), else
+    ('another rank', [])."""
     from common.ranks import ranks_at
 
     # gloo names the peer as `... by peer [ADDRESS]:PORT` (closed) or `Read error [ADDRESS]:PORT: ... reset by peer`;
     # its own source position, `[/path/pair.cc:537]`, is no address
     found = re.search(r"\[([^\]/\s]+)\]:\d+", error)
     if not found:
-        return "another rank"
+        return "another rank", []
     host, ranks = ranks_at(found.group(1))
     if not ranks:
-        return f"another rank (at {found.group(1)})"
-    return f"node {host} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})"
+        return f"another rank (at {found.group(1)})", []
+    return f"node {host} (rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))})", ranks
+
+
+def lost_peer_line(rank: int, error: str, watch: job_watch.JobWatch | None) -> str:
+    """What rank `rank` says when a collective failed with `error` (a peer closed its connection). The peer may be a
+    survivor that ended because it lost another peer first: with a job watch, what the peer's ranks recorded as lost
+    is named instead, and this rank records what it names."""
+    peer, ranks = _lost_peer(error)
+    seen = watch.losses_seen_by([r for r in ranks if r != rank]) if watch is not None else {}
+    if seen:
+        first_seen, lost = min(seen.items())
+        how = f"rank {first_seen} saw it close; then {peer} closed its connection here: {error[:160]}"
+    else:
+        lost, how = peer, error[:160]
+    if watch is not None:
+        watch.note_loss(lost)
+    return (
+        f"rank {rank}: {lost} closed its connection ({how}); it ended first, and its own line or log says why "
+        f"(no line at all: its node is lost)"
+    )
 
 
 @contextlib.contextmanager
@@ -326,11 +348,10 @@ def reported_collective_failures(comm_timeout: float) -> Iterator[None]:
         rank = dist.get_rank()
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         if kind == "lost":
-            delay = PEER_LOST_WAIT_FOR_NEWS if job_watch.JobWatch.current is not None else PEER_LOST_DELAY
+            watch = job_watch.JobWatch.current
             raise UserError(
-                f"rank {rank}: {_lost_peer(first)} closed its connection ({first[:160]}); it ended "
-                f"first, and its own line or log says why (no line at all: its node is lost)",
-                report_delay=delay,
+                lost_peer_line(rank, first, watch),
+                report_delay=PEER_LOST_WAIT_FOR_NEWS if watch is not None else PEER_LOST_DELAY,
                 exit_status=job_watch.ABORTED,
             ) from None
         watch = job_watch.JobWatch.current
