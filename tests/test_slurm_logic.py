@@ -8,9 +8,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
 
 import pytest
 
@@ -285,6 +288,24 @@ def test_a_survivor_names_the_node_and_ranks_of_a_peer_that_vanished():
         note_rank_hosts([])
 
 
+def _store_clients(port: int, ranks) -> dict:
+    """A JobWatch per rank, each with its own client of the store at `port` (its thread not started)."""
+    import datetime
+
+    from torch.distributed import TCPStore
+
+    from training.run.job_watch import JobWatch
+
+    watches = {rank: JobWatch(rank, 4, ("127.0.0.1", port)) for rank in ranks}
+    for watch in watches.values():
+        watch.store = TCPStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=5))
+    return watches
+
+
+NODE1_CLOSED = "[pair.cc:553] Connection closed by peer [127.0.0.2]:50365. This is typically caused by a remote"
+RANK1_CLOSED = "[pair.cc:553] Connection closed by peer [127.0.0.1]:41002. This is typically caused by a remote"
+
+
 def test_a_survivor_waiting_on_a_survivor_names_the_node_that_was_lost_first():
     """Two nodes, dp2×tp2: node 1 (ranks 2, 3) vanishes; rank 1 sees it at once and ends; rank 0, waiting on rank 1
     in their tensor-parallel collective, then sees rank 1's connection close. Rank 0 names node 1, from what rank 1
@@ -295,30 +316,75 @@ def test_a_survivor_waiting_on_a_survivor_names_the_node_that_was_lost_first():
 
     from common.ranks import note_rank_hosts
     from tests.multiproc import free_port
-    from training.run.job_watch import JobWatch
     from training.run.rank_supervisor import lost_peer_line
 
     port = free_port()
     server = TCPStore("127.0.0.1", port, is_master=True, timeout=datetime.timedelta(seconds=5))
-    watches = {}
-    for rank in (0, 1):
-        watches[rank] = JobWatch(rank, 4, ("127.0.0.1", port))
-        watches[rank].store = TCPStore("127.0.0.1", port, timeout=datetime.timedelta(seconds=5))
-    node1_closed = "[pair.cc:553] Connection closed by peer [127.0.0.2]:50365. This is typically caused by a remote"
-    rank1_closed = "[pair.cc:553] Connection closed by peer [127.0.0.1]:41002. This is typically caused by a remote"
+    watches = _store_clients(port, (0, 1))
     note_rank_hosts(["localhost", "localhost", "127.0.0.2", "127.0.0.2"])  # node 0 and node 1, as gathered
     try:
         # without rank 1's record, rank 0 blames rank 1's node (its own): the flaw
-        assert lost_peer_line(0, rank1_closed, None).startswith("rank 0: node localhost (ranks 0, 1) closed")
-        rank1 = lost_peer_line(1, node1_closed, watches[1])
+        assert lost_peer_line(0, RANK1_CLOSED, None).startswith("rank 0: node localhost (ranks 0, 1) closed")
+        rank1 = lost_peer_line(1, NODE1_CLOSED, watches[1])
         assert rank1.startswith("rank 1: node 127.0.0.2 (ranks 2, 3) closed its connection ([pair.cc"), rank1
-        rank0 = lost_peer_line(0, rank1_closed, watches[0])
+        rank0 = lost_peer_line(0, RANK1_CLOSED, watches[0])
         assert rank0.startswith(
             "rank 0: node 127.0.0.2 (ranks 2, 3) closed its connection (rank 1 saw it close; then node localhost "
             "(ranks 0, 1) closed its connection here: [pair.cc:553] Connection closed by peer [127.0.0.1]:41002."
         ), rank0
         # and rank 0 records what it named, for a third survivor waiting on it
         assert watches[1].losses_seen_by([0, 2, 3]) == {0: "node 127.0.0.2 (ranks 2, 3)"}
+        # one node (rank 3 killed): every survivor names the same node, and the line says it once
+        note_rank_hosts(["localhost"] * 4)
+        for rank in (0, 1):
+            watches[0].store.delete_key(f"dsr/lost/{rank}")
+        lost_peer_line(1, RANK1_CLOSED.replace("41002", "41003"), watches[1])
+        same = lost_peer_line(0, RANK1_CLOSED, watches[0])
+        assert same.startswith("rank 0: node localhost (ranks 0, 1, 2, 3) closed its connection ([pair.cc"), same
     finally:
         note_rank_hosts([])
-        del watches, server
+        for watch in watches.values():
+            watch.store = None  # (a JobWatch holds itself through its thread's target: close the clients now)
+        del server
+
+
+def test_a_stalled_store_does_not_hold_a_survivors_line_back():
+    """Rank 0 paused (SIGSTOP): its store takes calls and never answers; a survivor that lost a peer still says so
+    within STORE_PATIENCE seconds, naming the peer its own error names."""
+    from common.ranks import note_rank_hosts
+    from tests.multiproc import free_port
+    from training.run.rank_supervisor import STORE_PATIENCE, lost_peer_line
+
+    port = free_port()
+    serve = (
+        "import datetime, sys, time; from torch.distributed import TCPStore; "
+        f"s = TCPStore('127.0.0.1', {port}, is_master=True, timeout=datetime.timedelta(seconds=5)); "
+        "print('serving', flush=True); time.sleep(120)"
+    )
+    server = subprocess.Popen([sys.executable, "-c", serve], stdout=subprocess.PIPE, text=True)
+    watches = {}
+    try:
+        assert server.stdout.readline().strip() == "serving"
+        watches = _store_clients(port, (1,))
+        os.kill(server.pid, signal.SIGSTOP)
+        note_rank_hosts(["localhost", "localhost", "127.0.0.2", "127.0.0.2"])
+        limit = STORE_PATIENCE + scaled(5)
+        unstall = threading.Timer(limit + 10, server.kill)  # a line that waits on the store fails, not hangs
+        unstall.start()
+        start = time.monotonic()
+        line = lost_peer_line(1, NODE1_CLOSED, watches[1])
+        took = time.monotonic() - start
+        unstall.cancel()
+        assert line.startswith("rank 1: node 127.0.0.2 (ranks 2, 3) closed its connection ([pair.cc"), line
+        assert STORE_PATIENCE <= took < limit, took
+    finally:
+        note_rank_hosts([])
+        with contextlib.suppress(ProcessLookupError):  # the stalled lookup gets its answer and ends quietly
+            os.kill(server.pid, signal.SIGCONT)
+        for thread in threading.enumerate():
+            if thread.name == "lost-peer-lookup":
+                thread.join(scaled(10))
+        for watch in watches.values():
+            watch.store = None
+        server.kill()
+        server.wait()

@@ -60,6 +60,7 @@ PEER_LOST_DELAY = 5.0  # > DeepSpeed's launcher poll (1 s) + its SIGTERM to ever
 # secondary line then stood beside the cause
 PEER_LOST_WAIT_FOR_NEWS = 20.0
 TIMEOUT_DELAY_PER_RANK = 2.0
+STORE_PATIENCE = 3.0  # seconds a survivor spends on the job's store to learn what another survivor lost
 PEER_LOST = (
     "Connection reset by peer",
     "Connection closed by peer",
@@ -319,16 +320,25 @@ def _lost_peer(error: str) -> tuple[str, list[int]]:
 def lost_peer_line(rank: int, error: str, watch: job_watch.JobWatch | None) -> str:
     """What rank `rank` says when a collective failed with `error` (a peer closed its connection). The peer may be a
     survivor that ended because it lost another peer first: with a job watch, what the peer's ranks recorded as lost
-    is named instead, and this rank records what it names."""
+    is named instead, and this rank records what it names (at most STORE_PATIENCE seconds: a store that stalls —
+    rank 0 paused — must not hold this line back)."""
     peer, ranks = _lost_peer(error)
-    seen = watch.losses_seen_by([r for r in ranks if r != rank]) if watch is not None else {}
-    if seen:
-        first_seen, lost = min(seen.items())
-        how = f"rank {first_seen} saw it close; then {peer} closed its connection here: {error[:160]}"
-    else:
-        lost, how = peer, error[:160]
+    found: list[tuple[int, str]] = []  # (the rank that recorded it, what it lost)
+
+    def look_up() -> None:
+        seen = watch.losses_seen_by([r for r in ranks if r != rank])
+        if seen:
+            found.append(min(seen.items()))
+        watch.note_loss(found[0][1] if found else peer)
+
     if watch is not None:
-        watch.note_loss(lost)
+        lookup = threading.Thread(target=look_up, name="lost-peer-lookup", daemon=True)
+        lookup.start()
+        lookup.join(STORE_PATIENCE)
+    lost, how = peer, error[:160]
+    if found and found[0][1] != peer:  # (one node: every survivor names the same node, said once)
+        by, lost = found[0]
+        how = f"rank {by} saw it close; then {peer} closed its connection here: {how}"
     return (
         f"rank {rank}: {lost} closed its connection ({how}); it ended first, and its own line or log says why "
         f"(no line at all: its node is lost)"
