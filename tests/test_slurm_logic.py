@@ -160,6 +160,31 @@ def test_the_chain_goes_on_only_after_a_stop_that_meant_to_go_on(launch, status,
         assert decision.exit_status != 0
 
 
+def test_no_requeue_after_two_launches_in_a_row_that_trained_no_step(tmp_path):
+    """Seen beside four other jobs: --time=2 --signal=B:USR1@45, and the ranks took longer to start than the notice
+    (SLURM sends it up to 60 s early) — 18 requeues in a row each stopped before the first step, until
+    --max_requeues. One such launch may be a preemption's notice (requeued); two in a row end the chain."""
+    from training.run import launch_record
+
+    idle = {"launch_id": "L", "start_step": 20, "end": {"status": "stopped", "step": 20, "by": "SIGUSR1"}}
+    assert not slurm_chain.trained_a_step(None) and not slurm_chain.trained_a_step(idle)
+    assert slurm_chain.trained_a_step(STOPPED) and slurm_chain.trained_a_step(dict(idle, end={"step": 21}))
+    once = slurm_chain.decide(None, 138, "USR1", RUNNING, 2, 20, previous_trained=True)
+    assert once.requeue, once
+    for launch in (None, idle):
+        twice = slurm_chain.decide(launch, 138, "USR1", RUNNING, 2, 20, previous_trained=False)
+        assert not twice.requeue and twice.exit_status != 0, twice
+        assert "so was this job's previous launch" in twice.line and "longer --time" in twice.line, twice
+    # the previous launch is found in run.json by the job id and restart count the launches recorded
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "3", "DSR_LAUNCH_ID": "L3"}
+    record = launch_record.this_launch(20, env)
+    (tmp_path / "run.json").write_text(json.dumps({"launches": [dict(record, end={"status": "stopped", "step": 20})]}))
+    assert slurm_chain.launch_of_restart(str(tmp_path), "7", 3)["launch_id"] == "L3"
+    assert slurm_chain.launch_of_restart(str(tmp_path), "7", 2) is None
+    assert slurm_chain.launch_of_restart(str(tmp_path), "8", 3) is None
+    assert slurm_chain.launch_of_restart(str(tmp_path / "none"), "7", 3) is None
+
+
 def test_this_launch_is_found_by_its_id(tmp_path):
     (tmp_path / "run.json").write_text(
         json.dumps({"launches": [{"launch_id": "A", "end": {"status": "stopped"}}, {"launch_id": "B"}]})

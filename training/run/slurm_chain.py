@@ -13,6 +13,8 @@ time limit, `--signal=[B:]USR1@T`; `scancel --signal=...`; a preemption's grace 
 limit (a TERM at the limit whose save finished within KillWait). Never after the run finished, failed for a real
 error, stopped on a non-finite loss, refused a user mistake, or was cancelled by `scancel` (the job is completing
 with no time limit reached) — no requeue loops — and at most --max_requeues times per job (SLURM's restart count).
+Nor when this launch and the job's previous one both trained no step: the notice comes before the ranks start
+training (SLURM sends it up to a minute early; a slow start), and every further job would do the same.
 When SLURM ends the job because a node failed, it requeues the job itself (--requeue): the line says so.
 """
 
@@ -64,6 +66,28 @@ def this_launch(output_dir: str, launch_id: str) -> dict | None:
     return mine[-1] if mine and launch_id else None
 
 
+def trained_a_step(launch: dict | None) -> bool:
+    """Whether a launch trained at least one step (None: it has no record, so it was stopped before its first)."""
+    if launch is None:
+        return False
+    end = launch.get("end") or {}
+    return not (isinstance(end.get("step"), int) and end.get("step") == launch.get("start_step"))
+
+
+def launch_of_restart(output_dir: str, job_id: str, restart: int) -> dict | None:
+    """The record of job `job_id`'s launch with SLURM restart count `restart` in OUTPUT_DIR/run.json, if any."""
+    try:
+        with open(os.path.join(output_dir, "run.json"), encoding="utf-8") as f:
+            launches = json.load(f).get("launches", [])
+    except (OSError, ValueError, AttributeError):
+        return None
+    for entry in reversed(launches if isinstance(launches, list) else []):
+        job = entry.get("slurm") if isinstance(entry, dict) else None
+        if isinstance(job, dict) and str(job.get("job_id")) == job_id and job.get("restart_count") == restart:
+            return entry
+    return None
+
+
 def job_fields(job_id: str) -> dict:
     """`scontrol -o show job ID` as {key: value} ({} when scontrol cannot say)."""
     try:
@@ -98,8 +122,16 @@ def node_lost(job: dict) -> bool:
 
 
 def decide(
-    launch: dict | None, status: int, signal: str | None, job: dict, restarts: int, max_requeues: int
+    launch: dict | None,
+    status: int,
+    signal: str | None,
+    job: dict,
+    restarts: int,
+    max_requeues: int,
+    previous_trained: bool = True,
 ) -> Decision:
+    """`previous_trained`: whether the job's previous launch (restart count - 1) trained a step (True for a first
+    launch)."""
     end = (launch or {}).get("end") or {}
     if node_lost(job) and end.get("status") != "finished":
         return Decision(
@@ -138,6 +170,15 @@ def decide(
     if job.get("BatchFlag") == "0":
         return Decision(
             False, f"{what}; not a batch job (salloc): nothing to requeue — run the script again to continue", status
+        )
+    if not trained_a_step(launch) and not previous_trained:
+        return Decision(
+            False,
+            f"{what}; so was this job's previous launch: the stop notice comes before the ranks train a step "
+            f"(SLURM sends --signal=[B:]USR1@T up to 60 s early), and every requeue would do the same — submit "
+            f"again with a longer --time (more than the signal's lead + 60 s + the ranks' start), or a shorter "
+            f"lead; the chain ends",
+            status,
         )
     if restarts >= max_requeues:
         return Decision(
@@ -190,13 +231,15 @@ def main(argv=None) -> int:
         raise UserError("needs SLURM_JOB_ID (inside a SLURM job) and --output_dir: run_scripts/slurm.sbatch calls it")
     job = job_fields(job_id)
     restarts = job.get("Restarts", os.environ.get("SLURM_RESTART_COUNT", "0"))
+    restarts = int(restarts) if restarts.isdigit() else 0
     decision = decide(
         this_launch(args.output_dir, args.launch_id),
         args.status,
         args.signal,
         job,
-        int(restarts) if restarts.isdigit() else 0,
+        restarts,
         args.max_requeues,
+        previous_trained=restarts == 0 or trained_a_step(launch_of_restart(args.output_dir, job_id, restarts - 1)),
     )
     print(f"{time.strftime('%H:%M:%S')} slurm job {job_id}: {decision.line}", flush=True)
     if decision.requeue:
