@@ -20,7 +20,6 @@ When SLURM ends the job because a node failed, it requeues the job itself (--req
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -30,6 +29,7 @@ from dataclasses import dataclass
 
 from common.cli_args import Parser, integer
 from common.errors import UserError, run_cli
+from training.run.launch_record import earlier_launches as recorded_launches
 
 MAX_REQUEUES = 20
 STOP_SIGNALS = {"USR1": 10, "TERM": 15, "HUP": 1}
@@ -57,12 +57,7 @@ class Decision:
 def this_launch(output_dir: str, launch_id: str) -> dict | None:
     """This launch's record in OUTPUT_DIR/run.json (training.run.launch_record), None when it has none (the run did
     not reach its first step, or it is another launch's file)."""
-    try:
-        with open(os.path.join(output_dir, "run.json"), encoding="utf-8") as f:
-            launches = json.load(f).get("launches", [])
-    except (OSError, ValueError, AttributeError):
-        return None
-    mine = [entry for entry in launches if isinstance(entry, dict) and entry.get("launch_id") == launch_id]
+    mine = [entry for entry in recorded_launches(output_dir, True) if entry.get("launch_id") == launch_id]
     return mine[-1] if mine and launch_id else None
 
 
@@ -76,13 +71,8 @@ def trained_a_step(launch: dict | None) -> bool:
 
 def launch_of_restart(output_dir: str, job_id: str, restart: int) -> dict | None:
     """The record of job `job_id`'s launch with SLURM restart count `restart` in OUTPUT_DIR/run.json, if any."""
-    try:
-        with open(os.path.join(output_dir, "run.json"), encoding="utf-8") as f:
-            launches = json.load(f).get("launches", [])
-    except (OSError, ValueError, AttributeError):
-        return None
-    for entry in reversed(launches if isinstance(launches, list) else []):
-        job = entry.get("slurm") if isinstance(entry, dict) else None
+    for entry in reversed(recorded_launches(output_dir, True)):
+        job = entry.get("slurm")
         if isinstance(job, dict) and str(job.get("job_id")) == job_id and job.get("restart_count") == restart:
             return entry
     return None
