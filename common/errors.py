@@ -14,6 +14,7 @@ alone meets an error still reports it, a few seconds late.
 from __future__ import annotations
 
 import errno
+import faulthandler
 import os
 import sys
 import time
@@ -94,6 +95,8 @@ def leave(code: int) -> NoReturn:
 
 
 def run_cli(main: Callable[[], object]) -> NoReturn:
+    if not faulthandler.is_enabled():  # a crash in native code (SIGSEGV, SIGBUS...) prints where it happened
+        faulthandler.enable()
     try:
         result = main()
     except UserError as exc:

@@ -860,6 +860,37 @@ def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path)
     )
 
 
+def test_a_rank_that_crashes_in_native_code_shows_where(tmp_path):
+    """A segfault has no Python traceback: our commands (common.errors.run_cli) turn on faulthandler, so the rank's
+    Python stack at the crash reaches the user through its supervisor, above the line naming the rank."""
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import ctypes, sys\n"
+        f"sys.path.insert(0, {str(REPO_ROOT)!r})\n"
+        "from common.errors import run_cli\n"
+        "from training.run.rank_supervisor import supervise_rank\n"
+        "def read_through_a_null_pointer():\n"
+        "    ctypes.string_at(0)\n"
+        "def main():\n"
+        "    supervise_rank()\n"
+        "    read_through_a_null_pointer()\n"
+        "run_cli(main)\n"
+    )
+    e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
+    proc = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        env=dict(e, WORLD_SIZE="2", RANK="1"),
+    )
+    assert proc.returncode == -signal.SIGSEGV
+    stack, _, last = proc.stderr.rstrip("\n").rpartition("\n")
+    assert "Fatal Python error: Segmentation fault" in stack and "in read_through_a_null_pointer" in stack
+    assert last.startswith("error: rank 1 (pid ")
+    assert last.endswith("was killed by SIGSEGV (a crash in native code); the job stops")
+
+
 def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
     """A rank that saved on a stop request exits 128 + the signal, often before the launcher's own SIGTERM reaches
     its supervisor (the request came through the step's collective): its supervisor writes nothing into the job's

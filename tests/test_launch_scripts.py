@@ -816,6 +816,26 @@ def test_a_fork_of_the_fork_server_runs_a_script_as_its_own_interpreter_would(mo
         assert int(run_python([sys.executable, tmp_path / "parent.py"], env=e).stdout) == os.getpid()
 
 
+def test_the_fork_server_forks_with_one_thread_or_does_not_start(tmp_path):
+    """A fork copies only the forking thread; a lock another thread held stays locked in the child. The session's
+    server has one thread (pyarrow's jemalloc starts a background thread on import unless told not to); with
+    OpenBLAS's threads (OMP_NUM_THREADS=2) it refuses to start, naming them."""
+    from tests.launch import FORK_SERVER, _fork_server, env, run_python
+
+    assert run_python([sys.executable, "-m", "json.tool", "--help"], env=env()).returncode == 0
+    if os.environ.get("DSR_TEST_FORK") != "0":
+        assert len(os.listdir(f"/proc/{_fork_server['proc'].pid}/task")) == 1
+    threaded = subprocess.run(
+        [sys.executable, FORK_SERVER, tmp_path / "socket"],
+        env=dict(env(), OMP_NUM_THREADS="2"),
+        capture_output=True,
+        text=True,
+        timeout=scaled(120),
+    )
+    assert threaded.returncode == 1 and "fork server: 2 threads after the imports (" in threaded.stderr
+    assert not (tmp_path / "socket").exists()
+
+
 def test_a_session_s_fork_server_leaves_nothing_in_tmp(tmp_path):
     """A test session that started the fork server removes the server and its socket's folder when it ends
     (before, every suite run left two dsr-fork-* folders in /tmp)."""

@@ -8,7 +8,9 @@ a 2-core CPU importing torch and DeepSpeed before its first line runs, and the s
 server imports those third-party packages once (none of this repository's code), then for each request forks a
 child that becomes the command: its own process (pid, exit code, signals), stdout/stderr on the files the client
 sent, the request's cwd, environment and argv, the script run as `__main__` as the interpreter would, uncaught
-exceptions printed as the interpreter prints them, exit code 1. Python's multiprocessing "forkserver" start
+exceptions printed as the interpreter prints them, exit code 1. A fork copies only the forking thread, so the
+server forks only while it has no other (it refuses to start otherwise, and every command starts its own
+interpreter). Python's multiprocessing "forkserver" start
 method works the same way. Multi-rank runs (tests/drivers/spawn_ranks.py) and the failure tests start real
 interpreters.
 
@@ -47,6 +49,21 @@ def _pythonpath(env) -> list:
     """$PYTHONPATH's entries as the interpreter puts them on sys.path (an empty entry: the working directory)."""
     value = env.get("PYTHONPATH", "")
     return [os.path.abspath(p) for p in value.split(os.pathsep)] if value else []
+
+
+def _thread_names() -> list:
+    """The names of this process's threads (Linux: /proc/self/task; elsewhere only Python's own are seen)."""
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        import threading
+
+        return [t.name for t in threading.enumerate()]
+    names = []
+    for task in tasks:
+        with contextlib.suppress(OSError), open(f"/proc/self/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return names
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:
@@ -121,6 +138,10 @@ def main() -> int:
     base_path = [p for p in sys.path[1:] if p not in ours]
     import importlib
 
+    # pyarrow's bundled jemalloc starts a background thread when it loads: a fork copies only the forking thread,
+    # and a lock another thread held stays locked in the child (CPython 3.12 warns of it). Turned off for this
+    # process alone; each child's own environment is its request's.
+    os.environ["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
     for name in ("deepspeed", "datasets", "numpy", "safetensors.torch", "transformers"):  # deepspeed: and torch
         with contextlib.suppress(ImportError):
             importlib.import_module(name)  # third-party code every child shares; a missing one: imported there
@@ -135,6 +156,10 @@ def main() -> int:
     )
     if mine:  # each child must import this repository's code afresh
         print(f"fork server: imported this repository's {mine}", file=sys.stderr, flush=True)
+        return 1
+    threads = _thread_names()
+    if len(threads) > 1:  # e.g. OMP_NUM_THREADS > 1: OpenBLAS's thread server; a new interpreter is safe
+        print(f"fork server: {len(threads)} threads after the imports ({', '.join(threads)})", file=sys.stderr)
         return 1
     parent = os.getppid()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -41,6 +41,7 @@ Only a failure inside torch.distributed's collectives is converted; any other ex
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import re
 import signal
@@ -279,6 +280,7 @@ def _watch(child: int, rank: int, world: int, relay: StderrRelay, joined: Joined
         job_watch.publish_abort(line[len("error: ") :], rank, world, joined())
     for s in FORWARDED + (signal.SIGINT,):
         signal.signal(s, signal.SIG_DFL)
+    faulthandler.disable()  # the child's stack at a crash is the one to read, not this process's
     os.kill(os.getpid(), signum)  # end as the child did, so the launcher sees the same status
     os._exit(128 + signum)
 
