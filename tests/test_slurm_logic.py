@@ -413,3 +413,18 @@ def test_a_stalled_store_does_not_hold_a_survivors_line_back():
             watch.store = None
         server.kill()
         server.wait()
+
+
+def _bash_blocks(text: str) -> list[str]:
+    import re
+
+    return [b.strip() for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+
+
+def test_docs_slurm_shows_the_readmes_slurm_commands():
+    """docs/slurm.md opens with the README's SLURM section at more length; its commands are the README's, which
+    tests/test_slurm.py runs as written."""
+    title = "\n## Launch on a SLURM cluster\n"
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8").split(title, 1)[1].split("\n## ", 1)[0]
+    docs = (REPO_ROOT / "docs" / "slurm.md").read_text(encoding="utf-8").split(title, 1)[1].split("\n## ", 1)[0]
+    assert _bash_blocks(readme) and _bash_blocks(docs) == _bash_blocks(readme)
