@@ -13,6 +13,7 @@ alone meets an error still reports it, a few seconds late.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import faulthandler
 import os
@@ -96,7 +97,8 @@ def leave(code: int) -> NoReturn:
 
 def run_cli(main: Callable[[], object]) -> NoReturn:
     if not faulthandler.is_enabled():  # a crash in native code (SIGSEGV, SIGBUS...) prints where it happened
-        faulthandler.enable()
+        with contextlib.suppress(RuntimeError, ValueError, OSError):  # a stderr without a file (Jupyter, StringIO)
+            faulthandler.enable()
     try:
         result = main()
     except UserError as exc:

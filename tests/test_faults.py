@@ -829,6 +829,18 @@ WATCHDOG_LINE = (
 )
 
 
+def _run_stand_in_rank_1(script) -> subprocess.CompletedProcess:
+    """`script` as rank 1 of a 2-rank job that never joins a store (no master address): its supervisor's line only."""
+    e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
+    return subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=scaled(60),
+        env=dict(e, WORLD_SIZE="2", RANK="1"),
+    )
+
+
 def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path):
     """NCCL's watchdog ends a rank whose collective outlived its timeout with SIGABRT; the rank's supervisor reads
     the watchdog's message on the rank's stderr and names the collective, its group and the wait, instead of "an
@@ -842,14 +854,7 @@ def test_an_nccl_watchdog_abort_is_reported_as_a_communication_timeout(tmp_path)
         f"print({WATCHDOG_LINE!r}, file=sys.stderr, flush=True)\n"
         "os.abort()\n"
     )
-    e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=scaled(60),
-        env=dict(e, WORLD_SIZE="2", RANK="1"),
-    )
+    proc = _run_stand_in_rank_1(script)
     assert proc.returncode == -signal.SIGABRT
     assert WATCHDOG_LINE in proc.stderr  # relayed as it was written
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
@@ -876,19 +881,20 @@ def test_a_rank_that_crashes_in_native_code_shows_where(tmp_path):
         "    read_through_a_null_pointer()\n"
         "run_cli(main)\n"
     )
-    e = {k: v for k, v in env().items() if k not in ("MASTER_ADDR", "MASTER_PORT", "DSR_SUPERVISED")}
-    proc = subprocess.run(
-        [sys.executable, str(script)],
-        capture_output=True,
-        text=True,
-        timeout=scaled(60),
-        env=dict(e, WORLD_SIZE="2", RANK="1"),
-    )
+    proc = _run_stand_in_rank_1(script)
     assert proc.returncode == -signal.SIGSEGV
     stack, _, last = proc.stderr.rstrip("\n").rpartition("\n")
     assert "Fatal Python error: Segmentation fault" in stack and "in read_through_a_null_pointer" in stack
     assert last.startswith("error: rank 1 (pid ")
     assert last.endswith("was killed by SIGSEGV (a crash in native code); the job stops")
+
+
+def test_a_command_whose_stderr_has_no_file_still_runs():
+    """faulthandler needs a file descriptor; a stderr without one (Jupyter's, a StringIO) runs the command without
+    it, not into a traceback."""
+    code = "import io, sys; sys.stderr = io.StringIO(); from common.errors import run_cli; run_cli(lambda: 7)"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env(), timeout=scaled(60))
+    assert proc.returncode == 7
 
 
 def test_a_rank_that_stopped_on_request_is_not_news(tmp_path):
