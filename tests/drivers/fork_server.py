@@ -142,9 +142,12 @@ def main() -> int:
     # and a lock another thread held stays locked in the child (CPython 3.12 warns of it). Turned off for this
     # process alone; each child's own environment is its request's.
     os.environ["JE_ARROW_MALLOC_CONF"] = "background_thread:false"
-    for name in ("deepspeed", "datasets", "numpy", "safetensors.torch", "transformers"):  # deepspeed: and torch
+    # third-party code every child shares (deepspeed: and torch). torch._dynamo: torch imports it on the first
+    # optimizer's construction (Optimizer.add_param_group is wrapped by torch._compile._disable_dynamo), 1.2 s of
+    # CPU in every training command otherwise
+    for name in ("deepspeed", "datasets", "numpy", "safetensors.torch", "transformers", "torch._dynamo"):
         with contextlib.suppress(ImportError):
-            importlib.import_module(name)  # third-party code every child shares; a missing one: imported there
+            importlib.import_module(name)  # a missing one: imported by the child that needs it
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
     mine = sorted(
         m
