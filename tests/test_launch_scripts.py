@@ -836,6 +836,23 @@ def test_the_fork_server_forks_with_one_thread_or_does_not_start(tmp_path):
     assert not (tmp_path / "socket").exists()
 
 
+@pytest.mark.skipif(os.environ.get("DSR_TEST_FORK") == "0", reason="DSR_TEST_FORK=0: no fork server")
+def test_a_forked_command_builds_an_optimizer_without_importing_torch_dynamo(tmp_path):
+    """torch imports torch._dynamo when the first optimizer is built (1.2 s of CPU, a training command's largest
+    start cost after the server's imports): the server has imported it, so a fork builds one importing nothing."""
+    from tests.launch import env, run_python
+
+    probe = tmp_path / "optimizer.py"
+    probe.write_text(
+        "import sys, torch\n"
+        "before = set(sys.modules)\n"
+        "torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])\n"
+        "print(sorted(set(sys.modules) - before))\n"
+    )
+    proc = run_python([sys.executable, probe], env=env())
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout[-2000:] + proc.stderr[-2000:]
+
+
 def test_a_session_s_fork_server_leaves_nothing_in_tmp(tmp_path):
     """A test session that started the fork server removes the server and its socket's folder when it ends
     (before, every suite run left two dsr-fork-* folders in /tmp)."""
